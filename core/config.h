@@ -1,0 +1,95 @@
+// Connection configuration: parsing `clickhouse://` URIs and resolving settings
+// from every place a user can give them, in one documented precedence order.
+//
+// The core never reads the environment: hosts collect flags and environment
+// variables into maps and pass them in.
+//
+//   chstate::ConfigSources src;
+//   src.flags = {{"uri", "clickhouse://me:pw@db.internal/analytics"}, {"port", "9123"}};
+//   src.env = {{"MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA", "meltano_prod"}};
+//   absl::StatusOr<chstate::ConnectionConfig> cfg = chstate::ResolveConfig(src);
+//   // cfg->host == "db.internal", cfg->port == 9123, cfg->schema == "meltano_prod"
+//
+// Precedence, per setting, first match wins (README "Configuration" explains why):
+//   1. a granular command-line flag (--host, --port, ... ; flags["host"], ...)
+//   2. the component of the --uri flag (flags["uri"])
+//   3. MELTANO_STATE_BACKEND_CLICKHOUSE_<KEY> (what Meltano's granular settings map to)
+//   4. the component of MELTANO_STATE_BACKEND_URI
+//   5. CLICKHOUSE_<KEY> (HOST, PORT, USER, PASSWORD, DATABASE, SECURE), the
+//      generic ClickHouse client variables
+//   6. defaults: host localhost, port 8123 (8443 when secure), secure false,
+//      schema "meltano", table "state". user and database have no default.
+#ifndef CHSTATE_CORE_CONFIG_H_
+#define CHSTATE_CORE_CONFIG_H_
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace chstate {
+
+// The settings keys, as Meltano names them (state_backend.clickhouse.<key>).
+// ca_file and cluster are chstate additions.
+inline constexpr const char* kSettingKeys[] = {"host",   "port",  "database", "user",   "password",
+                                               "secure", "schema", "table",   "ca_file"};
+
+// What a `clickhouse://` URI specified. Absent components stay nullopt.
+struct UriParts {
+  std::optional<std::string> user;      // percent-decoded
+  std::optional<std::string> password;  // percent-decoded
+  std::optional<std::string> host;      // IPv6 literals without brackets: "::1"
+  std::optional<int> port;
+  std::optional<std::string> database;  // the path, percent-decoded, without "/"
+  std::optional<bool> secure;           // ?secure=true|false|1|0
+  std::optional<std::string> schema;    // ?schema=...
+  std::optional<std::string> table;     // ?table=...
+  std::optional<std::string> ca_file;   // ?ca_file=...
+};
+
+// Parses `clickhouse://[user[:password]@]host[:port][/database][?key=value&...]`.
+// Also accepts the schemes `clickhouses://` (secure=true) and `http(s)://`.
+// Errors (all kInvalidArgument, message names the problem and the fix): wrong
+// scheme, empty host, bad port (not 1..65535), bad percent-escape, unknown query
+// key, bad boolean, bracketed host not closed.
+// The password never appears in an error message.
+absl::StatusOr<UriParts> ParseClickHouseUri(absl::string_view uri);
+
+struct ConnectionConfig {
+  std::string host = "localhost";
+  int port = 8123;
+  bool secure = false;
+  std::string user;
+  std::string password;
+  std::string database;  // connection database (required, as in the Python backend)
+  std::string schema = "meltano";  // database that holds the state tables
+  std::string table = "state";
+  std::string ca_file;  // empty: the system trust store
+
+  // Where each setting came from, e.g. origin["host"] == "--uri flag".
+  std::map<std::string, std::string> origin;
+
+  // clickhouse://user@host:port/database?secure=...&schema=...&table=...
+  // Never contains the password (it shows "***" when one is set).
+  std::string RedactedUri() const;
+};
+
+struct ConfigSources {
+  std::map<std::string, std::string> flags;  // keys: "uri" and kSettingKeys
+  std::map<std::string, std::string> env;    // environment variables by name
+};
+
+// Resolves the precedence order above. Errors (kInvalidArgument): a malformed
+// URI or value (names the variable or flag it came from); a missing user or
+// database (names every place it can be set). Schema and table are validated
+// as identifiers ([A-Za-z_][A-Za-z0-9_]*, at most 64 bytes).
+absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources);
+
+// Parses "true/false/1/0/yes/no/on/off" (case-insensitive).
+std::optional<bool> ParseBool(absl::string_view text);
+
+}  // namespace chstate
+
+#endif  // CHSTATE_CORE_CONFIG_H_

@@ -1,0 +1,176 @@
+// Error classification and TabSeparated decoding for ClickHouse HTTP answers.
+#include "core/response.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "re2/re2.h"
+
+namespace chstate {
+namespace {
+
+constexpr char kCodePayload[] = "chstate/clickhouse-code";
+constexpr size_t kMaxMessage = 600;
+
+// The human part of a ClickHouse exception body, without the boilerplate.
+std::string ExceptionMessage(absl::string_view body) {
+  static const RE2* const kMessage = new RE2(R"(DB::Exception: (.*?)(?:, e\.what\(\)|\s\(version|$))");
+  std::string message;
+  absl::string_view text = absl::StripAsciiWhitespace(body);
+  if (!RE2::PartialMatch(text, *kMessage, &message)) message = std::string(text);
+  if (message.size() > kMaxMessage) message = absl::StrCat(message.substr(0, kMaxMessage), "...");
+  return message;
+}
+
+absl::Status WithCode(absl::Status s, int code) {
+  s.SetPayload(kCodePayload, absl::Cord(absl::StrCat(code)));
+  return s;
+}
+
+}  // namespace
+
+std::optional<int> ParseExceptionCode(absl::string_view body) {
+  static const RE2* const kCode = new RE2(R"((?:^|\n)Code: (\d+)[.,])");
+  int code = 0;
+  if (RE2::PartialMatch(body, *kCode, &code)) return code;
+  return std::nullopt;
+}
+
+std::optional<int> ClickHouseCode(const absl::Status& status) {
+  std::optional<absl::Cord> p = status.GetPayload(kCodePayload);
+  int code = 0;
+  if (p && absl::SimpleAtoi(std::string(*p), &code)) return code;
+  return std::nullopt;
+}
+
+absl::Status CheckResponse(const SqlResponse& r, absl::string_view what) {
+  if (!r.transport_ok) {
+    return absl::UnavailableError(absl::StrCat("no answer from ClickHouse while ", what, ": ", r.transport_error));
+  }
+  std::optional<int> code;
+  int header_code = 0;
+  if (!r.exception_code_header.empty() && absl::SimpleAtoi(r.exception_code_header, &header_code)) {
+    code = header_code;
+  }
+  if (r.http_status == 200 && !code) return absl::OkStatus();
+  if (!code) code = ParseExceptionCode(r.body);
+  if (!code) {
+    if (r.http_status == 503 || r.http_status == 502 || r.http_status == 504) {
+      return absl::UnavailableError(absl::StrCat("ClickHouse answered HTTP ", r.http_status, " while ", what,
+                                                 "; the server may be restarting or overloaded"));
+    }
+    if (r.http_status == 401 || r.http_status == 403) {
+      return absl::UnauthenticatedError(absl::StrCat("ClickHouse refused the credentials (HTTP ", r.http_status,
+                                                     ") while ", what, ": check the user and password"));
+    }
+    return absl::InternalError(absl::StrCat("ClickHouse answered HTTP ", r.http_status, " while ", what, ": ",
+                                            ExceptionMessage(r.body)));
+  }
+  std::string message = ExceptionMessage(r.body);
+  switch (*code) {
+    case 192:  // UNKNOWN_USER
+    case 193:  // WRONG_PASSWORD
+    case 194:  // REQUIRED_PASSWORD
+    case 516:  // AUTHENTICATION_FAILED
+      return WithCode(absl::UnauthenticatedError(absl::StrCat(
+                          "ClickHouse rejected the login while ", what, " (code ", *code, "): ", message,
+                          ". Check the user and password settings")),
+                      *code);
+    case 497:  // ACCESS_DENIED
+      return WithCode(absl::PermissionDeniedError(absl::StrCat("ClickHouse denied access while ", what, " (code ",
+                                                               *code, "): ", message,
+                                                               ". Grant the user rights on the state schema")),
+                      *code);
+    case kCodeUnknownTable:
+    case kCodeUnknownDatabase:
+      return WithCode(absl::NotFoundError(absl::StrCat("ClickHouse error ", *code, " while ", what, ": ", message,
+                                                       ". Run `chstate init` to create the tables")),
+                      *code);
+    case kCodeTableAlreadyExists:
+      return WithCode(absl::AlreadyExistsError(message), *code);
+    case 159:  // TIMEOUT_EXCEEDED
+    case 202:  // TOO_MANY_SIMULTANEOUS_QUERIES
+    case 209:  // SOCKET_TIMEOUT
+    case 210:  // NETWORK_ERROR
+    case 425:  // SYSTEM_ERROR
+      return WithCode(absl::UnavailableError(absl::StrCat("ClickHouse error ", *code, " while ", what, ": ",
+                                                          message, ". Retry later")),
+                      *code);
+    default:
+      return WithCode(
+          absl::InternalError(absl::StrCat("ClickHouse error ", *code, " while ", what, ": ", message)), *code);
+  }
+}
+
+std::string UnescapeTsvField(absl::string_view field) {
+  std::string out;
+  out.reserve(field.size());
+  for (size_t i = 0; i < field.size(); ++i) {
+    char c = field[i];
+    if (c != '\\' || i + 1 == field.size()) {
+      out.push_back(c);
+      continue;
+    }
+    char e = field[++i];
+    switch (e) {
+      case 'b': out.push_back('\b'); break;
+      case 'f': out.push_back('\f'); break;
+      case 'n': out.push_back('\n'); break;
+      case 'r': out.push_back('\r'); break;
+      case 't': out.push_back('\t'); break;
+      case '0': out.push_back('\0'); break;
+      case 'a': out.push_back('\a'); break;
+      case 'v': out.push_back('\v'); break;
+      case 'x': {
+        int value = 0;
+        if (i + 2 < field.size() && absl::ascii_isxdigit(field[i + 1]) && absl::ascii_isxdigit(field[i + 2]) &&
+            absl::SimpleHexAtoi(field.substr(i + 1, 2), &value)) {
+          out.push_back(static_cast<char>(value));
+          i += 2;
+        } else {
+          out.push_back('x');
+        }
+        break;
+      }
+      default: out.push_back(e);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Rows> ParseTabSeparated(absl::string_view body, size_t columns) {
+  Rows rows;
+  if (body.empty()) return rows;
+  auto truncated = [&](absl::string_view why) -> absl::Status {
+    if (std::optional<int> code = ParseExceptionCode(body)) {
+      return WithCode(absl::InternalError(absl::StrCat("ClickHouse failed mid-answer (code ", *code,
+                                                       "): ", ExceptionMessage(body.substr(body.rfind("Code: "))))),
+                      *code);
+    }
+    return absl::DataLossError(absl::StrCat("ClickHouse sent an incomplete or malformed answer (", why,
+                                            "); nothing was changed by reading it. Retry"));
+  };
+  if (body.back() != '\n') return truncated("the last row has no line end");
+  body.remove_suffix(1);
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    std::vector<absl::string_view> fields = absl::StrSplit(line, '\t');
+    if (fields.size() != columns) {
+      return truncated(absl::StrCat("a row has ", fields.size(), " fields, expected ", columns));
+    }
+    Row row;
+    row.reserve(columns);
+    for (absl::string_view f : fields) {
+      if (f == "\\N") {
+        row.push_back(std::nullopt);
+      } else {
+        row.push_back(UnescapeTsvField(f));
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace chstate

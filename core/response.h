@@ -1,0 +1,67 @@
+// Reading what ClickHouse answered: errors (status, header, body) and
+// TabSeparated result rows.
+//
+//   absl::Status s = chstate::CheckResponse(resp, "get state");
+//   if (s.ok()) {
+//     absl::StatusOr<chstate::Rows> rows = chstate::ParseTabSeparated(resp.body, 2);
+//   }
+//   std::optional<int> code = chstate::ClickHouseCode(s);   // e.g. 57, 60
+//
+// An exception can follow HTTP 200 when the server streams a result: the body
+// then ends in "Code: N, ..." instead of a complete row. Requests set
+// wait_end_of_query=1 to make that rare, and ParseTabSeparated treats an
+// incomplete last row as an error, looking for the exception text.
+#ifndef CHSTATE_CORE_RESPONSE_H_
+#define CHSTATE_CORE_RESPONSE_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/sql_request.h"
+
+namespace chstate {
+
+// ClickHouse error codes the core acts on.
+inline constexpr int kCodeUnknownTable = 60;
+inline constexpr int kCodeTableAlreadyExists = 57;
+inline constexpr int kCodeUnknownDatabase = 81;
+
+using Row = std::vector<std::optional<std::string>>;  // nullopt = SQL NULL
+using Rows = std::vector<Row>;
+
+// OK for a successful response. Otherwise a Status whose code says what a
+// caller may do (abseil's guide):
+//   kUnavailable       no response, or the server is overloaded/restarting: retry
+//   kUnauthenticated   wrong user or password (codes 192, 193, 516)
+//   kPermissionDenied  the user lacks a grant (code 497)
+//   kNotFound          unknown table/database (60, 81): run `chstate init`
+//   kAlreadyExists     code 57
+//   kInternal          any other server exception, with its code and message
+// The ClickHouse code, when known, is attached as a payload (ClickHouseCode).
+// `what` names the operation in the message ("reading state").
+absl::Status CheckResponse(const SqlResponse& response, absl::string_view what);
+
+// The ClickHouse error code carried by a Status from CheckResponse.
+std::optional<int> ClickHouseCode(const absl::Status& status);
+
+// Finds "Code: N" (18.x "Code: N, e.displayText() = ..." and modern
+// "Code: N. DB::Exception: ...") in an error body.
+std::optional<int> ParseExceptionCode(absl::string_view body);
+
+// Parses TabSeparated output with exactly `columns` fields per row. `\N` is
+// NULL; escapes (\\ \t \n \0 \b \f \r \' \xHH ...) are decoded to bytes.
+// kDataLoss for a truncated or malformed body (a row without its final
+// newline, a wrong field count), with the server's exception when the body
+// contains one.
+absl::StatusOr<Rows> ParseTabSeparated(absl::string_view body, size_t columns);
+
+// Decodes one TabSeparated-escaped field.
+std::string UnescapeTsvField(absl::string_view field);
+
+}  // namespace chstate
+
+#endif  // CHSTATE_CORE_RESPONSE_H_

@@ -1,0 +1,50 @@
+// The boundary between the core and a host's transport: what to send to
+// ClickHouse, and what came back.
+//
+//   chstate::SqlRequest req = statements.GetState(id);
+//   // host: POST req.sql to http(s)://host:port/?<req.url_params...>
+//   chstate::SqlResponse resp;
+//   resp.http_status = 200; resp.body = "...";
+//
+// The core never opens a socket: hosts run requests and feed responses back.
+#ifndef CHSTATE_CORE_SQL_REQUEST_H_
+#define CHSTATE_CORE_SQL_REQUEST_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace chstate {
+
+struct SqlRequest {
+  // The statement, sent as the HTTP POST body. Pure printable ASCII plus
+  // newlines: every value inside it was escaped by core/quoting.h.
+  std::string sql;
+  // HTTP URL query parameters: server settings and param_<name> values.
+  // Values are final text; the host only percent-encodes them.
+  std::vector<std::pair<std::string, std::string>> url_params;
+  // True when sending it twice has the same effect as once (reads, DDL with
+  // IF [NOT] EXISTS, deletes). Hosts may retry only these after a transport
+  // failure whose outcome is unknown.
+  bool idempotent = true;
+  // A short name for logs and test vectors ("get_state", "insert_state", ...).
+  std::string purpose;
+};
+
+struct SqlResponse {
+  // False when no HTTP response was received (refused, reset, timeout, TLS
+  // failure). `transport_error` then says what happened; http_status is 0.
+  bool transport_ok = true;
+  std::string transport_error;
+  // True when the request may have reached the server (sent, then the
+  // connection failed): a non-idempotent request's outcome is unknown.
+  bool maybe_delivered = false;
+  int http_status = 0;
+  // The X-ClickHouse-Exception-Code header, when the server sent one.
+  std::string exception_code_header;
+  std::string body;
+};
+
+}  // namespace chstate
+
+#endif  // CHSTATE_CORE_SQL_REQUEST_H_

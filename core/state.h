@@ -1,0 +1,78 @@
+// Meltano's state model: a state id has a "completed" and a "partial" side,
+// both JSON objects. Mirrors meltano.core.state_store.base.MeltanoState.
+//
+//   absl::StatusOr<nlohmann::json> in = chstate::ParseStateJson(text);
+//   chstate::MeltanoState s{"dev:tap-x-to-target-y", /*partial=*/{}, /*completed=*/*in};
+//   nlohmann::json view = s.Merged();  // partial laid over completed
+//
+// Empty sides are `{}`, never null. Storage keeps an empty side as SQL NULL
+// (what the Python ClickHouse backend writes), so ToColumn/FromColumn convert.
+#ifndef CHSTATE_CORE_STATE_H_
+#define CHSTATE_CORE_STATE_H_
+
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include <nlohmann/json.hpp>
+
+namespace chstate {
+
+struct MeltanoState {
+  std::string state_id;
+  nlohmann::json partial = nlohmann::json::object();
+  nlohmann::json completed = nlohmann::json::object();
+
+  // The merged view Meltano hands to a tap: DeepMerge(completed, partial).
+  nlohmann::json Merged() const;
+  // True when there is no partial state (Meltano's `is_complete()`).
+  bool IsComplete() const { return partial.empty(); }
+  // {"completed": {...}, "partial": {...}} (Meltano's JSON form).
+  nlohmann::json ToJson() const;
+};
+
+// Recursive dict merge: keys of `over` win; where both sides hold an object
+// the merge recurses; lists and scalars from `over` replace. Neither input is
+// changed.
+nlohmann::json DeepMerge(const nlohmann::json& base, const nlohmann::json& over);
+
+// Parses a JSON document that must be an object. Errors (kInvalidArgument):
+// invalid JSON, with the byte offset, line and column of the problem
+// ("invalid JSON at line 3, column 7 (byte 41): ..."); a non-object top level;
+// invalid UTF-8; a NUL byte (nlohmann would stop reading there); nesting
+// deeper than 512 (rejected before parsing, so no stack exhaustion); empty
+// input. Never throws.
+absl::StatusOr<nlohmann::json> ParseStateJson(absl::string_view text);
+
+// Parses Meltano's whole-state form {"completed": {...}, "partial": {...}}
+// (either key may be missing or null -> {}). Other top-level keys are an error.
+absl::StatusOr<MeltanoState> ParseMeltanoStateJson(std::string state_id, absl::string_view text);
+
+// What `meltano state set` writes: completed = input, partial = {}.
+// With `require_singer_state`, the input must have a top-level
+// "singer_state" key (kInvalidArgument naming the key otherwise), as
+// `meltano state set` checks; `chstate set --force` skips the check.
+absl::StatusOr<MeltanoState> CompleteStateFromInput(std::string state_id, absl::string_view text,
+                                                    bool require_singer_state);
+
+// Meltano's StateStoreManager.update(): if `incoming` is not complete and a
+// current state exists, the result keeps current.completed and has partial =
+// DeepMerge(current.partial, incoming.partial); otherwise it is `incoming`.
+MeltanoState ApplyUpdate(const std::optional<MeltanoState>& current, const MeltanoState& incoming);
+
+// Storage form of one side: nullopt (SQL NULL) for an empty object, else the
+// compact JSON text. Parsed input is valid UTF-8, so dumping cannot fail.
+std::optional<std::string> ToColumn(const nlohmann::json& side);
+// Reverse of ToColumn. NULL or "" -> {}. Errors: stored text is not a JSON
+// object (kDataLoss, naming the state id and column).
+absl::StatusOr<nlohmann::json> FromColumn(const std::optional<std::string>& column,
+                                          absl::string_view state_id, absl::string_view column_name);
+
+// Serialises JSON for output; never throws: invalid UTF-8 (impossible for
+// parsed input) is replaced with U+FFFD.
+std::string DumpJson(const nlohmann::json& j, int indent = -1);
+
+}  // namespace chstate
+
+#endif  // CHSTATE_CORE_STATE_H_

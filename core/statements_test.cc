@@ -1,0 +1,209 @@
+// The exact SQL per dialect. A change here changes what runs on users'
+// servers, so every statement is spelled out.
+#include "core/statements.h"
+
+#include "core/dialect.h"
+#include "core/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace chstate {
+namespace {
+
+using ::chstate::testing::IsOk;
+using ::chstate::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+
+using Params = std::vector<std::pair<std::string, std::string>>;
+
+struct Case {
+  const char* name;
+  Dialect dialect;
+  SqlRequest (*make)(const Statements&);
+  const char* sql;
+  Params params;
+  bool idempotent;
+};
+
+const Params kRead = {{"wait_end_of_query", "1"}};
+
+TEST(Statements, ExactSqlPerDialect) {
+  static const Case kCases[] = {
+      {"create database", Dialect::kClickHouse18, [](const Statements& s) { return s.CreateDatabase(); },
+       "CREATE DATABASE IF NOT EXISTS `meltano`", {}, true},
+      {"state table 18", Dialect::kClickHouse18, [](const Statements& s) { return s.CreateStateTable(); },
+       "CREATE TABLE IF NOT EXISTS `meltano`.`state` (state_id String, partial_state Nullable(String), "
+       "completed_state Nullable(String), updated_at DateTime DEFAULT now()) ENGINE = "
+       "ReplacingMergeTree(updated_at) ORDER BY state_id",
+       {}, true},
+      {"state table modern", Dialect::kModern, [](const Statements& s) { return s.CreateStateTable(); },
+       "CREATE TABLE IF NOT EXISTS `meltano`.`state` (state_id String, partial_state Nullable(String), "
+       "completed_state Nullable(String), updated_at DateTime64(3) DEFAULT now64(3)) ENGINE = "
+       "ReplacingMergeTree(updated_at) ORDER BY state_id",
+       {}, true},
+      {"lock table 18 has no TTL", Dialect::kClickHouse18, [](const Statements& s) { return s.CreateLockTable(); },
+       "CREATE TABLE IF NOT EXISTS `meltano`.`state_lock` (state_id String, lock_id String, locked_at DateTime "
+       "DEFAULT now()) ENGINE = ReplacingMergeTree(locked_at) ORDER BY state_id",
+       {}, true},
+      {"lock table modern has TTL", Dialect::kModern, [](const Statements& s) { return s.CreateLockTable(); },
+       "CREATE TABLE IF NOT EXISTS `meltano`.`state_lock` (state_id String, lock_id String, locked_at DateTime "
+       "DEFAULT now()) ENGINE = ReplacingMergeTree(locked_at) ORDER BY state_id TTL locked_at + INTERVAL 300 "
+       "SECOND",
+       {}, true},
+      {"get 18 uses a literal", Dialect::kClickHouse18, [](const Statements& s) { return s.GetState("it's"); },
+       "SELECT partial_state, completed_state FROM `meltano`.`state` FINAL WHERE state_id = 'it\\'s' LIMIT 1 "
+       "FORMAT TabSeparated",
+       kRead, true},
+      {"get modern uses a parameter", Dialect::kModern, [](const Statements& s) { return s.GetState("it's\n"); },
+       "SELECT partial_state, completed_state FROM `meltano`.`state` FINAL WHERE state_id = {state_id:String} "
+       "LIMIT 1 FORMAT TabSeparated",
+       {{"wait_end_of_query", "1"}, {"param_state_id", "it\\'s\\x0a"}}, true},
+      {"insert 18", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.InsertState("a", std::nullopt, std::string("{\"x\":\"'\"}"), "tok"); },
+       "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) VALUES ('a', NULL, "
+       "'{\"x\":\"\\'\"}')",
+       {}, false},
+      {"insert modern disables async insert and dedups by token", Dialect::kModern,
+       [](const Statements& s) { return s.InsertState("a", std::string("{}"), std::nullopt, "tok-1"); },
+       "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) VALUES ('a', '{}', NULL)",
+       {{"async_insert", "0"}, {"insert_deduplication_token", "tok-1"}}, false},
+      {"delete 18 is a mutation", Dialect::kClickHouse18, [](const Statements& s) { return s.DeleteState("a"); },
+       "ALTER TABLE `meltano`.`state` DELETE WHERE state_id = 'a'", {}, true},
+      {"delete modern is lightweight and synchronous", Dialect::kModern,
+       [](const Statements& s) { return s.DeleteState("a"); },
+       "DELETE FROM `meltano`.`state` WHERE state_id = {state_id:String}",
+       {{"param_state_id", "a"}, {"mutations_sync", "2"}}, true},
+      {"pending mutations", Dialect::kClickHouse18, [](const Statements& s) { return s.PendingMutations(); },
+       "SELECT count(), 1 FROM system.mutations WHERE database = 'meltano' AND table = 'state' AND is_done = 0 FORMAT "
+       "TabSeparated",
+       kRead, true},
+      {"list all", Dialect::kModern, [](const Statements& s) { return s.ListStateIds(std::nullopt); },
+       "SELECT state_id, 1 FROM `meltano`.`state` FINAL ORDER BY state_id FORMAT TabSeparated", kRead, true},
+      {"list star is all", Dialect::kClickHouse18, [](const Statements& s) { return s.ListStateIds("*"); },
+       "SELECT state_id, 1 FROM `meltano`.`state` FINAL ORDER BY state_id FORMAT TabSeparated", kRead, true},
+      {"list glob 18", Dialect::kClickHouse18, [](const Statements& s) { return s.ListStateIds("dev:tap_a*"); },
+       "SELECT state_id, 1 FROM `meltano`.`state` FINAL WHERE state_id LIKE 'dev:tap\\\\_a%' ORDER BY state_id FORMAT "
+       "TabSeparated",
+       kRead, true},
+      {"list glob modern", Dialect::kModern, [](const Statements& s) { return s.ListStateIds("a_?"); },
+       "SELECT state_id, 1 FROM `meltano`.`state` FINAL WHERE state_id LIKE {pattern:String} ORDER BY state_id FORMAT "
+       "TabSeparated",
+       {{"wait_end_of_query", "1"}, {"param_pattern", "a\\\\__"}}, true},
+      {"count", Dialect::kModern, [](const Statements& s) { return s.CountStates(); },
+       "SELECT count(), 1 FROM `meltano`.`state` FINAL FORMAT TabSeparated", kRead, true},
+      {"truncate", Dialect::kModern, [](const Statements& s) { return s.TruncateStates(); },
+       "TRUNCATE TABLE `meltano`.`state`", {}, true},
+      {"create lock", Dialect::kClickHouse18, [](const Statements& s) { return s.CreateLock("a", "00ff"); },
+       "CREATE TABLE `meltano`.`state_lock_af63dc4c8601ec8c` ENGINE = Memory AS SELECT '00ff' AS lock_id, now() AS "
+       "locked_at",
+       {}, false},
+      {"drop lock", Dialect::kModern, [](const Statements& s) { return s.DropLock("a"); },
+       "DROP TABLE IF EXISTS `meltano`.`state_lock_af63dc4c8601ec8c`", {}, true},
+  };
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<Statements> st = Statements::Create(c.dialect, "meltano", "state");
+    ASSERT_THAT(st, IsOk());
+    SqlRequest r = c.make(*st);
+    EXPECT_EQ(r.sql, c.sql);
+    EXPECT_EQ(r.url_params, c.params);
+    EXPECT_EQ(r.idempotent, c.idempotent);
+    EXPECT_FALSE(r.purpose.empty());
+  }
+}
+
+TEST(Statements, HostileIdsNeverLeaveTheLiteral) {
+  static const std::string kIds[] = {
+      "'; DROP TABLE meltano.state; --", "\\'", std::string("a\0b", 3), "\n\r\t", "`x`", "{state_id:String}",
+      "\xff\xfe", std::string(100 * 1024, '\''),
+  };
+  absl::StatusOr<Statements> st = Statements::Create(Dialect::kClickHouse18, "meltano", "state");
+  ASSERT_THAT(st, IsOk());
+  for (const std::string& id : kIds) {
+    SCOPED_TRACE(id.substr(0, 40));
+    std::string sql = st->GetState(id).sql;
+    std::string prefix = "SELECT partial_state, completed_state FROM `meltano`.`state` FINAL WHERE state_id = '";
+    std::string suffix = "' LIMIT 1 FORMAT TabSeparated";
+    ASSERT_EQ(sql.substr(0, prefix.size()), prefix);
+    ASSERT_EQ(sql.substr(sql.size() - suffix.size()), suffix);
+    std::string inner = sql.substr(prefix.size(), sql.size() - prefix.size() - suffix.size());
+    // Inside the literal every quote is escaped and nothing is a raw control byte.
+    for (size_t i = 0; i < inner.size(); ++i) {
+      if (inner[i] == '\\') {
+        ++i;
+        continue;
+      }
+      EXPECT_NE(inner[i], '\'') << "unescaped quote at " << i;
+      EXPECT_GE(static_cast<unsigned char>(inner[i]), 0x20);
+    }
+  }
+}
+
+TEST(Statements, LockNamesAreIdentifiersForAnyId) {
+  absl::StatusOr<Statements> st = Statements::Create(Dialect::kModern, "meltano", "state");
+  ASSERT_THAT(st, IsOk());
+  EXPECT_EQ(st->LockTableName("a"), "state_lock_af63dc4c8601ec8c");
+  EXPECT_NE(st->LockTableName("a"), st->LockTableName("b"));
+  EXPECT_THAT(st->LockTableName(std::string(100000, '`')), ::testing::MatchesRegex("state_lock_[0-9a-f]{16}"));
+  EXPECT_THAT(st->RenameLockAside("a", "'; DROP").sql,
+              ::testing::MatchesRegex("RENAME TABLE `meltano`.`state_lock_af63dc4c8601ec8c` TO "
+                                      "`meltano`.`state_lock_af63dc4c8601ec8c_aside_[0-9a-f]{16}`"));
+}
+
+TEST(Statements, RejectsBadNames) {
+  EXPECT_THAT(Statements::Create(Dialect::kModern, "a`b", "state"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("schema")));
+  EXPECT_THAT(Statements::Create(Dialect::kModern, "meltano", "x;drop"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("table")));
+}
+
+TEST(Fnv1a64, KnownValues) {
+  // Published FNV-1a 64 test values.
+  EXPECT_EQ(Fnv1a64(""), 0xcbf29ce484222325ull);
+  EXPECT_EQ(Fnv1a64("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(Fnv1a64("foobar"), 0x85944171f73967e8ull);
+}
+
+struct VersionCase {
+  const char* text;
+  bool parses;
+  absl::StatusCode dialect_code;
+  Dialect dialect;
+};
+
+TEST(Dialect, ChosenFromVersion) {
+  static const VersionCase kCases[] = {
+      {"18.16.1", true, absl::StatusCode::kOk, Dialect::kClickHouse18},
+      {"18.16.1\n", true, absl::StatusCode::kOk, Dialect::kClickHouse18},
+      {"19.17.4.11", true, absl::StatusCode::kOk, Dialect::kClickHouse18},
+      {"23.2.7.32", true, absl::StatusCode::kOk, Dialect::kClickHouse18},
+      {"23.3.1.2823", true, absl::StatusCode::kOk, Dialect::kModern},
+      {"24.3.1.2672-lts", true, absl::StatusCode::kOk, Dialect::kModern},
+      {"26.9.2.1", true, absl::StatusCode::kOk, Dialect::kModern},
+      {"18.14.19", true, absl::StatusCode::kFailedPrecondition, Dialect::kModern},
+      {"1.1.54394", true, absl::StatusCode::kFailedPrecondition, Dialect::kModern},
+      {"not a version", false, absl::StatusCode::kOk, Dialect::kModern},
+      {"", false, absl::StatusCode::kOk, Dialect::kModern},
+  };
+  for (const VersionCase& c : kCases) {
+    SCOPED_TRACE(c.text);
+    absl::StatusOr<ServerVersion> v = ParseServerVersion(c.text);
+    if (!c.parses) {
+      EXPECT_THAT(v, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("version")));
+      continue;
+    }
+    ASSERT_THAT(v, IsOk());
+    absl::StatusOr<Dialect> d = DialectFor(*v);
+    if (c.dialect_code != absl::StatusCode::kOk) {
+      EXPECT_THAT(d, StatusIs(c.dialect_code, HasSubstr("18.16")));
+    } else {
+      ASSERT_THAT(d, IsOk());
+      EXPECT_EQ(*d, c.dialect);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace chstate

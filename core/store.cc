@@ -1,0 +1,618 @@
+// Store operations as chains of steps: each step is "run this SQL, then
+// continue with its answer" or "wait, then continue". Nothing here blocks.
+#include "core/store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/quoting.h"
+#include "core/response.h"
+
+namespace chstate {
+
+// Builders of step chains for one Store. Every function takes a continuation
+// (`then`) that produces the step after it; failures short-circuit with
+// Step::Fail unless a caller passes a failure continuation.
+class StoreSteps {
+ public:
+  StoreSteps(Store* store, const Inputs* in) : s_(store), in_(in) {}
+
+  using Then = std::function<Step()>;
+  using OnFailure = std::function<Step(absl::Status)>;
+
+  // Runs `req`; on success continues with the body, on failure with `fail`.
+  Step Sql(SqlRequest req, std::string what, std::function<Step(const std::string& body)> then,
+           OnFailure fail) {
+    return Step::Run(std::move(req), [what = std::move(what), then = std::move(then),
+                                      fail = std::move(fail)](const SqlResponse& r) -> Step {
+      absl::Status st = CheckResponse(r, what);
+      if (!st.ok()) return fail(std::move(st));
+      return then(r.body);
+    });
+  }
+
+  // Like Sql, decoding `columns`-wide TabSeparated rows.
+  Step Query(SqlRequest req, std::string what, size_t columns, std::function<Step(const Rows& rows)> then,
+             OnFailure fail) {
+    return Sql(
+        std::move(req), what,
+        [columns, then = std::move(then), fail](const std::string& body) -> Step {
+          absl::StatusOr<Rows> rows = ParseTabSeparated(body, columns);
+          if (!rows.ok()) return fail(rows.status());
+          return then(*rows);
+        },
+        fail);
+  }
+
+  static Step Failed(absl::Status st) { return Step::Fail(std::move(st)); }
+
+  // Asks the server's version once per store and picks the dialect.
+  Step Connected(Then then, OnFailure fail, bool force = false) {
+    if (s_->statements_ && !force) return then();
+    return Query(
+        Statements::SelectVersion(), "connecting", 2,
+        [this, then = std::move(then), fail](const Rows& rows) -> Step {
+          if (rows.empty() || !rows[0][0]) {
+            return fail(absl::DataLossError("ClickHouse sent no version for SELECT version()"));
+          }
+          absl::StatusOr<ServerVersion> v = ParseServerVersion(*rows[0][0]);
+          if (!v.ok()) return fail(v.status());
+          absl::StatusOr<Dialect> d = DialectFor(*v);
+          if (!d.ok()) return fail(d.status());
+          absl::StatusOr<Statements> st = Statements::Create(*d, s_->options_.schema, s_->options_.table);
+          if (!st.ok()) return fail(st.status());
+          s_->statements_ = std::move(*st);
+          s_->server_version_ = v->text;
+          return then();
+        },
+        fail);
+  }
+
+  const Statements& st() const { return *s_->statements_; }
+
+  Step EnsureSchema(Then then, OnFailure fail) {
+    return Sql(
+        st().CreateDatabase(), "creating the state database",
+        [this, then, fail](const std::string&) {
+          return Sql(
+              st().CreateStateTable(), "creating the state table",
+              [this, then, fail](const std::string&) {
+                return Sql(
+                    st().CreateLockTable(), "creating the lock table", [then](const std::string&) { return then(); },
+                    fail);
+              },
+              fail);
+        },
+        fail);
+  }
+
+  // Reads one state; a missing table or database reads as "absent".
+  Step ReadState(const std::string& id, std::function<Step(std::optional<MeltanoState>)> then, OnFailure fail) {
+    return Query(
+        st().GetState(id), "reading state", 2,
+        [id, then, fail](const Rows& rows) -> Step {
+          if (rows.empty()) return then(std::nullopt);
+          absl::StatusOr<nlohmann::json> partial = FromColumn(rows[0][0], id, "partial_state");
+          if (!partial.ok()) return fail(partial.status());
+          absl::StatusOr<nlohmann::json> completed = FromColumn(rows[0][1], id, "completed_state");
+          if (!completed.ok()) return fail(completed.status());
+          MeltanoState s;
+          s.state_id = id;
+          s.partial = std::move(*partial);
+          s.completed = std::move(*completed);
+          return then(std::move(s));
+        },
+        [then, fail](absl::Status st) -> Step {
+          if (st.code() == absl::StatusCode::kNotFound) return then(std::nullopt);
+          return fail(std::move(st));
+        });
+  }
+
+  absl::StatusOr<std::string> Token() {
+    if (in_->random.size() < 16) {
+      return absl::InvalidArgumentError(
+          "the host passed fewer than 16 random bytes; every input needs fresh random bytes");
+    }
+    return absl::StrCat("chstate-", HexEncode(in_->random.substr(0, 16)), "-", ++s_->writes_);
+  }
+
+  // Writes a whole state row, creating the schema once if it is missing.
+  Step WriteState(const MeltanoState& state, Then then, OnFailure fail, bool schema_made = false) {
+    absl::StatusOr<std::string> token = Token();
+    if (!token.ok()) return fail(token.status());
+    SqlRequest req =
+        st().InsertState(state.state_id, ToColumn(state.partial), ToColumn(state.completed), *token);
+    return Sql(
+        std::move(req), "writing state", [then](const std::string&) { return then(); },
+        [this, state, then, fail, schema_made](absl::Status st) -> Step {
+          if (st.code() == absl::StatusCode::kNotFound && !schema_made) {
+            return EnsureSchema([this, state, then, fail] { return WriteState(state, then, fail, true); }, fail);
+          }
+          return fail(std::move(st));
+        });
+  }
+
+  Step DeleteState(const std::string& id, Then then, OnFailure fail) {
+    return Sql(
+        st().DeleteState(id), "deleting state",
+        [this, then, fail](const std::string&) -> Step {
+          if (st().dialect() == Dialect::kModern) return then();
+          return AwaitMutations(in_->now_ms + s_->options_.mutation_timeout_ms, 5, then, fail);
+        },
+        [then, fail](absl::Status st) -> Step {
+          if (st.code() == absl::StatusCode::kNotFound) return then();  // no table: nothing to delete
+          return fail(std::move(st));
+        });
+  }
+
+  // 18.x: ALTER ... DELETE returns before rows are gone; poll until done.
+  Step AwaitMutations(int64_t deadline_ms, int64_t wait_ms, Then then, OnFailure fail) {
+    return Query(
+        st().PendingMutations(), "waiting for the delete to finish", 2,
+        [this, deadline_ms, wait_ms, then, fail](const Rows& rows) -> Step {
+          int64_t pending = 0;
+          if (rows.empty() || !rows[0][0] || !absl::SimpleAtoi(*rows[0][0], &pending)) {
+            return fail(absl::DataLossError("unexpected answer counting pending mutations"));
+          }
+          if (pending == 0) return then();
+          if (in_->now_ms >= deadline_ms) {
+            return fail(absl::DeadlineExceededError(
+                absl::StrCat("the delete was accepted but its mutation is still running after ",
+                             s_->options_.mutation_timeout_ms / 1000,
+                             " s; check system.mutations on the server (it will finish there)")));
+          }
+          return Step::Wait(wait_ms, [this, deadline_ms, wait_ms, then, fail] {
+            return AwaitMutations(deadline_ms, std::min<int64_t>(wait_ms * 2, 200), then, fail);
+          });
+        },
+        fail);
+  }
+
+  // ---- lock ----
+
+  Step Acquire(const std::string& id, std::function<Step(std::string lock_id)> then, OnFailure fail) {
+    if (in_->random.size() < 16) {
+      return fail(absl::InvalidArgumentError("the host passed fewer than 16 random bytes for a lock id"));
+    }
+    std::string lock_id = MakeLockId(in_->random);
+    int64_t start = in_->now_ms;
+    return TryCreate(id, lock_id, start, start + s_->options_.lock.timeout_ms, 0, then, fail);
+  }
+
+  Step TryCreate(const std::string& id, const std::string& lock_id, int64_t start, int64_t deadline,
+                 int quick_retries, std::function<Step(std::string)> then, OnFailure fail,
+                 bool schema_made = false) {
+    return Sql(
+        st().CreateLock(id, lock_id), "taking the lock", [lock_id, then](const std::string&) { return then(lock_id); },
+        [=](absl::Status status) -> Step {
+          std::optional<int> code = ClickHouseCode(status);
+          if (code == kCodeUnknownDatabase && !schema_made) {
+            return EnsureSchema(
+                [=] { return TryCreate(id, lock_id, start, deadline, quick_retries, then, fail, true); }, fail);
+          }
+          if (code != kCodeTableAlreadyExists) return fail(std::move(status));
+          return Inspect(id, lock_id, start, deadline, quick_retries, then, fail);
+        });
+  }
+
+  Step Inspect(const std::string& id, const std::string& lock_id, int64_t start, int64_t deadline,
+               int quick_retries, std::function<Step(std::string)> then, OnFailure fail) {
+    auto retry_later = [=]() -> Step {
+      int64_t wait = std::min(s_->options_.lock.retry_ms, std::max<int64_t>(deadline - in_->now_ms, 0));
+      return Step::Wait(wait, [=] { return TryCreate(id, lock_id, start, deadline, 0, then, fail); });
+    };
+    return Query(
+        st().InspectLock(id), "inspecting the lock", 2,
+        [=](const Rows& rows) -> Step {
+          bool exists = !rows.empty();
+          int64_t age_s = 0;
+          std::string holder;
+          if (exists) {
+            holder = rows[0][0].value_or("");
+            if (!rows[0][1] || !absl::SimpleAtoi(*rows[0][1], &age_s)) {
+              return fail(absl::DataLossError("unexpected answer inspecting the lock"));
+            }
+          }
+          LockVerdict v = DecideOnHeldLock(exists, age_s, in_->now_ms, deadline, s_->options_.lock);
+          if (v == LockVerdict::kRetryNow && quick_retries >= 3) v = LockVerdict::kWait;
+          switch (v) {
+            case LockVerdict::kRetryNow:
+              return TryCreate(id, lock_id, start, deadline, quick_retries + 1, then, fail);
+            case LockVerdict::kTakeOver:
+              return TakeOver(id, lock_id, holder, [=] { return TryCreate(id, lock_id, start, deadline, 0, then, fail); },
+                              fail);
+            case LockVerdict::kWait:
+              if (in_->now_ms >= deadline) break;
+              return retry_later();
+            case LockVerdict::kGiveUp:
+              break;
+          }
+          return fail(absl::AbortedError(absl::StrCat(
+              "state id \"", Printable(id), "\" is locked by another process (lock held for ", age_s,
+              " s); gave up after ", (in_->now_ms - start) / 1000.0,
+              " s. Retry later, raise the lock timeout, or remove a lock you know is dead with `chstate unlock`")));
+        },
+        [=](absl::Status status) -> Step {
+          // The lock table vanished between CREATE and SELECT: try again.
+          if (ClickHouseCode(status) == kCodeUnknownTable && quick_retries < 3) {
+            return TryCreate(id, lock_id, start, deadline, quick_retries + 1, then, fail);
+          }
+          return fail(std::move(status));
+        });
+  }
+
+  // Moves a stale lock aside and drops it, unless what moved is not the lock
+  // that was judged stale (it was released and re-taken meanwhile): then it is
+  // put back.
+  Step TakeOver(const std::string& id, const std::string& lock_id, const std::string& stale_holder, Then then,
+                OnFailure fail) {
+    return Sql(
+        st().RenameLockAside(id, lock_id), "taking over a stale lock",
+        [=](const std::string&) {
+          return Query(
+              st().InspectAside(id, lock_id), "inspecting a stale lock", 2,
+              [=](const Rows& rows) -> Step {
+                std::string moved = rows.empty() ? "" : rows[0][0].value_or("");
+                if (moved == stale_holder) {
+                  return Sql(
+                      st().DropAside(id, lock_id), "dropping a stale lock", [then](const std::string&) { return then(); },
+                      fail);
+                }
+                return Sql(
+                    st().RestoreAside(id, lock_id), "restoring a live lock",
+                    [then](const std::string&) { return then(); },
+                    [=](absl::Status) {
+                      // Someone took the free name meanwhile; the lock we
+                      // moved is lost to its holder, who learns it on release.
+                      return Sql(
+                          st().DropAside(id, lock_id), "dropping a displaced lock",
+                          [then](const std::string&) { return then(); }, fail);
+                    });
+              },
+              fail);
+        },
+        [then, fail](absl::Status status) -> Step {
+          // Another taker won the rename, or the holder released: contend again.
+          if (ClickHouseCode(status) == kCodeUnknownTable) return then();
+          return fail(std::move(status));
+        });
+  }
+
+  Step Release(const std::string& id, const std::string& lock_id, Then then, OnFailure fail) {
+    return Query(
+        st().InspectLock(id), "inspecting the lock before release", 2,
+        [=](const Rows& rows) -> Step {
+          std::string holder = rows.empty() ? "" : rows[0][0].value_or("");
+          if (rows.empty() || holder != lock_id) {
+            return fail(absl::FailedPreconditionError(absl::StrCat(
+                "the lock on state id \"", Printable(id),
+                "\" was no longer ours at release: it was taken over as stale while held. "
+                "Raise the stale-lock window above the longest hold")));
+          }
+          return Sql(st().DropLock(id), "releasing the lock", [then](const std::string&) { return then(); }, fail);
+        },
+        [=](absl::Status status) -> Step {
+          if (ClickHouseCode(status) == kCodeUnknownTable) {
+            return fail(absl::FailedPreconditionError(absl::StrCat(
+                "the lock on state id \"", Printable(id), "\" was gone at release: it was taken over as stale")));
+          }
+          return fail(std::move(status));
+        });
+  }
+
+  // Runs `body` under the lock for `id` and releases on every exit path. The
+  // body ends by calling `finish` with its result or error; `after` gets that
+  // outcome once the lock is released (by default it ends the task).
+  using Finish = std::function<Step(absl::StatusOr<Result>)>;
+  static Step Terminal(absl::StatusOr<Result> outcome) {
+    return outcome.ok() ? Step::Done(*std::move(outcome)) : Step::Fail(outcome.status());
+  }
+  Step WithLock(const std::string& id, std::function<Step(Finish)> body, Finish after = Terminal) {
+    return Acquire(
+        id,
+        [this, id, body, after](std::string lock_id) -> Step {
+          Finish finish = [this, id, lock_id, after](absl::StatusOr<Result> outcome) -> Step {
+            return Release(
+                id, lock_id, [outcome, after]() -> Step { return after(outcome); },
+                [outcome, after](absl::Status release_error) -> Step {
+                  // The body's own error matters more than a failed release.
+                  return after(outcome.ok() ? absl::StatusOr<Result>(release_error) : outcome);
+                });
+          };
+          return body(finish);
+        },
+        [after](absl::Status st) { return after(std::move(st)); });
+  }
+
+  Result Base() const {
+    Result r;
+    r.server_version = s_->server_version_;
+    if (s_->statements_) r.dialect = s_->statements_->dialect();
+    return r;
+  }
+
+  // For messages: ids are user data and may hold anything.
+  static std::string Printable(const std::string& id) {
+    std::string escaped = EscapeParamValue(id.size() > 200 ? id.substr(0, 200) : id);
+    return id.size() > 200 ? absl::StrCat(escaped, "...") : escaped;
+  }
+
+ private:
+  Store* s_;
+  const Inputs* in_;
+};
+
+namespace {
+
+// A task whose body gets a StoreSteps bound to the task's inputs.
+std::unique_ptr<Task> MakeTask(Store* store, std::function<Step(StoreSteps&)> body) {
+  return std::make_unique<Task>([store, body = std::move(body)](const Inputs* in) -> Task::Body {
+    auto steps = std::make_shared<StoreSteps>(store, in);
+    return [steps, body] { return body(*steps); };
+  });
+}
+
+std::unique_ptr<Task> Invalid(absl::Status status) {
+  return std::make_unique<Task>([status](const Inputs*) -> Task::Body {
+    return [status] { return Step::Fail(status); };
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
+  if (absl::Status s = ValidateIdentifier(options.schema, "schema"); !s.ok()) return s;
+  if (absl::Status s = ValidateIdentifier(options.table, "table"); !s.ok()) return s;
+  if (options.lock.timeout_ms < 0 || options.lock.retry_ms <= 0 || options.lock.stale_ms <= 0) {
+    return absl::InvalidArgumentError(
+        "lock settings must be positive (timeout may be 0 to try once): check the lock timeout, retry and "
+        "stale-lock settings");
+  }
+  return std::unique_ptr<Store>(new Store(std::move(options)));
+}
+
+std::optional<Dialect> Store::dialect() const {
+  if (statements_) return statements_->dialect();
+  return std::nullopt;
+}
+
+std::unique_ptr<Task> Store::Ping() {
+  return MakeTask(this, [](StoreSteps& s) {
+    return s.Connected([&s] { return Step::Done(s.Base()); }, StoreSteps::Failed, /*force=*/true);
+  });
+}
+
+std::unique_ptr<Task> Store::Init() {
+  return MakeTask(this, [](StoreSteps& s) {
+    return s.Connected([&s] { return s.EnsureSchema([&s] { return Step::Done(s.Base()); }, StoreSteps::Failed); },
+                       StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::Get(std::string state_id) {
+  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
+  return MakeTask(this, [state_id](StoreSteps& s) {
+    return s.Connected(
+        [&s, state_id] {
+          return s.ReadState(
+              state_id,
+              [&s](std::optional<MeltanoState> state) {
+                Result r = s.Base();
+                r.state = std::move(state);
+                return Step::Done(std::move(r));
+              },
+              StoreSteps::Failed);
+        },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::Set(MeltanoState state) {
+  if (absl::Status st = ValidateStateId(state.state_id); !st.ok()) return Invalid(st);
+  return MakeTask(this, [state](StoreSteps& s) {
+    return s.Connected(
+        [&s, state] { return s.WriteState(state, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed); },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::SetLocked(MeltanoState state) {
+  if (absl::Status st = ValidateStateId(state.state_id); !st.ok()) return Invalid(st);
+  return MakeTask(this, [state](StoreSteps& s) {
+    return s.Connected(
+        [&s, state] {
+          return s.WithLock(state.state_id, [&s, state](StoreSteps::Finish finish) {
+            return s.WriteState(state, [&s, finish] { return finish(s.Base()); }, finish);
+          });
+        },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::Update(MeltanoState incoming) {
+  if (absl::Status st = ValidateStateId(incoming.state_id); !st.ok()) return Invalid(st);
+  return MakeTask(this, [incoming](StoreSteps& s) {
+    return s.Connected(
+        [&s, incoming] {
+          return s.WithLock(incoming.state_id, [&s, incoming](StoreSteps::Finish finish) {
+            return s.ReadState(
+                incoming.state_id,
+                [&s, incoming, finish](std::optional<MeltanoState> current) {
+                  MeltanoState next = ApplyUpdate(current, incoming);
+                  return s.WriteState(
+                      next,
+                      [&s, next, finish] {
+                        Result r = s.Base();
+                        r.state = next;
+                        return finish(std::move(r));
+                      },
+                      finish);
+                },
+                finish);
+          });
+        },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::Delete(std::string state_id) {
+  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
+  return MakeTask(this, [state_id](StoreSteps& s) {
+    return s.Connected(
+        [&s, state_id] { return s.DeleteState(state_id, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed); },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::DeleteLocked(std::string state_id) {
+  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
+  return MakeTask(this, [state_id](StoreSteps& s) {
+    return s.Connected(
+        [&s, state_id] {
+          return s.WithLock(state_id, [&s, state_id](StoreSteps::Finish finish) {
+            return s.DeleteState(state_id, [&s, finish] { return finish(s.Base()); }, finish);
+          });
+        },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::List(std::optional<std::string> glob) {
+  return MakeTask(this, [glob](StoreSteps& s) {
+    return s.Connected(
+        [&s, glob] {
+          return s.Query(
+              s.st().ListStateIds(glob), "listing state ids", 2,
+              [&s](const Rows& rows) {
+                Result r = s.Base();
+                for (const Row& row : rows) r.state_ids.push_back(row[0].value_or(""));
+                return Step::Done(std::move(r));
+              },
+              [&s](absl::Status st) {
+                if (st.code() == absl::StatusCode::kNotFound) return Step::Done(s.Base());
+                return Step::Fail(std::move(st));
+              });
+        },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::ClearAll() {
+  return MakeTask(this, [](StoreSteps& s) {
+    return s.Connected(
+        [&s] {
+          return s.Query(
+              s.st().CountStates(), "counting states", 2,
+              [&s](const Rows& rows) {
+                int64_t count = 0;
+                if (rows.empty() || !rows[0][0] || !absl::SimpleAtoi(*rows[0][0], &count)) {
+                  return Step::Fail(absl::DataLossError("unexpected answer counting states"));
+                }
+                return s.Sql(
+                    s.st().TruncateStates(), "clearing all states",
+                    [&s, count](const std::string&) {
+                      Result r = s.Base();
+                      r.count = count;
+                      return Step::Done(std::move(r));
+                    },
+                    StoreSteps::Failed);
+              },
+              [&s](absl::Status st) {
+                if (st.code() == absl::StatusCode::kNotFound) return Step::Done(s.Base());
+                return Step::Fail(std::move(st));
+              });
+        },
+        StoreSteps::Failed);
+  });
+}
+
+namespace {
+
+// Reads `src` and writes it to `dst` under dst's lock; `after` gets the outcome.
+Step CopySteps(StoreSteps& s, const std::string& src, const std::string& dst, const char* verb,
+               StoreSteps::Finish after) {
+  return s.ReadState(
+      src,
+      [&s, src, dst, verb, after](std::optional<MeltanoState> state) -> Step {
+        if (!state) {
+          return Step::Fail(absl::NotFoundError(
+              absl::StrCat("state id \"", StoreSteps::Printable(src), "\" has no state to ", verb)));
+        }
+        MeltanoState copy = *state;
+        copy.state_id = dst;
+        return s.WithLock(
+            dst,
+            [&s, copy](StoreSteps::Finish finish) {
+              return s.WriteState(copy, [&s, finish] { return finish(s.Base()); }, finish);
+            },
+            after);
+      },
+      StoreSteps::Failed);
+}
+
+}  // namespace
+
+std::unique_ptr<Task> Store::Copy(std::string src, std::string dst) {
+  if (absl::Status st = ValidateStateId(src); !st.ok()) return Invalid(st);
+  if (absl::Status st = ValidateStateId(dst); !st.ok()) return Invalid(st);
+  return MakeTask(this, [src, dst](StoreSteps& s) {
+    return s.Connected([&s, src, dst] { return CopySteps(s, src, dst, "copy", StoreSteps::Terminal); },
+                       StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::Move(std::string src, std::string dst) {
+  if (absl::Status st = ValidateStateId(src); !st.ok()) return Invalid(st);
+  if (absl::Status st = ValidateStateId(dst); !st.ok()) return Invalid(st);
+  if (src == dst) {
+    return Invalid(absl::InvalidArgumentError("move needs two different state ids: source and destination are equal"));
+  }
+  return MakeTask(this, [src, dst](StoreSteps& s) {
+    return s.Connected(
+        [&s, src, dst] {
+          // The copy is written (and its lock released) before the source is
+          // deleted under its own lock: a failure in between leaves both
+          // states, never neither.
+          return CopySteps(s, src, dst, "move", [&s, src](absl::StatusOr<Result> copied) -> Step {
+            if (!copied.ok()) return Step::Fail(copied.status());
+            return s.WithLock(src, [&s, src](StoreSteps::Finish finish) {
+              return s.DeleteState(src, [&s, finish] { return finish(s.Base()); }, finish);
+            });
+          });
+        },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
+  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
+  return MakeTask(this, [state_id](StoreSteps& s) {
+    return s.Connected(
+        [&s, state_id] {
+          return s.Acquire(
+              state_id,
+              [&s](std::string lock_id) {
+                Result r = s.Base();
+                r.lock_id = std::move(lock_id);
+                return Step::Done(std::move(r));
+              },
+              StoreSteps::Failed);
+        },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::ReleaseLock(std::string state_id, std::string lock_id) {
+  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
+  return MakeTask(this, [state_id, lock_id](StoreSteps& s) {
+    return s.Connected(
+        [&s, state_id, lock_id] {
+          return s.Release(state_id, lock_id, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
+        },
+        StoreSteps::Failed);
+  });
+}
+
+}  // namespace chstate

@@ -1,0 +1,86 @@
+// The state store: every operation Meltano (and the `chstate` tool) performs
+// on ClickHouse, as Tasks a host drives (see core/task.h).
+//
+//   chstate::StoreOptions opts;
+//   opts.schema = "meltano"; opts.table = "state"; opts.endpoint = "127.0.0.1:8123";
+//   absl::StatusOr<std::unique_ptr<chstate::Store>> store = chstate::Store::Create(opts);
+//   std::unique_ptr<chstate::Task> t = (*store)->Update(incoming_state);   // lock, get, merge, set, unlock
+//
+// The store remembers the server's dialect after the first task asks for
+// `SELECT version()`. It must outlive its tasks; tasks of one store run one at
+// a time (the store is not thread-safe).
+#ifndef CHSTATE_CORE_STORE_H_
+#define CHSTATE_CORE_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/dialect.h"
+#include "core/lock.h"
+#include "core/state.h"
+#include "core/statements.h"
+#include "core/task.h"
+
+namespace chstate {
+
+struct StoreOptions {
+  std::string schema = "meltano";
+  std::string table = "state";
+  // "host:port", only used in messages.
+  std::string endpoint;
+  LockOptions lock;
+  // How long a legacy (18.x) delete may take to finish its mutation.
+  int64_t mutation_timeout_ms = 60000;
+};
+
+class Store {
+ public:
+  static absl::StatusOr<std::unique_ptr<Store>> Create(StoreOptions options);
+
+  // Server version and dialect; always asks the server (a round trip).
+  std::unique_ptr<Task> Ping();
+  // CREATE DATABASE / state table / lock table IF NOT EXISTS.
+  std::unique_ptr<Task> Init();
+  // Result.state: nullopt when absent. A missing table reads as absent.
+  std::unique_ptr<Task> Get(std::string state_id);
+  // Plain overwrite of both sides (Meltano's set()). No lock.
+  std::unique_ptr<Task> Set(MeltanoState state);
+  // Overwrite under the per-id lock (`chstate set`).
+  std::unique_ptr<Task> SetLocked(MeltanoState state);
+  // Meltano's update(): under the lock, ApplyUpdate(current, incoming), set.
+  std::unique_ptr<Task> Update(MeltanoState incoming);
+  std::unique_ptr<Task> Delete(std::string state_id);
+  std::unique_ptr<Task> DeleteLocked(std::string state_id);
+  // Result.state_ids, sorted; `glob` uses Meltano's * and ?.
+  std::unique_ptr<Task> List(std::optional<std::string> glob);
+  // Result.count: states removed.
+  std::unique_ptr<Task> ClearAll();
+  // dst := src (under dst's lock). kNotFound when src is absent.
+  std::unique_ptr<Task> Copy(std::string src, std::string dst);
+  // Copy, then delete src under src's lock.
+  std::unique_ptr<Task> Move(std::string src, std::string dst);
+  // Result.lock_id. kAborted (naming the id) when the timeout passes.
+  std::unique_ptr<Task> AcquireLock(std::string state_id);
+  std::unique_ptr<Task> ReleaseLock(std::string state_id, std::string lock_id);
+
+  const StoreOptions& options() const { return options_; }
+  // Known after the first task connected.
+  std::optional<Dialect> dialect() const;
+  const std::string& server_version() const { return server_version_; }
+
+ private:
+  explicit Store(StoreOptions options) : options_(std::move(options)) {}
+  friend class StoreSteps;
+
+  StoreOptions options_;
+  std::optional<Statements> statements_;
+  std::string server_version_;
+  uint64_t writes_ = 0;
+};
+
+}  // namespace chstate
+
+#endif  // CHSTATE_CORE_STORE_H_

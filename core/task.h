@@ -1,0 +1,108 @@
+// A store operation in progress, driven by a host. The core never blocks,
+// sleeps or sends: it says what to do next and waits to be told what happened.
+//
+//   std::unique_ptr<chstate::Task> task = store.Get("dev:tap-a-to-target-b");
+//   chstate::Action a = task->Start({now_ms, random_bytes});
+//   while (true) {
+//     if (a.kind == chstate::Action::Kind::kRunSql) {
+//       a = task->OnResponse(transport.Run(a.request), {now_ms, random_bytes});
+//     } else if (a.kind == chstate::Action::Kind::kWait) {
+//       sleep_for(a.wait_ms);
+//       a = task->OnTimer({now_ms, random_bytes});
+//     } else break;   // kDone: a.result; kFailed: a.status
+//   }
+//
+// "After every input, take the next action": a task emits exactly one action
+// per input. Calling an input the task did not ask for (OnTimer while it
+// waits for SQL, anything after kDone/kFailed) returns kFailed with
+// kFailedPrecondition and leaves the task finished.
+#ifndef CHSTATE_CORE_TASK_H_
+#define CHSTATE_CORE_TASK_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/dialect.h"
+#include "core/sql_request.h"
+#include "core/state.h"
+
+namespace chstate {
+
+// What the host supplies with every input: the time (milliseconds on any
+// monotonic scale; only differences matter) and fresh random bytes (16 or more
+// when the task may need them; lock ids and insert tokens are made from them).
+struct Inputs {
+  int64_t now_ms = 0;
+  std::string random;
+};
+
+// What a finished task produced. Which fields are set depends on the task.
+struct Result {
+  std::optional<MeltanoState> state;    // Get: nullopt when the id is absent
+  std::vector<std::string> state_ids;   // List
+  int64_t count = 0;                    // ClearAll: states removed
+  std::string server_version;           // Ping, and every task that connected
+  std::optional<Dialect> dialect;
+  std::string lock_id;                  // AcquireLock
+  int64_t waited_ms = 0;                // AcquireLock: time spent waiting
+};
+
+struct Action {
+  enum class Kind { kRunSql, kWait, kDone, kFailed };
+  Kind kind = Kind::kFailed;
+  SqlRequest request;  // kRunSql
+  int64_t wait_ms = 0; // kWait
+  Result result;       // kDone
+  absl::Status status; // kFailed
+};
+
+// Internal continuation: the step a task takes next. Public only so that
+// store.cc can build tasks; hosts use Task.
+struct Step;
+using ResponseHandler = std::function<Step(const SqlResponse&)>;
+using TimerHandler = std::function<Step()>;
+struct Step {
+  Action::Kind kind = Action::Kind::kFailed;
+  SqlRequest request;
+  ResponseHandler on_response;
+  int64_t wait_ms = 0;
+  TimerHandler on_timer;
+  Result result;
+  absl::Status status;
+
+  static Step Run(SqlRequest request, ResponseHandler then);
+  static Step Wait(int64_t ms, TimerHandler then);
+  static Step Done(Result result);
+  static Step Fail(absl::Status status);
+};
+
+class Task {
+ public:
+  // `body` runs on Start and builds the first step. `inputs` points at the
+  // latest Inputs the host gave, for steps that need the time or randomness.
+  using Body = std::function<Step()>;
+  explicit Task(std::function<Body(const Inputs*)> make_body);
+
+  Action Start(const Inputs& in);
+  Action OnResponse(const SqlResponse& response, const Inputs& in);
+  Action OnTimer(const Inputs& in);
+  bool finished() const { return finished_; }
+
+ private:
+  Action Take(Step step);
+  Action Misuse(const char* what);
+
+  Inputs inputs_;
+  Body body_;
+  Step pending_;
+  bool started_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace chstate
+
+#endif  // CHSTATE_CORE_TASK_H_

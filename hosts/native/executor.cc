@@ -1,0 +1,136 @@
+// cpp-httplib transport for core SqlRequests, and the loop that drives Tasks.
+#include "hosts/native/executor.h"
+
+#include <sys/random.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "httplib.h"
+
+namespace chstate::native {
+namespace {
+
+std::string HostForUrl(const std::string& host) {
+  // An IPv6 literal needs brackets in the Host header and URL.
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host;
+}
+
+std::string Describe(httplib::Error e) {
+  switch (e) {
+    case httplib::Error::Connection: return "connection refused or host unreachable";
+    case httplib::Error::ConnectionTimeout: return "connect timed out";
+    case httplib::Error::Read: return "connection closed or timed out while reading the answer";
+    case httplib::Error::Write: return "connection failed while sending the request";
+    case httplib::Error::SSLConnection: return "TLS handshake failed";
+    case httplib::Error::SSLLoadingCerts: return "could not load the CA certificates (check the CA file)";
+    case httplib::Error::SSLServerVerification:
+      return "the server's TLS certificate could not be verified (wrong CA or host name)";
+    case httplib::Error::UnsupportedMultipartBoundaryChars: return "bad multipart boundary";
+    case httplib::Error::Compression: return "decompression failed";
+    default: return httplib::to_string(e);
+  }
+}
+
+// After these errors the request may have reached the server.
+bool MaybeDelivered(httplib::Error e) {
+  return e == httplib::Error::Read || e == httplib::Error::Write || e == httplib::Error::Unknown;
+}
+
+}  // namespace
+
+struct HttpExecutor::Impl {
+  std::unique_ptr<httplib::Client> client;
+  httplib::Headers headers;
+  std::string base_query;
+};
+
+HttpExecutor::HttpExecutor(const ConnectionConfig& config, ExecutorOptions options) : impl_(new Impl) {
+  endpoint_ = absl::StrCat(HostForUrl(config.host), ":", config.port);
+  std::string scheme_host_port = absl::StrCat(config.secure ? "https://" : "http://", endpoint_);
+  impl_->client = std::make_unique<httplib::Client>(scheme_host_port);
+  httplib::Client& c = *impl_->client;
+  c.set_keep_alive(true);
+  c.set_connection_timeout(options.connect_timeout_ms / 1000, (options.connect_timeout_ms % 1000) * 1000);
+  c.set_read_timeout(options.read_timeout_ms / 1000, (options.read_timeout_ms % 1000) * 1000);
+  c.set_write_timeout(options.write_timeout_ms / 1000, (options.write_timeout_ms % 1000) * 1000);
+  if (config.secure) {
+    // Verification stays on: there is deliberately no switch to turn it off.
+    c.enable_server_certificate_verification(true);
+    if (!config.ca_file.empty()) c.set_ca_cert_path(config.ca_file);
+  }
+  impl_->headers = {{"X-ClickHouse-User", config.user}};
+  if (!config.password.empty()) impl_->headers.emplace("X-ClickHouse-Key", config.password);
+  impl_->base_query = absl::StrCat("/?database=", httplib::detail::encode_query_param(config.database));
+}
+
+HttpExecutor::~HttpExecutor() = default;
+
+SqlResponse HttpExecutor::Execute(const SqlRequest& request) {
+  std::string path = impl_->base_query;
+  for (const auto& [key, value] : request.url_params) {
+    absl::StrAppend(&path, "&", httplib::detail::encode_query_param(key), "=",
+                    httplib::detail::encode_query_param(value));
+  }
+  SqlResponse out;
+  httplib::Result res = impl_->client->Post(path, impl_->headers, request.sql, "text/plain; charset=UTF-8");
+  if (!res) {
+    out.transport_ok = false;
+    out.maybe_delivered = MaybeDelivered(res.error());
+    out.transport_error = absl::StrCat(Describe(res.error()), " (", endpoint_,
+                                       "). Check that ClickHouse is running there and that host, port and "
+                                       "secure are right");
+    return out;
+  }
+  out.http_status = res->status;
+  out.body = std::move(res->body);
+  if (res->has_header("X-ClickHouse-Exception-Code")) {
+    out.exception_code_header = res->get_header_value("X-ClickHouse-Exception-Code");
+  }
+  return out;
+}
+
+std::string OsRandomBytes() {
+  std::string bytes(32, '\0');
+  size_t got = 0;
+  while (got < bytes.size()) {
+    ssize_t n = getrandom(bytes.data() + got, bytes.size() - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return bytes;
+}
+
+int64_t MonotonicMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::StatusOr<Result> RunTask(Task& task, HttpExecutor& exec, int retries) {
+  auto inputs = [] { return Inputs{MonotonicMs(), OsRandomBytes()}; };
+  Action a = task.Start(inputs());
+  while (true) {
+    switch (a.kind) {
+      case Action::Kind::kRunSql: {
+        SqlResponse r = exec.Execute(a.request);
+        for (int attempt = 0; !r.transport_ok && a.request.idempotent && attempt < retries; ++attempt) {
+          // Back off briefly: a restarting server refuses for a moment.
+          std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
+          r = exec.Execute(a.request);
+        }
+        a = task.OnResponse(r, inputs());
+        break;
+      }
+      case Action::Kind::kWait:
+        std::this_thread::sleep_for(std::chrono::milliseconds(a.wait_ms));
+        a = task.OnTimer(inputs());
+        break;
+      case Action::Kind::kDone:
+        return std::move(a.result);
+      case Action::Kind::kFailed:
+        return a.status;
+    }
+  }
+}
+
+}  // namespace chstate::native

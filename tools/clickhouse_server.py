@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Start and stop throwaway ClickHouse servers on loopback.
+
+Tests, CI and `tools/chstate` use this so nobody needs a ClickHouse of their own.
+It only ever stops a server it started itself: the server's PID is recorded in the
+instance folder and is checked against the config path on its command line before
+any signal is sent.
+
+  tools/clickhouse_server.py start DIR     # start, wait for /ping, print env lines
+  tools/clickhouse_server.py stop DIR      # stop the server recorded in DIR
+  tools/clickhouse_server.py ensure DIR    # start unless the one in DIR is running
+  tools/clickhouse_server.py run -- CMD    # temp server, run CMD with CHSTATE_TEST_* env, stop
+
+The server listens on 127.0.0.1 only, on free ports, with a data folder under DIR.
+It has a user `chstate` with a random password (stored in DIR/instance.json, mode 0600)
+so that the tools are exercised with real credentials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+SERVER_BIN = os.environ.get("CHSTATE_CLICKHOUSE_SERVER", "/usr/sbin/clickhouse-server")
+SYSTEM_CONFIG = Path("/etc/clickhouse-server/config.xml")
+
+CONFIG_TEMPLATE = """<?xml version="1.0"?>
+<yandex>
+  <logger>
+    <level>warning</level>
+    <log>{dir}/log/server.log</log>
+    <errorlog>{dir}/log/server.err.log</errorlog>
+    <size>100M</size>
+    <count>2</count>
+  </logger>
+  <listen_host>127.0.0.1</listen_host>
+  <http_port>{http_port}</http_port>
+  <tcp_port>{tcp_port}</tcp_port>
+  <interserver_http_port>{interserver_port}</interserver_http_port>
+  <interserver_http_host>127.0.0.1</interserver_http_host>
+  {https}
+  <max_connections>512</max_connections>
+  <keep_alive_timeout>30</keep_alive_timeout>
+  <max_concurrent_queries>200</max_concurrent_queries>
+  <mark_cache_size>67108864</mark_cache_size>
+  <uncompressed_cache_size>67108864</uncompressed_cache_size>
+  <path>{dir}/data/</path>
+  <tmp_path>{dir}/data/tmp/</tmp_path>
+  <user_files_path>{dir}/data/user_files/</user_files_path>
+  <format_schema_path>{dir}/data/format_schemas/</format_schema_path>
+  <users_config>{dir}/users.xml</users_config>
+  <default_profile>default</default_profile>
+  <default_database>default</default_database>
+  <timezone>UTC</timezone>
+  <mlock_executable>false</mlock_executable>
+  {extra}
+</yandex>
+"""
+
+HTTPS_TEMPLATE = """<https_port>{https_port}</https_port>
+  <openSSL><server>
+    <certificateFile>{cert}</certificateFile>
+    <privateKeyFile>{key}</privateKeyFile>
+    <verificationMode>none</verificationMode>
+    <loadDefaultCAFile>false</loadDefaultCAFile>
+    <cacheSessions>true</cacheSessions>
+    <disableProtocols>sslv2,sslv3</disableProtocols>
+    <preferServerCiphers>true</preferServerCiphers>
+  </server></openSSL>"""
+
+USERS_TEMPLATE = """<?xml version="1.0"?>
+<yandex>
+  <profiles>
+    <default>
+      <max_memory_usage>2000000000</max_memory_usage>
+      <load_balancing>random</load_balancing>
+    </default>
+  </profiles>
+  <users>
+    <default>
+      <password></password>
+      <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
+      <profile>default</profile>
+      <quota>default</quota>
+    </default>
+    <chstate>
+      <password>{password}</password>
+      <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
+      <profile>default</profile>
+      <quota>default</quota>
+    </chstate>
+  </users>
+  <quotas><default><interval><duration>3600</duration><queries>0</queries><errors>0</errors>
+    <result_rows>0</result_rows><read_rows>0</read_rows><execution_time>0</execution_time>
+  </interval></default></quotas>
+</yandex>
+"""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ping(port: int, scheme: str = "http", timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{scheme}://127.0.0.1:{port}/ping", timeout=timeout) as r:
+            return r.read().strip() == b"Ok."
+    except (urllib.error.URLError, OSError, ConnectionError):
+        return False
+
+
+def _pid_is_ours(pid: int, config: Path) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(str(config).encode() in part for part in cmdline)
+
+
+def load_instance(d: Path) -> dict | None:
+    f = d / "instance.json"
+    if not f.exists():
+        return None
+    return json.loads(f.read_text())
+
+
+def env_lines(inst: dict) -> dict[str, str]:
+    return {
+        "CHSTATE_TEST_URL": f"http://127.0.0.1:{inst['http_port']}",
+        "CHSTATE_TEST_HOST": "127.0.0.1",
+        "CHSTATE_TEST_PORT": str(inst["http_port"]),
+        "CHSTATE_TEST_USER": inst["user"],
+        "CHSTATE_TEST_PASSWORD": inst["password"],
+        "CHSTATE_TEST_DIR": inst["dir"],
+        **({"CHSTATE_TEST_HTTPS_PORT": str(inst["https_port"])} if inst.get("https_port") else {}),
+    }
+
+
+def start(d: Path, *, tls_cert: str | None = None, tls_key: str | None = None,
+          wait_seconds: float = 60.0) -> dict:
+    if not Path(SERVER_BIN).exists():
+        sys.exit(f"clickhouse_server: {SERVER_BIN} not found; run tools/setup "
+                 "(installs Debian's clickhouse-server)")
+    d = d.resolve()
+    (d / "log").mkdir(parents=True, exist_ok=True)
+    (d / "data").mkdir(parents=True, exist_ok=True)
+    existing = load_instance(d)
+    password = existing["password"] if existing else secrets.token_hex(16)
+    last_err = ""
+    for _attempt in range(5):
+        ports = {"http_port": free_port(), "tcp_port": free_port(),
+                 "interserver_port": free_port()}
+        https = ""
+        if tls_cert and tls_key:
+            ports["https_port"] = free_port()
+            https = HTTPS_TEMPLATE.format(https_port=ports["https_port"], cert=tls_cert, key=tls_key)
+        config = d / "config.xml"
+        config.write_text(CONFIG_TEMPLATE.format(dir=d, https=https, extra="", **ports))
+        users = d / "users.xml"
+        users.write_text(USERS_TEMPLATE.format(password=password))
+        os.chmod(users, 0o600)
+        out = open(d / "log" / "stdout.log", "ab")
+        proc = subprocess.Popen([SERVER_BIN, f"--config-file={config}"], cwd=d,
+                                stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        inst = {"pid": proc.pid, "dir": str(d), "config": str(config), "user": "chstate",
+                "password": password, **ports}
+        f = d / "instance.json"
+        f.write_text(json.dumps(inst))
+        os.chmod(f, 0o600)
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            if ping(ports["http_port"]):
+                return inst
+            time.sleep(0.1)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        last_err = _tail(d / "log" / "server.err.log") or _tail(d / "log" / "stdout.log")
+    sys.exit(f"clickhouse_server: the server did not answer /ping; last log lines:\n{last_err}")
+
+
+def _tail(p: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(p.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def stop(d: Path, *, remove: bool = False) -> None:
+    inst = load_instance(d)
+    if inst is None:
+        return
+    pid = inst["pid"]
+    if _pid_is_ours(pid, Path(inst["config"])):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _pid_is_ours(pid, Path(inst["config"])):
+            _reap(pid)
+            time.sleep(0.05)
+        if _pid_is_ours(pid, Path(inst["config"])):
+            os.kill(pid, signal.SIGKILL)
+            _reap(pid)
+    if remove:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def running(d: Path) -> dict | None:
+    inst = load_instance(d)
+    if inst and _pid_is_ours(inst["pid"], Path(inst["config"])) and ping(inst["http_port"]):
+        return inst
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("start", "stop", "ensure"):
+        p = sub.add_parser(name)
+        p.add_argument("dir", type=Path)
+        if name == "stop":
+            p.add_argument("--remove", action="store_true", help="delete the folder afterwards")
+        else:
+            p.add_argument("--tls-cert")
+            p.add_argument("--tls-key")
+    r = sub.add_parser("run")
+    r.add_argument("command", nargs=argparse.REMAINDER)
+    args = ap.parse_args()
+
+    if args.cmd in ("start", "ensure"):
+        inst = running(args.dir) if args.cmd == "ensure" else None
+        if inst is None:
+            inst = start(args.dir, tls_cert=args.tls_cert, tls_key=args.tls_key)
+        for k, v in env_lines(inst).items():
+            print(f"{k}={v}")
+        return 0
+    if args.cmd == "stop":
+        stop(args.dir, remove=args.remove)
+        return 0
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not cmd:
+        ap.error("run needs a command after --")
+    d = Path(tempfile.mkdtemp(prefix="chstate-ch-"))
+    inst = start(d)
+    try:
+        env = dict(os.environ, **env_lines(inst))
+        return subprocess.call(cmd, env=env)
+    finally:
+        stop(d, remove=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
