@@ -32,7 +32,7 @@
 namespace chstate {
 
 // The settings keys, as Meltano names them (state_backend.clickhouse.<key>).
-// ca_file and cluster are chstate additions.
+// ca_file is a chstate addition.
 inline constexpr const char* kSettingKeys[] = {"host",   "port",  "database", "user",   "password",
                                                "secure", "schema", "table",   "ca_file"};
 
@@ -51,9 +51,13 @@ struct UriParts {
 
 // Parses `clickhouse://[user[:password]@]host[:port][/database][?key=value&...]`.
 // Also accepts the schemes `clickhouses://` (secure=true) and `http(s)://`.
-// Errors (all kInvalidArgument, message names the problem and the fix): wrong
-// scheme, empty host, bad port (not 1..65535), bad percent-escape, unknown query
-// key, bad boolean, bracketed host not closed.
+// An empty host, user, password or value is "not given" (other layers or the
+// default apply). Errors (all kInvalidArgument, message names the problem and
+// the fix): wrong scheme, bad port (not 1..65535), bad percent-escape, unknown
+// or repeated query key, bad boolean, bracketed host not closed, a fragment,
+// a scheme that contradicts ?secure=, and a raw '@' after the host (a password
+// holding '/', '?' or '#' must be percent-encoded, or it would spill into the
+// path and be echoed).
 // The password never appears in an error message.
 absl::StatusOr<UriParts> ParseClickHouseUri(absl::string_view uri);
 

@@ -1,0 +1,489 @@
+// Parsing clickhouse:// URIs and resolving connection settings from flags,
+// environment variables and defaults in the precedence order of config.h.
+#include "core/config.h"
+
+#include <algorithm>
+#include <iterator>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/quoting.h"
+#include "re2/re2.h"
+
+namespace chstate {
+namespace {
+
+constexpr absl::string_view kExpectedForm = "clickhouse://user:password@host:port/database";
+constexpr absl::string_view kUriEnv = "MELTANO_STATE_BACKEND_URI";
+constexpr absl::string_view kMeltanoEnvPrefix = "MELTANO_STATE_BACKEND_CLICKHOUSE_";
+
+// Values echoed in messages go through this so a stray control byte cannot
+// garble a terminal or a log line.
+std::string Shown(absl::string_view text) { return absl::StrCat("\"", absl::CHexEscape(text), "\""); }
+
+const RE2& HostNamePattern() {
+  static const RE2* const kHostName = new RE2("[A-Za-z0-9._-]+");
+  return *kHostName;
+}
+
+// Every IPv6 literal has at least two colons; requiring them keeps a mistyped
+// "db:8123" from passing as an address.
+const RE2& Ipv6Pattern() {
+  static const RE2* const kIpv6 = new RE2("[0-9A-Fa-f.]*:[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*");
+  return *kIpv6;
+}
+
+// Digits only: SimpleAtoi alone would also take "+80" and " 80".
+std::optional<int> ParsePort(absl::string_view text) {
+  static const RE2* const kDigits = new RE2("[0-9]{1,5}");
+  int port = 0;
+  if (!RE2::FullMatch(text, *kDigits) || !absl::SimpleAtoi(text, &port)) return std::nullopt;
+  if (port < 1 || port > 65535) return std::nullopt;
+  return port;
+}
+
+std::optional<std::string> PercentDecode(absl::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '%') {
+      out.push_back(in[i]);
+      continue;
+    }
+    // Checked before HexStringToBytes because this abseil version indexes its
+    // hex table with a sign-extended char, which bytes >= 0x80 would overrun.
+    std::string byte;
+    if (in.size() - i < 3 || !absl::ascii_isxdigit(static_cast<unsigned char>(in[i + 1])) ||
+        !absl::ascii_isxdigit(static_cast<unsigned char>(in[i + 2])) ||
+        !absl::HexStringToBytes(in.substr(i + 1, 2), &byte)) {
+      return std::nullopt;
+    }
+    out += byte;
+    i += 2;
+  }
+  return out;
+}
+
+// Leaves `extra_safe` readable (like '/' in a ca_file path); everything that
+// could change how the URI splits is escaped.
+std::string PercentEncode(absl::string_view in, absl::string_view extra_safe = "") {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : in) {
+    if (absl::ascii_isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' ||
+        extra_safe.find(static_cast<char>(c)) != absl::string_view::npos) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 0xF]);
+    }
+  }
+  return out;
+}
+
+absl::Status BadEscape(absl::string_view part) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("the ", part, " in the URI has an invalid percent-escape: write each escaped byte as % and two ",
+                   "hex digits (%40 for '@'), and a literal '%' as %25"));
+}
+
+// Empty decoded text counts as absent, the same rule ResolveConfig applies to
+// every other source.
+absl::Status DecodeInto(absl::string_view raw, absl::string_view part, std::optional<std::string>* out) {
+  std::optional<std::string> decoded = PercentDecode(raw);
+  if (!decoded.has_value()) return BadEscape(part);
+  if (!decoded->empty()) *out = std::move(*decoded);
+  return absl::OkStatus();
+}
+
+absl::Status ParseHostPort(absl::string_view hostport, UriParts* parts) {
+  absl::string_view host = hostport;
+  std::optional<absl::string_view> port_text;
+  if (absl::StartsWith(hostport, "[")) {
+    size_t close = hostport.find(']');
+    if (close == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          "the IPv6 address in the URI has no closing ']': write it as clickhouse://user@[::1]:8123/database");
+    }
+    host = hostport.substr(1, close - 1);
+    if (!RE2::FullMatch(host, Ipv6Pattern())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the bracketed host ", Shown(host),
+                       " in the URI is not an IPv6 address: use brackets only around IPv6 addresses, as in "
+                       "clickhouse://user@[::1]:8123/database"));
+    }
+    absl::string_view after = hostport.substr(close + 1);
+    if (absl::ConsumePrefix(&after, ":")) {
+      port_text = after;
+    } else if (!after.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the URI has ", Shown(after), " after the IPv6 address where only :port may follow, as in ",
+                       "clickhouse://user@[::1]:8123/database"));
+    }
+  } else {
+    size_t colon = hostport.find(':');
+    if (colon != absl::string_view::npos) {
+      if (hostport.find(':', colon + 1) != absl::string_view::npos) {
+        return absl::InvalidArgumentError(
+            "the host in the URI has several ':'; put an IPv6 address in brackets, as in "
+            "clickhouse://user@[::1]:8123/database");
+      }
+      host = hostport.substr(0, colon);
+      port_text = hostport.substr(colon + 1);
+    }
+    if (!host.empty() && !RE2::FullMatch(host, HostNamePattern())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the host ", Shown(host),
+                       " in the URI may contain only letters, digits, '.', '-' and '_'; put an IPv6 address in "
+                       "brackets, as in clickhouse://user@[::1]:8123/database"));
+    }
+  }
+  if (!host.empty()) parts->host = std::string(host);
+  if (port_text.has_value()) {
+    std::optional<int> port = ParsePort(*port_text);
+    if (!port.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the port ", Shown(*port_text),
+                       " in the URI is not a number from 1 to 65535: write it as host:8123, or leave it out to use "
+                       "8123 (8443 when secure)"));
+    }
+    parts->port = *port;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseQuery(absl::string_view query, UriParts* parts) {
+  std::set<std::string> seen;
+  for (absl::string_view item : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    std::optional<std::string> key = PercentDecode(kv.first);
+    if (!key.has_value()) return BadEscape("query parameter name");
+    std::optional<std::string>* target = nullptr;
+    if (*key == "schema") {
+      target = &parts->schema;
+    } else if (*key == "table") {
+      target = &parts->table;
+    } else if (*key == "ca_file") {
+      target = &parts->ca_file;
+    } else if (*key != "secure") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the URI query parameter ", Shown(*key),
+                       " is not supported: the allowed ones are secure, schema, table and ca_file, as in ",
+                       kExpectedForm, "?secure=true&schema=meltano&table=state"));
+    }
+    if (!seen.insert(*key).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the URI query parameter ", Shown(*key), " is given more than once: keep one"));
+    }
+    if (target != nullptr) {
+      absl::Status s = DecodeInto(kv.second, absl::StrCat("value of ", *key), target);
+      if (!s.ok()) return s;
+      continue;
+    }
+    std::optional<std::string> value = PercentDecode(kv.second);
+    if (!value.has_value()) return BadEscape("value of secure");
+    if (value->empty()) continue;
+    std::optional<bool> secure = ParseBool(*value);
+    if (!secure.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the URI has secure=", Shown(*value), ", which is not a boolean: use secure=true or secure=false"));
+    }
+    // The scheme already chose (clickhouses://, http://, https://); silently
+    // letting one win would hide a typo in the other.
+    if (parts->secure.has_value() && *parts->secure != *secure) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the URI scheme says secure=", *parts->secure ? "true" : "false", " but its query says secure=",
+                       *secure ? "true" : "false", ": drop ?secure or use the clickhouse:// scheme"));
+    }
+    parts->secure = *secure;
+  }
+  return absl::OkStatus();
+}
+
+bool HasClickHouseScheme(absl::string_view uri) {
+  std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(uri));
+  for (absl::string_view scheme : {"clickhouse://", "clickhouses://", "http://", "https://"}) {
+    if (absl::StartsWith(lower, scheme)) return true;
+  }
+  return false;
+}
+
+// The URI's components as the text a flag or variable would hold, so every
+// layer goes through the same lookup and value checks.
+std::map<std::string, std::string> UriComponents(const UriParts& p) {
+  std::map<std::string, std::string> m;
+  if (p.host) m["host"] = *p.host;
+  if (p.port) m["port"] = absl::StrCat(*p.port);
+  if (p.database) m["database"] = *p.database;
+  if (p.user) m["user"] = *p.user;
+  if (p.password) m["password"] = *p.password;
+  if (p.secure) m["secure"] = *p.secure ? "true" : "false";
+  if (p.schema) m["schema"] = *p.schema;
+  if (p.table) m["table"] = *p.table;
+  if (p.ca_file) m["ca_file"] = *p.ca_file;
+  return m;
+}
+
+// A URI from `values[name]`, split into components. The message of a parse
+// error says which flag or variable held the URI (never the URI itself: it
+// may hold the password).
+absl::StatusOr<std::map<std::string, std::string>> UriLayer(const std::map<std::string, std::string>& values,
+                                                            const std::string& name, absl::string_view label,
+                                                            bool skip_other_schemes) {
+  auto it = values.find(name);
+  if (it == values.end() || it->second.empty()) return std::map<std::string, std::string>();
+  // Meltano uses the same variable for every backend ("systemdb", "s3://...");
+  // only ClickHouse URIs are ours to read.
+  if (skip_other_schemes && !HasClickHouseScheme(it->second)) return std::map<std::string, std::string>();
+  absl::StatusOr<UriParts> parts = ParseClickHouseUri(it->second);
+  if (!parts.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": ", parts.status().message()));
+  }
+  return UriComponents(*parts);
+}
+
+struct Found {
+  std::string value;
+  std::string origin;
+};
+
+const std::string* NonEmpty(const std::map<std::string, std::string>& m, const std::string& key) {
+  auto it = m.find(key);
+  if (it == m.end() || it->second.empty()) return nullptr;
+  return &it->second;
+}
+
+class Layers {
+ public:
+  Layers(const ConfigSources& sources, std::map<std::string, std::string> flag_uri,
+         std::map<std::string, std::string> env_uri)
+      : sources_(sources), flag_uri_(std::move(flag_uri)), env_uri_(std::move(env_uri)) {}
+
+  std::optional<Found> Lookup(const std::string& key) const {
+    const std::string upper = absl::AsciiStrToUpper(key);
+    if (const std::string* v = NonEmpty(sources_.flags, key)) {
+      // Flags are spelled with dashes (--ca-file) where keys use underscores.
+      return Found{*v, absl::StrCat("--", absl::StrReplaceAll(key, {{"_", "-"}}), " flag")};
+    }
+    if (const std::string* v = NonEmpty(flag_uri_, key)) return Found{*v, "--uri flag"};
+    const std::string meltano = absl::StrCat(kMeltanoEnvPrefix, upper);
+    if (const std::string* v = NonEmpty(sources_.env, meltano)) return Found{*v, meltano};
+    if (const std::string* v = NonEmpty(env_uri_, key)) return Found{*v, std::string(kUriEnv)};
+    // The generic client variables exist only for connection settings; a
+    // CLICKHOUSE_TABLE meant for another tool must not move our state.
+    static constexpr absl::string_view kGeneric[] = {"host", "port", "user", "password", "database", "secure"};
+    if (std::find(std::begin(kGeneric), std::end(kGeneric), key) != std::end(kGeneric)) {
+      const std::string generic = absl::StrCat("CLICKHOUSE_", upper);
+      if (const std::string* v = NonEmpty(sources_.env, generic)) return Found{*v, generic};
+    }
+    return std::nullopt;
+  }
+
+ private:
+  const ConfigSources& sources_;
+  const std::map<std::string, std::string> flag_uri_;
+  const std::map<std::string, std::string> env_uri_;
+};
+
+absl::Status ValidateHost(const Found& found, std::string* host) {
+  absl::string_view h = found.value;
+  // A bracketed address is what people copy out of a URI; accept it.
+  if (absl::StartsWith(h, "[") && absl::EndsWith(h, "]")) h = h.substr(1, h.size() - 2);
+  if (RE2::FullMatch(h, HostNamePattern()) || RE2::FullMatch(h, Ipv6Pattern())) {
+    *host = std::string(h);
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(found.origin, " is ", Shown(found.value),
+                   ", which is not a host name or IP address: give only the host (letters, digits, '.', '-', '_', or "
+                   "an IPv6 address), and the port separately"));
+}
+
+std::string MissingMessage(absl::string_view what, absl::string_view uri_hint, absl::string_view key) {
+  const std::string upper = absl::AsciiStrToUpper(key);
+  return absl::StrCat("ClickHouse ", what, " is not set: give it in the URI (", uri_hint, "), with --", key, ", ",
+                      kMeltanoEnvPrefix, upper, " (state_backend.clickhouse.", key, " in meltano.yml) or CLICKHOUSE_",
+                      upper);
+}
+
+}  // namespace
+
+std::optional<bool> ParseBool(absl::string_view text) {
+  const std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "true" || lower == "1" || lower == "yes" || lower == "on") return true;
+  if (lower == "false" || lower == "0" || lower == "no" || lower == "off") return false;
+  return std::nullopt;
+}
+
+absl::StatusOr<UriParts> ParseClickHouseUri(absl::string_view uri) {
+  // Error messages quote pieces of the URI only after the userinfo has been
+  // split off; the password must never be among them.
+  uri = absl::StripAsciiWhitespace(uri);
+  const size_t sep = uri.find("://");
+  if (sep == absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the URI has no \"://\": write it as ", kExpectedForm, " (optionally ?secure=true)"));
+  }
+  UriParts parts;
+  const std::string scheme = absl::AsciiStrToLower(uri.substr(0, sep));
+  if (scheme == "clickhouses" || scheme == "https") {
+    parts.secure = true;
+  } else if (scheme == "http") {
+    parts.secure = false;
+  } else if (scheme != "clickhouse") {
+    // Text before "://" that is not a well-formed scheme may be a user and
+    // password typed without one, so it is only quoted when it is a scheme.
+    static const RE2* const kScheme = new RE2("[a-z][a-z0-9+.-]*");
+    const std::string shown = RE2::FullMatch(scheme, *kScheme) ? absl::StrCat(" \"", scheme, "\"") : "";
+    return absl::InvalidArgumentError(
+        absl::StrCat("the URI scheme", shown, " is not supported: start it with clickhouse:// (or clickhouses://, ",
+                     "http://, https://), as in ", kExpectedForm));
+  }
+
+  const absl::string_view rest = uri.substr(sep + 3);
+  // RFC 3986 appendix B; every part is optional, so this always matches.
+  static const RE2* const kSplit = new RE2("([^/?#]*)([^?#]*)(?:\\?([^#]*))?(#.*)?");
+  absl::string_view authority, path, query, fragment;
+  RE2::FullMatch(rest, *kSplit, &authority, &path, &query, &fragment);
+
+  // A password holding a raw '/', '?' or '#' ends the authority early and
+  // leaves its tail, and the '@' after it, in the path or query. Quoting those
+  // parts or guessing at them could expose the password, so refuse instead.
+  if (rest.find('@', authority.size()) != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        "the URI has an '@' after the host: percent-encode '/', '?', '#' and '@' in the user or password (%2F, %3F, "
+        "%23, %40), and write '@' in the database or query as %40");
+  }
+  if (!fragment.empty()) {
+    return absl::InvalidArgumentError(
+        "the URI has a '#' fragment, which means nothing here: remove it, or write a literal '#' as %23");
+  }
+
+  // The last '@' so that a password with a raw '@' still parses.
+  absl::string_view hostport = authority;
+  const size_t at = authority.rfind('@');
+  if (at != absl::string_view::npos) {
+    const absl::string_view userinfo = authority.substr(0, at);
+    hostport = authority.substr(at + 1);
+    const size_t colon = userinfo.find(':');
+    absl::Status s = DecodeInto(userinfo.substr(0, colon), "user", &parts.user);
+    if (!s.ok()) return s;
+    if (colon != absl::string_view::npos) {
+      s = DecodeInto(userinfo.substr(colon + 1), "password", &parts.password);
+      if (!s.ok()) return s;
+    }
+  }
+  absl::Status s = ParseHostPort(hostport, &parts);
+  if (!s.ok()) return s;
+
+  if (path.size() > 1) {
+    const absl::string_view database = path.substr(1);
+    if (absl::StrContains(database, '/')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the URI path must be a single database name, as in ", kExpectedForm,
+                       ": remove the extra '/', or write a '/' inside the name as %2F"));
+    }
+    s = DecodeInto(database, "database", &parts.database);
+    if (!s.ok()) return s;
+  }
+  s = ParseQuery(query, &parts);
+  if (!s.ok()) return s;
+  return parts;
+}
+
+absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources) {
+  absl::StatusOr<std::map<std::string, std::string>> flag_uri =
+      UriLayer(sources.flags, "uri", "--uri", /*skip_other_schemes=*/false);
+  if (!flag_uri.ok()) return flag_uri.status();
+  absl::StatusOr<std::map<std::string, std::string>> env_uri =
+      UriLayer(sources.env, std::string(kUriEnv), kUriEnv, /*skip_other_schemes=*/true);
+  if (!env_uri.ok()) return env_uri.status();
+  const Layers layers(sources, *std::move(flag_uri), *std::move(env_uri));
+
+  ConnectionConfig cfg;
+  const std::pair<const char*, std::string*> text_settings[] = {
+      {"user", &cfg.user},     {"password", &cfg.password}, {"database", &cfg.database},
+      {"schema", &cfg.schema}, {"table", &cfg.table},       {"ca_file", &cfg.ca_file},
+  };
+  for (const auto& [key, target] : text_settings) {
+    if (std::optional<Found> found = layers.Lookup(key)) {
+      *target = std::move(found->value);
+      cfg.origin[key] = std::move(found->origin);
+    } else {
+      cfg.origin[key] = "default";
+    }
+  }
+
+  if (std::optional<Found> host = layers.Lookup("host")) {
+    absl::Status s = ValidateHost(*host, &cfg.host);
+    if (!s.ok()) return s;
+    cfg.origin["host"] = host->origin;
+  } else {
+    cfg.origin["host"] = "default";
+  }
+
+  if (std::optional<Found> secure = layers.Lookup("secure")) {
+    std::optional<bool> value = ParseBool(secure->value);
+    if (!value.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(secure->origin, " is ", Shown(secure->value),
+                       ", which is not a boolean: set it to true or false (1/0, yes/no and on/off also work)"));
+    }
+    cfg.secure = *value;
+    cfg.origin["secure"] = secure->origin;
+  } else {
+    cfg.origin["secure"] = "default";
+  }
+
+  // After secure: the default port depends on it.
+  if (std::optional<Found> port = layers.Lookup("port")) {
+    std::optional<int> value = ParsePort(port->value);
+    if (!value.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(port->origin, " is ", Shown(port->value),
+                                                     ", which is not a port: set it to a number from 1 to 65535"));
+    }
+    cfg.port = *value;
+    cfg.origin["port"] = port->origin;
+  } else {
+    cfg.port = cfg.secure ? 8443 : 8123;
+    cfg.origin["port"] = "default";
+  }
+
+  if (cfg.user.empty()) {
+    return absl::InvalidArgumentError(MissingMessage("user", "clickhouse://USER@host/database", "user"));
+  }
+  if (cfg.database.empty()) {
+    return absl::InvalidArgumentError(MissingMessage("database", "clickhouse://user@host/DATABASE", "database"));
+  }
+  for (const auto& [what, value] : {std::make_pair("schema", &cfg.schema), std::make_pair("table", &cfg.table)}) {
+    absl::Status s = ValidateIdentifier(*value, what);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(s.message(), " (set by ", cfg.origin[what], ")"));
+  }
+  return cfg;
+}
+
+std::string ConnectionConfig::RedactedUri() const {
+  std::string out = "clickhouse://";
+  if (!user.empty() || !password.empty()) {
+    absl::StrAppend(&out, PercentEncode(user), password.empty() ? "" : ":***", "@");
+  }
+  const bool ipv6 = absl::StrContains(host, ':');
+  absl::StrAppend(&out, ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":", port, "/", PercentEncode(database),
+                  "?secure=", secure ? "true" : "false", "&schema=", PercentEncode(schema),
+                  "&table=", PercentEncode(table));
+  if (!ca_file.empty()) absl::StrAppend(&out, "&ca_file=", PercentEncode(ca_file, "/:"));
+  return out;
+}
+
+}  // namespace chstate

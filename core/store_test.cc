@@ -1,0 +1,410 @@
+// Store tasks driven with scripted server answers and a fake clock: the
+// sequence of statements each operation sends, and what it makes of answers.
+#include "core/store.h"
+
+#include <string>
+#include <vector>
+
+#include "core/lock.h"
+#include "core/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace chstate {
+namespace {
+
+using ::chstate::testing::IsOk;
+using ::chstate::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kRandom(32, '\x11');
+const std::string kLockId = MakeLockId(kRandom);
+
+SqlResponse Ok(std::string body = "") {
+  SqlResponse r;
+  r.http_status = 200;
+  r.body = std::move(body);
+  return r;
+}
+
+SqlResponse Err(int status, int code, const std::string& text) {
+  SqlResponse r;
+  r.http_status = status;
+  r.body = "Code: " + std::to_string(code) + ", e.displayText() = DB::Exception: " + text + ", e.what() = x\n";
+  return r;
+}
+
+SqlResponse Refused() {
+  SqlResponse r;
+  r.transport_ok = false;
+  r.transport_error = "connection refused (127.0.0.1:1)";
+  return r;
+}
+
+// One expected request (by purpose, optionally checking the SQL) and the
+// answer to give, or a timer to fire after advancing the fake clock.
+struct Exchange {
+  std::string purpose;  // "" = expect a wait instead
+  SqlResponse response;
+  std::string sql_contains;
+  int64_t wait_ms = -1;  // for waits: the expected wait
+};
+
+Exchange Q(std::string purpose, SqlResponse r, std::string sql_contains = "") {
+  return Exchange{std::move(purpose), std::move(r), std::move(sql_contains)};
+}
+Exchange W(int64_t ms) { return Exchange{"", {}, "", ms}; }
+
+struct Outcome {
+  Action last;
+  std::vector<std::string> purposes;
+};
+
+// Runs `task` through `script`, failing the test on any deviation.
+Outcome Drive(Task& task, const std::vector<Exchange>& script, int64_t* clock) {
+  Outcome out;
+  Action a = task.Start({*clock, kRandom});
+  for (const Exchange& e : script) {
+    if (e.purpose.empty()) {
+      EXPECT_EQ(a.kind, Action::Kind::kWait) << "expected a wait after " << ::testing::PrintToString(out.purposes);
+      if (a.kind != Action::Kind::kWait) break;
+      if (e.wait_ms >= 0) EXPECT_EQ(a.wait_ms, e.wait_ms);
+      *clock += a.wait_ms;
+      a = task.OnTimer({*clock, kRandom});
+      continue;
+    }
+    EXPECT_EQ(a.kind, Action::Kind::kRunSql) << "expected " << e.purpose << ", status " << a.status;
+    if (a.kind != Action::Kind::kRunSql) break;
+    out.purposes.push_back(a.request.purpose);
+    EXPECT_EQ(a.request.purpose, e.purpose);
+    if (!e.sql_contains.empty()) EXPECT_THAT(a.request.sql, HasSubstr(e.sql_contains));
+    *clock += 3;  // each round trip takes a little time
+    a = task.OnResponse(e.response, {*clock, kRandom});
+  }
+  out.last = a;
+  return out;
+}
+
+std::unique_ptr<Store> MakeStore(LockOptions lock = {}) {
+  StoreOptions o;
+  o.lock = lock;
+  absl::StatusOr<std::unique_ptr<Store>> s = Store::Create(o);
+  EXPECT_THAT(s, IsOk());
+  return std::move(*s);
+}
+
+const Exchange kVersion18 = Q("select_version", Ok("18.16.1\t1\n"));
+const Exchange kVersionModern = Q("select_version", Ok("26.9.2.1\t1\n"));
+
+TEST(Store, GetReadsStateAndRemembersTheDialect) {
+  auto store = MakeStore();
+  int64_t clock = 1000;
+  auto t = store->Get("dev:a");
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("get_state", Ok("{\"p\":1}\t{\"singer_state\":{\"x\":2}}\n"),
+                                   "WHERE state_id = 'dev:a'")},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  ASSERT_TRUE(o.last.result.state.has_value());
+  EXPECT_EQ(o.last.result.state->partial, nlohmann::json::parse("{\"p\":1}"));
+  EXPECT_EQ(o.last.result.state->completed["singer_state"]["x"], 2);
+  EXPECT_EQ(o.last.result.server_version, "18.16.1");
+  EXPECT_EQ(store->dialect(), Dialect::kClickHouse18);
+
+  // The second task does not ask for the version again.
+  auto t2 = store->Get("dev:b");
+  Outcome o2 = Drive(*t2, {Q("get_state", Ok(""))}, &clock);
+  ASSERT_EQ(o2.last.kind, Action::Kind::kDone);
+  EXPECT_FALSE(o2.last.result.state.has_value());
+}
+
+TEST(Store, NullColumnsReadAsEmptyObjects) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->Get("x");
+  Outcome o = Drive(*t, {kVersionModern, Q("get_state", Ok("\\N\t{\"a\":1}\n"))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone);
+  EXPECT_EQ(o.last.result.state->partial, nlohmann::json::object());
+  EXPECT_TRUE(o.last.result.state->IsComplete());
+}
+
+TEST(Store, MissingTableReadsAsAbsentAndEmptyList) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->Get("x");
+  Outcome o = Drive(*t, {kVersion18, Q("get_state", Err(404, 60, "Table meltano.state doesn't exist."))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone);
+  EXPECT_FALSE(o.last.result.state.has_value());
+  auto l = store->List(std::nullopt);
+  Outcome ol = Drive(*l, {Q("list_state_ids", Err(404, 81, "Database meltano doesn't exist"))}, &clock);
+  ASSERT_EQ(ol.last.kind, Action::Kind::kDone);
+  EXPECT_TRUE(ol.last.result.state_ids.empty());
+}
+
+TEST(Store, CorruptStoredJsonIsDataLoss) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->Get("bad");
+  Outcome o = Drive(*t, {kVersion18, Q("get_state", Ok("\\N\t{not json\n"))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("completed_state")));
+}
+
+TEST(Store, WriteCreatesTheSchemaOnceWhenMissing) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  MeltanoState s{"id", nlohmann::json::object(), nlohmann::json::parse("{\"singer_state\":{}}")};
+  auto t = store->Set(s);
+  Outcome o = Drive(*t,
+                    {kVersionModern, Q("insert_state", Err(404, 81, "Database meltano doesn't exist")),
+                     Q("create_database", Ok()), Q("create_state_table", Ok(), "DateTime64(3)"),
+                     Q("create_lock_table", Ok(), "TTL"),
+                     Q("insert_state", Ok(), "VALUES ('id', NULL, '{\"singer_state\":{}}')")},
+                    &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+
+  // A second failure is reported, not looped on.
+  auto t2 = store->Set(s);
+  Outcome o2 = Drive(*t2,
+                     {Q("insert_state", Err(404, 81, "x")), Q("create_database", Ok()), Q("create_state_table", Ok()),
+                      Q("create_lock_table", Ok()), Q("insert_state", Err(404, 81, "still missing"))},
+                     &clock);
+  EXPECT_THAT(o2.last.status, StatusIs(absl::StatusCode::kNotFound, HasSubstr("still missing")));
+}
+
+TEST(Store, ModernWritesCarryAUniqueDedupTokenAndNoAsyncInsert) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  MeltanoState s{"id", nlohmann::json::object(), nlohmann::json::parse("{\"a\":1}")};
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 3; ++i) {
+    auto t = store->Set(s);
+    Action a = t->Start({clock, kRandom});  // the same random bytes every time
+    if (i == 0) a = t->OnResponse(Ok("26.9.2.1\t1\n"), {clock, kRandom});
+    ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+    bool async_off = false;
+    for (const auto& [k, v] : a.request.url_params) {
+      if (k == "insert_deduplication_token") tokens.push_back(v);
+      if (k == "async_insert" && v == "0") async_off = true;
+    }
+    EXPECT_TRUE(async_off);
+    a = t->OnResponse(Ok(), {clock, kRandom});
+    EXPECT_EQ(a.kind, Action::Kind::kDone);
+  }
+  ASSERT_EQ(tokens.size(), 3u);
+  EXPECT_NE(tokens[0], tokens[1]);
+  EXPECT_NE(tokens[1], tokens[2]);
+}
+
+TEST(Store, UpdateMergesPartialUnderTheLock) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  MeltanoState incoming{"id", nlohmann::json::parse(R"({"singer_state":{"b":{"x":2}}})"), nlohmann::json::object()};
+  auto t = store->Update(incoming);
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Ok(), "'" + kLockId + "' AS lock_id"),
+                     Q("get_state", Ok("{\"singer_state\":{\"a\":1,\"b\":{\"y\":3}}}\t{\"c\":true}\n")),
+                     Q("insert_state", Ok(),
+                       R"(VALUES ('id', '{"singer_state":{"a":1,"b":{"x":2,"y":3}}}', '{"c":true}'))"),
+                     Q("inspect_lock", Ok(kLockId + "\t0\n")), Q("drop_lock", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.state->completed, nlohmann::json::parse(R"({"c":true})"));
+}
+
+TEST(Store, LockIsReleasedWhenTheBodyFails) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  MeltanoState incoming{"id", nlohmann::json::parse(R"({"a":1})"), nlohmann::json::object()};
+  auto t = store->Update(incoming);
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Ok()), Q("get_state", Ok("")),
+                     Q("insert_state", Err(500, 241, "Memory limit exceeded")),
+                     Q("inspect_lock", Ok(kLockId + "\t0\n")), Q("drop_lock", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kInternal, HasSubstr("Memory limit")));
+}
+
+TEST(Store, ContendedLockRetriesThenGivesUpWithTheId) {
+  LockOptions lock;
+  lock.timeout_ms = 2500;
+  lock.retry_ms = 1000;
+  auto store = MakeStore(lock);
+  int64_t clock = 0;
+  auto t = store->AcquireLock("dev:busy");
+  SqlResponse exists = Err(500, 57, "Table meltano.x already exists.");
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", exists), Q("inspect_lock", Ok("other\t5\n")), W(1000),
+                     Q("create_lock", exists), Q("inspect_lock", Ok("other\t6\n")), W(1000),
+                     Q("create_lock", exists), Q("inspect_lock", Ok("other\t7\n")), W(-1),
+                     Q("create_lock", exists), Q("inspect_lock", Ok("other\t8\n"))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("dev:busy")));
+  EXPECT_GE(clock, 2500);
+}
+
+TEST(Store, LockThatVanishedIsRetriedAtOnce) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("a");
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Ok("")),
+                     Q("create_lock", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone);
+  EXPECT_EQ(o.last.result.lock_id, kLockId);
+}
+
+TEST(Store, StaleLockIsTakenOverOnlyAfterTheWindow) {
+  LockOptions lock;
+  lock.stale_ms = 300000;
+  auto store = MakeStore(lock);
+  int64_t clock = 0;
+  // 300 s old is not yet stale: wait.
+  auto t = store->AcquireLock("a");
+  Outcome o = Drive(*t, {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Ok("dead\t300\n")), W(-1)},
+                    &clock);
+  // 301 s old: moved aside, checked, dropped, then created.
+  auto t2 = store->AcquireLock("a");
+  Outcome o2 = Drive(*t2,
+                     {Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Ok("dead\t301\n")),
+                      Q("rename_lock_aside", Ok()), Q("inspect_aside", Ok("dead\t1\n")), Q("drop_aside", Ok()),
+                      Q("create_lock", Ok())},
+                     &clock);
+  ASSERT_EQ(o2.last.kind, Action::Kind::kDone) << o2.last.status;
+}
+
+TEST(Store, TakeoverThatMovedALiveLockPutsItBack) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("a");
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Ok("dead\t999\n")),
+                     Q("rename_lock_aside", Ok()), Q("inspect_aside", Ok("fresh\t1\n")), Q("restore_aside", Ok()),
+                     Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Ok("fresh\t0\n")), W(1000)},
+                    &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kRunSql);
+}
+
+TEST(Store, ReleaseOfALockNotHeldFails) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->ReleaseLock("a", "mine");
+  Outcome o = Drive(*t, {kVersion18, Q("inspect_lock", Ok("someone-else\t3\n"))}, &clock);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no longer ours")));
+  auto t2 = store->ReleaseLock("a", "mine");
+  Outcome o2 = Drive(*t2, {Q("inspect_lock", Ok(""))}, &clock);
+  EXPECT_THAT(o2.last.status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("taken over")));
+}
+
+TEST(Store, LegacyDeleteWaitsForItsMutation) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->Delete("a");
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("delete_state", Ok(), "ALTER TABLE"), Q("pending_mutations", Ok("1\t1\n")), W(5),
+                     Q("pending_mutations", Ok("1\t1\n")), W(10), Q("pending_mutations", Ok("0\t1\n"))},
+                    &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+TEST(Store, ModernDeleteIsOneStatement) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->Delete("a");
+  Outcome o = Drive(*t, {kVersionModern, Q("delete_state", Ok(), "DELETE FROM")}, &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone);
+}
+
+TEST(Store, ClearAllCountsThenTruncates) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->ClearAll();
+  Outcome o = Drive(*t, {kVersion18, Q("count_states", Ok("7\t1\n")), Q("truncate_states", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone);
+  EXPECT_EQ(o.last.result.count, 7);
+}
+
+TEST(Store, MoveWritesTheCopyBeforeDeletingTheSource) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->Move("src", "dst");
+  Outcome o = Drive(*t,
+                    {kVersionModern, Q("get_state", Ok("\\N\t{\"a\":1}\n")), Q("create_lock", Ok()),
+                     Q("insert_state", Ok(), "('dst', NULL, '{\"a\":1}')"), Q("inspect_lock", Ok(kLockId + "\t0\n")),
+                     Q("drop_lock", Ok()), Q("create_lock", Ok()), Q("delete_state", Ok()),
+                     Q("inspect_lock", Ok(kLockId + "\t0\n")), Q("drop_lock", Ok())},
+                    &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+TEST(Store, CopyOfAnAbsentIdIsNotFound) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->Copy("nope", "dst");
+  Outcome o = Drive(*t, {kVersionModern, Q("get_state", Ok(""))}, &clock);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+}
+
+TEST(Store, ErrorsNameTheCause) {
+  struct Case {
+    const char* name;
+    SqlResponse version_answer;
+    absl::StatusCode code;
+    const char* part;
+  };
+  static const Case kCases[] = {
+      {"unreachable", Refused(), absl::StatusCode::kUnavailable, "connection refused"},
+      {"too old", Ok("18.14.19\t1\n"), absl::StatusCode::kFailedPrecondition, "18.16 or later"},
+      {"not clickhouse", Ok("<html>\t1\n"), absl::StatusCode::kInvalidArgument, "version"},
+      {"wrong password", Err(500, 193, "Wrong password for user chstate"), absl::StatusCode::kUnauthenticated,
+       "password"},
+      {"truncated answer", Ok("18.16"), absl::StatusCode::kDataLoss, "incomplete"},
+  };
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    auto store = MakeStore();
+    int64_t clock = 0;
+    auto t = store->Ping();
+    Outcome o = Drive(*t, {Q("select_version", c.version_answer)}, &clock);
+    EXPECT_THAT(o.last.status, StatusIs(c.code, HasSubstr(c.part)));
+  }
+}
+
+TEST(Store, InvalidInputIsRejectedBeforeAnyRequest) {
+  auto store = MakeStore();
+  auto t = store->Get("");
+  Action a = t->Start({0, kRandom});
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+  auto m = store->Move("a", "a");
+  EXPECT_THAT(m->Start({0, kRandom}).status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("different")));
+  EXPECT_THAT(Store::Create(StoreOptions{"bad name", "state"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("schema")));
+}
+
+TEST(Store, MissingRandomnessIsAnError) {
+  auto store = MakeStore();
+  auto t = store->AcquireLock("a");
+  Action a = t->Start({0, "short"});
+  a = t->OnResponse(Ok("18.16.1\t1\n"), {0, "short"});
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("random")));
+}
+
+TEST(Task, InputsOutOfOrderAreMisuse) {
+  auto store = MakeStore();
+  auto t = store->Get("a");
+  EXPECT_THAT(t->OnTimer({0, kRandom}).status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("misuse")));
+  auto t2 = store->Get("a");
+  Action a = t2->Start({0, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  EXPECT_THAT(t2->OnTimer({0, kRandom}).status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("misuse")));
+  EXPECT_TRUE(t2->finished());
+  EXPECT_THAT(t2->OnResponse(Ok(), {0, kRandom}).status, StatusIs(absl::StatusCode::kFailedPrecondition, Not(HasSubstr("x\ny"))));
+  EXPECT_THAT(t2->Start({0, kRandom}).status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("twice")));
+}
+
+}  // namespace
+}  // namespace chstate
