@@ -185,9 +185,10 @@ SqlRequest Statements::CreateLock(absl::string_view state_id, absl::string_view 
 SqlRequest Statements::InspectLock(absl::string_view state_id) const {
   SqlRequest r = Read("inspect_lock");
   std::string name = LockTableName(state_id);
-  // Reading system.tables first means a missing lock table gives no row
-  // instead of an error; the age comes from the server's clock, so client
-  // clock skew does not matter.
+  // The age comes from the server's clock, so client clock skew does not
+  // matter. A lock table dropped meanwhile gives no row (18.x) or code 60
+  // (servers with the new analyzer evaluate the subquery first); callers
+  // treat both as "no lock".
   r.sql = absl::StrCat("SELECT (SELECT any(lock_id) FROM `", schema_, "`.`", name, "`) AS holder, ",
                        "toInt64(now()) - toInt64(metadata_modification_time) AS age FROM system.tables WHERE database = ",
                        QuoteStringLiteral(schema_), " AND name = ", QuoteStringLiteral(name), " FORMAT TabSeparated");

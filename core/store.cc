@@ -235,9 +235,12 @@ class StoreSteps {
               " s. Retry later, raise the lock timeout, or remove a lock you know is dead with `chstate unlock`")));
         },
         [=](absl::Status status) -> Step {
-          // The lock table vanished between CREATE and SELECT: try again.
-          if (ClickHouseCode(status) == kCodeUnknownTable && quick_retries < 3) {
-            return TryCreate(id, lock_id, start, deadline, quick_retries + 1, then, fail);
+          // The lock table vanished between CREATE and SELECT (servers with
+          // the new analyzer report that as code 60 instead of no row): the
+          // same as finding no lock.
+          if (ClickHouseCode(status) == kCodeUnknownTable) {
+            if (quick_retries < 3) return TryCreate(id, lock_id, start, deadline, quick_retries + 1, then, fail);
+            if (in_->now_ms < deadline) return retry_later();
           }
           return fail(std::move(status));
         });

@@ -258,6 +258,21 @@ TEST(Store, LockThatVanishedIsRetriedAtOnce) {
   EXPECT_EQ(o.last.result.lock_id, kLockId);
 }
 
+TEST(Store, LockTableGoneAtInspectionIsLikeNoLock) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("a");
+  SqlResponse exists = Err(500, 57, "exists");
+  SqlResponse gone = Err(404, 60, "Unknown table expression identifier");
+  // Three quick retries, then an ordinary wait instead of an error.
+  Outcome o = Drive(*t,
+                    {kVersionModern, Q("create_lock", exists), Q("inspect_lock", gone), Q("create_lock", exists),
+                     Q("inspect_lock", gone), Q("create_lock", exists), Q("inspect_lock", gone),
+                     Q("create_lock", exists), Q("inspect_lock", gone), W(1000), Q("create_lock", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
 TEST(Store, StaleLockIsTakenOverOnlyAfterTheWindow) {
   LockOptions lock;
   lock.stale_ms = 300000;
