@@ -166,32 +166,40 @@ std::string Statements::LockTableName(absl::string_view state_id) const {
   return absl::StrFormat("%s_lock_%016x", table_, Fnv1a64(state_id));
 }
 
-std::string Statements::AsideName(absl::string_view state_id, absl::string_view taker_lock_id) const {
-  // Lock ids are hex made by the core; hashing keeps the name an identifier
-  // whatever a caller passes.
-  return absl::StrFormat("%s_aside_%016x", LockTableName(state_id), Fnv1a64(taker_lock_id));
+std::string Statements::TombstoneName(absl::string_view state_id, absl::string_view instance) const {
+  return absl::StrFormat("%s_dead_%016x", LockTableName(state_id), Fnv1a64(instance));
 }
 
-SqlRequest Statements::CreateLock(absl::string_view state_id, absl::string_view lock_id) const {
+SqlRequest Statements::CreateLock(absl::string_view state_id, absl::string_view lock_id, int64_t stale_s) const {
   SqlRequest r = Request("create_lock", false);
-  // Memory engine: the lock dies with a server restart, like a session lock.
-  // The table's metadata (and so its age) survives; an empty lock table is
-  // judged by that age.
-  r.sql = absl::StrCat("CREATE TABLE `", schema_, "`.`", LockTableName(state_id),
-                       "` ENGINE = Memory AS SELECT ", QuoteStringLiteral(lock_id), " AS lock_id, now() AS locked_at");
+  // Log engine: the lock survives a server restart, with its times, so a
+  // holder keeps it and a dead holder's lock still goes stale.
+  r.sql = absl::StrCat("CREATE TABLE `", schema_, "`.`", LockTableName(state_id), "` ENGINE = Log AS SELECT ",
+                       QuoteStringLiteral(lock_id), " AS lock_id, toUInt8(0) AS seq, now() AS locked_at, toUInt32(",
+                       stale_s, ") AS stale_s");
   return r;
 }
 
 SqlRequest Statements::InspectLock(absl::string_view state_id) const {
   SqlRequest r = Read("inspect_lock");
   std::string name = LockTableName(state_id);
-  // The age comes from the server's clock, so client clock skew does not
-  // matter. A lock table dropped meanwhile gives no row (18.x) or code 60
-  // (servers with the new analyzer evaluate the subquery first); callers
-  // treat both as "no lock".
-  r.sql = absl::StrCat("SELECT (SELECT any(lock_id) FROM `", schema_, "`.`", name, "`) AS holder, ",
-                       "toInt64(now()) - toInt64(metadata_modification_time) AS age FROM system.tables WHERE database = ",
+  // Times come from the server's clock, so client clock skew does not matter.
+  // The system.tables row gives the table's age while its creation row is not
+  // yet visible. A lock table dropped meanwhile gives code 60 (or, on some
+  // versions, no rows): both mean "no lock".
+  r.sql = absl::StrCat("SELECT lock_id, seq, toInt64(locked_at), toInt64(now()), stale_s FROM `", schema_, "`.`",
+                       name,
+                       "` UNION ALL SELECT '', toUInt8(255), toInt64(metadata_modification_time), toInt64(now()), "
+                       "toUInt32(0) FROM system.tables WHERE database = ",
                        QuoteStringLiteral(schema_), " AND name = ", QuoteStringLiteral(name), " FORMAT TabSeparated");
+  return r;
+}
+
+SqlRequest Statements::RenewLock(absl::string_view state_id, absl::string_view lock_id, int64_t stale_s) const {
+  SqlRequest r = Request("renew_lock", false);
+  if (dialect_ == Dialect::kModern) r.url_params.emplace_back("async_insert", "0");
+  r.sql = absl::StrCat("INSERT INTO `", schema_, "`.`", LockTableName(state_id), "` SELECT ",
+                       QuoteStringLiteral(lock_id), ", toUInt8(1), now(), toUInt32(", stale_s, ")");
   return r;
 }
 
@@ -201,30 +209,24 @@ SqlRequest Statements::DropLock(absl::string_view state_id) const {
   return r;
 }
 
-SqlRequest Statements::RenameLockAside(absl::string_view state_id, absl::string_view taker_lock_id) const {
-  SqlRequest r = Request("rename_lock_aside", false);
+SqlRequest Statements::EntombLock(absl::string_view state_id, absl::string_view instance) const {
+  SqlRequest r = Request("entomb_lock", false);
   r.sql = absl::StrCat("RENAME TABLE `", schema_, "`.`", LockTableName(state_id), "` TO `", schema_, "`.`",
-                       AsideName(state_id, taker_lock_id), "`");
+                       TombstoneName(state_id, instance), "`");
   return r;
 }
 
-SqlRequest Statements::InspectAside(absl::string_view state_id, absl::string_view taker_lock_id) const {
-  SqlRequest r = Read("inspect_aside");
-  r.sql = absl::StrCat("SELECT any(lock_id), 1 FROM `", schema_, "`.`", AsideName(state_id, taker_lock_id),
-                       "` FORMAT TabSeparated");
+SqlRequest Statements::ListOldTombstones(int64_t older_than_s) const {
+  SqlRequest r = Read("list_tombstones");
+  r.sql = absl::StrCat("SELECT name, 1 FROM system.tables WHERE database = ", QuoteStringLiteral(schema_),
+                       " AND name LIKE ", QuoteStringLiteral(absl::StrCat(GlobToLike(table_), "\\_lock\\_%\\_dead\\_%")),
+                       " AND metadata_modification_time < now() - ", older_than_s, " FORMAT TabSeparated");
   return r;
 }
 
-SqlRequest Statements::RestoreAside(absl::string_view state_id, absl::string_view taker_lock_id) const {
-  SqlRequest r = Request("restore_aside", false);
-  r.sql = absl::StrCat("RENAME TABLE `", schema_, "`.`", AsideName(state_id, taker_lock_id), "` TO `", schema_,
-                       "`.`", LockTableName(state_id), "`");
-  return r;
-}
-
-SqlRequest Statements::DropAside(absl::string_view state_id, absl::string_view taker_lock_id) const {
-  SqlRequest r = Request("drop_aside", true);
-  r.sql = absl::StrCat("DROP TABLE IF EXISTS `", schema_, "`.`", AsideName(state_id, taker_lock_id), "`");
+SqlRequest Statements::DropTable(absl::string_view name) const {
+  SqlRequest r = Request("drop_table", true);
+  r.sql = absl::StrCat("DROP TABLE IF EXISTS `", schema_, "`.`", name, "`");
   return r;
 }
 

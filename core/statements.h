@@ -54,23 +54,31 @@ class Statements {
   SqlRequest TruncateStates() const;
 
   // ---- per-id lock: a table whose name is derived from the state id ----
+  // (core/lock_machine.h explains the algorithm.)
   // The name: `<table>_lock_<16 hex digits of FNV-1a 64 of the id>`. Two ids
   // that collide share a lock, which only costs concurrency.
   std::string LockTableName(absl::string_view state_id) const;
-  // Creates the lock table holding (lock_id, locked_at = server now()).
-  // Fails with code 57 when the lock table exists: the atomic test-and-set.
-  SqlRequest CreateLock(absl::string_view state_id, absl::string_view lock_id) const;
-  // One row (holder lock_id, "" while the table is still empty; age in
-  // seconds by the server's clock). Code 60 when the lock table is gone.
+  // Creates the lock table with its creation row (lock_id, seq 0, now(),
+  // the holder's stale window in seconds). Fails with code 57 when the lock
+  // table exists: the atomic test-and-set.
+  SqlRequest CreateLock(absl::string_view state_id, absl::string_view lock_id, int64_t stale_s) const;
+  // Rows (lock_id, seq, unix time, server now, stale_s): the lock's rows, plus
+  // one row ("", 255, table creation time, now, 0) from system.tables. Code
+  // 60, or zero rows, when the lock table does not exist.
   SqlRequest InspectLock(absl::string_view state_id) const;
+  // A lease renewal row (lock_id, seq 1, now(), stale_s).
+  SqlRequest RenewLock(absl::string_view state_id, absl::string_view lock_id, int64_t stale_s) const;
   SqlRequest DropLock(absl::string_view state_id) const;
-  // Moves a stale lock table aside to a name only `taker_lock_id` uses:
-  // RENAME is atomic, so exactly one taker wins.
-  SqlRequest RenameLockAside(absl::string_view state_id, absl::string_view taker_lock_id) const;
-  // One row: the lock_id in the table moved aside ("" when empty).
-  SqlRequest InspectAside(absl::string_view state_id, absl::string_view taker_lock_id) const;
-  SqlRequest RestoreAside(absl::string_view state_id, absl::string_view taker_lock_id) const;
-  SqlRequest DropAside(absl::string_view state_id, absl::string_view taker_lock_id) const;
+  // Moves a stale lock instance to its tombstone `<lock>_dead_<16 hex>`; the
+  // suffix hashes `instance` (holder id and creation time), so exactly one
+  // taker of that instance succeeds and the rename of any later instance to
+  // the same name fails (code 57).
+  SqlRequest EntombLock(absl::string_view state_id, absl::string_view instance) const;
+  std::string TombstoneName(absl::string_view state_id, absl::string_view instance) const;
+  // Tombstones (one column: name, plus the constant) created before
+  // `older_than_s` seconds ago, and the DROP for one of them.
+  SqlRequest ListOldTombstones(int64_t older_than_s) const;
+  SqlRequest DropTable(absl::string_view name) const;
 
  private:
   Statements(Dialect d, std::string schema, std::string table) : dialect_(d), schema_(schema), table_(table) {}
@@ -78,7 +86,6 @@ class Statements {
   // `WHERE state_id = ...` with a literal (18.x) or a {state_id:String}
   // parameter added to `req` (modern).
   std::string StateIdEquals(SqlRequest* req, absl::string_view state_id) const;
-  std::string AsideName(absl::string_view state_id, absl::string_view taker_lock_id) const;
 
   Dialect dialect_;
   std::string schema_;

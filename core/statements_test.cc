@@ -95,10 +95,23 @@ TEST(Statements, ExactSqlPerDialect) {
        "SELECT count(), 1 FROM `meltano`.`state` FINAL FORMAT TabSeparated", kRead, true},
       {"truncate", Dialect::kModern, [](const Statements& s) { return s.TruncateStates(); },
        "TRUNCATE TABLE `meltano`.`state`", {}, true},
-      {"create lock", Dialect::kClickHouse18, [](const Statements& s) { return s.CreateLock("a", "00ff"); },
-       "CREATE TABLE `meltano`.`state_lock_af63dc4c8601ec8c` ENGINE = Memory AS SELECT '00ff' AS lock_id, now() AS "
-       "locked_at",
+      {"create lock", Dialect::kClickHouse18, [](const Statements& s) { return s.CreateLock("a", "00ff", 300); },
+       "CREATE TABLE `meltano`.`state_lock_af63dc4c8601ec8c` ENGINE = Log AS SELECT '00ff' AS lock_id, toUInt8(0) "
+       "AS seq, now() AS locked_at, toUInt32(300) AS stale_s",
        {}, false},
+      {"inspect lock", Dialect::kModern, [](const Statements& s) { return s.InspectLock("a"); },
+       "SELECT lock_id, seq, toInt64(locked_at), toInt64(now()), stale_s FROM `meltano`.`state_lock_af63dc4c8601ec8c` "
+       "UNION ALL SELECT '', toUInt8(255), toInt64(metadata_modification_time), toInt64(now()), toUInt32(0) FROM "
+       "system.tables WHERE "
+       "database = 'meltano' AND name = 'state_lock_af63dc4c8601ec8c' FORMAT TabSeparated",
+       kRead, true},
+      {"renew lock modern", Dialect::kModern, [](const Statements& s) { return s.RenewLock("a", "00ff", 300); },
+       "INSERT INTO `meltano`.`state_lock_af63dc4c8601ec8c` SELECT '00ff', toUInt8(1), now(), toUInt32(300)",
+       {{"async_insert", "0"}}, false},
+      {"old tombstones", Dialect::kClickHouse18, [](const Statements& s) { return s.ListOldTombstones(600); },
+       "SELECT name, 1 FROM system.tables WHERE database = 'meltano' AND name LIKE 'state\\\\_lock\\\\_%\\\\_dead\\\\_%' "
+       "AND metadata_modification_time < now() - 600 FORMAT TabSeparated",
+       kRead, true},
       {"drop lock", Dialect::kModern, [](const Statements& s) { return s.DropLock("a"); },
        "DROP TABLE IF EXISTS `meltano`.`state_lock_af63dc4c8601ec8c`", {}, true},
   };
@@ -147,9 +160,10 @@ TEST(Statements, LockNamesAreIdentifiersForAnyId) {
   EXPECT_EQ(st->LockTableName("a"), "state_lock_af63dc4c8601ec8c");
   EXPECT_NE(st->LockTableName("a"), st->LockTableName("b"));
   EXPECT_THAT(st->LockTableName(std::string(100000, '`')), ::testing::MatchesRegex("state_lock_[0-9a-f]{16}"));
-  EXPECT_THAT(st->RenameLockAside("a", "'; DROP").sql,
+  EXPECT_THAT(st->EntombLock("a", "'; DROP@5").sql,
               ::testing::MatchesRegex("RENAME TABLE `meltano`.`state_lock_af63dc4c8601ec8c` TO "
-                                      "`meltano`.`state_lock_af63dc4c8601ec8c_aside_[0-9a-f]{16}`"));
+                                      "`meltano`.`state_lock_af63dc4c8601ec8c_dead_[0-9a-f]{16}`"));
+  EXPECT_NE(st->TombstoneName("a", "h@1"), st->TombstoneName("a", "h@2"));
 }
 
 TEST(Statements, RejectsBadNames) {

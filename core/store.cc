@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/lock_machine.h"
 #include "core/quoting.h"
 #include "core/response.h"
 
@@ -71,6 +72,7 @@ class StoreSteps {
   }
 
   const Statements& st() const { return *s_->statements_; }
+  const Inputs& inputs() const { return *in_; }
 
   Step EnsureSchema(Then then, OnFailure fail) {
     return Sql(
@@ -120,6 +122,7 @@ class StoreSteps {
 
   // Writes a whole state row, creating the schema once if it is missing.
   Step WriteState(const MeltanoState& state, Then then, OnFailure fail, bool schema_made = false) {
+    if (absl::Status lease = LeaseCheck(); !lease.ok()) return fail(lease);
     absl::StatusOr<std::string> token = Token();
     if (!token.ok()) return fail(token.status());
     SqlRequest req =
@@ -135,6 +138,7 @@ class StoreSteps {
   }
 
   Step DeleteState(const std::string& id, Then then, OnFailure fail) {
+    if (absl::Status lease = LeaseCheck(); !lease.ok()) return fail(lease);
     return Sql(
         st().DeleteState(id), "deleting state",
         [this, then, fail](const std::string&) -> Step {
@@ -170,139 +174,62 @@ class StoreSteps {
         fail);
   }
 
-  // ---- lock ----
+  // ---- lock (core/lock_machine.h) ----
 
-  Step Acquire(const std::string& id, std::function<Step(std::string lock_id)> then, OnFailure fail) {
-    if (in_->random.size() < 16) {
-      return fail(absl::InvalidArgumentError("the host passed fewer than 16 random bytes for a lock id"));
+  using LockPtr = std::shared_ptr<LockMachine>;
+  using LockOutcome = std::function<Step(const LockAction&)>;
+
+  // Turns a LockMachine's actions into steps until it reports an outcome
+  // (acquired, released, failed, lost). Renewal timers armed while held are
+  // not run inside a task: the lease is checked before every write instead.
+  Step DriveLock(const LockPtr& m, LockOutcome on_outcome) {
+    while (std::optional<LockAction> a = m->Poll()) {
+      switch (a->kind) {
+        case LockAction::Kind::kRunSql:
+          return Step::Run(std::move(a->request), [this, m, on_outcome](const SqlResponse& r) {
+            m->OnResponse(r, *in_);
+            return DriveLock(m, on_outcome);
+          });
+        case LockAction::Kind::kArmTimer:
+          // A renewal that finished arms the next one: that is its outcome.
+          if (m->state() == LockState::kHeld) return on_outcome(*a);
+          if (m->state() != LockState::kBackingOff) continue;
+          return Step::Wait(a->delay_ms, [this, m, on_outcome] {
+            m->OnTimer(*in_);
+            return DriveLock(m, on_outcome);
+          });
+        default:
+          return on_outcome(*a);
+      }
     }
-    std::string lock_id = MakeLockId(in_->random);
-    int64_t start = in_->now_ms;
-    return TryCreate(id, lock_id, start, start + s_->options_.lock.timeout_ms, 0, then, fail);
+    return Step::Fail(absl::InternalError(
+        absl::StrCat("the lock stopped in state ", LockStateName(m->state()), " without an outcome")));
   }
 
-  Step TryCreate(const std::string& id, const std::string& lock_id, int64_t start, int64_t deadline,
-                 int quick_retries, std::function<Step(std::string)> then, OnFailure fail,
-                 bool schema_made = false) {
-    return Sql(
-        st().CreateLock(id, lock_id), "taking the lock", [lock_id, then](const std::string&) { return then(lock_id); },
-        [=](absl::Status status) -> Step {
-          std::optional<int> code = ClickHouseCode(status);
-          if (code == kCodeUnknownDatabase && !schema_made) {
-            return EnsureSchema(
-                [=] { return TryCreate(id, lock_id, start, deadline, quick_retries, then, fail, true); }, fail);
-          }
-          if (code != kCodeTableAlreadyExists) return fail(std::move(status));
-          return Inspect(id, lock_id, start, deadline, quick_retries, then, fail);
-        });
+  Step Acquire(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail) {
+    auto m = std::make_shared<LockMachine>(st(), id, s_->options_.lock);
+    m->Acquire(*in_);
+    return DriveLock(m, [m, then, fail](const LockAction& a) -> Step {
+      if (a.kind == LockAction::Kind::kAcquired) return then(m);
+      return fail(a.status);
+    });
   }
 
-  Step Inspect(const std::string& id, const std::string& lock_id, int64_t start, int64_t deadline,
-               int quick_retries, std::function<Step(std::string)> then, OnFailure fail) {
-    auto retry_later = [=]() -> Step {
-      int64_t wait = std::min(s_->options_.lock.retry_ms, std::max<int64_t>(deadline - in_->now_ms, 0));
-      return Step::Wait(wait, [=] { return TryCreate(id, lock_id, start, deadline, 0, then, fail); });
-    };
-    return Query(
-        st().InspectLock(id), "inspecting the lock", 2,
-        [=](const Rows& rows) -> Step {
-          bool exists = !rows.empty();
-          int64_t age_s = 0;
-          std::string holder;
-          if (exists) {
-            holder = rows[0][0].value_or("");
-            if (!rows[0][1] || !absl::SimpleAtoi(*rows[0][1], &age_s)) {
-              return fail(absl::DataLossError("unexpected answer inspecting the lock"));
-            }
-          }
-          LockVerdict v = DecideOnHeldLock(exists, age_s, in_->now_ms, deadline, s_->options_.lock);
-          if (v == LockVerdict::kRetryNow && quick_retries >= 3) v = LockVerdict::kWait;
-          switch (v) {
-            case LockVerdict::kRetryNow:
-              return TryCreate(id, lock_id, start, deadline, quick_retries + 1, then, fail);
-            case LockVerdict::kTakeOver:
-              return TakeOver(id, lock_id, holder, [=] { return TryCreate(id, lock_id, start, deadline, 0, then, fail); },
-                              fail);
-            case LockVerdict::kWait:
-              if (in_->now_ms >= deadline) break;
-              return retry_later();
-            case LockVerdict::kGiveUp:
-              break;
-          }
-          return fail(absl::AbortedError(absl::StrCat(
-              "state id \"", Printable(id), "\" is locked by another process (lock held for ", age_s,
-              " s); gave up after ", (in_->now_ms - start) / 1000.0,
-              " s. Retry later, raise the lock timeout, or remove a lock you know is dead with `chstate unlock`")));
-        },
-        [=](absl::Status status) -> Step {
-          // The lock table vanished between CREATE and SELECT (servers with
-          // the new analyzer report that as code 60 instead of no row): the
-          // same as finding no lock.
-          if (ClickHouseCode(status) == kCodeUnknownTable) {
-            if (quick_retries < 3) return TryCreate(id, lock_id, start, deadline, quick_retries + 1, then, fail);
-            if (in_->now_ms < deadline) return retry_later();
-          }
-          return fail(std::move(status));
-        });
+  Step Release(const LockPtr& m, Then then, OnFailure fail) {
+    m->Release(*in_);
+    return DriveLock(m, [then, fail](const LockAction& a) -> Step {
+      if (a.kind == LockAction::Kind::kReleased) return then();
+      return fail(a.status);
+    });
   }
 
-  // Moves a stale lock aside and drops it, unless what moved is not the lock
-  // that was judged stale (it was released and re-taken meanwhile): then it is
-  // put back.
-  Step TakeOver(const std::string& id, const std::string& lock_id, const std::string& stale_holder, Then then,
-                OnFailure fail) {
-    return Sql(
-        st().RenameLockAside(id, lock_id), "taking over a stale lock",
-        [=](const std::string&) {
-          return Query(
-              st().InspectAside(id, lock_id), "inspecting a stale lock", 2,
-              [=](const Rows& rows) -> Step {
-                std::string moved = rows.empty() ? "" : rows[0][0].value_or("");
-                if (moved == stale_holder) {
-                  return Sql(
-                      st().DropAside(id, lock_id), "dropping a stale lock", [then](const std::string&) { return then(); },
-                      fail);
-                }
-                return Sql(
-                    st().RestoreAside(id, lock_id), "restoring a live lock",
-                    [then](const std::string&) { return then(); },
-                    [=](absl::Status) {
-                      // Someone took the free name meanwhile; the lock we
-                      // moved is lost to its holder, who learns it on release.
-                      return Sql(
-                          st().DropAside(id, lock_id), "dropping a displaced lock",
-                          [then](const std::string&) { return then(); }, fail);
-                    });
-              },
-              fail);
-        },
-        [then, fail](absl::Status status) -> Step {
-          // Another taker won the rename, or the holder released: contend again.
-          if (ClickHouseCode(status) == kCodeUnknownTable) return then();
-          return fail(std::move(status));
-        });
-  }
-
-  Step Release(const std::string& id, const std::string& lock_id, Then then, OnFailure fail) {
-    return Query(
-        st().InspectLock(id), "inspecting the lock before release", 2,
-        [=](const Rows& rows) -> Step {
-          std::string holder = rows.empty() ? "" : rows[0][0].value_or("");
-          if (rows.empty() || holder != lock_id) {
-            return fail(absl::FailedPreconditionError(absl::StrCat(
-                "the lock on state id \"", Printable(id),
-                "\" was no longer ours at release: it was taken over as stale while held. "
-                "Raise the stale-lock window above the longest hold")));
-          }
-          return Sql(st().DropLock(id), "releasing the lock", [then](const std::string&) { return then(); }, fail);
-        },
-        [=](absl::Status status) -> Step {
-          if (ClickHouseCode(status) == kCodeUnknownTable) {
-            return fail(absl::FailedPreconditionError(absl::StrCat(
-                "the lock on state id \"", Printable(id), "\" was gone at release: it was taken over as stale")));
-          }
-          return fail(std::move(status));
-        });
+  // Writes under a lock are sent only while its lease is valid.
+  absl::Status LeaseCheck() const {
+    if (current_lock_ && !current_lock_->LeaseValid(in_->now_ms)) {
+      return absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(current_lock_->state_id()),
+                                             "\" expired before the write; nothing was written"));
+    }
+    return absl::OkStatus();
   }
 
   // Runs `body` under the lock for `id` and releases on every exit path. The
@@ -315,10 +242,12 @@ class StoreSteps {
   Step WithLock(const std::string& id, std::function<Step(Finish)> body, Finish after = Terminal) {
     return Acquire(
         id,
-        [this, id, body, after](std::string lock_id) -> Step {
-          Finish finish = [this, id, lock_id, after](absl::StatusOr<Result> outcome) -> Step {
+        [this, body, after](LockPtr m) -> Step {
+          current_lock_ = m;
+          Finish finish = [this, m, after](absl::StatusOr<Result> outcome) -> Step {
+            current_lock_ = nullptr;
             return Release(
-                id, lock_id, [outcome, after]() -> Step { return after(outcome); },
+                m, [outcome, after]() -> Step { return after(outcome); },
                 [outcome, after](absl::Status release_error) -> Step {
                   // The body's own error matters more than a failed release.
                   return after(outcome.ok() ? absl::StatusOr<Result>(release_error) : outcome);
@@ -345,6 +274,7 @@ class StoreSteps {
  private:
   Store* s_;
   const Inputs* in_;
+  LockPtr current_lock_;
 };
 
 namespace {
@@ -374,6 +304,11 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
         "stale-lock settings");
   }
   return std::unique_ptr<Store>(new Store(std::move(options)));
+}
+
+bool Store::LeaseValid(const std::string& state_id, int64_t now_ms) const {
+  auto it = held_.find(state_id);
+  return it != held_.end() && it->second->LeaseValid(now_ms);
 }
 
 std::optional<Dialect> Store::dialect() const {
@@ -591,14 +526,15 @@ std::unique_ptr<Task> Store::Move(std::string src, std::string dst) {
 
 std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [state_id](StoreSteps& s) {
+  return MakeTask(this, [this, state_id](StoreSteps& s) {
     return s.Connected(
-        [&s, state_id] {
+        [this, &s, state_id] {
           return s.Acquire(
               state_id,
-              [&s](std::string lock_id) {
+              [this, &s, state_id](std::shared_ptr<LockMachine> m) {
+                held_[state_id] = m;
                 Result r = s.Base();
-                r.lock_id = std::move(lock_id);
+                r.lock_id = m->lock_id();
                 return Step::Done(std::move(r));
               },
               StoreSteps::Failed);
@@ -607,14 +543,41 @@ std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
   });
 }
 
+std::unique_ptr<Task> Store::RenewLock(std::string state_id) {
+  auto it = held_.find(state_id);
+  if (it == held_.end()) {
+    return Invalid(absl::FailedPreconditionError(absl::StrCat(
+        "cannot renew the lock on state id \"", StoreSteps::Printable(state_id), "\": this store does not hold it")));
+  }
+  std::shared_ptr<LockMachine> m = it->second;
+  return MakeTask(this, [this, m, state_id](StoreSteps& s) {
+    m->OnTimer(s.inputs());
+    return s.DriveLock(m, [this, m, &s, state_id](const LockAction& a) -> Step {
+      if (a.kind == LockAction::Kind::kLost || a.kind == LockAction::Kind::kFailed) {
+        held_.erase(state_id);
+        return Step::Fail(a.status);
+      }
+      Result r = s.Base();
+      r.lock_id = m->lock_id();
+      return Step::Done(std::move(r));
+    });
+  });
+}
+
 std::unique_ptr<Task> Store::ReleaseLock(std::string state_id, std::string lock_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [state_id, lock_id](StoreSteps& s) {
-    return s.Connected(
-        [&s, state_id, lock_id] {
-          return s.Release(state_id, lock_id, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
-        },
-        StoreSteps::Failed);
+  auto it = held_.find(state_id);
+  if (it == held_.end() || it->second->lock_id() != lock_id) {
+    // Releasing needs the machine that acquired: only the holder can release.
+    return Invalid(absl::FailedPreconditionError(
+        absl::StrCat("cannot release the lock on state id \"", StoreSteps::Printable(state_id),
+                     "\": this store does not hold it with that lock id (only the process that acquired a lock "
+                     "releases it)")));
+  }
+  std::shared_ptr<LockMachine> m = it->second;
+  held_.erase(it);
+  return MakeTask(this, [m](StoreSteps& s) {
+    return s.Release(m, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
   });
 }
 

@@ -13,6 +13,7 @@
 #define CHSTATE_CORE_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "core/dialect.h"
 #include "core/lock.h"
+#include "core/lock_machine.h"
 #include "core/state.h"
 #include "core/statements.h"
 #include "core/task.h"
@@ -62,9 +64,18 @@ class Store {
   std::unique_ptr<Task> Copy(std::string src, std::string dst);
   // Copy, then delete src under src's lock.
   std::unique_ptr<Task> Move(std::string src, std::string dst);
-  // Result.lock_id. kAborted (naming the id) when the timeout passes.
+  // Result.lock_id. kAborted (naming the id) when the timeout passes. The
+  // store keeps the held lock until ReleaseLock.
   std::unique_ptr<Task> AcquireLock(std::string state_id);
+  // kFailedPrecondition without a request when this store does not hold the
+  // lock with that id (a release by a process that never acquired).
   std::unique_ptr<Task> ReleaseLock(std::string state_id, std::string lock_id);
+  // Renews the lease of a lock this store holds (hosts holding a lock for
+  // long call it every stale/3). kAborted when the lock was lost: the holder
+  // must stop acting under it. Result.lock_id is set.
+  std::unique_ptr<Task> RenewLock(std::string state_id);
+  // True while this store holds the lock and its lease is valid at now_ms.
+  bool LeaseValid(const std::string& state_id, int64_t now_ms) const;
 
   const StoreOptions& options() const { return options_; }
   // Known after the first task connected.
@@ -77,6 +88,7 @@ class Store {
 
   StoreOptions options_;
   std::optional<Statements> statements_;
+  std::map<std::string, std::shared_ptr<LockMachine>> held_;
   std::string server_version_;
   uint64_t writes_ = 0;
 };

@@ -94,6 +94,14 @@ std::unique_ptr<Store> MakeStore(LockOptions lock = {}) {
   return std::move(*s);
 }
 
+// The inspect answer: the holder's creation row (seq 0) at `created`, and the
+// table's own row; times in server seconds.
+SqlResponse Held(const std::string& holder, int64_t created, int64_t now) {
+  return Ok(holder + "\t0\t" + std::to_string(created) + "\t" + std::to_string(now) + "\t300\n\t255\t" +
+            std::to_string(created) + "\t" + std::to_string(now) + "\t0\n");
+}
+SqlResponse Mine() { return Held(kLockId, 100, 100); }
+
 const Exchange kVersion18 = Q("select_version", Ok("18.16.1\t1\n"));
 const Exchange kVersionModern = Q("select_version", Ok("26.9.2.1\t1\n"));
 
@@ -203,11 +211,11 @@ TEST(Store, UpdateMergesPartialUnderTheLock) {
   MeltanoState incoming{"id", nlohmann::json::parse(R"({"singer_state":{"b":{"x":2}}})"), nlohmann::json::object()};
   auto t = store->Update(incoming);
   Outcome o = Drive(*t,
-                    {kVersion18, Q("create_lock", Ok(), "'" + kLockId + "' AS lock_id"),
+                    {kVersion18, Q("create_lock", Ok(), "'" + kLockId + "' AS lock_id, toUInt8(0) AS seq"),
                      Q("get_state", Ok("{\"singer_state\":{\"a\":1,\"b\":{\"y\":3}}}\t{\"c\":true}\n")),
                      Q("insert_state", Ok(),
                        R"(VALUES ('id', '{"singer_state":{"a":1,"b":{"x":2,"y":3}}}', '{"c":true}'))"),
-                     Q("inspect_lock", Ok(kLockId + "\t0\n")), Q("drop_lock", Ok())},
+                     Q("inspect_lock", Mine()), Q("drop_lock", Ok())},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
   EXPECT_EQ(o.last.result.state->completed, nlohmann::json::parse(R"({"c":true})"));
@@ -221,7 +229,7 @@ TEST(Store, LockIsReleasedWhenTheBodyFails) {
   Outcome o = Drive(*t,
                     {kVersion18, Q("create_lock", Ok()), Q("get_state", Ok("")),
                      Q("insert_state", Err(500, 241, "Memory limit exceeded")),
-                     Q("inspect_lock", Ok(kLockId + "\t0\n")), Q("drop_lock", Ok())},
+                     Q("inspect_lock", Mine()), Q("drop_lock", Ok())},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kInternal, HasSubstr("Memory limit")));
@@ -236,10 +244,10 @@ TEST(Store, ContendedLockRetriesThenGivesUpWithTheId) {
   auto t = store->AcquireLock("dev:busy");
   SqlResponse exists = Err(500, 57, "Table meltano.x already exists.");
   Outcome o = Drive(*t,
-                    {kVersion18, Q("create_lock", exists), Q("inspect_lock", Ok("other\t5\n")), W(1000),
-                     Q("create_lock", exists), Q("inspect_lock", Ok("other\t6\n")), W(1000),
-                     Q("create_lock", exists), Q("inspect_lock", Ok("other\t7\n")), W(-1),
-                     Q("create_lock", exists), Q("inspect_lock", Ok("other\t8\n"))},
+                    {kVersion18, Q("create_lock", exists), Q("inspect_lock", Held("other", 100, 105)), W(1000),
+                     Q("create_lock", exists), Q("inspect_lock", Held("other", 100, 106)), W(1000),
+                     Q("create_lock", exists), Q("inspect_lock", Held("other", 100, 107)), W(-1),
+                     Q("create_lock", exists), Q("inspect_lock", Held("other", 100, 108))},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("dev:busy")));
@@ -278,41 +286,80 @@ TEST(Store, StaleLockIsTakenOverOnlyAfterTheWindow) {
   lock.stale_ms = 300000;
   auto store = MakeStore(lock);
   int64_t clock = 0;
-  // 300 s old is not yet stale: wait.
+  // Last renewed 300 s ago by the server's clock: not yet stale, wait.
   auto t = store->AcquireLock("a");
-  Outcome o = Drive(*t, {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Ok("dead\t300\n")), W(-1)},
-                    &clock);
-  // 301 s old: moved aside, checked, dropped, then created.
+  Outcome o = Drive(
+      *t, {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Held("dead", 1000, 1300)), W(-1)},
+      &clock);
+  // 301 s: entombed under a name unique to that instance, then created.
   auto t2 = store->AcquireLock("a");
   Outcome o2 = Drive(*t2,
-                     {Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Ok("dead\t301\n")),
-                      Q("rename_lock_aside", Ok()), Q("inspect_aside", Ok("dead\t1\n")), Q("drop_aside", Ok()),
-                      Q("create_lock", Ok())},
+                     {Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Held("dead", 1000, 1301)),
+                      Q("entomb_lock", Ok(), "_dead_"), Q("create_lock", Ok())},
                      &clock);
   ASSERT_EQ(o2.last.kind, Action::Kind::kDone) << o2.last.status;
 }
 
-TEST(Store, TakeoverThatMovedALiveLockPutsItBack) {
+TEST(Store, TakerUsesTheHoldersLongerStaleWindow) {
+  LockOptions lock;
+  lock.stale_ms = 1000;  // this contender is configured with a short window...
+  auto store = MakeStore(lock);
+  int64_t clock = 0;
+  auto t = store->AcquireLock("a");
+  // ...but the holder wrote 300 s into its lock: 5 s old is not stale.
+  Outcome o = Drive(*t, {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Held("h", 100, 105))},
+                    &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kWait);
+}
+
+TEST(Store, LateTakerCannotEntombANewerLock) {
   auto store = MakeStore();
   int64_t clock = 0;
   auto t = store->AcquireLock("a");
+  // The tombstone for that instance exists: another taker won; look again.
   Outcome o = Drive(*t,
-                    {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Ok("dead\t999\n")),
-                     Q("rename_lock_aside", Ok()), Q("inspect_aside", Ok("fresh\t1\n")), Q("restore_aside", Ok()),
-                     Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Ok("fresh\t0\n")), W(1000)},
+                    {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Held("dead", 1, 999)),
+                     Q("entomb_lock", Err(500, 57, "Table ..._dead_... already exists.")),
+                     Q("inspect_lock", Held("fresh", 999, 999)), W(1000)},
                     &clock);
   EXPECT_EQ(o.last.kind, Action::Kind::kRunSql);
 }
 
-TEST(Store, ReleaseOfALockNotHeldFails) {
+TEST(Store, ReleaseByANonHolderSendsNothing) {
+  auto store = MakeStore();
+  auto t = store->ReleaseLock("a", "never-acquired");
+  Action a = t->Start({0, kRandom});
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("only the process that acquired")));
+}
+
+TEST(Store, ReleaseOfALockTakenOverReportsTheLoss) {
   auto store = MakeStore();
   int64_t clock = 0;
-  auto t = store->ReleaseLock("a", "mine");
-  Outcome o = Drive(*t, {kVersion18, Q("inspect_lock", Ok("someone-else\t3\n"))}, &clock);
-  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no longer ours")));
-  auto t2 = store->ReleaseLock("a", "mine");
-  Outcome o2 = Drive(*t2, {Q("inspect_lock", Ok(""))}, &clock);
-  EXPECT_THAT(o2.last.status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("taken over")));
+  auto t = store->AcquireLock("a");
+  Outcome o = Drive(*t, {kVersion18, Q("create_lock", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone);
+  auto r = store->ReleaseLock("a", o.last.result.lock_id);
+  Outcome o2 = Drive(*r, {Q("inspect_lock", Held("someone-else", 5, 6))}, &clock);
+  EXPECT_THAT(o2.last.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("no longer ours")));
+}
+
+TEST(Store, WriteAfterTheLeaseRanOutIsNotSent) {
+  LockOptions lock;
+  lock.stale_ms = 3000;
+  auto store = MakeStore(lock);
+  int64_t clock = 0;
+  MeltanoState incoming{"id", nlohmann::json::parse(R"({"a":1})"), nlohmann::json::object()};
+  auto t = store->Update(incoming);
+  Action a = t->Start({clock, kRandom});
+  a = t->OnResponse(Ok("18.16.1\t1\n"), {clock, kRandom});
+  ASSERT_EQ(a.request.purpose, "create_lock");
+  a = t->OnResponse(Ok(), {clock, kRandom});
+  ASSERT_EQ(a.request.purpose, "get_state");
+  clock += 5000;  // the read took longer than the lease
+  a = t->OnResponse(Ok(""), {clock, kRandom});
+  // No insert: the release notices the lease is gone and leaves the lock.
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("nothing was written")));
 }
 
 TEST(Store, LegacyDeleteWaitsForItsMutation) {
@@ -349,9 +396,9 @@ TEST(Store, MoveWritesTheCopyBeforeDeletingTheSource) {
   auto t = store->Move("src", "dst");
   Outcome o = Drive(*t,
                     {kVersionModern, Q("get_state", Ok("\\N\t{\"a\":1}\n")), Q("create_lock", Ok()),
-                     Q("insert_state", Ok(), "('dst', NULL, '{\"a\":1}')"), Q("inspect_lock", Ok(kLockId + "\t0\n")),
+                     Q("insert_state", Ok(), "('dst', NULL, '{\"a\":1}')"), Q("inspect_lock", Mine()),
                      Q("drop_lock", Ok()), Q("create_lock", Ok()), Q("delete_state", Ok()),
-                     Q("inspect_lock", Ok(kLockId + "\t0\n")), Q("drop_lock", Ok())},
+                     Q("inspect_lock", Mine()), Q("drop_lock", Ok())},
                     &clock);
   EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 }

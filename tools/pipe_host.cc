@@ -268,6 +268,11 @@ absl::StatusOr<std::unique_ptr<Task>> TaskFor(Store& store, const json& op_line)
     if (*op == "set_locked") return store.SetLocked(*std::move(state));
     return store.Update(*std::move(state));
   }
+  if (*op == "renew_lock") {
+    absl::StatusOr<std::string> sid = id();
+    if (!sid.ok()) return sid.status();
+    return store.RenewLock(*std::move(sid));
+  }
   if (*op == "release_lock") {
     absl::StatusOr<std::string> sid = id();
     if (!sid.ok()) return sid.status();
@@ -298,7 +303,7 @@ absl::StatusOr<std::unique_ptr<Task>> TaskFor(Store& store, const json& op_line)
   return absl::InvalidArgumentError(absl::StrCat("unknown op \"", *op,
                                                  "\"; expected ping, init, get, set, set_locked, update, delete, "
                                                  "delete_locked, list, clear_all, copy, move, acquire_lock, "
-                                                 "release_lock"));
+                                                 "renew_lock, release_lock"));
 }
 
 enum class Outcome { kFinished, kEof };

@@ -401,5 +401,8 @@ class PipeHost:
     def acquire_lock(self, state_id: StateId) -> Outcome:
         return self.run({"op": "acquire_lock", "state_id_hex": _id_bytes(state_id).hex()})
 
+    def renew_lock(self, state_id: StateId) -> Outcome:
+        return self.run({"op": "renew_lock", "state_id_hex": _id_bytes(state_id).hex()})
+
     def release_lock(self, state_id: StateId, lock_id: str) -> Outcome:
         return self.run({"op": "release_lock", "state_id_hex": _id_bytes(state_id).hex(), "lock_id": lock_id})

@@ -51,10 +51,8 @@ MODERN_PURPOSES = {
     "create_lock",
     "inspect_lock",
     "drop_lock",
-    "rename_lock_aside",
-    "inspect_aside",
-    "restore_aside",
-    "drop_aside",
+    "entomb_lock",
+    "renew_lock",
 }
 # Errors the core provokes on purpose: 57 (lock table exists: the lock's
 # test-and-set), 60/81 (a missing table/database reads as absent).
@@ -158,7 +156,12 @@ def tables(session, schema: str) -> dict:
 
 
 def lock_tables(session, schema: str = SCHEMA) -> list:
-    return sorted(n for n in tables(session, schema) if re.fullmatch(rf"{TABLE}_lock_[0-9a-f]{{16}}.*", n))
+    """Live lock tables (not tombstones of taken-over locks)."""
+    return sorted(n for n in tables(session, schema) if re.fullmatch(rf"{TABLE}_lock_[0-9a-f]{{16}}", n))
+
+
+def tombstones(session, schema: str = SCHEMA) -> list:
+    return sorted(n for n in tables(session, schema) if re.fullmatch(rf"{TABLE}_lock_[0-9a-f]{{16}}_dead_[0-9a-f]{{16}}", n))
 
 
 def executed(executor: ChdbExecutor, since: int, purpose: str) -> list:
@@ -540,48 +543,78 @@ def test_lock_waits_until_released(host, make_host):
     assert patient.release_lock("lock:wait", out.lock_id).ok
 
 
-def test_stale_lock_is_taken_over(host, make_host, session):
-    held = host.acquire_lock("lock:stale")
+def test_stale_lock_is_taken_over(make_host, session):
+    # A holder with a 1 s window that never releases (as if it crashed).
+    dead = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000")
+    held = dead.acquire_lock("lock:stale")
     assert held.ok
     taker = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "10000", "--lock-retry-ms", "200")
     out = taker.acquire_lock("lock:stale")
     assert out.ok, out.message
     p = out.purposes()
-    assert p[-4:] == ["rename_lock_aside", "inspect_aside", "drop_aside", "create_lock"], p
-    assert out.waits  # it waited until the lock was 2 s old by the server clock
-    lost = host.release_lock("lock:stale", held.lock_id)
-    assert lost.code == "FAILED_PRECONDITION"
+    assert p[-2:] == ["entomb_lock", "create_lock"], p
+    assert out.waits  # it waited until the lock was over 1 s old by the server clock
+    # The old holder learns it lost the lock and drops nothing.
+    lost = dead.release_lock("lock:stale", held.lock_id)
+    assert lost.code == "ABORTED", lost.raw
     assert taker.release_lock("lock:stale", out.lock_id).ok
     assert lock_tables(session) == []
+    assert len(tombstones(session)) >= 1  # the tombstone of the dead holder's lock stays
 
 
-def test_stale_taker_puts_back_a_lock_retaken_meanwhile(host, make_host, executor, session):
-    first = host.acquire_lock("lock:race")
-    assert first.ok
-    time.sleep(2.2)  # first is now stale for a 1 s window
-    retaken = {}
+def test_renewal_keeps_a_long_hold_from_going_stale(make_host, session):
+    holder = make_host(SCHEMA, TABLE, "--stale-lock-ms", "2000")
+    held = holder.acquire_lock("lock:renew")
+    assert held.ok
+    taker = make_host(SCHEMA, TABLE, "--stale-lock-ms", "2000", "--lock-timeout-ms", "0")
+    for _ in range(4):  # 4 x 0.7 s: longer than the window, renewed every third of it
+        time.sleep(0.7)
+        renewed = holder.renew_lock("lock:renew")
+        assert renewed.ok, renewed.raw
+        assert renewed.purposes() == ["renew_lock", "inspect_lock"], renewed.purposes()
+        assert taker.acquire_lock("lock:renew").code == "ABORTED"
+    assert holder.release_lock("lock:renew", held.lock_id).ok
+
+
+def test_taker_respects_the_holders_longer_window(host, make_host):
+    held = host.acquire_lock("lock:long")  # default 300 s window, written into the lock
+    assert held.ok
+    time.sleep(2.2)
+    impatient = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "500", "--lock-retry-ms", "100")
+    out = impatient.acquire_lock("lock:long")
+    assert out.code == "ABORTED", out.raw
+    assert "entomb_lock" not in out.purposes()
+    assert host.release_lock("lock:long", held.lock_id).ok
+
+
+def test_late_taker_cannot_entomb_a_newer_lock(make_host, executor, session):
+    dead = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000")
+    assert dead.acquire_lock("lock:race").ok
+    time.sleep(2.2)  # stale now for a 1 s window
+    first = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "5000")
+    late = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "300", "--lock-retry-ms", "100")
+    raced = {}
 
     def before(request):
-        # Between the taker's inspection and its RENAME, the holder releases
-        # and takes the lock again: the RENAME moves the *new* lock aside.
-        if request.get("purpose") == "rename_lock_aside" and not retaken:
-            retaken["busy"] = True
-            retaken["release"] = host.release_lock("lock:race", first.lock_id)
-            retaken["acquire"] = host.acquire_lock("lock:race")
+        # The late taker judged the dead lock stale; before its RENAME lands,
+        # the first taker entombs that lock and creates a fresh one.
+        if request.get("purpose") == "entomb_lock" and not raced:
+            raced["busy"] = True
+            executor.before = None
+            raced["first"] = first.acquire_lock("lock:race")
+            executor.before = before
 
-    taker = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "300", "--lock-retry-ms", "100")
     executor.before = before
     try:
-        out = taker.acquire_lock("lock:race")
+        out = late.acquire_lock("lock:race")
     finally:
         executor.before = None
-    assert retaken["release"].ok and retaken["acquire"].ok
+    assert raced["first"].ok, raced["first"].raw
     p = out.purposes()
-    assert p[:5] == ["create_lock", "inspect_lock", "rename_lock_aside", "inspect_aside", "restore_aside"], p
+    assert p[:3] == ["create_lock", "inspect_lock", "entomb_lock"], p
+    assert "inspect_lock" in p[3:], p  # its RENAME failed: the tombstone exists
     assert out.code == "ABORTED", out.raw  # the fresh lock is respected
-    # The restored lock is intact and still belongs to its holder.
-    assert host.release_lock("lock:race", retaken["acquire"].lock_id).ok
-    assert lock_tables(session) == []
+    assert first.release_lock("lock:race", raced["first"].lock_id).ok
 
 
 def test_lock_vanishing_before_inspection_is_retried(host, make_host, executor, session):

@@ -150,7 +150,7 @@ TEST_F(ServerTest, LockExcludesASecondHolderUntilReleased) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Store> other, Store::Create(o));
   EXPECT_THAT(RunTask(*other->AcquireLock("job"), *exec_), StatusIs(absl::StatusCode::kAborted, HasSubstr("job")));
   EXPECT_THAT(RunTask(*other->ReleaseLock("job", "not-the-holder"), *exec_),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no longer ours")));
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("only the process that acquired")));
   ASSERT_THAT(Run(store_->ReleaseLock("job", first.lock_id)), IsOk());
   ASSERT_OK_AND_ASSIGN(Result second, RunTask(*other->AcquireLock("job"), *exec_));
   EXPECT_NE(second.lock_id, first.lock_id);

@@ -1,0 +1,511 @@
+// The lock's transition table and its handlers. Every (state, event) pair
+// the machine accepts is one row of kTable; any other pair is misuse and
+// ends in kFailed.
+#include "core/lock_machine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/quoting.h"
+#include "core/response.h"
+
+namespace chstate {
+
+namespace {
+
+using Event = LockMachine::Event;
+
+const char* EventName(Event e) {
+  switch (e) {
+    case Event::kAcquire: return "acquire";
+    case Event::kRelease: return "release";
+    case Event::kTimer: return "timer";
+    case Event::kOk: return "ok";
+    case Event::kExists: return "exists";
+    case Event::kMissing: return "missing";
+    case Event::kError: return "error";
+  }
+  return "?";
+}
+
+// Responses become events here, and only here.
+Event Classify(const SqlResponse& r) {
+  absl::Status s = CheckResponse(r, "locking");
+  if (s.ok()) return Event::kOk;
+  std::optional<int> code = ClickHouseCode(s);
+  if (code == kCodeTableAlreadyExists) return Event::kExists;
+  if (code == kCodeUnknownTable || code == kCodeUnknownDatabase) return Event::kMissing;
+  return Event::kError;
+}
+
+std::string Printable(const std::string& id) {
+  std::string e = EscapeParamValue(id.substr(0, 200));
+  return id.size() > 200 ? absl::StrCat(e, "...") : e;
+}
+
+}  // namespace
+
+const char* LockStateName(LockState s) {
+  switch (s) {
+    case LockState::kIdle: return "idle";
+    case LockState::kCreating: return "creating";
+    case LockState::kCreatingSchema: return "creating-schema";
+    case LockState::kInspecting: return "inspecting";
+    case LockState::kBackingOff: return "backing-off";
+    case LockState::kEntombing: return "entombing";
+    case LockState::kHeld: return "held";
+    case LockState::kRenewing: return "renewing";
+    case LockState::kConfirming: return "confirming";
+    case LockState::kReleaseInspect: return "release-inspect";
+    case LockState::kDropping: return "dropping";
+    case LockState::kReleased: return "released";
+    case LockState::kFailed: return "failed";
+    case LockState::kLost: return "lost";
+  }
+  return "?";
+}
+
+int64_t LockMachine::StaleSeconds() const { return (options_.stale_ms + 999) / 1000; }
+
+int64_t LeaseMarginMs(const LockOptions& options) {
+  return std::max<int64_t>(options.stale_ms / 10, 100);
+}
+
+absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body) {
+  absl::StatusOr<Rows> rows = ParseTabSeparated(body, 5);
+  if (!rows.ok()) return rows.status();
+  LockInspection out;
+  int64_t now = 0, table_time = 0, newest = -1, created = -1;
+  bool have_table_row = false;
+  struct Parsed {
+    std::string id;
+    int64_t seq, at, stale_s;
+  };
+  std::vector<Parsed> lock_rows;
+  for (const Row& row : *rows) {
+    int64_t seq = 0, at = 0, row_now = 0, stale_s = 0;
+    if (!row[0] || !row[1] || !row[2] || !row[3] || !row[4] || !absl::SimpleAtoi(*row[1], &seq) ||
+        !absl::SimpleAtoi(*row[2], &at) || !absl::SimpleAtoi(*row[3], &row_now) ||
+        !absl::SimpleAtoi(*row[4], &stale_s)) {
+      return absl::DataLossError("unexpected answer inspecting a lock");
+    }
+    now = std::max(now, row_now);
+    if (seq == 255) {
+      have_table_row = true;
+      table_time = at;
+    } else {
+      lock_rows.push_back({*row[0], seq, at, stale_s});
+    }
+  }
+  if (!have_table_row) return out;  // no such table: no lock
+  out.exists = true;
+  for (const Parsed& p : lock_rows) {
+    if (p.seq == 0) {
+      out.holder = p.id;
+      created = p.at;
+      out.stale_s = p.stale_s;
+    }
+  }
+  if (created >= 0) {
+    for (const Parsed& p : lock_rows) {
+      if (p.id == out.holder) newest = std::max(newest, p.at);
+    }
+  } else {
+    newest = table_time;  // creation row not visible yet
+  }
+  out.age_s = now - newest;
+  out.created_s = created >= 0 ? created : table_time;
+  return out;
+}
+
+// ---- the transition table -------------------------------------------------
+
+struct LockMachine::Transition {
+  LockState from;
+  Event event;
+  void (LockMachine::*handle)(const SqlResponse*, const Inputs&);
+};
+
+// clang-format off
+const LockMachine::Transition LockMachine::kTable[] = {
+    // acquiring
+    {LockState::kIdle,           Event::kAcquire, &LockMachine::StartCreate},
+    {LockState::kCreating,       Event::kOk,      &LockMachine::OnCreated},
+    {LockState::kCreating,       Event::kExists,  &LockMachine::Inspect},
+    {LockState::kCreating,       Event::kMissing, &LockMachine::CreateSchema},
+    {LockState::kCreating,       Event::kError,   &LockMachine::CreateUncertain},
+    {LockState::kCreating,       Event::kRelease, &LockMachine::NoteRelease},
+    {LockState::kCreatingSchema, Event::kOk,      &LockMachine::StartCreate},
+    {LockState::kCreatingSchema, Event::kExists,  &LockMachine::FailWithResponse},
+    {LockState::kCreatingSchema, Event::kMissing, &LockMachine::FailWithResponse},
+    {LockState::kCreatingSchema, Event::kError,   &LockMachine::FailWithResponse},
+    {LockState::kCreatingSchema, Event::kRelease, &LockMachine::NoteRelease},
+    {LockState::kInspecting,     Event::kOk,      &LockMachine::Decide},
+    {LockState::kInspecting,     Event::kMissing, &LockMachine::NoLock},
+    {LockState::kInspecting,     Event::kExists,  &LockMachine::FailWithResponse},
+    {LockState::kInspecting,     Event::kError,   &LockMachine::InspectFailed},
+    {LockState::kInspecting,     Event::kRelease, &LockMachine::NoteRelease},
+    {LockState::kBackingOff,     Event::kTimer,   &LockMachine::StartCreate},
+    {LockState::kBackingOff,     Event::kRelease, &LockMachine::Cancel},
+    {LockState::kEntombing,      Event::kOk,      &LockMachine::StartCreate},
+    {LockState::kEntombing,      Event::kMissing, &LockMachine::StartCreate},
+    {LockState::kEntombing,      Event::kExists,  &LockMachine::Inspect},
+    {LockState::kEntombing,      Event::kError,   &LockMachine::InspectFailed},
+    {LockState::kEntombing,      Event::kRelease, &LockMachine::NoteRelease},
+    // holding
+    {LockState::kHeld,           Event::kTimer,   &LockMachine::Renew},
+    {LockState::kHeld,           Event::kRelease, &LockMachine::StartRelease},
+    {LockState::kRenewing,       Event::kOk,      &LockMachine::ConfirmRenewal},
+    {LockState::kRenewing,       Event::kError,   &LockMachine::ConfirmRenewal},
+    {LockState::kRenewing,       Event::kMissing, &LockMachine::LoseTable},
+    {LockState::kRenewing,       Event::kExists,  &LockMachine::FailWithResponse},
+    {LockState::kRenewing,       Event::kRelease, &LockMachine::NoteRelease},
+    {LockState::kRenewing,       Event::kTimer,   &LockMachine::Ignore},
+    {LockState::kConfirming,     Event::kOk,      &LockMachine::Confirmed},
+    {LockState::kConfirming,     Event::kMissing, &LockMachine::LoseTable},
+    {LockState::kConfirming,     Event::kError,   &LockMachine::RenewalInconclusive},
+    {LockState::kConfirming,     Event::kExists,  &LockMachine::FailWithResponse},
+    {LockState::kConfirming,     Event::kRelease, &LockMachine::NoteRelease},
+    {LockState::kConfirming,     Event::kTimer,   &LockMachine::Ignore},
+    // releasing
+    {LockState::kReleaseInspect, Event::kOk,      &LockMachine::CheckBeforeDrop},
+    {LockState::kReleaseInspect, Event::kMissing, &LockMachine::LoseTable},
+    {LockState::kReleaseInspect, Event::kError,   &LockMachine::ReleaseFailed},
+    {LockState::kReleaseInspect, Event::kExists,  &LockMachine::ReleaseFailed},
+    {LockState::kReleaseInspect, Event::kTimer,   &LockMachine::Ignore},
+    {LockState::kReleaseInspect, Event::kRelease, &LockMachine::Ignore},
+    {LockState::kDropping,       Event::kOk,      &LockMachine::Dropped},
+    {LockState::kDropping,       Event::kMissing, &LockMachine::Dropped},
+    {LockState::kDropping,       Event::kError,   &LockMachine::ReleaseFailed},
+    {LockState::kDropping,       Event::kExists,  &LockMachine::ReleaseFailed},
+    {LockState::kDropping,       Event::kTimer,   &LockMachine::Ignore},
+    {LockState::kDropping,       Event::kRelease, &LockMachine::Ignore},
+    // a renewal timer armed while held may still fire after the end
+    {LockState::kReleased,       Event::kTimer,   &LockMachine::Ignore},
+    {LockState::kLost,           Event::kTimer,   &LockMachine::Ignore},
+    {LockState::kFailed,         Event::kTimer,   &LockMachine::Ignore},
+    {LockState::kReleased,       Event::kRelease, &LockMachine::Ignore},
+};
+// clang-format on
+
+LockMachine::LockMachine(const Statements& statements, std::string state_id, LockOptions options)
+    : st_(statements), state_id_(std::move(state_id)), options_(options) {}
+
+void LockMachine::Acquire(const Inputs& in) { Dispatch(Event::kAcquire, nullptr, in); }
+void LockMachine::Release(const Inputs& in) { Dispatch(Event::kRelease, nullptr, in); }
+void LockMachine::OnTimer(const Inputs& in) { Dispatch(Event::kTimer, nullptr, in); }
+void LockMachine::OnResponse(const SqlResponse& r, const Inputs& in) { Dispatch(Classify(r), &r, in); }
+
+std::optional<LockAction> LockMachine::Poll() {
+  if (out_.empty()) return std::nullopt;
+  LockAction a = std::move(out_.front());
+  out_.pop_front();
+  return a;
+}
+
+bool LockMachine::LeaseValid(int64_t now_ms) const {
+  bool holding = state_ == LockState::kHeld || state_ == LockState::kRenewing || state_ == LockState::kConfirming;
+  return holding && now_ms < lease_deadline_ms_;
+}
+
+void LockMachine::Dispatch(Event e, const SqlResponse* r, const Inputs& in) {
+  // Responses only count in states that sent something; a response that
+  // arrives when none is outstanding is a host bug.
+  for (const Transition& t : kTable) {
+    if (t.from == state_ && t.event == e) {
+      (this->*t.handle)(r, in);
+      return;
+    }
+  }
+  Misuse(e);
+}
+
+void LockMachine::Misuse(Event e) {
+  bool was_holding = state_ == LockState::kHeld || state_ == LockState::kRenewing || state_ == LockState::kConfirming;
+  absl::Status s = absl::FailedPreconditionError(absl::StrCat("lock misuse: event \"", EventName(e),
+                                                              "\" in state \"", LockStateName(state_), "\""));
+  if (was_holding) {
+    Lose(s);
+  } else {
+    Fail(s);
+  }
+}
+
+void LockMachine::Send(SqlRequest r, const Inputs& in) {
+  sent_at_ms_ = in.now_ms;
+  LockAction a{LockAction::Kind::kRunSql};
+  a.request = std::move(r);
+  out_.push_back(std::move(a));
+}
+
+void LockMachine::Fail(absl::Status s) {
+  state_ = LockState::kFailed;
+  out_.push_back(LockAction{LockAction::Kind::kFailed, {}, 0, std::move(s)});
+}
+
+void LockMachine::Lose(absl::Status s) {
+  state_ = LockState::kLost;
+  lease_deadline_ms_ = 0;
+  out_.push_back(LockAction{LockAction::Kind::kLost, {}, 0, std::move(s)});
+}
+
+// ---- acquiring ----
+
+void LockMachine::StartCreate(const SqlResponse*, const Inputs& in) {
+  if (state_ == LockState::kIdle) {
+    if (in.random.size() < 16) {
+      Fail(absl::InvalidArgumentError("the host passed fewer than 16 random bytes for a lock id"));
+      return;
+    }
+    lock_id_ = MakeLockId(in.random);
+    start_ms_ = in.now_ms;
+    deadline_ms_ = in.now_ms + options_.timeout_ms;
+  }
+  if (release_wanted_) {
+    Cancel(nullptr, in);
+    return;
+  }
+  state_ = LockState::kCreating;
+  create_sent_at_ms_ = in.now_ms;
+  Send(st_.CreateLock(state_id_, lock_id_, StaleSeconds()), in);
+}
+
+void LockMachine::CreateSchema(const SqlResponse* r, const Inputs& in) {
+  if (schema_made_) {
+    FailWithResponse(r, in);
+    return;
+  }
+  schema_made_ = true;
+  state_ = LockState::kCreatingSchema;
+  Send(st_.CreateDatabase(), in);
+}
+
+void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
+  if (r && r->transport_ok) {
+    FailWithResponse(r, in);
+    return;
+  }
+  // No answer: the CREATE may have landed. Inspecting settles it.
+  create_unresolved_ = true;
+  Inspect(nullptr, in);
+}
+
+void LockMachine::Inspect(const SqlResponse*, const Inputs& in) {
+  state_ = LockState::kInspecting;
+  Send(st_.InspectLock(state_id_), in);
+}
+
+void LockMachine::NoteRelease(const SqlResponse*, const Inputs&) { release_wanted_ = true; }
+
+void LockMachine::Ignore(const SqlResponse*, const Inputs&) {}
+
+void LockMachine::OnCreated(const SqlResponse*, const Inputs& in) { BecomeHolder(create_sent_at_ms_, in); }
+
+void LockMachine::BecomeHolder(int64_t sent_at_ms, const Inputs& in) {
+  create_unresolved_ = false;
+  state_ = LockState::kHeld;
+  acquired_at_ms_ = in.now_ms;
+  lease_deadline_ms_ = sent_at_ms + options_.stale_ms - LeaseMarginMs(options_);
+  out_.push_back(LockAction{LockAction::Kind::kAcquired});
+  if (release_wanted_) {
+    StartRelease(nullptr, in);
+    return;
+  }
+  out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, options_.stale_ms / 3});
+}
+
+void LockMachine::NoLock(const SqlResponse*, const Inputs& in) {
+  if (create_unresolved_) create_unresolved_ = false;  // it did not land: no table at all
+  if (quick_retries_ < 3) {
+    ++quick_retries_;
+    StartCreate(nullptr, in);
+    return;
+  }
+  BackOff(in);
+}
+
+void LockMachine::InspectFailed(const SqlResponse* r, const Inputs& in) {
+  if (r && r->transport_ok) {
+    FailWithResponse(r, in);
+    return;
+  }
+  BackOff(in);
+}
+
+void LockMachine::Decide(const SqlResponse* r, const Inputs& in) {
+  absl::StatusOr<LockInspection> insp = ParseLockInspection(r->body);
+  if (!insp.ok()) {
+    Fail(insp.status());
+    return;
+  }
+  if (!insp->exists) {
+    NoLock(nullptr, in);
+    return;
+  }
+  last_age_s_ = insp->age_s;
+  if (insp->holder == lock_id_) {
+    // Our CREATE landed though its answer was lost; the lease counts from
+    // when it was sent.
+    BecomeHolder(create_sent_at_ms_, in);
+    return;
+  }
+  create_unresolved_ = false;
+  if (release_wanted_) {
+    Cancel(nullptr, in);
+    return;
+  }
+  // The holder's lease was computed from its own window: never judge it by a
+  // shorter one.
+  LockOptions judged = options_;
+  judged.stale_ms = std::max(options_.stale_ms, insp->stale_s * 1000);
+  switch (DecideOnHeldLock(true, insp->age_s, in.now_ms, deadline_ms_, judged)) {
+    case LockVerdict::kRetryNow:  // unreachable: exists is true
+    case LockVerdict::kTakeOver:
+      state_ = LockState::kEntombing;
+      Send(st_.EntombLock(state_id_, absl::StrCat(insp->holder, "@", insp->created_s)), in);
+      return;
+    case LockVerdict::kWait:
+      BackOff(in);
+      return;
+    case LockVerdict::kGiveUp:
+      Fail(absl::AbortedError(absl::StrCat(
+          "state id \"", Printable(state_id_), "\" is locked by another process (its lock was last renewed ",
+          insp->age_s, " s ago); gave up after ", (in.now_ms - start_ms_) / 1000.0,
+          " s. Retry later or raise the lock timeout; a dead holder's lock is taken over after ",
+          options_.stale_ms / 1000, " s")));
+      return;
+  }
+}
+
+void LockMachine::BackOff(const Inputs& in) {
+  quick_retries_ = 0;
+  if (in.now_ms >= deadline_ms_) {
+    Fail(absl::AbortedError(absl::StrCat("state id \"", Printable(state_id_),
+                                         "\" is locked by another process; gave up after ",
+                                         (in.now_ms - start_ms_) / 1000.0, " s. Retry later or raise the lock timeout")));
+    return;
+  }
+  state_ = LockState::kBackingOff;
+  int64_t wait = std::min(options_.retry_ms, deadline_ms_ - in.now_ms);
+  out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, wait});
+}
+
+void LockMachine::Cancel(const SqlResponse*, const Inputs&) {
+  Fail(absl::CancelledError(absl::StrCat("gave up waiting for the lock on state id \"", Printable(state_id_),
+                                         "\": released before it was acquired")));
+}
+
+// ---- holding ----
+
+void LockMachine::Renew(const SqlResponse*, const Inputs& in) {
+  if (!LeaseValid(in.now_ms)) {
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+                                         "\" expired: it could not be renewed within the stale window")));
+    return;
+  }
+  state_ = LockState::kRenewing;
+  renew_sent_at_ms_ = in.now_ms;
+  Send(st_.RenewLock(state_id_, lock_id_, StaleSeconds()), in);
+}
+
+void LockMachine::ConfirmRenewal(const SqlResponse* r, const Inputs& in) {
+  if (r && r->transport_ok && Classify(*r) == Event::kError) {
+    RenewalInconclusive(r, in);
+    return;
+  }
+  state_ = LockState::kConfirming;
+  Send(st_.InspectLock(state_id_), in);
+}
+
+void LockMachine::Confirmed(const SqlResponse* r, const Inputs& in) {
+  absl::StatusOr<LockInspection> insp = ParseLockInspection(r->body);
+  if (!insp.ok() || !insp->exists || insp->holder != lock_id_) {
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+                                         "\" was taken over by another process while held")));
+    return;
+  }
+  lease_deadline_ms_ = std::max(lease_deadline_ms_, renew_sent_at_ms_ + options_.stale_ms - LeaseMarginMs(options_));
+  state_ = LockState::kHeld;
+  if (release_wanted_) {
+    StartRelease(nullptr, in);
+    return;
+  }
+  out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, options_.stale_ms / 3});
+}
+
+void LockMachine::RenewalInconclusive(const SqlResponse*, const Inputs& in) {
+  // The lease stands as it was; try again soon.
+  state_ = LockState::kHeld;
+  if (release_wanted_) {
+    StartRelease(nullptr, in);
+    return;
+  }
+  if (!LeaseValid(in.now_ms)) {
+    Lose(absl::UnavailableError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+                                             "\" could not be renewed and its lease ran out")));
+    return;
+  }
+  out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, std::min(options_.retry_ms, options_.stale_ms / 10)});
+}
+
+void LockMachine::LoseTable(const SqlResponse*, const Inputs&) {
+  Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+                                       "\" is gone: it was taken over as stale while held")));
+}
+
+// ---- releasing ----
+
+void LockMachine::StartRelease(const SqlResponse*, const Inputs& in) {
+  release_wanted_ = false;
+  if (!LeaseValid(in.now_ms)) {
+    // Past the lease another process may hold the lock: dropping could remove
+    // theirs. Leave ours to expire.
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+                                         "\" was held past its lease; it was left to expire instead of being "
+                                         "dropped. Keep holds shorter than the stale window or let renewals run")));
+    return;
+  }
+  state_ = LockState::kReleaseInspect;
+  Send(st_.InspectLock(state_id_), in);
+}
+
+void LockMachine::CheckBeforeDrop(const SqlResponse* r, const Inputs& in) {
+  absl::StatusOr<LockInspection> insp = ParseLockInspection(r->body);
+  if (!insp.ok() || !insp->exists || insp->holder != lock_id_) {
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+                                         "\" was no longer ours at release: it was taken over while held")));
+    return;
+  }
+  if (in.now_ms >= lease_deadline_ms_) {
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+                                         "\" ran past its lease during release; it was left to expire instead of "
+                                         "being dropped")));
+    return;
+  }
+  state_ = LockState::kDropping;
+  Send(st_.DropLock(state_id_), in);
+}
+
+void LockMachine::Dropped(const SqlResponse*, const Inputs&) {
+  state_ = LockState::kReleased;
+  lease_deadline_ms_ = 0;
+  out_.push_back(LockAction{LockAction::Kind::kReleased});
+}
+
+void LockMachine::ReleaseFailed(const SqlResponse* r, const Inputs&) {
+  absl::Status s = r ? CheckResponse(*r, "releasing the lock") : absl::UnknownError("release failed");
+  if (s.ok()) s = absl::InternalError("unexpected answer releasing the lock");
+  Lose(absl::Status(s.code(), absl::StrCat(s.message(), ". The lock on state id \"", Printable(state_id_),
+                                           "\" was not released; it expires after ", options_.stale_ms / 1000,
+                                           " s")));
+}
+
+void LockMachine::FailWithResponse(const SqlResponse* r, const Inputs&) {
+  absl::Status s = r ? CheckResponse(*r, "taking the lock") : absl::UnknownError("lock request failed");
+  if (s.ok()) s = absl::InternalError("unexpected answer while taking the lock");
+  Fail(std::move(s));
+}
+
+}  // namespace chstate

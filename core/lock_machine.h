@@ -1,0 +1,185 @@
+// The per-state-id advisory lock as a deterministic state machine: events in
+// (SQL answers, timers, the time, random bytes), actions out (run SQL, arm a
+// timer, acquired, released, failed, lost). It never reads a clock or sends
+// anything itself. Every rule is one row of the transition table in
+// lock_machine.cc.
+//
+//   chstate::LockMachine lock(statements, "dev:tap-a-to-target-b", options);
+//   lock.Acquire({now_ms, random});
+//   while (std::optional<chstate::LockAction> a = lock.Poll()) {
+//     // kRunSql: run a->request, then lock.OnResponse(resp, {now_ms, random})
+//     // kArmTimer: call lock.OnTimer(...) after a->delay_ms (replaces any earlier timer)
+//     // kAcquired / kReleased / kFailed / kLost: tell the user
+//   }
+//
+// Algorithm (why it is exclusive):
+// - Acquire is `CREATE TABLE L ENGINE = Log AS SELECT <lock id>, 0, now()` for
+//   a name L derived from the state id. On one server (and in a Replicated
+//   database, whose DDL is serialised through Keeper) a CREATE of an existing
+//   name fails with code 57, and of any number of concurrent creators exactly
+//   one succeeds: an atomic test-and-set with no settle time.
+// - The holder is the lock id of L's creation row (seq 0). A holder renews its
+//   lease by inserting (lock id, 1, now()) every stale/3 and confirming it is
+//   still the holder. Rows of other ids in L are ignored.
+// - A lock is stale when the newest of its holder's rows is older than the
+//   stale window (the larger of the taker's and the one the holder wrote in
+//   its creation row, so contenders with different settings stay safe) by
+//   the server's clock (now() - locked_at, whole seconds,
+//   taken over only once the whole-second age exceeds the window, so the real
+//   age is always above it). Client clocks never enter the decision.
+// - A holder trusts its lock only until lease_deadline = (time it sent its
+//   last confirmed create/renewal, by its own monotonic clock) + stale window
+//   - margin. The server stamped that row no earlier than it was sent, so a
+//   takeover happens strictly after the holder stopped trusting the lock,
+//   provided clocks run at the same rate (offsets do not matter) and no
+//   request is delayed by more than the margin. Writes under the lock and the
+//   release's DROP are only sent while the lease is valid.
+// - Takeover of a stale lock held by H is `RENAME TABLE L TO L_dead_<hash H>`.
+//   The tombstone name is unique to H's lock instance and stays, so however
+//   many takers judged H stale, exactly one rename succeeds and a late taker
+//   can never move a newer lock (its rename fails: the tombstone exists).
+//   Tombstones are removed by `chstate init` once older than twice the window.
+// - Transport failures of non-idempotent requests (CREATE, RENAME, INSERT)
+//   are resolved by inspecting L: if our id is the holder, we hold it.
+#ifndef CHSTATE_CORE_LOCK_MACHINE_H_
+#define CHSTATE_CORE_LOCK_MACHINE_H_
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "core/lock.h"
+#include "core/sql_request.h"
+#include "core/statements.h"
+#include "core/task.h"
+
+namespace chstate {
+
+enum class LockState {
+  kIdle,
+  kCreating,        // CREATE L sent
+  kCreatingSchema,  // CREATE DATABASE sent (the schema was missing)
+  kInspecting,      // SELECT of L sent (acquiring)
+  kBackingOff,      // waiting retry_ms before the next CREATE
+  kEntombing,       // RENAME L TO tombstone sent (stale takeover)
+  kHeld,            // lease valid; renewal timer armed
+  kRenewing,        // renewal INSERT sent
+  kConfirming,      // SELECT of L sent after a renewal
+  kReleaseInspect,  // SELECT of L sent before DROP
+  kDropping,        // DROP L sent
+  kReleased,        // terminal
+  kFailed,          // terminal: never acquired (timeout, error, cancelled)
+  kLost,            // terminal: was held, no longer ours
+};
+
+const char* LockStateName(LockState s);
+
+struct LockAction {
+  enum class Kind { kRunSql, kArmTimer, kAcquired, kReleased, kFailed, kLost };
+  Kind kind;
+  SqlRequest request;   // kRunSql
+  int64_t delay_ms = 0; // kArmTimer: fire OnTimer after this long
+  absl::Status status;  // kFailed, kLost
+};
+
+// What a lock table read says. Exposed for the simulation and tests.
+struct LockInspection {
+  bool exists = false;
+  std::string holder;  // "" while the creation row is not visible yet
+  int64_t age_s = 0;   // of the holder's newest row (or of the table if no holder yet)
+  int64_t created_s = 0;  // server time of the creation row (or of the table): names the instance
+  int64_t stale_s = 0;    // the holder's stale window, from its creation row (0: unknown)
+};
+// Decodes the 5-column answer of Statements::InspectLock.
+absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body);
+
+class LockMachine {
+ public:
+  LockMachine(const Statements& statements, std::string state_id, LockOptions options);
+
+  // Inputs. Each may queue actions; drain them with Poll() after every input.
+  void Acquire(const Inputs& in);
+  void Release(const Inputs& in);  // while held; while acquiring it cancels
+  void OnResponse(const SqlResponse& response, const Inputs& in);
+  void OnTimer(const Inputs& in);
+
+  std::optional<LockAction> Poll();
+
+  LockState state() const { return state_; }
+  const std::string& lock_id() const { return lock_id_; }
+  const std::string& state_id() const { return state_id_; }
+  // True while held and `now_ms` is before the lease deadline: only then may
+  // the holder act under the lock.
+  bool LeaseValid(int64_t now_ms) const;
+  int64_t lease_deadline_ms() const { return lease_deadline_ms_; }
+  int64_t acquired_at_ms() const { return acquired_at_ms_; }
+
+  enum class Event { kAcquire, kRelease, kTimer, kOk, kExists, kMissing, kError };
+
+ private:
+  struct Transition;
+  static const Transition kTable[];
+
+  void Dispatch(Event e, const SqlResponse* response, const Inputs& in);
+  void Send(SqlRequest r, const Inputs& in);
+  void Fail(absl::Status s);
+  void Lose(absl::Status s);
+
+  // Handlers named by the transition table (all share one signature; the
+  // response is null for non-SQL events).
+  void StartCreate(const SqlResponse*, const Inputs& in);
+  void CreateSchema(const SqlResponse* r, const Inputs& in);
+  void CreateUncertain(const SqlResponse* r, const Inputs& in);
+  void Inspect(const SqlResponse*, const Inputs& in);
+  void NoLock(const SqlResponse*, const Inputs& in);
+  void InspectFailed(const SqlResponse* r, const Inputs& in);
+  void Decide(const SqlResponse* r, const Inputs& in);
+  void OnCreated(const SqlResponse*, const Inputs& in);
+  void NoteRelease(const SqlResponse*, const Inputs& in);
+  void Cancel(const SqlResponse*, const Inputs& in);
+  void Ignore(const SqlResponse*, const Inputs& in);
+  void Renew(const SqlResponse*, const Inputs& in);
+  void ConfirmRenewal(const SqlResponse* r, const Inputs& in);
+  void Confirmed(const SqlResponse* r, const Inputs& in);
+  void RenewalInconclusive(const SqlResponse* r, const Inputs& in);
+  void LoseTable(const SqlResponse*, const Inputs& in);
+  void StartRelease(const SqlResponse*, const Inputs& in);
+  void CheckBeforeDrop(const SqlResponse* r, const Inputs& in);
+  void Dropped(const SqlResponse*, const Inputs& in);
+  void ReleaseFailed(const SqlResponse* r, const Inputs& in);
+  void FailWithResponse(const SqlResponse* r, const Inputs& in);
+
+  void BackOff(const Inputs& in);
+  int64_t StaleSeconds() const;
+  void BecomeHolder(int64_t sent_at_ms, const Inputs& in);
+  void Misuse(Event e);
+
+  const Statements& st_;
+  std::string state_id_;
+  LockOptions options_;
+  LockState state_ = LockState::kIdle;
+  std::deque<LockAction> out_;
+  std::string lock_id_;
+  int64_t start_ms_ = 0;
+  int64_t deadline_ms_ = 0;
+  int64_t sent_at_ms_ = 0;          // when the request in flight was sent
+  int64_t create_sent_at_ms_ = 0;   // when our last CREATE was sent
+  int64_t renew_sent_at_ms_ = 0;    // when the renewal in flight was sent
+  int64_t lease_deadline_ms_ = 0;
+  int64_t acquired_at_ms_ = 0;
+  int quick_retries_ = 0;
+  bool schema_made_ = false;
+  bool release_wanted_ = false;
+  bool create_unresolved_ = false;  // our CREATE may have landed unseen
+  int64_t last_age_s_ = 0;
+};
+
+// Safety margin subtracted from the lease (drift, request delay, and the
+// server's whole-second timestamps).
+int64_t LeaseMarginMs(const LockOptions& options);
+
+}  // namespace chstate
+
+#endif  // CHSTATE_CORE_LOCK_MACHINE_H_
