@@ -73,6 +73,12 @@ class StoreSteps {
 
   const Statements& st() const { return *s_->statements_; }
   const Inputs& inputs() const { return *in_; }
+  // Keeps `p` alive as long as these steps; returns the raw pointer.
+  template <typename T>
+  T* Keep(std::shared_ptr<T> p) {
+    keep_.push_back(p);
+    return p.get();
+  }
 
   Step EnsureSchema(Then then, OnFailure fail) {
     return Sql(
@@ -275,6 +281,7 @@ class StoreSteps {
   Store* s_;
   const Inputs* in_;
   LockPtr current_lock_;
+  std::vector<std::shared_ptr<void>> keep_;
 };
 
 namespace {
@@ -322,10 +329,49 @@ std::unique_ptr<Task> Store::Ping() {
   });
 }
 
+namespace {
+
+// Drops tombstones of taken-over locks once they are older than twice the
+// stale window: by then no taker can still be acting on what it saw.
+Step DropTombstones(StoreSteps& s, std::vector<std::string> names, size_t next, int64_t* dropped) {
+  if (next >= names.size()) {
+    Result r = s.Base();
+    r.count = *dropped;
+    return Step::Done(std::move(r));
+  }
+  SqlRequest drop = s.st().DropTable(names[next]);
+  return s.Sql(
+      std::move(drop), "removing an old lock tombstone",
+      [&s, names, next, dropped](const std::string&) {
+        ++*dropped;
+        return DropTombstones(s, names, next + 1, dropped);
+      },
+      StoreSteps::Failed);
+}
+
+}  // namespace
+
 std::unique_ptr<Task> Store::Init() {
-  return MakeTask(this, [](StoreSteps& s) {
-    return s.Connected([&s] { return s.EnsureSchema([&s] { return Step::Done(s.Base()); }, StoreSteps::Failed); },
-                       StoreSteps::Failed);
+  return MakeTask(this, [this](StoreSteps& s) {
+    return s.Connected(
+        [this, &s] {
+          return s.EnsureSchema(
+              [this, &s] {
+                int64_t older_than_s = 2 * ((options_.lock.stale_ms + 999) / 1000);
+                return s.Query(
+                    s.st().ListOldTombstones(older_than_s), "listing old lock tombstones", 2,
+                    [&s](const Rows& rows) {
+                      std::vector<std::string> names;
+                      for (const Row& row : rows) names.push_back(row[0].value_or(""));
+                      auto dropped = std::make_shared<int64_t>(0);
+                      // The counter lives as long as the steps that use it.
+                      return DropTombstones(s, names, 0, s.Keep(dropped));
+                    },
+                    StoreSteps::Failed);
+              },
+              StoreSteps::Failed);
+        },
+        StoreSteps::Failed);
   });
 }
 

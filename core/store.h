@@ -44,7 +44,8 @@ class Store {
 
   // Server version and dialect; always asks the server (a round trip).
   std::unique_ptr<Task> Ping();
-  // CREATE DATABASE / state table / lock table IF NOT EXISTS.
+  // CREATE DATABASE / state table / lock table IF NOT EXISTS, and removal of
+  // lock tombstones older than twice the stale window (Result.count: how many).
   std::unique_ptr<Task> Init();
   // Result.state: nullopt when absent. A missing table reads as absent.
   std::unique_ptr<Task> Get(std::string state_id);

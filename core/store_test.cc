@@ -373,6 +373,19 @@ TEST(Store, LegacyDeleteWaitsForItsMutation) {
   EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 }
 
+TEST(Store, InitCreatesTheSchemaAndDropsOldTombstones) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->Init();
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_database", Ok()), Q("create_state_table", Ok()), Q("create_lock_table", Ok()),
+                     Q("list_tombstones", Ok("state_lock_0000000000000001_dead_0000000000000002\t1\n"), "now() - 600"),
+                     Q("drop_table", Ok(), "DROP TABLE IF EXISTS `meltano`.`state_lock_0000000000000001_dead_")},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.count, 1);
+}
+
 TEST(Store, ModernDeleteIsOneStatement) {
   auto store = MakeStore();
   int64_t clock = 0;
