@@ -1,0 +1,844 @@
+// The `chstate` command line: table-driven argument parsing, connection
+// settings from flags and the environment (resolved by core/config.h), one
+// store operation run through the native executor, and the outcome printed
+// as text or --json with a documented exit code.
+#include "hosts/native/cli.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "core/config.h"
+#include "core/dialect.h"
+#include "core/state.h"
+#include "core/store.h"
+#include "hosts/native/executor.h"
+#include <nlohmann/json.hpp>
+
+namespace chstate::cli {
+namespace {
+
+using json = nlohmann::json;
+using Env = std::map<std::string, std::string>;
+
+constexpr char kVersion[] = "0.1.0";
+constexpr char kLockTimeoutEnv[] = "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS";
+constexpr char kLockRetryEnv[] = "MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS";
+
+// ---------------------------------------------------------------------------
+// Tables: every option and command, with the text `--help` prints.
+
+struct OptionSpec {
+  const char* name;     // long name, without "--"
+  char short_name;      // '\0': none
+  const char* metavar;  // nullptr: a switch (which also takes --name=true|false)
+  const char* group;    // heading in `chstate --help`; nullptr: a command option
+  const char* help;
+};
+
+constexpr char kConnection[] = "Connection";
+constexpr char kLocking[] = "Locking and timeout";
+constexpr char kOutput[] = "Output";
+
+constexpr OptionSpec kOptions[] = {
+    {"uri", 0, "URI", kConnection, "clickhouse://USER@HOST:PORT/DATABASE[?secure=true&schema=S&table=T]"},
+    {"host", 0, "HOST", kConnection, "server host (default localhost)"},
+    {"port", 0, "PORT", kConnection, "HTTP(S) port (default 8123; 8443 with --secure)"},
+    {"database", 0, "NAME", kConnection, "database to connect to (required)"},
+    {"user", 0, "NAME", kConnection, "user name (required)"},
+    {"password", 0, "SECRET", kConnection,
+     "discouraged: other users can read it from the process list; set "
+     "MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD instead"},
+    {"secure", 0, nullptr, kConnection, "use HTTPS and verify the server's certificate"},
+    {"schema", 0, "NAME", kConnection, "database that holds the state tables (default meltano)"},
+    {"table", 0, "NAME", kConnection, "state table (default state)"},
+    {"ca-file", 0, "FILE", kConnection, "CA bundle for --secure (default: the system's)"},
+    {"lock-timeout", 0, "SECONDS", kLocking,
+     "give up on a state id's lock after this long (default 10; MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS)"},
+    {"lock-retry", 0, "SECONDS", kLocking,
+     "wait between lock attempts (default 1; MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS)"},
+    {"stale-lock", 0, "SECONDS", kLocking, "take over a lock held longer than this (default 300)"},
+    {"connect-timeout", 0, "SECONDS", kLocking, "connect timeout (default 5)"},
+    {"timeout", 0, "SECONDS", kLocking, "timeout for each request (default 30)"},
+    {"json", 0, nullptr, kOutput, "print results, and errors, as one JSON object on stdout"},
+    {"help", 'h', nullptr, kOutput, "show help; `chstate COMMAND --help` for one command"},
+    {"version", 0, nullptr, kOutput, "print the version"},
+    {"pattern", 0, "GLOB", nullptr, "only ids matching GLOB: * matches any run, ? one character"},
+    {"null", 0, nullptr, nullptr, "end each id with a NUL byte instead of a newline (for ids with newlines)"},
+    {"input-file", 0, "FILE", nullptr, "read the state JSON from FILE (- for stdin)"},
+    {"force", 0, nullptr, nullptr, "accept a state without a top-level \"singer_state\" key"},
+    {"from-state-id", 0, "SRC", nullptr, "merge the state of SRC (its merged view) into ID"},
+    {"all", 0, nullptr, nullptr, "remove every state id"},
+};
+
+struct Session;
+using Handler = absl::Status (*)(Session&);
+
+struct CommandSpec {
+  const char* name;
+  const char* synopsis;  // what follows the name in a usage line
+  const char* summary;   // one line for `chstate --help`
+  const char* details;   // paragraph for `chstate COMMAND --help`
+  std::vector<const char*> options;
+  size_t min_args;
+  size_t max_args;
+  Handler run;
+};
+
+const std::vector<CommandSpec>& Commands();
+
+const OptionSpec* FindOption(absl::string_view name) {
+  for (const OptionSpec& o : kOptions) {
+    if (name == o.name) return &o;
+  }
+  return nullptr;
+}
+
+const OptionSpec* FindShortOption(char c) {
+  for (const OptionSpec& o : kOptions) {
+    if (o.short_name != 0 && o.short_name == c) return &o;
+  }
+  return nullptr;
+}
+
+const CommandSpec* FindCommand(absl::string_view name) {
+  for (const CommandSpec& c : Commands()) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+bool CommandAllows(const CommandSpec& command, absl::string_view option) {
+  return std::any_of(command.options.begin(), command.options.end(),
+                     [option](const char* o) { return option == o; });
+}
+
+// User-supplied text (ids, file names, unknown commands) for a one-line
+// message: quoted, bytes outside printable ASCII as \xHH, and cut short, so a
+// 100 KB id with newlines cannot flood or break the line.
+std::string Quoted(absl::string_view text) {
+  constexpr size_t kMax = 200;
+  constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (size_t i = 0; i < text.size() && i < kMax; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(static_cast<char>(c));
+    } else if (c < 0x20 || c > 0x7E) {
+      out.append("\\x");
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 0xF]);
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  if (text.size() > kMax) out.append("...");
+  out.push_back('"');
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Parsing
+
+struct Invocation {
+  const CommandSpec* command = nullptr;
+  bool command_given = false;  // a command word was seen (it may be unknown)
+  std::vector<std::string> args;
+  std::map<std::string, std::string> values;  // options with a value; the last one wins
+  std::map<std::string, bool> switches;       // switches given, on or off
+  // The first parse error. Parsing goes on after it so that `--help` and
+  // `--json` are honoured wherever they appear.
+  absl::Status error;
+
+  bool On(const std::string& name) const {
+    auto it = switches.find(name);
+    return it != switches.end() && it->second;
+  }
+  const std::string* Value(const std::string& name) const {
+    auto it = values.find(name);
+    return it == values.end() ? nullptr : &it->second;
+  }
+};
+
+// Options may come before or after the command; the first word that is not
+// an option is the command and the rest are its arguments. `--` ends the
+// options (for state ids that begin with '-'); a lone `-` is an argument.
+Invocation Parse(const std::vector<std::string>& argv) {
+  Invocation inv;
+  auto fail = [&inv](std::string message) {
+    if (inv.error.ok()) inv.error = absl::InvalidArgumentError(std::move(message));
+  };
+  bool options_done = false;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& arg = argv[i];
+    if (!options_done && arg == "--") {
+      options_done = true;
+      continue;
+    }
+    if (options_done || arg.size() < 2 || arg[0] != '-') {
+      if (inv.command_given) {
+        inv.args.push_back(arg);
+      } else {
+        inv.command_given = true;
+        inv.command = FindCommand(arg);
+        if (inv.command == nullptr) fail(absl::StrCat("unknown command ", Quoted(arg), "; see `chstate --help`"));
+      }
+      continue;
+    }
+
+    const OptionSpec* spec = nullptr;
+    std::optional<std::string> inline_value;
+    std::string shown;  // how the option is named in messages: never its value, which may be a secret
+    if (arg[1] == '-') {
+      absl::string_view body = absl::string_view(arg).substr(2);
+      const size_t eq = body.find('=');
+      if (eq != absl::string_view::npos) {
+        inline_value = std::string(body.substr(eq + 1));
+        body = body.substr(0, eq);
+      }
+      spec = FindOption(body);
+      shown = absl::StrCat("--", body);
+    } else {
+      if (arg.size() == 2) spec = FindShortOption(arg[1]);
+      shown = arg.substr(0, arg.find('='));
+    }
+    if (spec == nullptr) {
+      fail(absl::StrCat("unknown option ", Quoted(shown), "; see `chstate --help` (put state ids that begin with "
+                        "'-' after `--`)"));
+      continue;
+    }
+    if (spec->metavar != nullptr) {
+      if (inline_value) {
+        inv.values[spec->name] = *std::move(inline_value);
+      } else if (i + 1 < argv.size()) {
+        inv.values[spec->name] = argv[++i];
+      } else {
+        fail(absl::StrCat("--", spec->name, " needs a value: --", spec->name, " ", spec->metavar));
+      }
+    } else {
+      std::optional<bool> on = inline_value ? ParseBool(*inline_value) : std::optional<bool>(true);
+      if (!on) {
+        fail(absl::StrCat("--", spec->name, " takes no value, or true/false"));
+        continue;
+      }
+      inv.switches[spec->name] = *on;
+    }
+  }
+  return inv;
+}
+
+std::string UsageLine(const CommandSpec& c) {
+  return absl::StrCat("chstate ", c.name, c.synopsis[0] ? " " : "", c.synopsis);
+}
+
+// What Parse could not check alone: a known command, options that belong to
+// it, and the number of arguments.
+absl::Status Validate(const Invocation& inv) {
+  if (!inv.error.ok()) return inv.error;
+  if (inv.command == nullptr) return absl::InvalidArgumentError("no command given; see `chstate --help`");
+  const CommandSpec& c = *inv.command;
+  auto check = [&c](const std::string& name) -> absl::Status {
+    const OptionSpec* spec = FindOption(name);
+    if (spec->group == nullptr && !CommandAllows(c, name)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " is not an option of `chstate ", c.name,
+                                                     "`; see `chstate ", c.name, " --help`"));
+    }
+    return absl::OkStatus();
+  };
+  for (const auto& [name, value] : inv.values) {
+    if (absl::Status s = check(name); !s.ok()) return s;
+  }
+  for (const auto& [name, on] : inv.switches) {
+    if (absl::Status s = check(name); !s.ok()) return s;
+  }
+  if (inv.args.size() < c.min_args || inv.args.size() > c.max_args) {
+    return absl::InvalidArgumentError(absl::StrCat(inv.args.size() < c.min_args ? "too few" : "too many",
+                                                   " arguments; usage: ", UsageLine(c),
+                                                   " (see `chstate ", c.name, " --help`)"));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Output
+
+// Prints results and errors, in text or JSON, and keeps secrets out of every
+// message.
+class Reporter {
+ public:
+  Reporter(std::ostream& out, std::ostream& err, bool json_mode) : out_(out), err_(err), json_(json_mode) {}
+
+  bool json_mode() const { return json_; }
+  std::ostream& out() { return out_; }
+
+  void AddSecret(const std::string& secret) {
+    if (secret.empty()) return;
+    secrets_.push_back(secret);
+    // Longest first, so a secret that contains another is hidden whole.
+    std::sort(secrets_.begin(), secrets_.end(),
+              [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  }
+
+  // Messages are built so that they never hold the password; this is the
+  // second line of defence, for text that came from elsewhere (a server
+  // error echoing a query, a value typed into the wrong flag).
+  std::string Redact(std::string text) const {
+    for (const std::string& s : secrets_) text = absl::StrReplaceAll(text, {{s, "***"}});
+    return text;
+  }
+
+  // One JSON document per line. DumpJson never throws (invalid UTF-8 in ids
+  // becomes U+FFFD).
+  void Emit(const json& j) { out_ << DumpJson(j) << '\n'; }
+
+  int Fail(const absl::Status& status) {
+    const ExitCode code = ExitCodeFor(status.code());
+    std::string message = Redact(std::string(status.message()));
+    std::replace_if(message.begin(), message.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
+    if (json_) {
+      Emit({{"error",
+             {{"code", absl::StatusCodeToString(status.code())},
+              {"message", message},
+              {"exit_code", static_cast<int>(code)}}}});
+    } else {
+      err_ << "chstate: " << message << '\n';
+    }
+    return code;
+  }
+
+ private:
+  std::ostream& out_;
+  std::ostream& err_;
+  bool json_;
+  std::vector<std::string> secrets_;
+};
+
+// Every password the user may have given, wherever it was given: messages
+// can fail before (or because) the configuration resolves.
+void CollectSecrets(const Invocation& inv, const Env& env, Reporter& report) {
+  if (const std::string* p = inv.Value("password")) report.AddSecret(*p);
+  for (const char* name : {"MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD", "CLICKHOUSE_PASSWORD"}) {
+    if (auto it = env.find(name); it != env.end()) report.AddSecret(it->second);
+  }
+  std::vector<std::string> uris;
+  if (const std::string* u = inv.Value("uri")) uris.push_back(*u);
+  if (auto it = env.find("MELTANO_STATE_BACKEND_URI"); it != env.end()) uris.push_back(it->second);
+  for (const std::string& uri : uris) {
+    absl::StatusOr<UriParts> parts = ParseClickHouseUri(uri);
+    if (parts.ok() && parts->password) report.AddSecret(*parts->password);
+  }
+}
+
+json StateJson(const MeltanoState& state) {
+  return {{"state_id", state.state_id},
+          {"completed", state.completed},
+          {"partial", state.partial},
+          {"merged", state.Merged()}};
+}
+
+// ---------------------------------------------------------------------------
+// Connection and execution
+
+// A duration in seconds from a flag, else an environment variable, else the
+// default; as milliseconds.
+absl::StatusOr<int64_t> Millis(const Invocation& inv, const Env& env, const std::string& flag, const char* env_name,
+                               double default_seconds, bool zero_ok) {
+  std::string text;
+  std::string origin;
+  if (const std::string* v = inv.Value(flag)) {
+    text = *v;
+    origin = absl::StrCat("--", flag);
+  } else if (auto it = env_name ? env.find(env_name) : env.end(); it != env.end() && !it->second.empty()) {
+    text = it->second;
+    origin = env_name;
+  } else {
+    return std::llround(default_seconds * 1000);
+  }
+  double seconds = 0;
+  // A year is far beyond any useful wait and keeps the product in range.
+  if (!absl::SimpleAtod(text, &seconds) || !std::isfinite(seconds) || seconds < 0 || seconds > 366 * 86400.0 ||
+      (seconds == 0 && !zero_ok)) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, " is ", Quoted(text), ", which is not a number of seconds ",
+                                                   zero_ok ? "(0 or more)" : "(more than 0)"));
+  }
+  return std::max<int64_t>(std::llround(seconds * 1000), zero_ok ? 0 : 1);
+}
+
+// Everything one command needs: its arguments, streams and, once Connect
+// has run, the resolved configuration, transport and store.
+struct Session {
+  const Invocation& inv;
+  const Env& env;
+  std::istream& in;
+  Reporter& report;
+  ConnectionConfig config{};
+  std::unique_ptr<native::HttpExecutor> exec{};
+  std::unique_ptr<Store> store{};
+
+  absl::StatusOr<Result> Run(std::unique_ptr<Task> task) { return native::RunTask(*task, *exec); }
+  const std::string& arg(size_t i) const { return inv.args[i]; }
+};
+
+// Resolves the configuration and builds the transport and store; nothing is
+// sent yet.
+absl::Status Connect(Session& s) {
+  ConfigSources sources;
+  sources.env = s.env;
+  for (const OptionSpec& o : kOptions) {
+    const std::string key = absl::StrReplaceAll(o.name, {{"-", "_"}});
+    if (key != "uri" && std::find(std::begin(kSettingKeys), std::end(kSettingKeys), key) == std::end(kSettingKeys)) {
+      continue;
+    }
+    if (o.metavar != nullptr) {
+      if (const std::string* v = s.inv.Value(o.name)) sources.flags[key] = *v;
+    } else if (auto it = s.inv.switches.find(o.name); it != s.inv.switches.end()) {
+      sources.flags[key] = it->second ? "true" : "false";
+    }
+  }
+  absl::StatusOr<ConnectionConfig> config = ResolveConfig(sources);
+  if (!config.ok()) return config.status();
+  s.config = *std::move(config);
+  s.report.AddSecret(s.config.password);
+
+  StoreOptions options;
+  options.schema = s.config.schema;
+  options.table = s.config.table;
+  native::ExecutorOptions exec_options;
+  int64_t request_timeout_ms = 0;
+  struct Duration {
+    const char* flag;
+    const char* env;
+    double default_seconds;
+    bool zero_ok;
+    int64_t* target;
+  };
+  const Duration durations[] = {
+      {"lock-timeout", kLockTimeoutEnv, 10, /*zero_ok=*/true, &options.lock.timeout_ms},
+      {"lock-retry", kLockRetryEnv, 1, false, &options.lock.retry_ms},
+      {"stale-lock", nullptr, 300, false, &options.lock.stale_ms},
+      {"connect-timeout", nullptr, 5, false, &exec_options.connect_timeout_ms},
+      {"timeout", nullptr, 30, false, &request_timeout_ms},
+  };
+  for (const Duration& d : durations) {
+    absl::StatusOr<int64_t> ms = Millis(s.inv, s.env, d.flag, d.env, d.default_seconds, d.zero_ok);
+    if (!ms.ok()) return ms.status();
+    *d.target = *ms;
+  }
+  exec_options.read_timeout_ms = request_timeout_ms;
+  exec_options.write_timeout_ms = request_timeout_ms;
+
+  s.exec = std::make_unique<native::HttpExecutor>(s.config, exec_options);
+  options.endpoint = s.exec->endpoint();
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(std::move(options));
+  if (!store.ok()) return store.status();
+  s.store = *std::move(store);
+  return absl::OkStatus();
+}
+
+std::string ReadAll(std::istream& in) {
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read --input-file ", Quoted(path), ": ", std::strerror(errno)));
+  }
+  std::string text = ReadAll(f);
+  if (f.bad()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("error reading --input-file ", Quoted(path), ": ", std::strerror(errno)));
+  }
+  return text;
+}
+
+// The state text from the JSON argument, `-` (stdin) or --input-file;
+// nullopt when none was given.
+absl::StatusOr<std::optional<std::string>> StateInput(Session& s, size_t arg_index) {
+  const std::string* inline_text = s.inv.args.size() > arg_index ? &s.arg(arg_index) : nullptr;
+  const std::string* file = s.inv.Value("input-file");
+  if (inline_text != nullptr && file != nullptr) {
+    return absl::InvalidArgumentError("give the state either as an argument or with --input-file, not both");
+  }
+  if (file != nullptr) {
+    if (*file == "-") return ReadAll(s.in);
+    absl::StatusOr<std::string> text = ReadFile(*file);
+    if (!text.ok()) return text.status();
+    return *std::move(text);
+  }
+  if (inline_text != nullptr) return *inline_text == "-" ? ReadAll(s.in) : *inline_text;
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------
+// Commands
+
+absl::Status List(Session& s) {
+  std::optional<std::string> glob;
+  if (const std::string* p = s.inv.Value("pattern")) glob = *p;
+  absl::StatusOr<Result> r = s.Run(s.store->List(glob));
+  if (!r.ok()) return r.status();
+  if (s.report.json_mode()) {
+    s.report.Emit({{"state_ids", r->state_ids}});
+    return absl::OkStatus();
+  }
+  // Ids are written as raw bytes: they may be any bytes, and scripts need
+  // them exactly as stored.
+  const char end = s.inv.On("null") ? '\0' : '\n';
+  for (const std::string& id : r->state_ids) s.report.out() << id << end;
+  return absl::OkStatus();
+}
+
+absl::Status Get(Session& s) {
+  absl::StatusOr<Result> r = s.Run(s.store->Get(s.arg(0)));
+  if (!r.ok()) return r.status();
+  if (!r->state) {
+    return absl::NotFoundError(
+        absl::StrCat("state id ", Quoted(s.arg(0)), " has no state; `chstate list` shows the ids that have one"));
+  }
+  if (s.report.json_mode()) {
+    s.report.Emit(StateJson(*r->state));
+  } else {
+    s.report.out() << DumpJson(r->state->Merged()) << '\n';
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Set(Session& s) {
+  absl::StatusOr<std::optional<std::string>> text = StateInput(s, 1);
+  if (!text.ok()) return text.status();
+  if (!*text) {
+    return absl::InvalidArgumentError(
+        "set needs the state: chstate set ID JSON, chstate set ID --input-file FILE, or chstate set ID - (stdin)");
+  }
+  absl::StatusOr<MeltanoState> state = CompleteStateFromInput(s.arg(0), **text, !s.inv.On("force"));
+  if (!state.ok()) return state.status();
+  absl::StatusOr<Result> r = s.Run(s.store->SetLocked(*state));
+  if (!r.ok()) return r.status();
+  if (s.report.json_mode()) s.report.Emit(StateJson(*state));
+  return absl::OkStatus();
+}
+
+absl::Status Merge(Session& s) {
+  absl::StatusOr<std::optional<std::string>> text = StateInput(s, 1);
+  if (!text.ok()) return text.status();
+  const std::string* source = s.inv.Value("from-state-id");
+  if (source != nullptr && *text) {
+    return absl::InvalidArgumentError("give one of a JSON argument, --input-file or --from-state-id, not several");
+  }
+  MeltanoState incoming;
+  incoming.state_id = s.arg(0);
+  if (source != nullptr) {
+    // As `meltano state merge --from-state-id`: the source's merged view
+    // becomes the incoming partial state.
+    absl::StatusOr<Result> r = s.Run(s.store->Get(*source));
+    if (!r.ok()) return r.status();
+    if (!r->state) return absl::NotFoundError(absl::StrCat("state id ", Quoted(*source), " has no state to merge"));
+    incoming.partial = r->state->Merged();
+  } else if (*text) {
+    // Meltano validates merge input as it does set input.
+    absl::StatusOr<MeltanoState> parsed = CompleteStateFromInput(s.arg(0), **text, !s.inv.On("force"));
+    if (!parsed.ok()) return parsed.status();
+    incoming.partial = std::move(parsed->completed);
+  } else {
+    return absl::InvalidArgumentError(
+        "merge needs the state: chstate merge ID JSON, --input-file FILE, - (stdin) or --from-state-id SRC");
+  }
+  // An empty partial counts as a complete state, which Update writes as a
+  // plain overwrite: merging "nothing" would erase the destination.
+  if (incoming.partial.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("nothing to merge: the incoming state is empty, and writing it "
+                                                   "would erase the state of ",
+                                                   Quoted(s.arg(0))));
+  }
+  absl::StatusOr<Result> r = s.Run(s.store->Update(std::move(incoming)));
+  if (!r.ok()) return r.status();
+  if (s.report.json_mode() && r->state) s.report.Emit(StateJson(*r->state));
+  return absl::OkStatus();
+}
+
+absl::Status CopyOrMove(Session& s, bool move) {
+  absl::StatusOr<Result> r =
+      s.Run(move ? s.store->Move(s.arg(0), s.arg(1)) : s.store->Copy(s.arg(0), s.arg(1)));
+  if (!r.ok()) return r.status();
+  if (s.report.json_mode()) s.report.Emit({{"source", s.arg(0)}, {"destination", s.arg(1)}});
+  return absl::OkStatus();
+}
+
+absl::Status Copy(Session& s) { return CopyOrMove(s, false); }
+absl::Status Move(Session& s) { return CopyOrMove(s, true); }
+
+absl::Status Clear(Session& s) {
+  const bool all = s.inv.On("all");
+  if (all == !s.inv.args.empty()) {
+    return absl::InvalidArgumentError("clear takes either a state ID or --all; usage: chstate clear (ID | --all)");
+  }
+  if (all) {
+    absl::StatusOr<Result> r = s.Run(s.store->ClearAll());
+    if (!r.ok()) return r.status();
+    if (s.report.json_mode()) {
+      s.report.Emit({{"cleared", r->count}});
+    } else {
+      s.report.out() << r->count << '\n';
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Result> r = s.Run(s.store->DeleteLocked(s.arg(0)));
+  if (!r.ok()) return r.status();
+  if (s.report.json_mode()) s.report.Emit({{"state_id", s.arg(0)}});
+  return absl::OkStatus();
+}
+
+std::string DialectText(const Result& r) { return r.dialect ? DialectName(*r.dialect) : ""; }
+
+absl::Status Init(Session& s) {
+  absl::StatusOr<Result> r = s.Run(s.store->Init());
+  if (!r.ok()) return r.status();
+  const std::string version = s.report.Redact(r->server_version);
+  if (s.report.json_mode()) {
+    s.report.Emit({{"schema", s.config.schema},
+                   {"table", s.config.table},
+                   {"server_version", version},
+                   {"dialect", DialectText(*r)}});
+  } else {
+    s.report.out() << "ready: " << s.config.schema << "." << s.config.table << " on ClickHouse " << version
+                   << '\n';
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Ping(Session& s) {
+  const int64_t start = native::MonotonicMs();
+  absl::StatusOr<Result> r = s.Run(s.store->Ping());
+  const int64_t round_trip_ms = native::MonotonicMs() - start;
+  if (!r.ok()) return r.status();
+  const std::string version = s.report.Redact(r->server_version);
+  const std::string uri = s.report.Redact(s.config.RedactedUri());
+  if (s.report.json_mode()) {
+    s.report.Emit({{"server_version", version},
+                   {"dialect", DialectText(*r)},
+                   {"round_trip_ms", round_trip_ms},
+                   {"uri", uri}});
+  } else {
+    s.report.out() << "server_version: " << version << "\ndialect: " << DialectText(*r)
+                   << "\nround_trip_ms: " << round_trip_ms << "\nuri: " << uri << '\n';
+  }
+  return absl::OkStatus();
+}
+
+const std::vector<CommandSpec>& Commands() {
+  static const std::vector<CommandSpec>* const kCommands = new std::vector<CommandSpec>{
+      {"list", "[--pattern GLOB] [--null]", "list state ids, one per line",
+       "Prints every state id (matching GLOB, if given), sorted, one per line as raw bytes.", {"pattern", "null"},
+       0, 0, List},
+      {"get", "ID", "print the state of ID as JSON",
+       "Prints the merged view of ID's state (partial laid over completed), as `meltano state get` does. "
+       "Exits 3 when ID has no state.",
+       {}, 1, 1, Get},
+      {"set", "ID (JSON | --input-file FILE | -) [--force]", "replace the state of ID",
+       "Replaces ID's state under its lock: completed = the input, partial = {}. The input must be a JSON "
+       "object with a top-level \"singer_state\" key unless --force is given. `-` reads it from stdin.",
+       {"input-file", "force"}, 1, 2, Set},
+      {"merge", "ID (JSON | --input-file FILE | - | --from-state-id SRC) [--force]", "merge a partial state into ID",
+       "Merges the input into ID's partial state under its lock, as Meltano does for every STATE message: "
+       "objects merge recursively, lists and scalars from the input replace. With --from-state-id, the merged "
+       "view of SRC is the input. The input needs a top-level \"singer_state\" key unless --force is given.",
+       {"input-file", "from-state-id", "force"}, 1, 2, Merge},
+      {"copy", "SRC DST", "copy the state of SRC to DST",
+       "Overwrites DST's state with SRC's, under DST's lock. Exits 3 when SRC has no state.", {}, 2, 2, Copy},
+      {"move", "SRC DST", "move the state of SRC to DST",
+       "Copies SRC's state to DST, then removes SRC (each under its lock). Exits 3 when SRC has no state.", {}, 2, 2,
+       Move},
+      {"clear", "(ID | --all)", "remove the state of ID, or of every id",
+       "Removes ID's state under its lock, or with --all every state (without locks), printing how many were "
+       "removed.",
+       {"all"}, 0, 1, Clear},
+      {"init", "", "create the state database and tables",
+       "Creates the schema, the state table and the lock table if they do not exist. Other commands create them "
+       "on first write, so this is only needed to check grants up front.",
+       {}, 0, 0, Init},
+      {"ping", "", "check the connection",
+       "Asks the server for its version and prints it with the SQL dialect chosen, the round-trip time and the "
+       "connection URI (without the password).",
+       {}, 0, 0, Ping},
+  };
+  return *kCommands;
+}
+
+// ---------------------------------------------------------------------------
+// Help
+
+constexpr char kExitCodesHelp[] =
+    "Exit codes:\n"
+    "  0  success\n"
+    "  1  unexpected or internal error\n"
+    "  2  usage error or bad input (flags, JSON, configuration)\n"
+    "  3  state id not found\n"
+    "  4  lock not acquired in time (another process holds the state id)\n"
+    "  5  ClickHouse unreachable, unavailable or timed out\n"
+    "  6  ClickHouse refused the credentials or denied access\n"
+    "  7  unsupported server version, or a failed precondition\n";
+
+std::string OptionLabel(const OptionSpec& o) {
+  std::string label = o.short_name ? absl::StrCat("-", std::string(1, o.short_name), ", ") : "    ";
+  absl::StrAppend(&label, "--", o.name);
+  if (o.metavar) absl::StrAppend(&label, " ", o.metavar);
+  return label;
+}
+
+constexpr size_t kHelpWidth = 100;
+constexpr size_t kHelpColumn = 30;
+
+// Appends `text` word-wrapped to kHelpWidth, continuation lines indented by
+// `indent`; the first line continues from `column`.
+void AppendWrapped(std::string* out, absl::string_view text, size_t indent, size_t column) {
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (column > indent && column + 1 + word.size() > kHelpWidth) {
+      absl::StrAppend(out, "\n", std::string(indent, ' '));
+      column = indent;
+    } else if (column > indent) {
+      out->push_back(' ');
+      ++column;
+    }
+    absl::StrAppend(out, word);
+    column += word.size();
+  }
+  out->push_back('\n');
+}
+
+// "  LABEL   help", the help starting at kHelpColumn (on the next line when the
+// label is too long).
+void AppendRow(std::string* out, const std::string& label, absl::string_view help) {
+  absl::StrAppend(out, "  ", label);
+  if (label.size() + 3 <= kHelpColumn) {
+    out->append(kHelpColumn - label.size() - 2, ' ');
+  } else {
+    absl::StrAppend(out, "\n", std::string(kHelpColumn, ' '));
+  }
+  AppendWrapped(out, help, kHelpColumn, kHelpColumn);
+}
+
+std::string GeneralHelp() {
+  std::string out = absl::StrCat("chstate ", kVersion,
+                                 ": Meltano state stored in ClickHouse\n\n"
+                                 "Usage: chstate [OPTIONS] COMMAND [ARGS]\n\nCommands:\n");
+  for (const CommandSpec& c : Commands()) {
+    AppendRow(&out, absl::StrCat(c.name, c.synopsis[0] ? " " : "", c.synopsis), c.summary);
+  }
+  for (const char* group : {kConnection, kLocking, kOutput}) {
+    absl::StrAppend(&out, "\n", group, " options (before or after the command):\n");
+    for (const OptionSpec& o : kOptions) {
+      if (o.group == group) AppendRow(&out, OptionLabel(o), o.help);
+    }
+  }
+  out.push_back('\n');
+  AppendWrapped(&out,
+                "Each connection setting comes from the first of: its flag; the --uri flag; "
+                "MELTANO_STATE_BACKEND_CLICKHOUSE_<KEY>; MELTANO_STATE_BACKEND_URI; CLICKHOUSE_<KEY> (HOST, PORT, "
+                "USER, PASSWORD, DATABASE, SECURE only); the default. Keys: HOST, PORT, DATABASE, USER, PASSWORD, "
+                "SECURE, SCHEMA, TABLE, CA_FILE. User and database have no default.",
+                0, 0);
+  out.push_back('\n');
+  AppendWrapped(&out, "State ids may hold any bytes. Put an id that begins with '-' after `--`: chstate get -- -id",
+                0, 0);
+  absl::StrAppend(&out, "\n", kExitCodesHelp, "\n`chstate COMMAND --help` describes one command.\n");
+  return out;
+}
+
+std::string CommandHelp(const CommandSpec& c) {
+  std::string out = absl::StrCat("Usage: ", UsageLine(c), " [OPTIONS]\n\n");
+  AppendWrapped(&out, c.details, 0, 0);
+  if (!c.options.empty()) {
+    absl::StrAppend(&out, "\nOptions:\n");
+    for (const char* name : c.options) {
+      const OptionSpec* o = FindOption(name);
+      AppendRow(&out, OptionLabel(*o), o->help);
+    }
+  }
+  absl::StrAppend(&out,
+                  "\nConnection, locking and output options (--uri, --json, ...): see `chstate --help`.\n\n",
+                  kExitCodesHelp);
+  return out;
+}
+
+}  // namespace
+
+ExitCode ExitCodeFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return kExitOk;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return kExitUsage;
+    case absl::StatusCode::kNotFound:
+      return kExitNotFound;
+    case absl::StatusCode::kAborted:
+      return kExitLocked;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return kExitUnavailable;
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      return kExitRefused;
+    case absl::StatusCode::kFailedPrecondition:
+      return kExitUnsupported;
+    default:
+      return kExitInternal;
+  }
+}
+
+int Main(const std::vector<std::string>& args, const std::map<std::string, std::string>& env, std::istream& in,
+         std::ostream& out, std::ostream& err) {
+  const Invocation inv = Parse(args);
+  Reporter report(out, err, inv.On("json"));
+  CollectSecrets(inv, env, report);
+
+  // Help and version win over everything else, so `chstate set --help`
+  // works without the arguments `set` needs.
+  if (inv.On("help")) {
+    const std::string text = inv.command != nullptr ? CommandHelp(*inv.command) : GeneralHelp();
+    if (report.json_mode()) {
+      report.Emit({{"help", text}});
+    } else {
+      out << text;
+    }
+    return kExitOk;
+  }
+  if (inv.On("version")) {
+    if (report.json_mode()) {
+      report.Emit({{"version", kVersion}});
+    } else {
+      out << "chstate " << kVersion << '\n';
+    }
+    return kExitOk;
+  }
+  if (absl::Status s = Validate(inv); !s.ok()) return report.Fail(s);
+
+  Session session{inv, env, in, report};
+  if (absl::Status s = Connect(session); !s.ok()) return report.Fail(s);
+  if (absl::Status s = inv.command->run(session); !s.ok()) return report.Fail(s);
+  out.flush();
+  if (!out) {
+    // The operation itself succeeded; only its report was lost.
+    err << "chstate: could not write the output (" << std::strerror(errno) << ")\n";
+    return kExitInternal;
+  }
+  return kExitOk;
+}
+
+}  // namespace chstate::cli
