@@ -26,6 +26,7 @@
 #include "core/state.h"
 #include "core/store.h"
 #include "hosts/native/executor.h"
+#include "hosts/native/lock_command.h"
 #include <nlohmann/json.hpp>
 
 namespace chstate::cli {
@@ -72,7 +73,7 @@ constexpr OptionSpec kOptions[] = {
      "wait between lock attempts (default 1; MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS)"},
     {"stale-lock", 0, "SECONDS", kLocking, "take over a lock held longer than this (default 300)"},
     {"connect-timeout", 0, "SECONDS", kLocking, "connect timeout (default 5)"},
-    {"timeout", 0, "SECONDS", kLocking, "timeout for each request (default 30)"},
+    {"timeout", 0, "SECONDS", kLocking, "timeout for each request (default 30); for `lock`, also how long to wait for the lock"},
     {"json", 0, nullptr, kOutput, "print results, and errors, as one JSON object on stdout"},
     {"help", 'h', nullptr, kOutput, "show help; `chstate COMMAND --help` for one command"},
     {"version", 0, nullptr, kOutput, "print the version"},
@@ -86,6 +87,8 @@ constexpr OptionSpec kOptions[] = {
 
 struct Session;
 using Handler = absl::Status (*)(Session&);
+
+constexpr size_t kUnlimited = static_cast<size_t>(-1);
 
 struct CommandSpec {
   const char* name;
@@ -305,6 +308,8 @@ class Reporter {
   // becomes U+FFFD).
   void Emit(const json& j) { out_ << DumpJson(j) << '\n'; }
 
+  std::ostream& err() { return err_; }
+
   int Fail(const absl::Status& status) {
     const ExitCode code = ExitCodeFor(status.code());
     std::string message = Redact(std::string(status.message()));
@@ -389,6 +394,8 @@ struct Session {
   std::unique_ptr<native::HttpExecutor> exec{};
   std::unique_ptr<Store> store{};
 
+  int exit_code = 0;  // set by commands whose exit code is not their status's (lock)
+
   absl::StatusOr<Result> Run(std::unique_ptr<Task> task) { return native::RunTask(*task, *exec); }
   const std::string& arg(size_t i) const { return inv.args[i]; }
 };
@@ -437,6 +444,10 @@ absl::Status Connect(Session& s) {
     absl::StatusOr<int64_t> ms = Millis(s.inv, s.env, d.flag, d.env, d.default_seconds, d.zero_ok);
     if (!ms.ok()) return ms.status();
     *d.target = *ms;
+  }
+  // For `lock`, --timeout is also how long to wait for the lock (flock -w).
+  if (s.inv.command != nullptr && std::string(s.inv.command->name) == "lock" && s.inv.Value("timeout") != nullptr) {
+    options.lock.timeout_ms = request_timeout_ms;
   }
   exec_options.read_timeout_ms = request_timeout_ms;
   exec_options.write_timeout_ms = request_timeout_ms;
@@ -641,6 +652,11 @@ absl::Status Ping(Session& s) {
   return absl::OkStatus();
 }
 
+absl::Status Lock(Session& s) {
+  std::vector<std::string> command(s.inv.args.begin() + 1, s.inv.args.end());
+  return native::RunLocked(*s.store, *s.exec, s.arg(0), command, s.report.err(), &s.exit_code);
+}
+
 const std::vector<CommandSpec>& Commands() {
   static const std::vector<CommandSpec>* const kCommands = new std::vector<CommandSpec>{
       {"list", "[--pattern GLOB] [--null]", "list state ids, one per line",
@@ -668,6 +684,13 @@ const std::vector<CommandSpec>& Commands() {
        "Removes ID's state under its lock, or with --all every state (without locks), printing how many were "
        "removed.",
        {"all"}, 0, 1, Clear},
+      {"lock", "ID [--timeout SECONDS] -- COMMAND [ARGS...]", "run a command while holding ID's lock",
+       "Takes ID's lock (waiting up to --timeout seconds, default 10), runs COMMAND, and releases the lock when "
+       "COMMAND ends, like flock(1). COMMAND's exit code passes through (128+N if it died of signal N). "
+       "SIGINT, SIGTERM and SIGHUP are passed to COMMAND and the lock is released after it ends. The lock is "
+       "renewed while COMMAND runs; if it is lost anyway, COMMAND gets SIGTERM and chstate exits 7. Exits 4, "
+       "without running COMMAND, when the lock is not free in time.",
+       {}, 2, kUnlimited, Lock},
       {"init", "", "create the state database and tables",
        "Creates the schema, the state table and the lock table if they do not exist. Other commands create them "
        "on first write, so this is only needed to check grants up front.",
@@ -833,6 +856,7 @@ int Main(const std::vector<std::string>& args, const std::map<std::string, std::
   if (absl::Status s = Connect(session); !s.ok()) return report.Fail(s);
   if (absl::Status s = inv.command->run(session); !s.ok()) return report.Fail(s);
   out.flush();
+  if (session.exit_code != 0) return session.exit_code;
   if (!out) {
     // The operation itself succeeded; only its report was lost.
     err << "chstate: could not write the output (" << std::strerror(errno) << ")\n";
