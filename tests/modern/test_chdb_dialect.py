@@ -39,6 +39,8 @@ TABLE = "state"
 # 18.x-only). test_zz_every_modern_statement_ran checks all of them ran.
 MODERN_PURPOSES = {
     "select_version",
+    "list_tombstones",
+    "drop_table",
     "create_database",
     "create_state_table",
     "create_lock_table",
@@ -184,7 +186,7 @@ def test_init_creates_database_and_tables(host, session, executor):
     since = len(executor.log)
     out = host.init()  # again: IF NOT EXISTS makes it a no-op
     assert out.ok, out.message
-    assert out.purposes() == ["create_database", "create_state_table", "create_lock_table"]
+    assert out.purposes() == ["create_database", "create_state_table", "create_lock_table", "list_tombstones"]
     assert all(e.ok for e in executor.log[since:])
 
     assert scalar(session, "SELECT count() FROM system.databases WHERE name = {db:String}", db=SCHEMA) == "1"
@@ -574,6 +576,21 @@ def test_renewal_keeps_a_long_hold_from_going_stale(make_host, session):
         assert renewed.purposes() == ["renew_lock", "inspect_lock"], renewed.purposes()
         assert taker.acquire_lock("lock:renew").code == "ABORTED"
     assert holder.release_lock("lock:renew", held.lock_id).ok
+
+
+def test_init_removes_old_tombstones(make_host, session):
+    dead = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000")
+    assert dead.acquire_lock("lock:tomb").ok
+    taker = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "10000", "--lock-retry-ms", "200")
+    out = taker.acquire_lock("lock:tomb")
+    assert out.ok and "entomb_lock" in out.purposes(), out.raw
+    assert taker.release_lock("lock:tomb", out.lock_id).ok
+    assert tombstones(session)
+    time.sleep(2.2)  # older than twice the 1 s window
+    cleaned = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000").run({"op": "init"})
+    assert cleaned.ok, cleaned.raw
+    assert "drop_table" in cleaned.purposes()
+    assert tombstones(session) == []
 
 
 def test_taker_respects_the_holders_longer_window(host, make_host):
