@@ -36,7 +36,10 @@ Event Classify(const SqlResponse& r) {
   if (s.ok()) return Event::kOk;
   std::optional<int> code = ClickHouseCode(s);
   if (code == kCodeTableAlreadyExists) return Event::kExists;
-  if (code == kCodeUnknownTable || code == kCodeUnknownDatabase) return Event::kMissing;
+  // A lock table being dropped by its releasing holder is as good as gone.
+  if (code == kCodeUnknownTable || code == kCodeUnknownDatabase || code == kCodeTableIsDropped) {
+    return Event::kMissing;
+  }
   return Event::kError;
 }
 
@@ -172,7 +175,7 @@ const LockMachine::Transition LockMachine::kTable[] = {
     // releasing
     {LockState::kReleaseInspect, Event::kOk,      &LockMachine::CheckBeforeDrop},
     {LockState::kReleaseInspect, Event::kMissing, &LockMachine::LoseTable},
-    {LockState::kReleaseInspect, Event::kError,   &LockMachine::ReleaseFailed},
+    {LockState::kReleaseInspect, Event::kError,   &LockMachine::RetryReleaseInspect},
     {LockState::kReleaseInspect, Event::kExists,  &LockMachine::ReleaseFailed},
     {LockState::kReleaseInspect, Event::kTimer,   &LockMachine::Ignore},
     {LockState::kReleaseInspect, Event::kRelease, &LockMachine::Ignore},
@@ -486,6 +489,17 @@ void LockMachine::CheckBeforeDrop(const SqlResponse* r, const Inputs& in) {
   }
   state_ = LockState::kDropping;
   Send(st_.DropLock(state_id_), in);
+}
+
+void LockMachine::RetryReleaseInspect(const SqlResponse* r, const Inputs& in) {
+  // An inconclusive look before the DROP is worth repeating while the lease
+  // lasts: giving up leaves the lock in place for a whole stale window.
+  if (release_retries_ < 3 && in.now_ms < lease_deadline_ms_) {
+    ++release_retries_;
+    Send(st_.InspectLock(state_id_), in);
+    return;
+  }
+  ReleaseFailed(r, in);
 }
 
 void LockMachine::Dropped(const SqlResponse*, const Inputs&) {

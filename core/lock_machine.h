@@ -149,6 +149,7 @@ class LockMachine {
   void CheckBeforeDrop(const SqlResponse* r, const Inputs& in);
   void Dropped(const SqlResponse*, const Inputs& in);
   void ReleaseFailed(const SqlResponse* r, const Inputs& in);
+  void RetryReleaseInspect(const SqlResponse* r, const Inputs& in);
   void FailWithResponse(const SqlResponse* r, const Inputs& in);
 
   void BackOff(const Inputs& in);
@@ -170,6 +171,7 @@ class LockMachine {
   int64_t lease_deadline_ms_ = 0;
   int64_t acquired_at_ms_ = 0;
   int quick_retries_ = 0;
+  int release_retries_ = 0;
   bool schema_made_ = false;
   bool release_wanted_ = false;
   bool create_unresolved_ = false;  // our CREATE may have landed unseen

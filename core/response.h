@@ -29,6 +29,7 @@ namespace chstate {
 inline constexpr int kCodeUnknownTable = 60;
 inline constexpr int kCodeTableAlreadyExists = 57;
 inline constexpr int kCodeUnknownDatabase = 81;
+inline constexpr int kCodeTableIsDropped = 218;  // a query met a table being dropped
 
 using Row = std::vector<std::optional<std::string>>;  // nullopt = SQL NULL
 using Rows = std::vector<Row>;

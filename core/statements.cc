@@ -185,12 +185,14 @@ SqlRequest Statements::InspectLock(absl::string_view state_id) const {
   std::string name = LockTableName(state_id);
   // Times come from the server's clock, so client clock skew does not matter.
   // The system.tables row gives the table's age while its creation row is not
-  // yet visible. A lock table dropped meanwhile gives code 60 (or, on some
-  // versions, no rows): both mean "no lock".
-  r.sql = absl::StrCat("SELECT lock_id, seq, toInt64(locked_at), toInt64(now()), stale_s FROM `", schema_, "`.`",
-                       name,
-                       "` UNION ALL SELECT '', toUInt8(255), toInt64(metadata_modification_time), toInt64(now()), "
-                       "toUInt32(0) FROM system.tables WHERE database = ",
+  // yet visible. A lock table dropped meanwhile gives code 60, 218 (being
+  // dropped) or no rows: all mean "no lock".
+  // materialize(): as constants, the two halves' now() can straddle a second
+  // and 18.16 then refuses the UNION (code 171).
+  r.sql = absl::StrCat("SELECT lock_id, seq, toInt64(locked_at), materialize(toInt64(now())), stale_s FROM `",
+                       schema_, "`.`", name,
+                       "` UNION ALL SELECT '', toUInt8(255), toInt64(metadata_modification_time), "
+                       "materialize(toInt64(now())), toUInt32(0) FROM system.tables WHERE database = ",
                        QuoteStringLiteral(schema_), " AND name = ", QuoteStringLiteral(name), " FORMAT TabSeparated");
   return r;
 }

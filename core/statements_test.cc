@@ -100,9 +100,9 @@ TEST(Statements, ExactSqlPerDialect) {
        "AS seq, now() AS locked_at, toUInt32(300) AS stale_s",
        {}, false},
       {"inspect lock", Dialect::kModern, [](const Statements& s) { return s.InspectLock("a"); },
-       "SELECT lock_id, seq, toInt64(locked_at), toInt64(now()), stale_s FROM `meltano`.`state_lock_af63dc4c8601ec8c` "
-       "UNION ALL SELECT '', toUInt8(255), toInt64(metadata_modification_time), toInt64(now()), toUInt32(0) FROM "
-       "system.tables WHERE "
+       "SELECT lock_id, seq, toInt64(locked_at), materialize(toInt64(now())), stale_s FROM "
+       "`meltano`.`state_lock_af63dc4c8601ec8c` UNION ALL SELECT '', toUInt8(255), "
+       "toInt64(metadata_modification_time), materialize(toInt64(now())), toUInt32(0) FROM system.tables WHERE "
        "database = 'meltano' AND name = 'state_lock_af63dc4c8601ec8c' FORMAT TabSeparated",
        kRead, true},
       {"renew lock modern", Dialect::kModern, [](const Statements& s) { return s.RenewLock("a", "00ff", 300); },

@@ -281,6 +281,31 @@ TEST(Store, LockTableGoneAtInspectionIsLikeNoLock) {
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 }
 
+TEST(Store, LockTableBeingDroppedIsLikeNoLock) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("a");
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Err(500, 57, "exists")),
+                     Q("inspect_lock", Err(500, 218, "Table is dropped")), Q("create_lock", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+TEST(Store, InconclusiveLookBeforeReleaseIsRetried) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("a");
+  Outcome o = Drive(*t, {kVersion18, Q("create_lock", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone);
+  auto r = store->ReleaseLock("a", o.last.result.lock_id);
+  Outcome o2 = Drive(*r,
+                     {Q("inspect_lock", Err(500, 171, "Block structure mismatch in UNION stream")),
+                      Q("inspect_lock", Mine()), Q("drop_lock", Ok())},
+                     &clock);
+  EXPECT_EQ(o2.last.kind, Action::Kind::kDone) << o2.last.status;
+}
+
 TEST(Store, StaleLockIsTakenOverOnlyAfterTheWindow) {
   LockOptions lock;
   lock.stale_ms = 300000;

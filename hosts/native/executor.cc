@@ -52,6 +52,9 @@ HttpExecutor::HttpExecutor(const ConnectionConfig& config, ExecutorOptions optio
   impl_->client = std::make_unique<httplib::Client>(scheme_host_port);
   httplib::Client& c = *impl_->client;
   c.set_keep_alive(true);
+  // Without it Nagle's algorithm holds each small request back for the
+  // server's delayed ACK: about 44 ms per request instead of 0.3 ms.
+  c.set_tcp_nodelay(true);
   c.set_connection_timeout(options.connect_timeout_ms / 1000, (options.connect_timeout_ms % 1000) * 1000);
   c.set_read_timeout(options.read_timeout_ms / 1000, (options.read_timeout_ms % 1000) * 1000);
   c.set_write_timeout(options.write_timeout_ms / 1000, (options.write_timeout_ms % 1000) * 1000);

@@ -1,9 +1,7 @@
 """Fixtures for the `chstate` integration tests.
 
-A ClickHouse server for the whole session: the one CHSTATE_TEST_HOST/PORT/USER/
-PASSWORD point at, or else a throwaway one started with tools/clickhouse_server.py
-and removed at the end. The binary: $CHSTATE_BIN, else bazel-bin/hosts/native/chstate
-(built when missing). Each test gets its own schema, so tests never see each
+The server comes from tests/conftest.py. The binary: $CHSTATE_BIN, else
+bazel-bin/hosts/native/chstate (built when missing). Each test gets its own schema, so tests never see each
 other's states, and a runner that checks no output ever holds the password.
 """
 
@@ -13,55 +11,17 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
-import tempfile
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SERVER_TOOL = REPO / "tools" / "clickhouse_server.py"
-
-
-@dataclasses.dataclass(frozen=True)
-class Server:
-    host: str
-    port: int
-    user: str
-    password: str
 
 
 @pytest.fixture(scope="session")
-def clickhouse() -> Server:
-    env = os.environ
-    if all(env.get(k) for k in ("CHSTATE_TEST_HOST", "CHSTATE_TEST_PORT", "CHSTATE_TEST_USER")):
-        yield Server(env["CHSTATE_TEST_HOST"], int(env["CHSTATE_TEST_PORT"]), env["CHSTATE_TEST_USER"],
-                     env.get("CHSTATE_TEST_PASSWORD", ""))
-        return
-    folder = Path(tempfile.mkdtemp(prefix="chstate-cli-test-"))
-    started = subprocess.run([sys.executable, str(SERVER_TOOL), "start", str(folder)],
-                             capture_output=True, text=True)
-    try:
-        if started.returncode != 0:
-            pytest.fail(f"could not start ClickHouse:\n{started.stdout}\n{started.stderr}")
-        values = dict(line.split("=", 1) for line in started.stdout.splitlines() if "=" in line)
-        yield Server(values["CHSTATE_TEST_HOST"], int(values["CHSTATE_TEST_PORT"]),
-                     values["CHSTATE_TEST_USER"], values["CHSTATE_TEST_PASSWORD"])
-    finally:
-        subprocess.run([sys.executable, str(SERVER_TOOL), "stop", str(folder), "--remove"])
-
-
-@pytest.fixture(scope="session")
-def chstate_bin() -> Path:
-    path = Path(os.environ.get("CHSTATE_BIN") or REPO / "bazel-bin" / "hosts" / "native" / "chstate")
-    if not path.is_absolute():
-        path = REPO / path
-    if not path.exists():
-        subprocess.run(["bazel", "build", "//hosts/native:chstate"], cwd=REPO, check=True)
-    assert path.exists(), f"{path} is missing after the build"
-    return path
+def chstate_bin(bazel_binary) -> Path:
+    return bazel_binary("CHSTATE_BIN", "hosts/native/chstate", "//hosts/native:chstate")
 
 
 @dataclasses.dataclass
@@ -90,7 +50,7 @@ def _bytes(arg) -> bytes:
 class Chstate:
     """Runs the binary against one test's schema, credentials in the environment."""
 
-    def __init__(self, binary: Path, server: Server, schema: str):
+    def __init__(self, binary: Path, server, schema: str):
         self.binary = binary
         self.server = server
         self.schema = schema
@@ -136,7 +96,7 @@ class Chstate:
         return result
 
     def sql(self, sql: str) -> str:
-        return server_sql(self.server, sql)
+        return self.server.sql(sql)
 
     def set(self, state_id, state: dict, *extra) -> Run:
         return self.run("set", state_id, json.dumps(state), *extra)
@@ -153,19 +113,9 @@ class Chstate:
         return out.split(b"\0")[:-1]
 
 
-def server_sql(server: Server, sql: str) -> str:
-    """Runs one statement directly (for setup the tool has no command for).
-    Credentials go in headers, as the tool sends them."""
-    request = urllib.request.Request(
-        f"http://{server.host}:{server.port}/", data=sql.encode(),
-        headers={"X-ClickHouse-User": server.user, "X-ClickHouse-Key": server.password})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return response.read().decode()
-
-
 @pytest.fixture
-def cli(chstate_bin: Path, clickhouse: Server) -> Chstate:
+def cli(chstate_bin: Path, clickhouse) -> Chstate:
     runner = Chstate(chstate_bin, clickhouse, f"t_{uuid.uuid4().hex}")
     yield runner
     # Leaves a reused server as it was found.
-    server_sql(clickhouse, f"DROP DATABASE IF EXISTS `{runner.schema}`")
+    clickhouse.sql(f"DROP DATABASE IF EXISTS `{runner.schema}`")
