@@ -799,8 +799,8 @@ def test_executor_applies_settings_per_query_and_passes_errors(executor, session
     # Query parameters in escaped form, byte-exact.
     assert run("SELECT hex({v:String}) FORMAT TabSeparated", ("param_v", "a\\x00\\xff\\'\\\\")) == (200, b"6100FF275C\n")
     # Errors: HTTP 500, the exception text with its code, like the server.
-    status, body = run("SELECT * FROM chs_main.no_such_table FORMAT TabSeparated")
-    assert status == 500 and body.startswith(b"Code: 60. DB::Exception:")
+    status, body = run("SELECT * FROM system.no_such_table FORMAT TabSeparated")
+    assert status == 500 and body.startswith(b"Code: 60. DB::Exception:"), body
     status, body = run("SELECT 1 FORMAT TabSeparated", ("no_such_setting", "1"))
     assert status == 500 and body.startswith(b"Code: 115.")
     assert run(read) == default
