@@ -120,6 +120,7 @@ absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body) {
   }
   out.age_s = now - newest;
   out.created_s = created >= 0 ? created : table_time;
+  out.table_created_s = table_time;
   return out;
 }
 
@@ -161,7 +162,7 @@ const LockMachine::Transition LockMachine::kTable[] = {
     {LockState::kHeld,           Event::kTimer,   &LockMachine::Renew},
     {LockState::kHeld,           Event::kRelease, &LockMachine::StartRelease},
     {LockState::kRenewing,       Event::kOk,      &LockMachine::ConfirmRenewal},
-    {LockState::kRenewing,       Event::kError,   &LockMachine::ConfirmRenewal},
+    {LockState::kRenewing,       Event::kError,   &LockMachine::RenewalInconclusive},
     {LockState::kRenewing,       Event::kMissing, &LockMachine::LoseTable},
     {LockState::kRenewing,       Event::kExists,  &LockMachine::FailWithResponse},
     {LockState::kRenewing,       Event::kRelease, &LockMachine::NoteRelease},
@@ -174,14 +175,14 @@ const LockMachine::Transition LockMachine::kTable[] = {
     {LockState::kConfirming,     Event::kTimer,   &LockMachine::Ignore},
     // releasing
     {LockState::kReleaseInspect, Event::kOk,      &LockMachine::CheckBeforeDrop},
-    {LockState::kReleaseInspect, Event::kMissing, &LockMachine::LoseTable},
+    {LockState::kReleaseInspect, Event::kMissing, &LockMachine::ReleaseInspectMissing},
     {LockState::kReleaseInspect, Event::kError,   &LockMachine::RetryReleaseInspect},
     {LockState::kReleaseInspect, Event::kExists,  &LockMachine::ReleaseFailed},
     {LockState::kReleaseInspect, Event::kTimer,   &LockMachine::Ignore},
     {LockState::kReleaseInspect, Event::kRelease, &LockMachine::Ignore},
     {LockState::kDropping,       Event::kOk,      &LockMachine::Dropped},
     {LockState::kDropping,       Event::kMissing, &LockMachine::Dropped},
-    {LockState::kDropping,       Event::kError,   &LockMachine::ReleaseFailed},
+    {LockState::kDropping,       Event::kError,   &LockMachine::RetryDrop},
     {LockState::kDropping,       Event::kExists,  &LockMachine::ReleaseFailed},
     {LockState::kDropping,       Event::kTimer,   &LockMachine::Ignore},
     {LockState::kDropping,       Event::kRelease, &LockMachine::Ignore},
@@ -290,7 +291,10 @@ void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
     FailWithResponse(r, in);
     return;
   }
-  // No answer: the CREATE may have landed. Inspecting settles it.
+  // No answer: the CREATE may have landed. Inspecting settles it. Should it
+  // turn out ours, the lease counts from the earliest CREATE that may have
+  // landed, since the server stamped that one no earlier than it was sent.
+  if (!create_unresolved_) earliest_unresolved_create_ms_ = create_sent_at_ms_;
   create_unresolved_ = true;
   Inspect(nullptr, in);
 }
@@ -320,7 +324,7 @@ void LockMachine::BecomeHolder(int64_t sent_at_ms, const Inputs& in) {
 }
 
 void LockMachine::NoLock(const SqlResponse*, const Inputs& in) {
-  if (create_unresolved_) create_unresolved_ = false;  // it did not land: no table at all
+  create_unresolved_ = false;  // no table at all: our CREATE did not land (or was long taken over)
   if (quick_retries_ < 3) {
     ++quick_retries_;
     StartCreate(nullptr, in);
@@ -349,12 +353,13 @@ void LockMachine::Decide(const SqlResponse* r, const Inputs& in) {
   }
   last_age_s_ = insp->age_s;
   if (insp->holder == lock_id_) {
-    // Our CREATE landed though its answer was lost; the lease counts from
-    // when it was sent.
-    BecomeHolder(create_sent_at_ms_, in);
+    // A CREATE of ours landed though its answer was lost.
+    BecomeHolder(create_unresolved_ ? earliest_unresolved_create_ms_ : create_sent_at_ms_, in);
     return;
   }
-  create_unresolved_ = false;
+  // Another holder, or none visible yet: ours may still be the one whose
+  // creation row is not visible, so only a known other holder settles it.
+  if (!insp->holder.empty()) create_unresolved_ = false;
   if (release_wanted_) {
     Cancel(nullptr, in);
     return;
@@ -363,11 +368,18 @@ void LockMachine::Decide(const SqlResponse* r, const Inputs& in) {
   // shorter one.
   LockOptions judged = options_;
   judged.stale_ms = std::max(options_.stale_ms, insp->stale_s * 1000);
+  if (insp->holder.empty()) judged.stale_ms *= 2;
   switch (DecideOnHeldLock(true, insp->age_s, in.now_ms, deadline_ms_, judged)) {
     case LockVerdict::kRetryNow:  // unreachable: exists is true
     case LockVerdict::kTakeOver:
       state_ = LockState::kEntombing;
-      Send(st_.EntombLock(state_id_, absl::StrCat(insp->holder, "@", insp->created_s)), in);
+      // Named after the holder's random id, unique to this lock instance. A
+      // table whose creation row is not visible is named by its creation
+      // time, and only taken over after twice the window (below), long after
+      // any row of a live CREATE would have become visible.
+      Send(st_.EntombLock(state_id_, insp->holder.empty() ? absl::StrCat("empty@", insp->table_created_s)
+                                                          : absl::StrCat("holder:", insp->holder)),
+           in);
       return;
     case LockVerdict::kWait:
       BackOff(in);
@@ -413,11 +425,9 @@ void LockMachine::Renew(const SqlResponse*, const Inputs& in) {
   Send(st_.RenewLock(state_id_, lock_id_, StaleSeconds()), in);
 }
 
-void LockMachine::ConfirmRenewal(const SqlResponse* r, const Inputs& in) {
-  if (r && r->transport_ok && Classify(*r) == Event::kError) {
-    RenewalInconclusive(r, in);
-    return;
-  }
+void LockMachine::ConfirmRenewal(const SqlResponse*, const Inputs& in) {
+  // Only a renewal row known to have landed may extend the lease: one whose
+  // answer was lost might never have arrived (then RenewalInconclusive).
   state_ = LockState::kConfirming;
   Send(st_.InspectLock(state_id_), in);
 }
@@ -476,6 +486,10 @@ void LockMachine::StartRelease(const SqlResponse*, const Inputs& in) {
 
 void LockMachine::CheckBeforeDrop(const SqlResponse* r, const Inputs& in) {
   absl::StatusOr<LockInspection> insp = ParseLockInspection(r->body);
+  if (insp.ok() && drop_uncertain_ && (!insp->exists || insp->holder != lock_id_)) {
+    Dropped(r, in);  // our earlier DROP landed; the lock there now is someone else's
+    return;
+  }
   if (!insp.ok() || !insp->exists || insp->holder != lock_id_) {
     Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
                                          "\" was no longer ours at release: it was taken over while held")));
@@ -500,6 +514,28 @@ void LockMachine::RetryReleaseInspect(const SqlResponse* r, const Inputs& in) {
     return;
   }
   ReleaseFailed(r, in);
+}
+
+void LockMachine::RetryDrop(const SqlResponse* r, const Inputs& in) {
+  // Never resend the DROP blindly: if the first one landed, another process
+  // may have created a fresh lock under the same name since. Look first; the
+  // lock is dropped again only if it is still ours.
+  if (r && !r->transport_ok && release_retries_ < 3 && in.now_ms < lease_deadline_ms_) {
+    ++release_retries_;
+    drop_uncertain_ = true;
+    state_ = LockState::kReleaseInspect;
+    Send(st_.InspectLock(state_id_), in);
+    return;
+  }
+  ReleaseFailed(r, in);
+}
+
+void LockMachine::ReleaseInspectMissing(const SqlResponse* r, const Inputs& in) {
+  if (drop_uncertain_) {
+    Dropped(r, in);  // our earlier DROP landed
+    return;
+  }
+  LoseTable(r, in);
 }
 
 void LockMachine::Dropped(const SqlResponse*, const Inputs&) {

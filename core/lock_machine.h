@@ -34,13 +34,17 @@
 //   provided clocks run at the same rate (offsets do not matter) and no
 //   request is delayed by more than the margin. Writes under the lock and the
 //   release's DROP are only sent while the lease is valid.
-// - Takeover of a stale lock held by H is `RENAME TABLE L TO L_dead_<hash H>`.
-//   The tombstone name is unique to H's lock instance and stays, so however
+// - Takeover of a stale lock is `RENAME TABLE L TO L_dead_<hash>` where the
+//   hash is of the holder's random lock id (or, for a table whose creation
+//   row never became visible, of its creation time, and only after twice
+//   the window). The tombstone name is unique to that lock instance and stays, so however
 //   many takers judged H stale, exactly one rename succeeds and a late taker
 //   can never move a newer lock (its rename fails: the tombstone exists).
 //   Tombstones are removed by `chstate init` once older than twice the window.
-// - Transport failures of non-idempotent requests (CREATE, RENAME, INSERT)
-//   are resolved by inspecting L: if our id is the holder, we hold it.
+// - Transport failures of non-idempotent requests (CREATE, RENAME) are
+//   resolved by inspecting L: if our id is the holder, we hold it, with the
+//   lease counted from the earliest CREATE that may have landed. A renewal
+//   whose answer was lost never extends the lease.
 #ifndef CHSTATE_CORE_LOCK_MACHINE_H_
 #define CHSTATE_CORE_LOCK_MACHINE_H_
 
@@ -91,6 +95,7 @@ struct LockInspection {
   int64_t age_s = 0;   // of the holder's newest row (or of the table if no holder yet)
   int64_t created_s = 0;  // server time of the creation row (or of the table): names the instance
   int64_t stale_s = 0;    // the holder's stale window, from its creation row (0: unknown)
+  int64_t table_created_s = 0;  // the table's creation time: names the instance for takers
 };
 // Decodes the 5-column answer of Statements::InspectLock.
 absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body);
@@ -150,6 +155,8 @@ class LockMachine {
   void Dropped(const SqlResponse*, const Inputs& in);
   void ReleaseFailed(const SqlResponse* r, const Inputs& in);
   void RetryReleaseInspect(const SqlResponse* r, const Inputs& in);
+  void RetryDrop(const SqlResponse* r, const Inputs& in);
+  void ReleaseInspectMissing(const SqlResponse* r, const Inputs& in);
   void FailWithResponse(const SqlResponse* r, const Inputs& in);
 
   void BackOff(const Inputs& in);
@@ -168,6 +175,7 @@ class LockMachine {
   int64_t sent_at_ms_ = 0;          // when the request in flight was sent
   int64_t create_sent_at_ms_ = 0;   // when our last CREATE was sent
   int64_t renew_sent_at_ms_ = 0;    // when the renewal in flight was sent
+  int64_t earliest_unresolved_create_ms_ = 0;  // first CREATE whose outcome is unknown
   int64_t lease_deadline_ms_ = 0;
   int64_t acquired_at_ms_ = 0;
   int quick_retries_ = 0;
@@ -175,6 +183,7 @@ class LockMachine {
   bool schema_made_ = false;
   bool release_wanted_ = false;
   bool create_unresolved_ = false;  // our CREATE may have landed unseen
+  bool drop_uncertain_ = false;     // our DROP may have landed unseen
   int64_t last_age_s_ = 0;
 };
 

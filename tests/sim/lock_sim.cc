@@ -1,0 +1,844 @@
+// The lock simulation's scheduler and checker (see lock_sim.h).
+//
+// One priority queue of events ordered by (true time, a random tie-breaker
+// drawn from the seed, insertion order): simultaneous events run in an order
+// the seed chooses, so different seeds explore different interleavings. The
+// clock jumps to the next event. Contenders see true time plus their own
+// offset; the server sees true time.
+#include "tests/sim/lock_sim.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <queue>
+#include <random>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/statements.h"
+#include "tests/sim/naive_lock.h"
+#include "tests/sim/sim_server.h"
+
+namespace chstate::sim {
+namespace {
+
+// Simulated true time starts here (a plausible Unix time in ms), plus a
+// random fraction of a second so that whole-second boundaries fall anywhere.
+constexpr int64_t kEpochMs = 1700000000000;
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+constexpr char kStateId[] = "dev:tap-a-to-target-b";
+constexpr size_t kMaxViolations = 20;
+
+// The lock under test behind the SimLock interface.
+class MachineLock : public SimLock {
+ public:
+  MachineLock(const Statements& st, LockOptions options) : m_(st, kStateId, options) {}
+  void Acquire(const Inputs& in) override { m_.Acquire(in); }
+  void Release(const Inputs& in) override { m_.Release(in); }
+  void OnResponse(const SqlResponse& r, const Inputs& in) override { m_.OnResponse(r, in); }
+  void OnTimer(const Inputs& in) override { m_.OnTimer(in); }
+  std::optional<LockAction> Poll() override { return m_.Poll(); }
+  bool LeaseValid(int64_t now_ms) const override { return m_.LeaseValid(now_ms); }
+  int64_t lease_deadline_ms() const override { return m_.lease_deadline_ms(); }
+  std::string lock_id() const override { return m_.lock_id(); }
+  std::string StateName() const override { return LockStateName(m_.state()); }
+  bool Held() const override { return m_.state() == LockState::kHeld; }
+
+ private:
+  LockMachine m_;
+};
+
+std::string Short(const std::string& lock_id) { return lock_id.empty() ? "\"\"" : lock_id.substr(0, 6); }
+
+std::string Time(int64_t rel_ms) { return absl::StrFormat("%+.3fs", rel_ms / 1000.0); }
+
+// Trace lines are built only when tracing (a schedule runs in microseconds).
+#define TRACE(...)                           \
+  do {                                       \
+    if (run_.trace) TraceLine(__VA_ARGS__);  \
+  } while (0)
+
+class Sim {
+ public:
+  Sim(const SimConfig& config, uint64_t seed, const RunOptions& run)
+      : cfg_(config), run_(run), rng_(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) {
+    result_.config = config.name;
+    result_.seed = seed;
+  }
+
+  ScheduleResult Run();
+
+ private:
+  enum class Ev { kStart, kArrive, kRespond, kTimer, kHoldEnd, kCancel, kCrash, kMerge };
+  struct Event {
+    int64_t t;
+    uint64_t tie;
+    uint64_t order;
+    Ev kind;
+    int c;        // contender
+    uint64_t a;   // request id, timer generation
+    int attempt;  // the contender's attempt the event belongs to
+  };
+  struct Later {
+    bool operator()(const Event& x, const Event& y) const {
+      if (x.t != y.t) return x.t > y.t;
+      if (x.tie != y.tie) return x.tie > y.tie;
+      return x.order > y.order;
+    }
+  };
+  struct Request {
+    int c = 0;
+    int attempt = 0;
+    SqlRequest req;
+    bool lose_answer = false;  // the client gets a transport failure instead
+    SqlResponse answer;
+  };
+  struct Segment {
+    int c;
+    int attempt;
+    int64_t start, end;
+    std::string lock_id;
+  };
+  struct Contender {
+    int index = 0;
+    LockOptions options;  // its own settings (they may differ between contenders)
+    int64_t offset_ms = 0;
+    std::unique_ptr<SimLock> lock;
+    int attempt = 0;
+    int acquired = 0;
+    bool done = false;
+    bool crashed = false;
+    int64_t inputs = 0;
+    int64_t crash_at_input = 0;  // 0: never
+    uint64_t timer_gen = 0;
+    bool user_holding = false;
+    bool cancelled = false;  // the user gave up waiting (Release while acquiring)
+    bool round_over = false;  // the lock reported its outcome; the next round is scheduled
+    bool just_acquired = false;
+    bool seg_open = false;
+    int64_t seg_start = 0;
+    int64_t seg_bound = kNever;        // true time the lease runs out (while open)
+    int64_t lease_end_true = kNever;   // last known lease end, for the ignore-lease check
+  };
+
+  // ---- randomness (all from rng_) ----
+  uint64_t Next() { return rng_(); }
+  int64_t Uniform(int64_t lo, int64_t hi) {
+    if (hi <= lo) return lo;
+    return lo + static_cast<int64_t>(Next() % static_cast<uint64_t>(hi - lo + 1));
+  }
+  bool Chance(double p) {
+    return p > 0 && static_cast<double>(Next() >> 11) * (1.0 / 9007199254740992.0) < p;
+  }
+  std::string Bytes(size_t n) {
+    std::string s(n, '\0');
+    for (char& ch : s) ch = static_cast<char>(Next() & 0xff);
+    return s;
+  }
+  // One direction of the network: mostly quick, sometimes up to the maximum.
+  int64_t Delay() {
+    if (max_delay_ms_ <= 0) return 0;
+    return Chance(0.75) ? Uniform(0, max_delay_ms_ / 4) : Uniform(0, max_delay_ms_);
+  }
+
+  void Push(int64_t t, Ev kind, int c, uint64_t a = 0, int attempt = 0) {
+    queue_.push(Event{t, Next(), order_++, kind, c, a, attempt});
+  }
+
+  // Call through TRACE so that the arguments are only built when tracing.
+  template <typename... Args>
+  void TraceLine(int64_t t, const Args&... args) {
+    result_.trace.push_back(absl::StrCat("[", Time(t - t0_), "] ", args...));
+  }
+  template <typename... Args>
+  void Violation(int64_t t, const Args&... args) {
+    std::string v = absl::StrCat("at ", Time(t - t0_), ": ", args...);
+    if (run_.trace) result_.trace.push_back(absl::StrCat("[", Time(t - t0_), "] VIOLATION: ", args...));
+    if (result_.violations.size() < kMaxViolations) result_.violations.push_back(std::move(v));
+  }
+  std::string Name(int c) const { return absl::StrCat("c", c); }
+
+  void Setup();
+  void Handle(const Event& e);
+  // Gives contender `c` an input at true time t, then drains its actions and
+  // updates its interval.
+  template <typename F>
+  void Deliver(Contender& c, int64_t t, const char* what, F input);
+  void Drain(Contender& c, int64_t t, int64_t now);
+  void Send(Contender& c, int64_t t, SqlRequest req);
+  void EndRound(Contender& c, int64_t t);
+  void UpdateInterval(Contender& c, int64_t t, int64_t now);
+  void CloseInterval(Contender& c, int64_t end);
+  void OnRename(const std::string& from, const std::string& to, const Table& moved, int64_t now);
+  void Finish(int64_t end_t);
+  std::unique_ptr<SimLock> MakeLock(const Contender& c);
+  // Stale window and retry for one contender (or for all of them).
+  LockOptions DrawOptions();
+
+  const SimConfig& cfg_;
+  RunOptions run_;
+  std::mt19937_64 rng_;
+  ScheduleResult result_;
+  int64_t max_delay_ms_ = 0;
+  int64_t t0_ = 0;
+  std::optional<Statements> st_;
+  std::unique_ptr<SimServer> server_;
+  std::vector<Contender> cs_;
+  std::vector<Request> requests_;
+  std::vector<Segment> segments_;
+  std::map<std::string, int> owner_;  // lock id -> contender
+  std::priority_queue<Event, std::vector<Event>, Later> queue_;
+  uint64_t order_ = 0;
+};
+
+std::unique_ptr<SimLock> Sim::MakeLock(const Contender& c) {
+  if (cfg_.lock == LockKind::kNaive) return std::make_unique<NaiveLock>(*st_, kStateId, c.options, 1000);
+  return std::make_unique<MachineLock>(*st_, c.options);
+}
+
+LockOptions Sim::DrawOptions() {
+  LockOptions o = cfg_.options;
+  o.retry_ms = Uniform(std::min(cfg_.retry_min_ms, cfg_.options.retry_ms), cfg_.options.retry_ms);
+  if (cfg_.stale_min_ms > 0) {
+    o.stale_ms = Uniform(cfg_.stale_min_ms, cfg_.options.stale_ms);
+    if (cfg_.whole_second_stale) o.stale_ms = std::max<int64_t>(1000, o.stale_ms / 1000 * 1000);
+  }
+  return o;
+}
+
+void Sim::Setup() {
+  t0_ = kEpochMs + Uniform(0, 999);
+  const LockOptions shared = DrawOptions();
+  Dialect dialect = Chance(0.5) ? Dialect::kClickHouse18 : Dialect::kModern;
+  st_.emplace(*Statements::Create(dialect, "meltano", "state"));
+
+  ServerOptions so;
+  so.schema = "meltano";
+  so.dialect = dialect;
+  so.database_exists = !Chance(cfg_.database_missing_prob);
+  so.create_visibility_prob = cfg_.create_visibility_prob;
+  so.create_visibility_max_ms = cfg_.create_visibility_max_ms;
+  so.insert_visibility_max_ms = cfg_.insert_visibility_max_ms;
+  so.missing_table_empty_prob = cfg_.missing_table_empty_prob;
+  so.dropped_race_ms = cfg_.dropped_race_ms;
+  so.union_now_spread_ms = cfg_.union_now_spread_ms;
+  server_ = std::make_unique<SimServer>(so, &rng_);
+  server_->on_rename = [this](const std::string& from, const std::string& to, const Table& moved, int64_t now) {
+    OnRename(from, to, moved, now);
+  };
+
+  int k = run_.contenders > 0 ? run_.contenders : static_cast<int>(Uniform(cfg_.min_contenders, cfg_.max_contenders));
+  result_.contenders = k;
+  cs_.resize(k);
+  int64_t min_margin = kNever;
+  for (int i = 0; i < k; ++i) {
+    Contender& c = cs_[i];
+    c.index = i;
+    c.options = cfg_.per_contender_settings ? DrawOptions() : shared;
+    min_margin = std::min(min_margin, LeaseMarginMs(c.options));
+    c.offset_ms = Uniform(-cfg_.max_clock_offset_ms, cfg_.max_clock_offset_ms);
+    if (Chance(cfg_.crash_prob)) c.crash_at_input = Uniform(1, 8 * cfg_.rounds);
+  }
+  // The lease argument holds only for requests delayed less than the margin
+  // (of every holder).
+  max_delay_ms_ = static_cast<int64_t>(cfg_.max_delay_of_margin * min_margin);
+  TRACE(t0_, "config ", cfg_.name, " seed ", result_.seed, ": ", k, " contenders, ", DialectName(dialect),
+        ", max delay ", max_delay_ms_, "ms, database ", so.database_exists ? "exists" : "missing");
+  for (int i = 0; i < k; ++i) {
+    Contender& c = cs_[i];
+    TRACE(t0_, Name(i), ": stale ", c.options.stale_ms, "ms, retry ", c.options.retry_ms, "ms, margin ",
+          LeaseMarginMs(c.options), "ms, clock offset ", c.offset_ms, "ms",
+          c.crash_at_input ? absl::StrCat(", will crash after input ", c.crash_at_input) : std::string());
+    Push(t0_ + Uniform(0, cfg_.think_max_ms), Ev::kStart, i);
+  }
+  if (cfg_.merge_every_max_ms > 0) Push(t0_ + Uniform(1, cfg_.merge_every_max_ms), Ev::kMerge, -1);
+}
+
+ScheduleResult Sim::Run() {
+  Setup();
+  int64_t t = t0_;
+  while (!queue_.empty()) {
+    Event e = queue_.top();
+    queue_.pop();
+    t = e.t;
+    if (t - t0_ > cfg_.horizon_ms) {
+      Violation(t, "the schedule ran past the horizon of ", cfg_.horizon_ms / 1000, "s");
+      break;
+    }
+    if (++result_.events > cfg_.max_events) {
+      Violation(t, "the schedule ran past ", cfg_.max_events, " events");
+      break;
+    }
+    Handle(e);
+    if (result_.violations.size() >= kMaxViolations) break;  // enough to go on
+  }
+  Finish(t);
+  return std::move(result_);
+}
+
+template <typename F>
+void Sim::Deliver(Contender& c, int64_t t, const char* what, F input) {
+  int64_t now = t + c.offset_ms;
+  Inputs in{now, Bytes(16)};
+  TRACE(t, Name(c.index), " <- ", what, " (", c.lock->StateName(), ")");
+  input(in);
+  Drain(c, t, now);
+  UpdateInterval(c, t, now);
+  if (++c.inputs == c.crash_at_input) Push(t + Uniform(0, 3000), Ev::kCrash, c.index);
+}
+
+void Sim::Handle(const Event& e) {
+  switch (e.kind) {
+    case Ev::kStart: {
+      Contender& c = cs_[e.c];
+      if (c.crashed || c.done) return;
+      ++c.attempt;
+      c.lock = MakeLock(c);
+      c.user_holding = false;
+      c.cancelled = false;
+      c.round_over = false;
+      c.lease_end_true = kNever;
+      Deliver(c, e.t, "acquire", [&](const Inputs& in) { c.lock->Acquire(in); });
+      owner_[c.lock->lock_id()] = c.index;
+      if (Chance(cfg_.cancel_prob)) {
+        Push(e.t + Uniform(0, 2 * c.options.retry_ms), Ev::kCancel, c.index, 0, c.attempt);
+      }
+      return;
+    }
+    case Ev::kCancel: {
+      // The user stops waiting: Release while the lock is still being
+      // acquired. Too late once it holds (it releases after its hold then).
+      Contender& c = cs_[e.c];
+      if (c.crashed || e.attempt != c.attempt || c.user_holding || c.cancelled || c.round_over) return;
+      c.cancelled = true;
+      Deliver(c, e.t, "release (cancel)", [&](const Inputs& in) { c.lock->Release(in); });
+      return;
+    }
+    case Ev::kArrive: {
+      Request& r = requests_[e.a];
+      const size_t unrecognized = server_->unrecognized().size();
+      Execution x = server_->Execute(r.req, e.t);
+      if (server_->unrecognized().size() > unrecognized) {
+        Violation(e.t, "the server did not recognise: ", server_->unrecognized().back());
+      }
+      TRACE(e.t, "server <- ", Name(r.c), " ", r.req.purpose, ": ", x.summary,
+            r.lose_answer ? " (answer will be lost)" : "");
+      // The answer leaves when the statement is done (a CREATE waits for its
+      // row) and travels back; a lost one becomes the transport failure.
+      if (!r.lose_answer) r.answer = std::move(x.response);
+      Push(x.done_ms + Delay(), Ev::kRespond, r.c, e.a, r.attempt);
+      return;
+    }
+    case Ev::kRespond: {
+      Request& r = requests_[e.a];
+      Contender& c = cs_[r.c];
+      if (c.crashed) return;
+      if (r.attempt != c.attempt) {
+        TRACE(e.t, Name(c.index), ": answer to an earlier attempt's ", r.req.purpose, " dropped");
+        return;
+      }
+      std::string what;
+      if (run_.trace) {
+        what = r.answer.transport_ok ? absl::StrCat(r.req.purpose, " answer HTTP ", r.answer.http_status)
+                                     : absl::StrCat(r.req.purpose, " transport failure");
+      }
+      // Deliver may add requests (and move requests_): copy the answer first.
+      const SqlResponse answer = r.answer;
+      Deliver(c, e.t, what.c_str(), [&](const Inputs& in) { c.lock->OnResponse(answer, in); });
+      return;
+    }
+    case Ev::kTimer: {
+      Contender& c = cs_[e.c];
+      if (c.crashed || e.attempt != c.attempt || e.a != c.timer_gen) return;
+      Deliver(c, e.t, "timer", [&](const Inputs& in) { c.lock->OnTimer(in); });
+      return;
+    }
+    case Ev::kHoldEnd: {
+      Contender& c = cs_[e.c];
+      if (c.crashed || e.attempt != c.attempt || !c.user_holding) return;
+      c.user_holding = false;
+      Deliver(c, e.t, "release", [&](const Inputs& in) { c.lock->Release(in); });
+      return;
+    }
+    case Ev::kCrash: {
+      Contender& c = cs_[e.c];
+      if (c.crashed || c.done) return;
+      c.crashed = true;
+      ++result_.crashed;
+      TRACE(e.t, Name(c.index), " CRASHES (", c.lock ? c.lock->StateName() : "-", ")");
+      if (c.seg_open) CloseInterval(c, std::min(e.t, c.seg_bound));
+      return;
+    }
+    case Ev::kMerge: {
+      server_->Merge(e.t);
+      bool active = std::any_of(cs_.begin(), cs_.end(), [](const Contender& c) { return !c.done && !c.crashed; });
+      if (active) Push(e.t + Uniform(1, cfg_.merge_every_max_ms), Ev::kMerge, -1);
+      return;
+    }
+  }
+}
+
+void Sim::Drain(Contender& c, int64_t t, int64_t now) {
+  while (std::optional<LockAction> a = c.lock->Poll()) {
+    switch (a->kind) {
+      case LockAction::Kind::kRunSql: {
+        const std::string& purpose = a->request.purpose;
+        // Acts under the lock go out only while the lease is valid.
+        if ((purpose == "drop_lock" || purpose == "renew_lock") && now >= c.lock->lease_deadline_ms()) {
+          Violation(t, Name(c.index), " sent ", purpose, " ", now - c.lock->lease_deadline_ms(),
+                    "ms after its lease deadline");
+        }
+        if (purpose == "renew_lock") ++result_.renewals;
+        Send(c, t, std::move(a->request));
+        break;
+      }
+      case LockAction::Kind::kArmTimer: {
+        ++c.timer_gen;  // replaces any earlier timer
+        if (a->delay_ms < 0) Violation(t, Name(c.index), " armed a timer with a negative delay");
+        if (cfg_.ignore_lease && c.lock->Held()) {
+          TRACE(t, Name(c.index), " -> timer ", a->delay_ms, "ms (withheld: renewals are not run)");
+          break;
+        }
+        TRACE(t, Name(c.index), " -> timer ", a->delay_ms, "ms");
+        Push(t + std::max<int64_t>(a->delay_ms, 0), Ev::kTimer, c.index, c.timer_gen, c.attempt);
+        break;
+      }
+      case LockAction::Kind::kAcquired: {
+        ++result_.acquisitions;
+        if (c.cancelled) {
+          // Acquired after the user gave up: the machine releases it by
+          // itself, and the user does not act under it.
+          TRACE(t, Name(c.index), " acquired after cancelling (", c.lock->StateName(), ")");
+          break;
+        }
+        ++c.acquired;
+        c.user_holding = true;
+        c.just_acquired = true;
+        bool valid = c.lock->LeaseValid(now);
+        if (!valid) ++result_.expired_on_acquire;
+        const int64_t stale = c.options.stale_ms;
+        int64_t hold = cfg_.ignore_lease         ? 3 * stale
+                       : Chance(cfg_.long_hold_prob) ? Uniform(stale, 3 * stale)
+                                                     : Uniform(0, cfg_.short_hold_max_ms);
+        TRACE(t, Name(c.index), " ACQUIRED as ", Short(c.lock->lock_id()), " (acquisition ", c.acquired, "), lease ",
+              valid ? absl::StrCat("until ", Time(c.lock->lease_deadline_ms() - c.offset_ms - t0_))
+                    : std::string("ALREADY RUN OUT"),
+              ", holding ", hold, "ms");
+        Push(t + hold, Ev::kHoldEnd, c.index, 0, c.attempt);
+        break;
+      }
+      case LockAction::Kind::kReleased:
+        ++result_.releases;
+        TRACE(t, Name(c.index), " RELEASED");
+        EndRound(c, t);
+        break;
+      case LockAction::Kind::kFailed:
+      case LockAction::Kind::kLost: {
+        bool lost = a->kind == LockAction::Kind::kLost;
+        ++(lost ? result_.losses : result_.failures);
+        TRACE(t, Name(c.index), lost ? " LOST: " : " FAILED: ", a->status.ToString());
+        if (absl::StrContains(a->status.message(), "misuse")) {
+          Violation(t, Name(c.index), " reported misuse (a host-driving bug or a missing transition): ",
+                    a->status.ToString());
+        }
+        if (cfg_.expect_no_failures) {
+          Violation(t, Name(c.index), lost ? " lost the lock" : " failed to acquire", " without any fault: ",
+                    a->status.ToString());
+        }
+        EndRound(c, t);
+        break;
+      }
+    }
+  }
+}
+
+void Sim::Send(Contender& c, int64_t t, SqlRequest req) {
+  uint64_t id = requests_.size();
+  Request r;
+  r.c = c.index;
+  r.attempt = c.attempt;
+  int64_t there = Delay();
+  bool lost = Chance(cfg_.lost_prob);
+  bool arrives = !lost || Chance(0.5);
+  r.lose_answer = lost;
+  if (lost) {
+    r.answer.transport_ok = false;
+    r.answer.maybe_delivered = true;
+    r.answer.transport_error = "connection reset by peer (simulated)";
+  }
+  TRACE(t, Name(c.index), " -> ", req.purpose, lost ? (arrives ? " (runs; answer lost)" : " (never arrives)") : "");
+  r.req = std::move(req);
+  requests_.push_back(std::move(r));
+  if (arrives) {
+    Push(t + there, Ev::kArrive, c.index, id, c.attempt);
+  } else {
+    Push(t + there + Delay(), Ev::kRespond, c.index, id, c.attempt);
+  }
+}
+
+void Sim::EndRound(Contender& c, int64_t t) {
+  c.user_holding = false;
+  c.round_over = true;
+  if (c.acquired >= cfg_.rounds) {
+    c.done = true;
+    TRACE(t, Name(c.index), " done");
+    return;
+  }
+  Push(t + Uniform(0, cfg_.think_max_ms), Ev::kStart, c.index);
+}
+
+void Sim::UpdateInterval(Contender& c, int64_t t, int64_t now) {
+  const bool valid = c.lock->LeaseValid(now);
+  if (c.seg_open && !cfg_.ignore_lease && t >= c.seg_bound) {
+    // The lease ran out before this input; the interval ended then.
+    CloseInterval(c, c.seg_bound);
+  }
+  const bool may_act = c.user_holding && (cfg_.ignore_lease || valid);
+  if (c.seg_open && !may_act) CloseInterval(c, t);
+  if (!c.seg_open && may_act) {
+    c.seg_open = true;
+    c.seg_start = t;
+    if (!c.just_acquired) {
+      ++result_.revivals;
+      TRACE(t, Name(c.index), " lease valid again after it ran out");
+    }
+  }
+  c.just_acquired = false;
+  if (valid) {
+    const int64_t deadline = c.lock->lease_deadline_ms();
+    // LeaseValid must mean exactly "now < lease_deadline_ms()" while held, or
+    // the interval bound computed here would be wrong.
+    if (!c.lock->LeaseValid(deadline - 1) || c.lock->LeaseValid(deadline)) {
+      Violation(t, Name(c.index), " LeaseValid does not switch off at lease_deadline_ms()");
+    }
+    c.lease_end_true = deadline - c.offset_ms;
+  }
+  if (c.seg_open) c.seg_bound = cfg_.ignore_lease ? kNever : c.lease_end_true;
+}
+
+void Sim::CloseInterval(Contender& c, int64_t end) {
+  c.seg_open = false;
+  if (end > c.seg_start) {
+    segments_.push_back(Segment{c.index, c.attempt, c.seg_start, end, c.lock->lock_id()});
+    TRACE(end, Name(c.index), " stops acting under the lock (held since ", Time(c.seg_start - t0_), ")");
+  }
+  if (cfg_.ignore_lease && end > c.lease_end_true) {
+    Violation(end, Name(c.index), " acted under the lock ", end - c.lease_end_true,
+              "ms after its lease ran out (at ", Time(c.lease_end_true - t0_), ")");
+  }
+}
+
+void Sim::OnRename(const std::string& from, const std::string& to, const Table& moved, int64_t now) {
+  if (!absl::StrContains(to, "_dead_")) {
+    Violation(now, "unexpected RENAME ", from, " TO ", to);
+    return;
+  }
+  ++result_.takeovers;
+  // The holder is the creation row's lock id; its newest row, visible or
+  // not, is what a stale judgement must be older than.
+  std::string holder;
+  int64_t newest = moved.created_ms;
+  for (const Row& r : moved.rows) {
+    if (r.seq == 0) holder = r.lock_id;
+  }
+  for (const Row& r : moved.rows) {
+    if (r.lock_id == holder) newest = std::max(newest, r.stamped_ms);
+  }
+  // The holder's own stale window: its lease is computed from it.
+  auto owner = owner_.find(holder);
+  int64_t stale_ms = 0;
+  for (const Contender& c : cs_) stale_ms = std::max(stale_ms, c.options.stale_ms);
+  if (owner != owner_.end()) stale_ms = cs_[owner->second].options.stale_ms;
+  auto who = [&] {
+    return owner == owner_.end() ? absl::StrCat("lock id ", Short(holder))
+                                 : absl::StrCat(Name(owner->second), "'s lock ", Short(holder),
+                                                cs_[owner->second].crashed ? " (holder crashed)" : " (holder alive)");
+  };
+  TRACE(now, "TAKEOVER of ", who(), ", newest row ", now - newest, "ms old");
+  if (now - newest <= stale_ms) {
+    Violation(now, "took over ", who(), " only ", now - newest, "ms after its newest row (its stale window ",
+              stale_ms, "ms)");
+  }
+}
+
+void Sim::Finish(int64_t end_t) {
+  result_.end_ms = end_t - t0_;
+  for (Contender& c : cs_) {
+    if (c.seg_open) CloseInterval(c, std::min(end_t, c.seg_bound));
+  }
+  // Mutual exclusion: no two contenders' intervals overlap (half-open).
+  std::sort(segments_.begin(), segments_.end(),
+            [](const Segment& a, const Segment& b) { return a.start != b.start ? a.start < b.start : a.c < b.c; });
+  const Segment* reach = nullptr;  // the interval reaching furthest so far
+  for (const Segment& s : segments_) {
+    if (reach && s.start < reach->end && s.c != reach->c) {
+      Violation(s.start, "OVERLAP: ", Name(s.c), " (", Short(s.lock_id), ") acts under the lock from ",
+                Time(s.start - t0_), " to ", Time(s.end - t0_), " while ", Name(reach->c), " (",
+                Short(reach->lock_id), ") may act from ", Time(reach->start - t0_), " to ", Time(reach->end - t0_));
+    }
+    if (!reach || s.end > reach->end) reach = &s;
+  }
+  if (cfg_.expect_no_failures && result_.takeovers > 0) {
+    Violation(end_t, result_.takeovers, " stale takeover(s) without any fault");
+  }
+  if (cfg_.check_progress) {
+    for (const Contender& c : cs_) {
+      if (!c.crashed && c.acquired < cfg_.rounds) {
+        Violation(end_t, "no progress: ", Name(c.index), " acquired ", c.acquired, " of ", cfg_.rounds,
+                  " times (state ", c.lock ? c.lock->StateName() : "-", ")");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+ScheduleResult RunSchedule(const SimConfig& config, uint64_t seed, const RunOptions& run) {
+  return Sim(config, seed, run).Run();
+}
+
+std::string ScheduleResult::Report() const {
+  std::string out = absl::StrCat("config ", config, " seed ", seed, ": ", contenders, " contenders, ", events,
+                                 " events, ", end_ms / 1000.0, "s simulated, ", acquisitions, " acquisitions, ",
+                                 releases, " releases, ", failures, " failures, ", losses, " losses, ", takeovers,
+                                 " takeovers, ", renewals, " renewals, ", revivals, " revivals, ", crashed,
+                                 " crashed\n");
+  for (const std::string& v : violations) absl::StrAppend(&out, "  VIOLATION ", v, "\n");
+  if (!trace.empty()) {
+    absl::StrAppend(&out, "  trace:\n");
+    for (const std::string& l : trace) absl::StrAppend(&out, "    ", l, "\n");
+  }
+  return out;
+}
+
+std::vector<SimConfig> Configs() {
+  std::vector<SimConfig> out;
+  SimConfig base;
+  base.max_delay_of_margin = 0.1;
+
+  {  // A reliable network and server: no failure, loss or takeover is acceptable.
+    SimConfig c = base;
+    c.name = "no-faults";
+    c.min_contenders = 2;
+    c.max_contenders = 4;
+    c.rounds = 3;
+    c.expect_no_failures = true;
+    out.push_back(c);
+  }
+  {  // Requests delayed up to 80% of the margin; 5% of answers lost; code 218
+     // right after a DROP; the inspection's UNION straddling a second.
+    SimConfig c = base;
+    c.name = "delays-and-losses";
+    c.max_delay_of_margin = 0.8;
+    c.lost_prob = 0.05;
+    c.missing_table_empty_prob = 0.3;
+    c.database_missing_prob = 0.2;
+    c.dropped_race_ms = 300;
+    c.union_now_spread_ms = 500;
+    out.push_back(c);
+  }
+  {  // Creation rows visible up to 2 s after their table exists; some answers lost.
+    SimConfig c = base;
+    c.name = "visibility";
+    c.max_delay_of_margin = 0.5;
+    c.lost_prob = 0.03;
+    c.create_visibility_prob = 0.5;
+    c.create_visibility_max_ms = 2000;
+    out.push_back(c);
+  }
+  {  // Contenders die at random moments; survivors must take over.
+    SimConfig c = base;
+    c.name = "crashes";
+    c.max_delay_of_margin = 0.5;
+    c.crash_prob = 0.3;
+    c.max_contenders = 4;
+    out.push_back(c);
+  }
+  {  // Late creation rows, lost answers and renewals together: a CREATE whose
+     // answer is lost and whose row is not yet visible must still count its
+     // lease from the CREATE that made the table.
+    SimConfig c = base;
+    c.name = "visibility-renewals";
+    c.max_delay_of_margin = 0.5;
+    c.create_visibility_prob = 0.7;
+    c.create_visibility_max_ms = 3000;
+    c.lost_prob = 0.1;
+    c.long_hold_prob = 0.5;
+    out.push_back(c);
+  }
+  {  // Users who give up waiting: Release while still acquiring.
+    SimConfig c = base;
+    c.name = "cancels";
+    c.max_delay_of_margin = 0.5;
+    c.cancel_prob = 0.4;
+    c.lost_prob = 0.05;
+    c.create_visibility_prob = 0.3;
+    c.create_visibility_max_ms = 1000;
+    c.max_contenders = 4;
+    out.push_back(c);
+  }
+  {  // Client clocks up to an hour apart (same rate).
+    SimConfig c = base;
+    c.name = "clock-offsets";
+    c.max_delay_of_margin = 0.5;
+    c.max_clock_offset_ms = 3600 * 1000;
+    out.push_back(c);
+  }
+  {  // Holds past the stale window: renewals must keep the lease, and some are lost.
+    SimConfig c = base;
+    c.name = "long-holds";
+    c.max_delay_of_margin = 0.8;
+    c.long_hold_prob = 0.4;
+    c.lost_prob = 0.05;
+    out.push_back(c);
+  }
+  {  // Up to 8 contenders.
+    SimConfig c = base;
+    c.name = "many-contenders";
+    c.min_contenders = 5;
+    c.max_contenders = 8;
+    c.max_delay_of_margin = 0.5;
+    out.push_back(c);
+  }
+  {  // All faults at once.
+    SimConfig c = base;
+    c.name = "everything";
+    c.max_contenders = 5;
+    c.max_delay_of_margin = 0.8;
+    c.lost_prob = 0.05;
+    c.create_visibility_prob = 0.3;
+    c.create_visibility_max_ms = 2000;
+    c.missing_table_empty_prob = 0.3;
+    c.database_missing_prob = 0.1;
+    c.dropped_race_ms = 300;
+    c.union_now_spread_ms = 500;
+    c.crash_prob = 0.2;
+    c.max_clock_offset_ms = 3600 * 1000;
+    c.long_hold_prob = 0.2;
+    c.per_contender_settings = true;
+    c.stale_min_ms = 2000;
+    c.options.stale_ms = 8000;
+    c.cancel_prob = 0.1;
+    out.push_back(c);
+  }
+  {  // Contenders with different stale windows (2 to 12 s) and retries.
+    SimConfig c = base;
+    c.name = "mixed-settings";
+    c.per_contender_settings = true;
+    c.stale_min_ms = 2000;
+    c.options.stale_ms = 12000;
+    c.whole_second_stale = true;
+    c.max_delay_of_margin = 0.8;
+    c.lost_prob = 0.02;
+    c.crash_prob = 0.2;
+    c.long_hold_prob = 0.3;
+    out.push_back(c);
+  }
+  {  // A stale window that is not whole seconds (1 to 10 s, any ms).
+    SimConfig c = base;
+    c.name = "odd-stale";
+    c.stale_min_ms = 1000;
+    c.options.stale_ms = 9999;
+    c.max_delay_of_margin = 0.8;
+    c.lost_prob = 0.02;
+    c.crash_prob = 0.2;
+    c.long_hold_prob = 0.3;
+    out.push_back(c);
+  }
+  {  // Beyond realistic bounds: creation rows visible only after more than the
+     // stale window (CREATE ... AS SELECT stalled for minutes at the default
+     // window). Run by lock_sim_long, not by the test.
+    SimConfig c = base;
+    c.name = "extreme-visibility";
+    c.max_delay_of_margin = 0.5;
+    c.create_visibility_prob = 0.5;
+    c.create_visibility_max_ms = 12000;
+    c.lost_prob = 0.05;
+    c.long_hold_prob = 0.3;
+    c.max_contenders = 4;
+    out.push_back(c);
+  }
+  // ---- negative controls: the checker must catch these ----
+  {
+    SimConfig c = base;
+    c.name = "naive-rmt";
+    c.lock = LockKind::kNaive;
+    c.min_contenders = 2;
+    c.max_contenders = 4;
+    c.rounds = 3;
+    c.max_delay_of_margin = 0.5;
+    c.insert_visibility_max_ms = 1500;
+    c.merge_every_max_ms = 2000;
+    c.check_progress = false;
+    out.push_back(c);
+  }
+  {
+    SimConfig c = base;
+    c.name = "ignore-lease";
+    c.ignore_lease = true;
+    c.min_contenders = 2;
+    c.max_contenders = 2;
+    c.rounds = 2;
+    c.check_progress = false;
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::optional<SimConfig> ConfigByName(const std::string& name) {
+  for (SimConfig& c : Configs()) {
+    if (c.name == name) return c;
+  }
+  return std::nullopt;
+}
+
+void Summary::Add(const ScheduleResult& r) {
+  if (config.empty()) config = r.config;
+  ++schedules;
+  events += r.events;
+  acquisitions += r.acquisitions;
+  takeovers += r.takeovers;
+  failures += r.failures;
+  losses += r.losses;
+  crashed += r.crashed;
+  revivals += r.revivals;
+  max_contenders = std::max(max_contenders, r.contenders);
+  violations += static_cast<int64_t>(r.violations.size());
+  if (!r.ok()) {
+    ++failed_schedules;
+    if (failing_seeds.size() < 5) failing_seeds.push_back(r.seed);
+  }
+}
+
+std::string FormatSummaries(const std::vector<Summary>& rows) {
+  std::string out = absl::StrFormat("%-20s %10s %12s %12s %10s %9s %9s %8s %8s %6s %10s %8s\n", "config", "schedules",
+                                    "events", "acquired", "takeovers", "failures", "losses", "crashed", "revived",
+                                    "max K", "violations", "bad");
+  Summary total;
+  total.config = "TOTAL";
+  for (const Summary& s : rows) {
+    absl::StrAppendFormat(&out, "%-20s %10d %12d %12d %10d %9d %9d %8d %8d %6d %10d %8d\n", s.config, s.schedules,
+                          s.events, s.acquisitions, s.takeovers, s.failures, s.losses, s.crashed, s.revivals,
+                          s.max_contenders, s.violations, s.failed_schedules);
+    total.schedules += s.schedules;
+    total.events += s.events;
+    total.acquisitions += s.acquisitions;
+    total.takeovers += s.takeovers;
+    total.failures += s.failures;
+    total.losses += s.losses;
+    total.crashed += s.crashed;
+    total.revivals += s.revivals;
+    total.max_contenders = std::max(total.max_contenders, s.max_contenders);
+    total.violations += s.violations;
+    total.failed_schedules += s.failed_schedules;
+  }
+  absl::StrAppendFormat(&out, "%-20s %10d %12d %12d %10d %9d %9d %8d %8d %6d %10d %8d\n", total.config,
+                        total.schedules, total.events, total.acquisitions, total.takeovers, total.failures,
+                        total.losses, total.crashed, total.revivals, total.max_contenders, total.violations,
+                        total.failed_schedules);
+  return out;
+}
+
+}  // namespace chstate::sim

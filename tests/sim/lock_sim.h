@@ -1,0 +1,201 @@
+// Deterministic simulation of the per-state-id lock, in the style of
+// quinn-proto's tests: several contenders in one process, each driving its
+// own lock (a chstate::LockMachine, or a stand-in for the negative controls),
+// against one simulated ClickHouse server (tests/sim/sim_server.h), on a
+// simulated clock that jumps from event to event. Everything, from network
+// delays to the order of simultaneous events, comes from one seed, so a
+// failing schedule replays exactly.
+//
+//   chstate::sim::SimConfig config = *chstate::sim::ConfigByName("crashes");
+//   chstate::sim::ScheduleResult r = chstate::sim::RunSchedule(config, /*seed=*/42);
+//   if (!r.ok()) {
+//     chstate::sim::RunOptions traced;
+//     traced.trace = true;
+//     std::cout << chstate::sim::RunSchedule(config, 42, traced).Report();
+//   }
+//
+// What is checked (ScheduleResult::violations):
+// - Mutual exclusion: each contender "may act under the lock" from the moment
+//   it observes kAcquired until the earliest of: it calls Release, it
+//   crashes, LeaseValid(now) turns false (true time = lease_deadline_ms minus
+//   its clock offset). If a confirmed renewal makes the lease valid again, a
+//   new interval opens (the store checks LeaseValid before every write, so it
+//   would act then). No two contenders' intervals may overlap.
+// - Acting only under a valid lease: the machine's DROP and renewal INSERT
+//   are sent only before its lease deadline; a holder that ignores its lease
+//   (negative control) is caught acting past it.
+// - Stale takeover: a lock table is renamed to a tombstone only when its
+//   holder's newest row is more than stale_ms old by the server's (true) clock.
+// - Progress: every contender that did not crash completes its rounds before
+//   the horizon; configurations without faults see no failure, loss or takeover.
+// - The server recognised every statement.
+#ifndef CHSTATE_TESTS_SIM_LOCK_SIM_H_
+#define CHSTATE_TESTS_SIM_LOCK_SIM_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/lock.h"
+#include "core/lock_machine.h"
+#include "core/sql_request.h"
+#include "core/task.h"
+
+namespace chstate::sim {
+
+// What a contender drives: the same inputs and outputs as LockMachine.
+class SimLock {
+ public:
+  virtual ~SimLock() = default;
+  virtual void Acquire(const Inputs& in) = 0;
+  virtual void Release(const Inputs& in) = 0;
+  virtual void OnResponse(const SqlResponse& response, const Inputs& in) = 0;
+  virtual void OnTimer(const Inputs& in) = 0;
+  virtual std::optional<LockAction> Poll() = 0;
+  virtual bool LeaseValid(int64_t now_ms) const = 0;
+  virtual int64_t lease_deadline_ms() const = 0;
+  virtual std::string lock_id() const = 0;
+  virtual std::string StateName() const = 0;
+  // Held with its lease running (renewal timers are armed in this state).
+  virtual bool Held() const = 0;
+};
+
+enum class LockKind {
+  kMachine,  // chstate::LockMachine: the lock under test
+  kNaive,    // negative control: tests/sim/naive_lock.h
+};
+
+struct SimConfig {
+  std::string name;
+  LockKind lock = LockKind::kMachine;
+
+  // Contenders per schedule (drawn from the seed) and acquisitions each.
+  int min_contenders = 2;
+  int max_contenders = 3;
+  int rounds = 2;
+
+  // Lock settings. retry_ms is drawn from [retry_min_ms, options.retry_ms].
+  LockOptions options{/*timeout_ms=*/120000, /*retry_ms=*/1000, /*stale_ms=*/5000};
+  int64_t retry_min_ms = 200;
+  // Draw stale_ms from [stale_min_ms, options.stale_ms] instead (any
+  // millisecond value unless whole_second_stale). 0: use options.stale_ms.
+  int64_t stale_min_ms = 0;
+  bool whole_second_stale = false;
+  // Each contender draws its own stale window and retry (as processes with
+  // different settings would); otherwise they share one draw.
+  bool per_contender_settings = false;
+
+  // Network: each direction takes a delay up to this fraction of the lease
+  // margin (LeaseMarginMs), mostly much less. The lease argument assumes a
+  // request arrives within the margin, so honest configurations stay below 1.
+  double max_delay_of_margin = 0;
+  // A request's answer is lost with this probability: the statement either
+  // never arrived or ran and its answer vanished (the client gets a transport
+  // failure with maybe_delivered either way).
+  double lost_prob = 0;
+
+  // Server.
+  double create_visibility_prob = 0;
+  int64_t create_visibility_max_ms = 0;
+  double missing_table_empty_prob = 0;
+  double database_missing_prob = 0;  // per schedule: the schema must be created first
+  int64_t dropped_race_ms = 0;       // code 218 for a table dropped this recently
+  int64_t union_now_spread_ms = 0;   // the UNION's halves read now() this far apart
+  int64_t insert_visibility_max_ms = 0;  // naive lock's ReplacingMergeTree inserts
+  int64_t merge_every_max_ms = 0;        // background merges (0: none)
+
+  // Each contender crashes with this probability at a random moment: it
+  // stops delivering any input (its requests in flight still arrive).
+  double crash_prob = 0;
+
+  // Each contender's clock is true time plus an offset up to this (either
+  // sign). Clock rates are equal.
+  int64_t max_clock_offset_ms = 0;
+
+  // Holding: mostly up to short_hold_max_ms; with long_hold_prob between
+  // stale_ms and 3 * stale_ms (renewals must keep the lease).
+  int64_t short_hold_max_ms = 300;
+  double long_hold_prob = 0;
+  int64_t think_max_ms = 300;  // pause between a contender's rounds
+  // Probability that the user gives up on an acquisition (calls Release
+  // while it is still being acquired) at a random moment.
+  double cancel_prob = 0;
+
+  // Negative control: the holder ignores its lease (keeps acting until it
+  // releases) and renewal timers are not delivered while it holds.
+  bool ignore_lease = false;
+
+  // Expectations.
+  bool expect_no_failures = false;   // no kFailed, kLost, or takeover at all
+  bool check_progress = true;
+
+  int64_t horizon_ms = 3600 * 1000;  // simulated time limit per schedule
+  int64_t max_events = 200000;
+};
+
+struct RunOptions {
+  bool trace = false;        // record a readable event trace
+  int contenders = 0;        // fix K (0: draw from the config's range)
+};
+
+struct ScheduleResult {
+  std::string config;
+  uint64_t seed = 0;
+  int contenders = 0;
+  int64_t events = 0;
+  int64_t end_ms = 0;          // simulated duration
+  int acquisitions = 0;        // kAcquired observed
+  int releases = 0;            // kReleased
+  int failures = 0;            // kFailed (the contender retries)
+  int losses = 0;              // kLost
+  int takeovers = 0;           // successful RENAME to a tombstone
+  int renewals = 0;            // renewal INSERTs sent
+  int revivals = 0;            // a lease that ran out became valid again
+  int crashed = 0;
+  int expired_on_acquire = 0;  // kAcquired with the lease already run out
+  std::vector<std::string> violations;
+  std::vector<std::string> trace;
+
+  bool ok() const { return violations.empty(); }
+  // Seed, counts, violations and (when recorded) the trace.
+  std::string Report() const;
+};
+
+ScheduleResult RunSchedule(const SimConfig& config, uint64_t seed, const RunOptions& run = {});
+
+// The configurations the test runs, by name: "no-faults",
+// "delays-and-losses", "visibility", "visibility-renewals", "cancels",
+// "crashes", "clock-offsets", "long-holds", "many-contenders",
+// "mixed-settings", "odd-stale", "everything", "extreme-visibility" (beyond
+// realistic bounds; not in the test); and the negative controls "naive-rmt"
+// and "ignore-lease".
+std::vector<SimConfig> Configs();
+std::optional<SimConfig> ConfigByName(const std::string& name);
+
+// Totals over many schedules.
+struct Summary {
+  std::string config;
+  int64_t schedules = 0;
+  int64_t failed_schedules = 0;
+  int64_t events = 0;
+  int64_t acquisitions = 0;
+  int64_t takeovers = 0;
+  int64_t failures = 0;
+  int64_t losses = 0;
+  int64_t crashed = 0;
+  int64_t revivals = 0;
+  int max_contenders = 0;
+  int64_t violations = 0;
+  std::vector<uint64_t> failing_seeds;  // the first few
+
+  void Add(const ScheduleResult& r);
+};
+
+// A fixed-width table of summaries (one line each, plus a total).
+std::string FormatSummaries(const std::vector<Summary>& rows);
+
+}  // namespace chstate::sim
+
+#endif  // CHSTATE_TESTS_SIM_LOCK_SIM_H_

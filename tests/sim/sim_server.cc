@@ -1,0 +1,388 @@
+// The simulated ClickHouse server: statement recognition by regular
+// expression over the exact SQL text, and the table model it acts on.
+#include "tests/sim/sim_server.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "re2/re2.h"
+
+namespace chstate::sim {
+namespace {
+
+// A ClickHouse string literal as core/quoting.h writes it, captured with its
+// escapes; Unquote decodes it.
+#define LIT R"('((?:[^'\\]|\\.)*)')"
+#define ID "`([A-Za-z0-9_]+)`"
+
+std::string Unquote(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out.push_back(s[i]);
+      continue;
+    }
+    char e = s[++i];
+    int v = 0;
+    if (e == 'x' && i + 2 < s.size() && absl::SimpleHexAtoi(s.substr(i + 1, 2), &v)) {
+      out.push_back(static_cast<char>(v));
+      i += 2;
+      continue;
+    }
+    out.push_back(e);  // \\ and \'
+  }
+  return out;
+}
+
+// The statements, each matched against the whole SQL text. Anything else is
+// unrecognised.
+struct Patterns {
+  RE2 create_database{"CREATE DATABASE IF NOT EXISTS " ID};
+  RE2 create_lock{"CREATE TABLE " ID "\\." ID " ENGINE = Log AS SELECT " LIT
+                  " AS lock_id, toUInt8\\(0\\) AS seq, now\\(\\) AS locked_at, toUInt32\\((\\d+)\\) AS stale_s"};
+  RE2 inspect_lock{"SELECT lock_id, seq, toInt64\\(locked_at\\), materialize\\(toInt64\\(now\\(\\)\\)\\), stale_s "
+                   "FROM " ID "\\." ID " UNION ALL SELECT '', toUInt8\\(255\\), "
+                   "toInt64\\(metadata_modification_time\\), materialize\\(toInt64\\(now\\(\\)\\)\\), toUInt32\\(0\\) "
+                   "FROM system\\.tables WHERE database = " LIT " AND name = " LIT " FORMAT TabSeparated"};
+  RE2 renew_lock{"INSERT INTO " ID "\\." ID " SELECT " LIT ", toUInt8\\(1\\), now\\(\\), toUInt32\\((\\d+)\\)"};
+  RE2 drop_table{"DROP TABLE IF EXISTS " ID "\\." ID};
+  RE2 rename_table{"RENAME TABLE " ID "\\." ID " TO " ID "\\." ID};
+  // The Python backend's lock table (Statements::CreateLockTable).
+  RE2 create_rmt{"CREATE TABLE IF NOT EXISTS " ID "\\." ID
+                 " \\(state_id String, lock_id String, locked_at DateTime DEFAULT now\\(\\)\\) "
+                 "ENGINE = ReplacingMergeTree\\(locked_at\\) ORDER BY state_id(?: TTL locked_at \\+ INTERVAL \\d+ "
+                 "SECOND)?"};
+  // The naive lock's statements (tests/sim/naive_lock.cc).
+  RE2 rmt_insert{"INSERT INTO " ID "\\." ID " \\(state_id, lock_id\\) VALUES \\(" LIT ", " LIT "\\)"};
+  RE2 rmt_select_final{"SELECT lock_id, toInt64\\(locked_at\\), toInt64\\(now\\(\\)\\) FROM " ID "\\." ID
+                       " FINAL WHERE state_id = " LIT " FORMAT TabSeparated"};
+  RE2 rmt_delete{"ALTER TABLE " ID "\\." ID " DELETE WHERE state_id = " LIT " AND lock_id = " LIT};
+};
+
+const Patterns& P() {
+  static const Patterns* const p = new Patterns();
+  return *p;
+}
+
+#undef LIT
+#undef ID
+
+int64_t Seconds(int64_t ms) { return ms >= 0 ? ms / 1000 : -((-ms + 999) / 1000); }
+
+}  // namespace
+
+std::string TsvEscape(const std::string& field) {
+  std::string out;
+  for (char c : field) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+SimServer::SimServer(ServerOptions options, std::mt19937_64* rng)
+    : options_(std::move(options)), rng_(rng), database_exists_(options_.database_exists) {}
+
+bool SimServer::Chance(double p) {
+  if (p <= 0) return false;
+  return static_cast<double>((*rng_)() >> 11) * (1.0 / 9007199254740992.0) < p;
+}
+
+int64_t SimServer::Upto(int64_t max) {
+  if (max <= 0) return 0;
+  return static_cast<int64_t>((*rng_)() % static_cast<uint64_t>(max + 1));
+}
+
+Execution SimServer::Ok(std::string body, int64_t now_ms, std::string summary) const {
+  Execution e;
+  e.response.http_status = 200;
+  e.response.body = std::move(body);
+  e.done_ms = now_ms;
+  e.summary = std::move(summary);
+  return e;
+}
+
+Execution SimServer::Error(int code, const std::string& message, int64_t now_ms) const {
+  Execution e;
+  e.done_ms = now_ms;
+  e.summary = absl::StrCat("code ", code);
+  if (options_.dialect == Dialect::kClickHouse18) {
+    // 18.16 over HTTP: status 500 and the exception text, no code header.
+    e.response.http_status = 500;
+    e.response.body = absl::StrCat("Code: ", code, ", e.displayText() = DB::Exception: ", message,
+                                   ", e.what() = DB::Exception\n");
+  } else {
+    e.response.http_status = (code == 60 || code == 81) ? 404 : (code == 62 ? 400 : 500);
+    e.response.exception_code_header = absl::StrCat(code);
+    const char* name = code == 57    ? "TABLE_ALREADY_EXISTS"
+                       : code == 60  ? "UNKNOWN_TABLE"
+                       : code == 81  ? "UNKNOWN_DATABASE"
+                       : code == 218 ? "TABLE_IS_DROPPED"
+                                     : "SYNTAX_ERROR";
+    e.response.body =
+        absl::StrCat("Code: ", code, ". DB::Exception: ", message, " (", name,
+                     ") (version 23.8.2.7 (official build))\n");
+  }
+  return e;
+}
+
+bool SimServer::JustDropped(const std::string& name, int64_t now_ms) {
+  auto it = dropped_ms_.find(name);
+  return it != dropped_ms_.end() && now_ms - it->second < options_.dropped_race_ms && Chance(0.5);
+}
+
+Execution SimServer::BeingDropped(const std::string& db, const std::string& name, int64_t now_ms) const {
+  return Error(218, absl::StrCat("Table ", db, ".", name, " is dropped"), now_ms);
+}
+
+Execution SimServer::UnknownTable(const std::string& name, int64_t now_ms) const {
+  return Error(60, absl::StrCat("Table ", options_.schema, ".", name, " doesn't exist."), now_ms);
+}
+
+Execution SimServer::Unrecognized(const SqlRequest& request, const std::string& why, int64_t now_ms) {
+  unrecognized_.push_back(absl::StrCat(why, " [", request.purpose, "]: ", request.sql));
+  return Error(62, absl::StrCat("Syntax error (simulated server: ", why, ")"), now_ms);
+}
+
+bool SimServer::CheckDatabase(const std::string& db, int64_t now_ms, Execution* error) const {
+  if (db == options_.schema && database_exists_) return true;
+  *error = Error(81, absl::StrCat("Database ", db, " doesn't exist"), now_ms);
+  return false;
+}
+
+const Table* SimServer::Find(const std::string& name) const {
+  auto it = tables_.find(name);
+  return it == tables_.end() ? nullptr : &it->second;
+}
+
+Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
+  const Patterns& p = P();
+  const std::string& sql = request.sql;
+  const int64_t now_s = Seconds(now_ms);
+  std::string db, db2, name, name2, lit, lit2;
+  int64_t stale_s = 0;
+  Execution err;
+
+  if (RE2::FullMatch(sql, p.create_database, &db)) {
+    if (db != options_.schema) return Unrecognized(request, "a database other than the schema", now_ms);
+    database_exists_ = true;
+    return Ok("", now_ms, "database ok");
+  }
+
+  if (RE2::FullMatch(sql, p.create_lock, &db, &name, &lit, &stale_s)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    if (tables_.count(name)) {
+      return Error(57, absl::StrCat("Table ", db, ".", name, " already exists."), now_ms);
+    }
+    Table t;
+    t.engine = Table::Engine::kLog;
+    t.instance = next_instance_++;
+    t.created_s = now_s;
+    t.created_ms = now_ms;
+    Row r;
+    r.lock_id = Unquote(lit);
+    r.seq = 0;
+    r.stale_s = stale_s;
+    r.locked_at_s = now_s;  // now() is evaluated when the query starts
+    r.stamped_ms = now_ms;
+    r.visible_ms = now_ms;
+    if (Chance(options_.create_visibility_prob)) r.visible_ms = now_ms + 1 + Upto(options_.create_visibility_max_ms);
+    r.insert_order = next_insert_++;
+    int64_t done = r.visible_ms;
+    t.rows.push_back(std::move(r));
+    tables_[name] = std::move(t);
+    Execution e = Ok("", now_ms, done > now_ms ? absl::StrCat("created; row visible +", done - now_ms, "ms")
+                                                : std::string("created"));
+    e.done_ms = done;
+    return e;
+  }
+
+  if (RE2::FullMatch(sql, p.inspect_lock, &db, &name, &lit, &lit2)) {
+    if (Unquote(lit) != db || Unquote(lit2) != name) {
+      return Unrecognized(request, "inspection of two different tables", now_ms);
+    }
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto it = tables_.find(name);
+    if (it == tables_.end()) {
+      if (JustDropped(name, now_ms)) return BeingDropped(db, name, now_ms);
+      if (Chance(options_.missing_table_empty_prob)) return Ok("", now_ms, "no rows (table missing)");
+      return UnknownTable(name, now_ms);
+    }
+    const Table& t = it->second;
+    if (t.engine != Table::Engine::kLog) return Unrecognized(request, "lock inspection of a non-Log table", now_ms);
+    // Each half of the UNION evaluates now() itself, in either order, while
+    // the query runs: one may read the second before the other. (The query
+    // takes effect at now_ms; a half evaluated earlier reads an earlier time,
+    // never a later one.)
+    int64_t rows_now_s = now_s, table_now_s = now_s;
+    if (options_.union_now_spread_ms > 0) {
+      (Chance(0.5) ? rows_now_s : table_now_s) = Seconds(now_ms - Upto(options_.union_now_spread_ms));
+    }
+    // UNION ALL parts (and rows) arrive in no particular order.
+    std::vector<std::string> lines;
+    for (const Row& r : t.rows) {
+      if (r.visible_ms > now_ms) continue;
+      lines.push_back(absl::StrCat(TsvEscape(r.lock_id), "\t", r.seq, "\t", r.locked_at_s, "\t", rows_now_s, "\t",
+                                   r.stale_s, "\n"));
+    }
+    lines.push_back(absl::StrCat("\t255\t", t.created_s, "\t", table_now_s, "\t0\n"));
+    for (size_t i = lines.size(); i > 1; --i) std::swap(lines[i - 1], lines[(*rng_)() % i]);
+    std::string body;
+    for (const std::string& l : lines) body += l;
+    return Ok(std::move(body), now_ms, absl::StrCat(lines.size() - 1, " lock rows"));
+  }
+
+  if (RE2::FullMatch(sql, p.renew_lock, &db, &name, &lit, &stale_s)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto it = tables_.find(name);
+    if (it == tables_.end()) {
+      return JustDropped(name, now_ms) ? BeingDropped(db, name, now_ms) : UnknownTable(name, now_ms);
+    }
+    if (it->second.engine != Table::Engine::kLog) return Unrecognized(request, "renewal into a non-Log table", now_ms);
+    Row r;
+    r.lock_id = Unquote(lit);
+    r.seq = 1;
+    r.stale_s = stale_s;
+    r.locked_at_s = now_s;
+    r.stamped_ms = now_ms;
+    r.visible_ms = now_ms;  // Log inserts are synchronous
+    r.insert_order = next_insert_++;
+    it->second.rows.push_back(std::move(r));
+    return Ok("", now_ms, "renewal row inserted");
+  }
+
+  if (RE2::FullMatch(sql, p.drop_table, &db, &name)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    bool existed = tables_.erase(name) > 0;
+    if (existed) dropped_ms_[name] = now_ms;
+    return Ok("", now_ms, existed ? "dropped" : "no such table (ok)");
+  }
+
+  if (RE2::FullMatch(sql, p.rename_table, &db, &name, &db2, &name2)) {
+    if (db2 != db) return Unrecognized(request, "a rename across databases", now_ms);
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto from = tables_.find(name);
+    if (from == tables_.end()) return UnknownTable(name, now_ms);
+    if (tables_.count(name2)) return Error(57, absl::StrCat("Table ", db, ".", name2, " already exists."), now_ms);
+    Table moved = std::move(from->second);
+    tables_.erase(from);
+    const Table& placed = tables_[name2] = std::move(moved);
+    if (on_rename) on_rename(name, name2, placed, now_ms);
+    return Ok("", now_ms, "renamed");
+  }
+
+  if (RE2::FullMatch(sql, p.create_rmt, &db, &name)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto it = tables_.find(name);
+    if (it != tables_.end()) {
+      if (it->second.engine != Table::Engine::kReplacingMergeTree) {
+        return Unrecognized(request, "CREATE IF NOT EXISTS over a table of another engine", now_ms);
+      }
+      return Ok("", now_ms, "exists (ok)");
+    }
+    Table t;
+    t.engine = Table::Engine::kReplacingMergeTree;
+    t.instance = next_instance_++;
+    t.created_s = now_s;
+    t.created_ms = now_ms;
+    tables_[name] = std::move(t);
+    return Ok("", now_ms, "created");
+  }
+
+  if (RE2::FullMatch(sql, p.rmt_insert, &db, &name, &lit, &lit2)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto it = tables_.find(name);
+    if (it == tables_.end()) return UnknownTable(name, now_ms);
+    if (it->second.engine != Table::Engine::kReplacingMergeTree) {
+      return Unrecognized(request, "INSERT VALUES into a Log lock table", now_ms);
+    }
+    Row r;
+    r.state_id = Unquote(lit);
+    r.lock_id = Unquote(lit2);
+    r.locked_at_s = now_s;
+    r.stamped_ms = now_ms;
+    r.visible_ms = now_ms + Upto(options_.insert_visibility_max_ms);
+    r.insert_order = next_insert_++;
+    int64_t vis = r.visible_ms - now_ms;
+    it->second.rows.push_back(std::move(r));
+    return Ok("", now_ms, vis ? absl::StrCat("inserted; visible +", vis, "ms") : std::string("inserted"));
+  }
+
+  if (RE2::FullMatch(sql, p.rmt_select_final, &db, &name, &lit)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto it = tables_.find(name);
+    if (it == tables_.end()) return UnknownTable(name, now_ms);
+    if (it->second.engine != Table::Engine::kReplacingMergeTree) {
+      return Unrecognized(request, "SELECT FINAL of a Log table", now_ms);
+    }
+    // FINAL: the visible rows of the key collapse to the greatest locked_at,
+    // the later insert among equals.
+    const std::string state_id = Unquote(lit);
+    const Row* best = nullptr;
+    for (const Row& r : it->second.rows) {
+      if (r.visible_ms > now_ms || r.state_id != state_id) continue;
+      if (!best || r.locked_at_s > best->locked_at_s ||
+          (r.locked_at_s == best->locked_at_s && r.insert_order > best->insert_order)) {
+        best = &r;
+      }
+    }
+    if (!best) return Ok("", now_ms, "0 rows");
+    return Ok(absl::StrCat(TsvEscape(best->lock_id), "\t", best->locked_at_s, "\t", now_s, "\n"), now_ms, "1 row");
+  }
+
+  if (RE2::FullMatch(sql, p.rmt_delete, &db, &name, &lit, &lit2)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto it = tables_.find(name);
+    if (it == tables_.end()) return UnknownTable(name, now_ms);
+    if (it->second.engine != Table::Engine::kReplacingMergeTree) {
+      return Unrecognized(request, "ALTER DELETE of a Log table", now_ms);
+    }
+    // A mutation rewrites the parts that exist when it runs; inserts not yet
+    // visible are later parts and keep their rows.
+    const std::string state_id = Unquote(lit), lock_id = Unquote(lit2);
+    std::vector<Row>& rows = it->second.rows;
+    size_t before = rows.size();
+    rows.erase(std::remove_if(rows.begin(), rows.end(),
+                              [&](const Row& r) {
+                                return r.visible_ms <= now_ms && r.state_id == state_id && r.lock_id == lock_id;
+                              }),
+               rows.end());
+    return Ok("", now_ms, absl::StrCat("deleted ", before - rows.size(), " rows"));
+  }
+
+  return Unrecognized(request, "unrecognised statement", now_ms);
+}
+
+void SimServer::Merge(int64_t now_ms) {
+  for (auto& [name, t] : tables_) {
+    if (t.engine != Table::Engine::kReplacingMergeTree) continue;
+    std::map<std::string, size_t> keep;  // state_id -> index of the survivor
+    for (size_t i = 0; i < t.rows.size(); ++i) {
+      const Row& r = t.rows[i];
+      if (r.visible_ms > now_ms) continue;
+      auto [it, fresh] = keep.emplace(r.state_id, i);
+      if (fresh) continue;
+      const Row& b = t.rows[it->second];
+      if (r.locked_at_s > b.locked_at_s || (r.locked_at_s == b.locked_at_s && r.insert_order > b.insert_order)) {
+        it->second = i;
+      }
+    }
+    std::vector<Row> merged;
+    for (size_t i = 0; i < t.rows.size(); ++i) {
+      const Row& r = t.rows[i];
+      if (r.visible_ms > now_ms || keep[r.state_id] == i) merged.push_back(r);
+    }
+    t.rows = std::move(merged);
+  }
+}
+
+}  // namespace chstate::sim

@@ -1,0 +1,149 @@
+// A simulated single ClickHouse server for the lock simulation
+// (tests/sim/lock_sim.h). It runs exactly the statements the lock code sends,
+// recognised by their SQL text, against an in-memory model of the tables:
+//
+//   chstate::sim::SimServer server(options, &rng);
+//   chstate::sim::Execution e = server.Execute(request, true_now_ms);
+//   // e.response is what the client receives; e.done_ms is when it leaves.
+//
+// Every statement takes effect atomically at the true time it is executed
+// (the caller executes statements in arrival order). The server's clock is the
+// simulation's true clock: now() = floor(true_ms / 1000).
+//
+// Modelled: Log lock tables (CreateLock, InspectLock, RenewLock, DropLock,
+// EntombLock, CreateDatabase from core/statements.h) and the Python backend's
+// ReplacingMergeTree lock table (CreateLockTable plus the few statements of the
+// naive lock in tests/sim/naive_lock.h: INSERT VALUES, SELECT ... FINAL, ALTER
+// DELETE), with 18.16 or modern error bodies. A statement that is not
+// recognised is answered with a syntax error AND recorded in unrecognized(),
+// which the simulation reports as a failure: new SQL cannot pass unnoticed.
+//
+// Adversarial knobs (ServerOptions): the creation row of CREATE ... AS SELECT
+// can become visible later than the table (others get code 57 meanwhile and
+// an inspection shows only the system.tables row); inserts into a
+// ReplacingMergeTree table can become visible late; UNION ALL parts come back
+// in random order; a read of a missing lock table can give zero rows instead
+// of code 60 (as some server versions do), or code 218 shortly after a DROP;
+// the two halves of the inspection's UNION can read now() a second apart.
+#ifndef CHSTATE_TESTS_SIM_SIM_SERVER_H_
+#define CHSTATE_TESTS_SIM_SIM_SERVER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dialect.h"
+#include "core/sql_request.h"
+
+namespace chstate::sim {
+
+struct ServerOptions {
+  std::string schema = "meltano";
+  // Only the error format differs: 18.16 "Code: 57, e.displayText() = ..."
+  // bodies without a code header; modern "Code: 57. DB::Exception: ..." bodies
+  // with X-ClickHouse-Exception-Code.
+  Dialect dialect = Dialect::kClickHouse18;
+  bool database_exists = true;
+  // CREATE TABLE ... AS SELECT: with this probability the creation row becomes
+  // visible up to create_visibility_max_ms after the table exists. The
+  // creator's answer leaves only once the row is in (the CREATE finishes
+  // after its INSERT), so only other clients can see the gap.
+  double create_visibility_prob = 0;
+  int64_t create_visibility_max_ms = 0;
+  // Inserts into ReplacingMergeTree tables are acknowledged at once but read
+  // only up to this much later (async insert, a lagging replica).
+  int64_t insert_visibility_max_ms = 0;
+  // Probability that a read of a missing Log lock table answers zero rows
+  // instead of code 60.
+  double missing_table_empty_prob = 0;
+  // A read of, or insert into, a table dropped less than this long ago may
+  // meet it still being dropped: code 218 (half of the time).
+  int64_t dropped_race_ms = 0;
+  // One half of the inspection's UNION evaluates now() up to this much
+  // earlier than the other (the query takes that long), so the two can
+  // straddle a second.
+  int64_t union_now_spread_ms = 0;
+};
+
+struct Row {
+  std::string state_id;       // ReplacingMergeTree tables only
+  std::string lock_id;
+  int seq = 0;                // Log lock tables: 0 creation row, 1 renewal
+  int64_t stale_s = 0;        // Log lock tables: the writer's stale window
+  int64_t locked_at_s = 0;    // the server's now() when the statement ran
+  int64_t stamped_ms = 0;     // true time the statement ran (for checkers)
+  int64_t visible_ms = 0;     // reads see the row from this true time on
+  uint64_t insert_order = 0;  // ties in ReplacingMergeTree: the later insert wins
+};
+
+struct Table {
+  enum class Engine { kLog, kReplacingMergeTree };
+  Engine engine = Engine::kLog;
+  uint64_t instance = 0;    // unique per CREATE: follows the table through RENAME
+  int64_t created_s = 0;    // metadata_modification_time
+  int64_t created_ms = 0;
+  std::vector<Row> rows;
+};
+
+// The outcome of one statement.
+struct Execution {
+  SqlResponse response;
+  int64_t done_ms = 0;    // true time the answer leaves the server
+  std::string summary;    // what it did, for traces ("created", "code 57", ...)
+};
+
+class SimServer {
+ public:
+  // `rng` drives the adversarial choices; it must outlive the server.
+  SimServer(ServerOptions options, std::mt19937_64* rng);
+
+  Execution Execute(const SqlRequest& request, int64_t now_ms);
+
+  // A background merge of every ReplacingMergeTree table: rows of the same
+  // state_id visible at `now_ms` collapse to the one with the greatest
+  // locked_at (the later insert among equals). Rows still invisible are
+  // separate parts and take no part.
+  void Merge(int64_t now_ms);
+
+  const Table* Find(const std::string& name) const;
+  const std::map<std::string, Table>& tables() const { return tables_; }
+  // Statements the server did not recognise (each also got a syntax error).
+  const std::vector<std::string>& unrecognized() const { return unrecognized_; }
+
+  // Called after every successful RENAME with the moved table (for the
+  // simulation's stale-takeover check).
+  std::function<void(const std::string& from, const std::string& to, const Table& moved, int64_t now_ms)>
+      on_rename;
+
+ private:
+  Execution Ok(std::string body, int64_t now_ms, std::string summary) const;
+  Execution Error(int code, const std::string& message, int64_t now_ms) const;
+  Execution UnknownTable(const std::string& name, int64_t now_ms) const;
+  Execution BeingDropped(const std::string& db, const std::string& name, int64_t now_ms) const;
+  bool JustDropped(const std::string& name, int64_t now_ms);
+  Execution Unrecognized(const SqlRequest& request, const std::string& why, int64_t now_ms);
+  bool Chance(double p);
+  int64_t Upto(int64_t max);  // uniform in [0, max]
+
+  // False (with `*error` set) when `db` is not the schema or it is missing.
+  bool CheckDatabase(const std::string& db, int64_t now_ms, Execution* error) const;
+
+  ServerOptions options_;
+  std::mt19937_64* rng_;
+  bool database_exists_;
+  std::map<std::string, Table> tables_;
+  std::map<std::string, int64_t> dropped_ms_;  // name -> when it was last dropped
+  uint64_t next_instance_ = 1;
+  uint64_t next_insert_ = 1;
+  std::vector<std::string> unrecognized_;
+};
+
+// TabSeparated escaping of one field (\\, \t, \n).
+std::string TsvEscape(const std::string& field);
+
+}  // namespace chstate::sim
+
+#endif  // CHSTATE_TESTS_SIM_SIM_SERVER_H_
