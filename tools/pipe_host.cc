@@ -38,19 +38,13 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
-#include "core/dialect.h"
-#include "core/quoting.h"
-#include "core/sql_request.h"
-#include "core/state.h"
 #include "core/store.h"
 #include "core/task.h"
+#include "hosts/common/protocol.h"
 #include <nlohmann/json.hpp>
 
 namespace chstate {
@@ -61,17 +55,13 @@ using json = nlohmann::json;
 // ---- I/O ----
 
 void Emit(const json& j) {
-  // Replace, never throw: the core promises ASCII SQL, and a driver that
-  // checks for that will see U+FFFD if the promise is ever broken.
-  std::string line = j.dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+  std::string line = protocol::Dump(j);
   line.push_back('\n');
   std::fwrite(line.data(), 1, line.size(), stdout);
   std::fflush(stdout);
 }
 
-void EmitFailed(const absl::Status& status) {
-  Emit(json{{"failed", {{"code", absl::StatusCodeToString(status.code())}, {"message", std::string(status.message())}}}});
-}
+void EmitFailed(const absl::Status& status) { Emit(protocol::FailedJson(status)); }
 
 // Next input line; nullopt on EOF.
 std::optional<std::string> ReadLine() {
@@ -79,62 +69,6 @@ std::optional<std::string> ReadLine() {
   if (!std::getline(std::cin, line)) return std::nullopt;
   if (!line.empty() && line.back() == '\r') line.pop_back();
   return line;
-}
-
-// ---- hex ----
-
-int HexDigit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-absl::StatusOr<std::string> HexDecode(absl::string_view hex, absl::string_view field) {
-  if (hex.size() % 2 != 0) return absl::InvalidArgumentError(absl::StrCat("\"", field, "\" has an odd number of hex digits"));
-  std::string out;
-  out.reserve(hex.size() / 2);
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    int hi = HexDigit(hex[i]);
-    int lo = HexDigit(hex[i + 1]);
-    if (hi < 0 || lo < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("\"", field, "\" is not hex (offset ", i, ")"));
-    }
-    out.push_back(static_cast<char>(hi * 16 + lo));
-  }
-  return out;
-}
-
-// ---- field access that never throws ----
-
-absl::StatusOr<std::string> StringField(const json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat("missing string field \"", key, "\""));
-  }
-  return it->get<std::string>();
-}
-
-absl::StatusOr<std::string> HexField(const json& j, const char* key) {
-  absl::StatusOr<std::string> hex = StringField(j, key);
-  if (!hex.ok()) return hex.status();
-  return HexDecode(*hex, key);
-}
-
-absl::StatusOr<MeltanoState> StateField(const json& j, std::string state_id) {
-  auto it = j.find("state");
-  if (it == j.end() || !it->is_object()) {
-    return absl::InvalidArgumentError("missing object field \"state\" ({\"completed\": {...}, \"partial\": {...}})");
-  }
-  // The core's own parser: checks the keys and the sides' types.
-  return ParseMeltanoStateJson(std::move(state_id), it->dump());
-}
-
-absl::StatusOr<json> ParseLine(const std::string& line) {
-  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("input line is not valid JSON");
-  if (!j.is_object()) return absl::InvalidArgumentError("input line is not a JSON object");
-  return j;
 }
 
 // ---- time and randomness ----
@@ -154,209 +88,23 @@ std::string OsRandomBytes() {
   return bytes;
 }
 
-// Fresh inputs, with the driver's "now_ms"/"random_hex" overrides if present.
-absl::StatusOr<Inputs> MakeInputs(const json& line) {
-  Inputs in{MonotonicMs(), OsRandomBytes()};
-  if (auto it = line.find("now_ms"); it != line.end()) {
-    if (!it->is_number_integer()) return absl::InvalidArgumentError("\"now_ms\" must be an integer");
-    in.now_ms = it->get<int64_t>();
-  }
-  if (line.contains("random_hex")) {
-    absl::StatusOr<std::string> r = HexField(line, "random_hex");
-    if (!r.ok()) return r.status();
-    in.random = *std::move(r);
-  }
-  return in;
-}
+// Fresh inputs from the OS; a line's "now_ms"/"random_hex" win (the driver
+// applies them).
+Inputs OsInputs() { return Inputs{MonotonicMs(), OsRandomBytes()}; }
 
-// ---- protocol ----
-
-json RequestJson(const SqlRequest& r) {
-  json params = json::array();
-  for (const auto& [k, v] : r.url_params) params.push_back(json::array({k, v}));
-  return json{{"request", {{"sql", r.sql}, {"url_params", params}, {"purpose", r.purpose}, {"idempotent", r.idempotent}}}};
-}
-
-absl::StatusOr<SqlResponse> ResponseFromJson(const json& line) {
-  auto it = line.find("response");
-  if (it == line.end() || !it->is_object()) {
-    return absl::InvalidArgumentError("expected a {\"response\": {...}} line answering the request");
-  }
-  const json& r = *it;
-  SqlResponse resp;
-  if (auto f = r.find("transport_ok"); f != r.end()) {
-    if (!f->is_boolean()) return absl::InvalidArgumentError("\"transport_ok\" must be a boolean");
-    resp.transport_ok = f->get<bool>();
-  }
-  if (auto f = r.find("transport_error"); f != r.end() && !f->is_null()) {
-    if (!f->is_string()) return absl::InvalidArgumentError("\"transport_error\" must be a string");
-    resp.transport_error = f->get<std::string>();
-  }
-  if (auto f = r.find("maybe_delivered"); f != r.end()) {
-    if (!f->is_boolean()) return absl::InvalidArgumentError("\"maybe_delivered\" must be a boolean");
-    resp.maybe_delivered = f->get<bool>();
-  }
-  if (auto f = r.find("http_status"); f != r.end()) {
-    if (!f->is_number_integer()) return absl::InvalidArgumentError("\"http_status\" must be an integer");
-    resp.http_status = f->get<int>();
-  } else if (resp.transport_ok) {
-    return absl::InvalidArgumentError("a response with transport_ok needs \"http_status\"");
-  }
-  if (auto f = r.find("exception_code_header"); f != r.end() && !f->is_null()) {
-    if (f->is_string()) {
-      resp.exception_code_header = f->get<std::string>();
-    } else if (f->is_number_integer()) {
-      resp.exception_code_header = std::to_string(f->get<int64_t>());
-    } else {
-      return absl::InvalidArgumentError("\"exception_code_header\" must be a string");
-    }
-  }
-  if (r.contains("body_hex")) {
-    absl::StatusOr<std::string> body = HexField(r, "body_hex");
-    if (!body.ok()) return body.status();
-    resp.body = *std::move(body);
-  } else if (auto f = r.find("body"); f != r.end() && !f->is_null()) {
-    if (!f->is_string()) return absl::InvalidArgumentError("\"body\" must be a string");
-    resp.body = f->get<std::string>();
-  }
-  return resp;
-}
-
-json ResultJson(const Result& r) {
-  json out;
-  if (r.state) {
-    out["state"] = {{"state_id_hex", HexEncode(r.state->state_id)},
-                    {"completed", r.state->completed},
-                    {"partial", r.state->partial}};
-  } else {
-    out["state"] = nullptr;
-  }
-  json ids = json::array();
-  for (const std::string& id : r.state_ids) ids.push_back(HexEncode(id));
-  out["state_ids_hex"] = std::move(ids);
-  out["count"] = r.count;
-  out["server_version"] = r.server_version;
-  out["dialect"] = r.dialect ? json(DialectName(*r.dialect)) : json(nullptr);
-  out["lock_id"] = r.lock_id;
-  out["waited_ms"] = r.waited_ms;
-  return json{{"done", std::move(out)}};
-}
-
-// Builds the task an op line asks for.
-absl::StatusOr<std::unique_ptr<Task>> TaskFor(Store& store, const json& op_line) {
-  absl::StatusOr<std::string> op = StringField(op_line, "op");
-  if (!op.ok()) return op.status();
-  auto id = [&](const char* key = "state_id_hex") { return HexField(op_line, key); };
-
-  if (*op == "ping") return store.Ping();
-  if (*op == "init") return store.Init();
-  if (*op == "clear_all") return store.ClearAll();
-  if (*op == "get" || *op == "delete" || *op == "delete_locked" || *op == "acquire_lock") {
-    absl::StatusOr<std::string> sid = id();
-    if (!sid.ok()) return sid.status();
-    if (*op == "get") return store.Get(*std::move(sid));
-    if (*op == "delete") return store.Delete(*std::move(sid));
-    if (*op == "delete_locked") return store.DeleteLocked(*std::move(sid));
-    return store.AcquireLock(*std::move(sid));
-  }
-  if (*op == "set" || *op == "set_locked" || *op == "update") {
-    absl::StatusOr<std::string> sid = id();
-    if (!sid.ok()) return sid.status();
-    absl::StatusOr<MeltanoState> state = StateField(op_line, *std::move(sid));
-    if (!state.ok()) return state.status();
-    if (*op == "set") return store.Set(*std::move(state));
-    if (*op == "set_locked") return store.SetLocked(*std::move(state));
-    return store.Update(*std::move(state));
-  }
-  if (*op == "renew_lock") {
-    absl::StatusOr<std::string> sid = id();
-    if (!sid.ok()) return sid.status();
-    return store.RenewLock(*std::move(sid));
-  }
-  if (*op == "release_lock") {
-    absl::StatusOr<std::string> sid = id();
-    if (!sid.ok()) return sid.status();
-    absl::StatusOr<std::string> lock_id = StringField(op_line, "lock_id");
-    if (!lock_id.ok()) return lock_id.status();
-    return store.ReleaseLock(*std::move(sid), *std::move(lock_id));
-  }
-  if (*op == "copy" || *op == "move") {
-    absl::StatusOr<std::string> src = id("src_hex");
-    if (!src.ok()) return src.status();
-    absl::StatusOr<std::string> dst = id("dst_hex");
-    if (!dst.ok()) return dst.status();
-    if (*op == "copy") return store.Copy(*std::move(src), *std::move(dst));
-    return store.Move(*std::move(src), *std::move(dst));
-  }
-  if (*op == "list") {
-    std::optional<std::string> glob;
-    if (op_line.contains("pattern_hex") && !op_line["pattern_hex"].is_null()) {
-      absl::StatusOr<std::string> p = HexField(op_line, "pattern_hex");
-      if (!p.ok()) return p.status();
-      glob = *std::move(p);
-    } else if (auto it = op_line.find("pattern"); it != op_line.end() && !it->is_null()) {
-      if (!it->is_string()) return absl::InvalidArgumentError("\"pattern\" must be a string or null");
-      glob = it->get<std::string>();
-    }
-    return store.List(std::move(glob));
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown op \"", *op,
-                                                 "\"; expected ping, init, get, set, set_locked, update, delete, "
-                                                 "delete_locked, list, clear_all, copy, move, acquire_lock, "
-                                                 "renew_lock, release_lock"));
-}
+bool Pending(const json& action) { return action.contains("request") || action.contains("wait_ms"); }
 
 enum class Outcome { kFinished, kEof };
 
-// Drives one task to its end, talking to the driver for every action.
-Outcome Drive(Task& task, const json& op_line) {
-  absl::StatusOr<Inputs> in = MakeInputs(op_line);
-  if (!in.ok()) {
-    EmitFailed(in.status());
-    return Outcome::kFinished;
-  }
-  Action a = task.Start(*in);
+// Drives one op line to its end, talking to the driver for every action.
+Outcome Drive(protocol::OpDriver& driver, const std::string& op_line) {
+  json action = driver.Start(op_line, OsInputs());
   while (true) {
-    switch (a.kind) {
-      case Action::Kind::kDone:
-        Emit(ResultJson(a.result));
-        return Outcome::kFinished;
-      case Action::Kind::kFailed:
-        EmitFailed(a.status);
-        return Outcome::kFinished;
-      case Action::Kind::kRunSql:
-      case Action::Kind::kWait: {
-        const bool sql = a.kind == Action::Kind::kRunSql;
-        Emit(sql ? RequestJson(a.request) : json{{"wait_ms", a.wait_ms}});
-        std::optional<std::string> line = ReadLine();
-        if (!line) return Outcome::kEof;
-        absl::StatusOr<json> j = ParseLine(*line);
-        if (!j.ok()) {
-          EmitFailed(j.status());
-          return Outcome::kFinished;
-        }
-        absl::StatusOr<Inputs> next = MakeInputs(*j);
-        if (!next.ok()) {
-          EmitFailed(next.status());
-          return Outcome::kFinished;
-        }
-        if (sql) {
-          absl::StatusOr<SqlResponse> resp = ResponseFromJson(*j);
-          if (!resp.ok()) {
-            EmitFailed(resp.status());
-            return Outcome::kFinished;
-          }
-          a = task.OnResponse(*resp, *next);
-        } else {
-          if (!j->contains("timer")) {
-            EmitFailed(absl::InvalidArgumentError("expected a {\"timer\": true} line after the wait"));
-            return Outcome::kFinished;
-          }
-          a = task.OnTimer(*next);
-        }
-        break;
-      }
-    }
+    Emit(action);
+    if (!Pending(action)) return Outcome::kFinished;
+    std::optional<std::string> line = ReadLine();
+    if (!line) return Outcome::kEof;
+    action = driver.Feed(*line, OsInputs());
   }
 }
 
@@ -415,19 +163,10 @@ int Main(int argc, char** argv) {
     EmitFailed(store.status());
     return 2;
   }
+  protocol::OpDriver driver(store->get());
   while (std::optional<std::string> line = ReadLine()) {
     if (line->empty()) continue;
-    absl::StatusOr<json> j = ParseLine(*line);
-    if (!j.ok()) {
-      EmitFailed(j.status());
-      continue;
-    }
-    absl::StatusOr<std::unique_ptr<Task>> task = TaskFor(**store, *j);
-    if (!task.ok()) {
-      EmitFailed(task.status());
-      continue;
-    }
-    if (Drive(**task, *j) == Outcome::kEof) break;
+    if (Drive(driver, *line) == Outcome::kEof) break;
   }
   return 0;
 }

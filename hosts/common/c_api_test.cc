@@ -1,0 +1,98 @@
+// The C ABI through its C signatures only: ownership, NULL handling, one op
+// driven to its end, and store creation errors.
+#include "hosts/common/chstate.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+const unsigned char kRandom[32] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+                                   1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
+// Takes ownership of a returned string and parses it.
+json Take(char* s) {
+  EXPECT_NE(s, nullptr);
+  if (s == nullptr) return json();
+  json j = json::parse(s);
+  chstate_string_free(s);
+  return j;
+}
+
+TEST(CApi, VersionMatchesTheHeader) { EXPECT_EQ(chstate_abi_version(), CHSTATE_ABI_VERSION); }
+
+TEST(CApi, DrivesAnOpToTheEnd) {
+  char* err = nullptr;
+  chstate_store* s = chstate_store_new(R"({"schema":"meltano","table":"state","endpoint":"h:1"})", &err);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(err, nullptr);
+  json a = Take(chstate_op_start(s, R"({"op":"list","pattern":"dev:*"})", 5, kRandom, sizeof kRandom));
+  ASSERT_EQ(a["request"]["purpose"], "select_version") << a;
+  a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body":"26.9.2.1\t1\n"}})", 6, kRandom,
+                           sizeof kRandom));
+  ASSERT_EQ(a["request"]["purpose"], "list_state_ids") << a;
+  a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body_hex":"6465763a6109310a"}})", 7, kRandom,
+                           sizeof kRandom));
+  ASSERT_TRUE(a.contains("done")) << a;
+  EXPECT_EQ(a["done"]["state_ids_hex"], json::array({"6465763a61"}));
+  chstate_store_free(s);
+}
+
+TEST(CApi, FreeingAStoreMidOperationIsSafe) {
+  chstate_store* s = chstate_store_new(nullptr, nullptr);
+  ASSERT_NE(s, nullptr);
+  json a = Take(chstate_op_start(s, R"({"op":"get","state_id_hex":"61"})", 5, kRandom, sizeof kRandom));
+  ASSERT_TRUE(a.contains("request"));
+  chstate_store_free(s);  // with the op unfinished
+  chstate_store_free(nullptr);
+  chstate_string_free(nullptr);
+}
+
+TEST(CApi, BadStoreOptionsReturnNullAndAnError) {
+  char* err = nullptr;
+  EXPECT_EQ(chstate_store_new(R"({"schema":"no spaces"})", &err), nullptr);
+  json e = Take(err);
+  EXPECT_EQ(e["failed"]["code"], "INVALID_ARGUMENT");
+  EXPECT_THAT(e["failed"]["message"].get<std::string>(), HasSubstr("schema"));
+  err = nullptr;
+  EXPECT_EQ(chstate_store_new("{", &err), nullptr);
+  EXPECT_EQ(Take(err)["failed"]["code"], "INVALID_ARGUMENT");
+  EXPECT_EQ(chstate_store_new(R"({"tabel":"x"})", nullptr), nullptr);  // no error wanted: no leak either
+}
+
+TEST(CApi, NullArgumentsAreErrorsNotCrashes) {
+  EXPECT_EQ(Take(chstate_op_start(nullptr, "{}", 0, nullptr, 0))["failed"]["code"], "INVALID_ARGUMENT");
+  chstate_store* s = chstate_store_new("", nullptr);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(Take(chstate_op_start(s, nullptr, 0, nullptr, 0))["failed"]["code"], "INVALID_ARGUMENT");
+  EXPECT_EQ(Take(chstate_op_feed(s, nullptr, 0, nullptr, 0))["failed"]["code"], "INVALID_ARGUMENT");
+  EXPECT_EQ(Take(chstate_op_feed(s, R"({"timer":true})", 0, nullptr, 0))["failed"]["code"], "FAILED_PRECONDITION");
+  EXPECT_EQ(Take(chstate_resolve_config(nullptr))["failed"]["code"], "INVALID_ARGUMENT");
+  chstate_store_free(s);
+}
+
+TEST(CApi, WritesNeedRandomBytes) {
+  chstate_store* s = chstate_store_new(nullptr, nullptr);
+  json a = Take(chstate_op_start(s, R"({"op":"set","state_id_hex":"61","state":{"completed":{"a":1}}})", 5,
+                                 nullptr, 0));
+  ASSERT_TRUE(a.contains("request"));
+  a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body":"18.16.1\t1\n"}})", 6, nullptr, 0));
+  ASSERT_TRUE(a.contains("failed")) << a;
+  EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("random"));
+  chstate_store_free(s);
+}
+
+TEST(CApi, ResolveConfigReturnsTheConfig) {
+  json c = Take(chstate_resolve_config(R"({"flags":{"uri":"clickhouse://u@h:1/d","secure":true}})"));
+  ASSERT_TRUE(c.contains("config")) << c;
+  EXPECT_EQ(c["config"]["secure"], true);
+  EXPECT_EQ(c["config"]["port"], 1);
+}
+
+}  // namespace

@@ -1,0 +1,92 @@
+/* The chstate C ABI: the state store behind a sans-IO interface any language
+ * can load (Python's ctypes, LuaJIT's ffi, a Wasm host). The library never
+ * touches the network, the clock, the environment, files or a random source:
+ * the caller runs the SQL it asks for and passes the time and random bytes
+ * with every call. Documents are the JSON of hosts/common/protocol.h (the
+ * same as tools/pipe_host's lines).
+ *
+ *   char* err = NULL;
+ *   chstate_store* s = chstate_store_new("{\"schema\":\"meltano\",\"table\":\"state\"}", &err);
+ *   char* action = chstate_op_start(s, "{\"op\":\"get\",\"state_id_hex\":\"6465763a61\"}",
+ *                                   now_ms, random, 32);
+ *   while (action is {"request":...} or {"wait_ms":...}) {
+ *     ... run the SQL (or sleep) ...
+ *     chstate_string_free(action);
+ *     action = chstate_op_feed(s, "{\"response\":{...}}" or "{\"timer\":true}", now_ms, random, 32);
+ *   }
+ *   ... action is {"done":{...}} or {"failed":{"code":...,"message":...}} ...
+ *   chstate_string_free(action);
+ *   chstate_store_free(s);
+ *
+ * Memory ownership:
+ * - Every `char*` a chstate_* function returns was allocated by the library,
+ *   is NUL-terminated UTF-8 JSON, belongs to the caller and must be released
+ *   exactly once with chstate_string_free (never free(): the library may use
+ *   another allocator). NULL is returned only if memory ran out.
+ * - Every `const char*` / `const unsigned char*` argument is borrowed for the
+ *   duration of the call only; the library keeps no pointer to it.
+ * - A chstate_store is created by chstate_store_new and released by
+ *   chstate_store_free, which also abandons an unfinished operation.
+ *
+ * Threads: a store is not thread-safe; run one operation at a time on it (the
+ * store remembers held locks and the server's dialect between operations).
+ * Different stores are independent. No function throws or aborts on bad input.
+ *
+ * Time and randomness: `now_ms` is milliseconds on any monotonic clock (only
+ * differences matter); `random` must point at 16 or more fresh bytes from a
+ * cryptographic source on every call (lock ids and insert tokens are made from
+ * them). A document may carry "now_ms"/"random_hex" to override them.
+ */
+#ifndef CHSTATE_HOSTS_COMMON_CHSTATE_H_
+#define CHSTATE_HOSTS_COMMON_CHSTATE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped on any incompatible change of a signature or document. */
+#define CHSTATE_ABI_VERSION 1
+
+typedef struct chstate_store chstate_store;
+
+/* CHSTATE_ABI_VERSION of the loaded library; callers check it first. */
+int32_t chstate_abi_version(void);
+
+/* Resolves connection settings with the core's precedence and URI parser.
+ * Input: {"flags": {"uri": ..., "host": ..., "port": ..., ...}, "env": {NAME: value, ...}}.
+ * Returns {"config": {"host","port","secure","user","password","database","schema","table",
+ * "ca_file","redacted_uri","origin":{...}}} or {"failed": {"code","message"}}. The password
+ * is returned for the caller's transport; no message or other field contains it. */
+char* chstate_resolve_config(const char* sources_json);
+
+/* Creates a store. Options (all optional): {"schema","table","endpoint" (for messages),
+ * "lock_timeout_ms","lock_retry_ms","stale_lock_ms","mutation_timeout_ms"}.
+ * On failure returns NULL and, when `error_json` is not NULL, sets *error_json to a
+ * {"failed": ...} document the caller frees with chstate_string_free. */
+chstate_store* chstate_store_new(const char* options_json, char** error_json);
+
+/* Releases a store and any unfinished operation. NULL is ignored. */
+void chstate_store_free(chstate_store* store);
+
+/* Starts an operation ({"op": ...}) and returns its first action: {"request": ...},
+ * {"wait_ms": N}, {"done": ...} or {"failed": ...}. An unfinished earlier operation on
+ * this store is abandoned. */
+char* chstate_op_start(chstate_store* store, const char* op_json, int64_t now_ms, const unsigned char* random,
+                       size_t random_len);
+
+/* Answers the last action ({"response": ...} after a request, {"timer": true} after a
+ * wait) and returns the next one. */
+char* chstate_op_feed(chstate_store* store, const char* input_json, int64_t now_ms, const unsigned char* random,
+                      size_t random_len);
+
+/* Releases a string returned by any chstate_* function. NULL is ignored. */
+void chstate_string_free(char* s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CHSTATE_HOSTS_COMMON_CHSTATE_H_ */

@@ -1,0 +1,390 @@
+// JSON documents <-> core types, and the one-op-at-a-time driver. Shared by
+// tools/pipe_host (JSON lines) and the C ABI (hosts/common/c_api.cc).
+#include "hosts/common/protocol.h"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/dialect.h"
+#include "core/quoting.h"
+#include "core/state.h"
+
+namespace chstate::protocol {
+namespace {
+
+using json = nlohmann::json;
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// ---- field access that never throws ----
+
+absl::StatusOr<std::string> StringField(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat("missing string field \"", key, "\""));
+  }
+  return it->get<std::string>();
+}
+
+absl::StatusOr<std::string> HexField(const json& j, const char* key) {
+  absl::StatusOr<std::string> hex = StringField(j, key);
+  if (!hex.ok()) return hex.status();
+  return HexDecode(*hex, key);
+}
+
+absl::StatusOr<MeltanoState> StateField(const json& j, std::string state_id) {
+  auto it = j.find("state");
+  if (it == j.end() || !it->is_object()) {
+    return absl::InvalidArgumentError("missing object field \"state\" ({\"completed\": {...}, \"partial\": {...}})");
+  }
+  // The core's own parser: checks the keys and the sides' types.
+  return ParseMeltanoStateJson(std::move(state_id), Dump(*it));
+}
+
+// A config source value as the text the core reads; nullopt = not given.
+absl::StatusOr<std::optional<std::string>> SettingText(const json& v, absl::string_view where) {
+  if (v.is_null()) return std::optional<std::string>();
+  if (v.is_string()) return std::optional<std::string>(v.get<std::string>());
+  if (v.is_boolean()) return std::optional<std::string>(v.get<bool>() ? "true" : "false");
+  if (v.is_number_integer()) return std::optional<std::string>(std::to_string(v.get<int64_t>()));
+  return absl::InvalidArgumentError(absl::StrCat(where, " must be a string, an integer, a boolean or null"));
+}
+
+absl::StatusOr<std::map<std::string, std::string>> SourceMap(const json& sources, const char* key, bool flags) {
+  std::map<std::string, std::string> out;
+  auto it = sources.find(key);
+  if (it == sources.end() || it->is_null()) return out;
+  if (!it->is_object()) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be an object"));
+  for (const auto& [name, value] : it->items()) {
+    if (flags) {
+      bool known = name == "uri";
+      for (const char* k : kSettingKeys) known = known || name == k;
+      if (!known) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unknown setting \"", name,
+            "\" in \"flags\"; expected uri, host, port, database, user, password, secure, schema, table, ca_file"));
+      }
+    }
+    // The name only: a value may be a password.
+    absl::StatusOr<std::optional<std::string>> text = SettingText(value, absl::StrCat(key, ".", name));
+    if (!text.ok()) return text.status();
+    if (*text) out[name] = **text;
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<json> ParseDocument(absl::string_view text) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("input line is not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("input line is not a JSON object");
+  return j;
+}
+
+absl::StatusOr<std::string> HexDecode(absl::string_view hex, absl::string_view field) {
+  if (hex.size() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", field, "\" has an odd number of hex digits"));
+  }
+  std::string out;
+  out.reserve(hex.size() / 2);
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    int hi = HexDigit(hex[i]);
+    int lo = HexDigit(hex[i + 1]);
+    if (hi < 0 || lo < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", field, "\" is not hex (offset ", i, ")"));
+    }
+    out.push_back(static_cast<char>(hi * 16 + lo));
+  }
+  return out;
+}
+
+json RequestJson(const SqlRequest& r) {
+  json params = json::array();
+  for (const auto& [k, v] : r.url_params) params.push_back(json::array({k, v}));
+  return json{{"request",
+               {{"sql", r.sql}, {"url_params", params}, {"purpose", r.purpose}, {"idempotent", r.idempotent}}}};
+}
+
+json ResultJson(const Result& r) {
+  json out;
+  if (r.state) {
+    out["state"] = {{"state_id_hex", HexEncode(r.state->state_id)},
+                    {"completed", r.state->completed},
+                    {"partial", r.state->partial}};
+  } else {
+    out["state"] = nullptr;
+  }
+  json ids = json::array();
+  for (const std::string& id : r.state_ids) ids.push_back(HexEncode(id));
+  out["state_ids_hex"] = std::move(ids);
+  out["count"] = r.count;
+  out["server_version"] = r.server_version;
+  out["dialect"] = r.dialect ? json(DialectName(*r.dialect)) : json(nullptr);
+  out["lock_id"] = r.lock_id;
+  out["waited_ms"] = r.waited_ms;
+  return json{{"done", std::move(out)}};
+}
+
+json FailedJson(const absl::Status& status) {
+  return json{{"failed",
+               {{"code", absl::StatusCodeToString(status.code())}, {"message", std::string(status.message())}}}};
+}
+
+json ActionJson(const Action& a) {
+  switch (a.kind) {
+    case Action::Kind::kRunSql: return RequestJson(a.request);
+    case Action::Kind::kWait: return json{{"wait_ms", a.wait_ms}};
+    case Action::Kind::kDone: return ResultJson(a.result);
+    case Action::Kind::kFailed: return FailedJson(a.status);
+  }
+  return FailedJson(absl::InternalError("unknown action kind"));
+}
+
+absl::StatusOr<SqlResponse> ResponseFromJson(const json& line) {
+  auto it = line.find("response");
+  if (it == line.end() || !it->is_object()) {
+    return absl::InvalidArgumentError("expected a {\"response\": {...}} line answering the request");
+  }
+  const json& r = *it;
+  SqlResponse resp;
+  if (auto f = r.find("transport_ok"); f != r.end()) {
+    if (!f->is_boolean()) return absl::InvalidArgumentError("\"transport_ok\" must be a boolean");
+    resp.transport_ok = f->get<bool>();
+  }
+  if (auto f = r.find("transport_error"); f != r.end() && !f->is_null()) {
+    if (!f->is_string()) return absl::InvalidArgumentError("\"transport_error\" must be a string");
+    resp.transport_error = f->get<std::string>();
+  }
+  if (auto f = r.find("maybe_delivered"); f != r.end()) {
+    if (!f->is_boolean()) return absl::InvalidArgumentError("\"maybe_delivered\" must be a boolean");
+    resp.maybe_delivered = f->get<bool>();
+  }
+  if (auto f = r.find("http_status"); f != r.end()) {
+    if (!f->is_number_integer()) return absl::InvalidArgumentError("\"http_status\" must be an integer");
+    resp.http_status = f->get<int>();
+  } else if (resp.transport_ok) {
+    return absl::InvalidArgumentError("a response with transport_ok needs \"http_status\"");
+  }
+  if (auto f = r.find("exception_code_header"); f != r.end() && !f->is_null()) {
+    if (f->is_string()) {
+      resp.exception_code_header = f->get<std::string>();
+    } else if (f->is_number_integer()) {
+      resp.exception_code_header = std::to_string(f->get<int64_t>());
+    } else {
+      return absl::InvalidArgumentError("\"exception_code_header\" must be a string");
+    }
+  }
+  if (r.contains("body_hex")) {
+    absl::StatusOr<std::string> body = HexField(r, "body_hex");
+    if (!body.ok()) return body.status();
+    resp.body = *std::move(body);
+  } else if (auto f = r.find("body"); f != r.end() && !f->is_null()) {
+    if (!f->is_string()) return absl::InvalidArgumentError("\"body\" must be a string");
+    resp.body = f->get<std::string>();
+  }
+  return resp;
+}
+
+absl::StatusOr<Inputs> InputsFromJson(const json& line, Inputs in) {
+  if (auto it = line.find("now_ms"); it != line.end()) {
+    if (!it->is_number_integer()) return absl::InvalidArgumentError("\"now_ms\" must be an integer");
+    in.now_ms = it->get<int64_t>();
+  }
+  if (line.contains("random_hex")) {
+    absl::StatusOr<std::string> r = HexField(line, "random_hex");
+    if (!r.ok()) return r.status();
+    in.random = *std::move(r);
+  }
+  return in;
+}
+
+absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const json& op_line) {
+  absl::StatusOr<std::string> op = StringField(op_line, "op");
+  if (!op.ok()) return op.status();
+  auto id = [&](const char* key = "state_id_hex") { return HexField(op_line, key); };
+
+  if (*op == "ping") return store.Ping();
+  if (*op == "init") return store.Init();
+  if (*op == "clear_all") return store.ClearAll();
+  if (*op == "get" || *op == "delete" || *op == "delete_locked" || *op == "acquire_lock") {
+    absl::StatusOr<std::string> sid = id();
+    if (!sid.ok()) return sid.status();
+    if (*op == "get") return store.Get(*std::move(sid));
+    if (*op == "delete") return store.Delete(*std::move(sid));
+    if (*op == "delete_locked") return store.DeleteLocked(*std::move(sid));
+    return store.AcquireLock(*std::move(sid));
+  }
+  if (*op == "set" || *op == "set_locked" || *op == "update") {
+    absl::StatusOr<std::string> sid = id();
+    if (!sid.ok()) return sid.status();
+    absl::StatusOr<MeltanoState> state = StateField(op_line, *std::move(sid));
+    if (!state.ok()) return state.status();
+    if (*op == "set") return store.Set(*std::move(state));
+    if (*op == "set_locked") return store.SetLocked(*std::move(state));
+    return store.Update(*std::move(state));
+  }
+  if (*op == "renew_lock") {
+    absl::StatusOr<std::string> sid = id();
+    if (!sid.ok()) return sid.status();
+    return store.RenewLock(*std::move(sid));
+  }
+  if (*op == "release_lock") {
+    absl::StatusOr<std::string> sid = id();
+    if (!sid.ok()) return sid.status();
+    absl::StatusOr<std::string> lock_id = StringField(op_line, "lock_id");
+    if (!lock_id.ok()) return lock_id.status();
+    return store.ReleaseLock(*std::move(sid), *std::move(lock_id));
+  }
+  if (*op == "copy" || *op == "move") {
+    absl::StatusOr<std::string> src = id("src_hex");
+    if (!src.ok()) return src.status();
+    absl::StatusOr<std::string> dst = id("dst_hex");
+    if (!dst.ok()) return dst.status();
+    if (*op == "copy") return store.Copy(*std::move(src), *std::move(dst));
+    return store.Move(*std::move(src), *std::move(dst));
+  }
+  if (*op == "list") {
+    std::optional<std::string> glob;
+    if (op_line.contains("pattern_hex") && !op_line["pattern_hex"].is_null()) {
+      absl::StatusOr<std::string> p = HexField(op_line, "pattern_hex");
+      if (!p.ok()) return p.status();
+      glob = *std::move(p);
+    } else if (auto it = op_line.find("pattern"); it != op_line.end() && !it->is_null()) {
+      if (!it->is_string()) return absl::InvalidArgumentError("\"pattern\" must be a string or null");
+      glob = it->get<std::string>();
+    }
+    return store.List(std::move(glob));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown op \"", *op,
+                                                 "\"; expected ping, init, get, set, set_locked, update, delete, "
+                                                 "delete_locked, list, clear_all, copy, move, acquire_lock, "
+                                                 "renew_lock, release_lock"));
+}
+
+absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
+  StoreOptions opts;
+  if (j.is_null()) return opts;
+  if (!j.is_object()) return absl::InvalidArgumentError("store options must be a JSON object");
+  for (const auto& [key, value] : j.items()) {
+    std::string* text = key == "schema" ? &opts.schema : key == "table" ? &opts.table
+                      : key == "endpoint" ? &opts.endpoint : nullptr;
+    int64_t* ms = key == "lock_timeout_ms" ? &opts.lock.timeout_ms
+                : key == "lock_retry_ms" ? &opts.lock.retry_ms
+                : key == "stale_lock_ms" ? &opts.lock.stale_ms
+                : key == "mutation_timeout_ms" ? &opts.mutation_timeout_ms : nullptr;
+    if (text != nullptr) {
+      if (!value.is_string()) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a string"));
+      *text = value.get<std::string>();
+    } else if (ms != nullptr) {
+      if (!value.is_number_integer() || value.get<int64_t>() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a non-negative integer (milliseconds)"));
+      }
+      *ms = value.get<int64_t>();
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown store option \"", key,
+          "\"; expected schema, table, endpoint, lock_timeout_ms, lock_retry_ms, stale_lock_ms, mutation_timeout_ms"));
+    }
+  }
+  return opts;
+}
+
+json ResolveConfigJson(absl::string_view sources_json) {
+  absl::StatusOr<json> doc = ParseDocument(sources_json);
+  if (!doc.ok()) return FailedJson(doc.status());
+  for (const auto& [key, value] : doc->items()) {
+    if (key != "flags" && key != "env") {
+      return FailedJson(absl::InvalidArgumentError(
+          absl::StrCat("unknown key \"", key, "\" in config sources; expected \"flags\" and \"env\"")));
+    }
+  }
+  ConfigSources sources;
+  absl::StatusOr<std::map<std::string, std::string>> flags = SourceMap(*doc, "flags", /*flags=*/true);
+  if (!flags.ok()) return FailedJson(flags.status());
+  absl::StatusOr<std::map<std::string, std::string>> env = SourceMap(*doc, "env", /*flags=*/false);
+  if (!env.ok()) return FailedJson(env.status());
+  sources.flags = *std::move(flags);
+  sources.env = *std::move(env);
+  absl::StatusOr<ConnectionConfig> cfg = ResolveConfig(sources);
+  if (!cfg.ok()) return FailedJson(cfg.status());
+  json origin = json::object();
+  for (const auto& [k, v] : cfg->origin) origin[k] = v;
+  return json{{"config",
+               {{"host", cfg->host},
+                {"port", cfg->port},
+                {"secure", cfg->secure},
+                {"user", cfg->user},
+                {"password", cfg->password},
+                {"database", cfg->database},
+                {"schema", cfg->schema},
+                {"table", cfg->table},
+                {"ca_file", cfg->ca_file},
+                {"redacted_uri", cfg->RedactedUri()},
+                {"origin", std::move(origin)}}}};
+}
+
+std::string Dump(const json& doc) {
+  // Replace, never throw: the core promises ASCII SQL, and a driver that
+  // checks for that will see U+FFFD if the promise is ever broken.
+  return doc.dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+}
+
+// ---- OpDriver ----
+
+json OpDriver::Abort(const absl::Status& status) {
+  task_.reset();
+  return FailedJson(status);
+}
+
+json OpDriver::Take(Action a) {
+  if (a.kind == Action::Kind::kDone || a.kind == Action::Kind::kFailed) {
+    task_.reset();
+  } else {
+    awaiting_sql_ = a.kind == Action::Kind::kRunSql;
+  }
+  return ActionJson(a);
+}
+
+json OpDriver::Start(absl::string_view op_document, const Inputs& defaults) {
+  task_.reset();
+  absl::StatusOr<json> op = ParseDocument(op_document);
+  if (!op.ok()) return Abort(op.status());
+  absl::StatusOr<std::unique_ptr<Task>> task = TaskForOp(*store_, *op);
+  if (!task.ok()) return Abort(task.status());
+  absl::StatusOr<Inputs> in = InputsFromJson(*op, defaults);
+  if (!in.ok()) return Abort(in.status());
+  task_ = *std::move(task);
+  return Take(task_->Start(*in));
+}
+
+json OpDriver::Feed(absl::string_view answer_document, const Inputs& defaults) {
+  if (task_ == nullptr) {
+    return FailedJson(absl::FailedPreconditionError(
+        "no operation is waiting for an answer: start one first (it may have finished or failed already)"));
+  }
+  absl::StatusOr<json> answer = ParseDocument(answer_document);
+  if (!answer.ok()) return Abort(answer.status());
+  absl::StatusOr<Inputs> in = InputsFromJson(*answer, defaults);
+  if (!in.ok()) return Abort(in.status());
+  if (awaiting_sql_) {
+    absl::StatusOr<SqlResponse> resp = ResponseFromJson(*answer);
+    if (!resp.ok()) return Abort(resp.status());
+    return Take(task_->OnResponse(*resp, *in));
+  }
+  if (!answer->contains("timer")) {
+    return Abort(absl::InvalidArgumentError("expected a {\"timer\": true} line after the wait"));
+  }
+  return Take(task_->OnTimer(*in));
+}
+
+}  // namespace chstate::protocol

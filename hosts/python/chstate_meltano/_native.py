@@ -1,0 +1,234 @@
+"""The chstate core through its C ABI (hosts/common/chstate.h), with ctypes.
+
+The library is sans-IO: it says which SQL to run and how long to wait, and this
+module runs the loop around it, supplying the time and fresh random bytes with
+every call. Nothing here imports Meltano, so it can be used and tested alone.
+
+    from chstate_meltano import _native
+    config = _native.resolve_config({"uri": "clickhouse://me@db:8123/default"})
+    store = _native.Store({"schema": "meltano"}, transport=my_transport)
+    done = store.run({"op": "get", "state_id_hex": b"dev:a".hex()})
+
+Where the library comes from (first match wins):
+  1. libchstate.so inside this package (a wheel built by hosts/python/build_wheel.sh),
+  2. the path in $CHSTATE_LIBRARY (e.g. bazel-bin/hosts/python/libchstate.so).
+The packaged copy wins so that an installed wheel always runs the library it
+was built and tested with, whatever a shell happens to export.
+
+Memory: every string the library returns is copied into Python and released
+with chstate_string_free at once; a store handle is released by Store.close()
+or when the Store is garbage-collected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+ABI_VERSION = 1
+LIBRARY_NAME = "libchstate.so"
+LIBRARY_ENV = "CHSTATE_LIBRARY"
+
+# Transport failures of requests that are safe to resend are retried this
+# often, after 100 ms, then 200 ms: a restarting server refuses for a moment.
+TRANSPORT_RETRIES = 2
+
+
+class ChstateError(Exception):
+    """An operation failed. `code` is an absl status code name (NOT_FOUND,
+    ABORTED, UNAVAILABLE, ...), `message` the core's explanation."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{message} [{code}]")
+        self.code = code
+        self.message = message
+
+
+class LibraryNotFoundError(ChstateError):
+    def __init__(self, message: str):
+        super().__init__("FAILED_PRECONDITION", message)
+
+
+def library_path() -> Path:
+    packaged = Path(__file__).resolve().parent / LIBRARY_NAME
+    if packaged.is_file():
+        return packaged
+    env = os.environ.get(LIBRARY_ENV)
+    if env:
+        path = Path(env)
+        if path.is_file():
+            return path
+        raise LibraryNotFoundError(f"{LIBRARY_ENV} is {env!r}, which is not a file: build the library with "
+                                   "`bazel build -c opt //hosts/python:libchstate.so` and point it at "
+                                   "bazel-bin/hosts/python/libchstate.so")
+    raise LibraryNotFoundError(
+        f"the chstate native library was not found: it is not in {packaged.parent} and {LIBRARY_ENV} is not set. "
+        "Install a wheel that ships it (hosts/python/build_wheel.sh), or build it with "
+        f"`bazel build -c opt //hosts/python:libchstate.so` and set {LIBRARY_ENV} to its path")
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL:
+    path = library_path()
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise LibraryNotFoundError(f"could not load {path}: {e}") from None
+    lib.chstate_abi_version.restype = ctypes.c_int32
+    lib.chstate_abi_version.argtypes = []
+    version = lib.chstate_abi_version()
+    if version != ABI_VERSION:
+        raise LibraryNotFoundError(f"{path} speaks ABI version {version}, this package needs {ABI_VERSION}: "
+                                   "rebuild the library from the same checkout as the package")
+    # Returned strings are c_void_p, not c_char_p: ctypes would copy a c_char_p
+    # and lose the pointer that must be given back to chstate_string_free.
+    lib.chstate_resolve_config.restype = ctypes.c_void_p
+    lib.chstate_resolve_config.argtypes = [ctypes.c_char_p]
+    lib.chstate_store_new.restype = ctypes.c_void_p
+    lib.chstate_store_new.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.chstate_store_free.restype = None
+    lib.chstate_store_free.argtypes = [ctypes.c_void_p]
+    for name in ("chstate_op_start", "chstate_op_feed"):
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_void_p
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t]
+    lib.chstate_string_free.restype = None
+    lib.chstate_string_free.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def _take(lib: ctypes.CDLL, ptr: Optional[int]) -> dict:
+    """Copies a returned document into Python and frees the library's copy."""
+    if not ptr:
+        raise MemoryError("the chstate library ran out of memory")
+    try:
+        data = ctypes.string_at(ptr)
+    finally:
+        lib.chstate_string_free(ptr)
+    return json.loads(data)
+
+
+def _encode(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def _failed(doc: dict) -> ChstateError:
+    f = doc.get("failed") or {}
+    return ChstateError(str(f.get("code", "UNKNOWN")), str(f.get("message", f"unexpected answer {doc!r}")))
+
+
+def resolve_config(flags: Mapping[str, Any], env: Optional[Mapping[str, str]] = None) -> dict:
+    """The core's connection settings: precedence, URI parsing, defaults.
+
+    Returns host, port, secure, user, password, database, schema, table,
+    ca_file, redacted_uri and origin. Raises ChstateError (INVALID_ARGUMENT)
+    with a message that never contains the password.
+    """
+    lib = library()
+    clean = {k: v for k, v in flags.items() if v is not None}
+    out = _take(lib, lib.chstate_resolve_config(_encode({"flags": clean, "env": dict(env or {})})))
+    if "config" not in out:
+        raise _failed(out)
+    return out["config"]
+
+
+def id_hex(state_id: str) -> str:
+    """State ids are str in Meltano; surrogate escapes carry bytes that are not UTF-8."""
+    return state_id.encode("utf-8", "surrogateescape").hex()
+
+
+def id_from_hex(hex_id: str) -> str:
+    return bytes.fromhex(hex_id).decode("utf-8", "surrogateescape")
+
+
+Transport = Callable[[dict], dict]
+
+
+class Store:
+    """One chstate::Store and the loop that drives its operations.
+
+    `transport(request) -> response` runs one {"sql", "url_params", "purpose",
+    "idempotent"} request and returns the response document ({"transport_ok",
+    "http_status", "exception_code_header", "body_hex"} or a transport
+    failure). Operations run one at a time (a lock serialises threads).
+    """
+
+    def __init__(self, options: Mapping[str, Any], transport: Transport, *,
+                 clock_ns: Callable[[], int] = time.monotonic_ns,
+                 random_bytes: Callable[[int], bytes] = os.urandom,
+                 sleep: Callable[[float], None] = time.sleep):
+        self._lib = library()
+        self._transport = transport
+        self._clock_ns = clock_ns
+        self._random = random_bytes
+        self._sleep = sleep
+        self._mutex = threading.Lock()
+        err = ctypes.c_void_p()
+        handle = self._lib.chstate_store_new(_encode(options), ctypes.byref(err))
+        if not handle:
+            raise _failed(_take(self._lib, err.value)) if err.value else MemoryError("chstate_store_new failed")
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, self._lib.chstate_store_free, handle)
+
+    def close(self) -> None:
+        with self._mutex:
+            self._finalizer()
+            self._handle = None
+
+    def _call(self, fn, doc: Mapping[str, Any]) -> dict:
+        now_ms = self._clock_ns() // 1_000_000
+        random = self._random(32)
+        return _take(self._lib, fn(self._handle, _encode(doc), now_ms, random, len(random)))
+
+    def _execute(self, request: dict) -> dict:
+        response = self._transport(request)
+        for attempt in range(TRANSPORT_RETRIES):
+            if response.get("transport_ok", True):
+                break
+            # Resend only what cannot do harm twice: idempotent requests, and
+            # any request that certainly never reached the server.
+            if not (request.get("idempotent") or not response.get("maybe_delivered", True)):
+                break
+            self._sleep(0.1 * (2 ** attempt))
+            response = self._transport(request)
+        return response
+
+    def run(self, op: Mapping[str, Any]) -> dict:
+        """Runs one operation to its end; returns its "done" document or
+        raises ChstateError."""
+        with self._mutex:
+            if self._handle is None:
+                raise ChstateError("FAILED_PRECONDITION", "the store was closed")
+            transport_error = ""      # the last failure without an HTTP answer
+            answered_since = False    # any answer since the first such failure
+            action = self._call(self._lib.chstate_op_start, op)
+            while True:
+                if "request" in action:
+                    response = self._execute(action["request"])
+                    if not response.get("transport_ok", True):
+                        transport_error = str(response.get("transport_error", ""))
+                    elif transport_error:
+                        answered_since = True
+                    action = self._call(self._lib.chstate_op_feed, {"response": response})
+                elif "wait_ms" in action:
+                    self._sleep(max(0, int(action["wait_ms"])) / 1000.0)
+                    action = self._call(self._lib.chstate_op_feed, {"timer": True})
+                elif "done" in action:
+                    return action["done"]
+                else:
+                    error = _failed(action)
+                    if error.code == "ABORTED" and transport_error and not answered_since:
+                        # The core's lock keeps retrying while ClickHouse does
+                        # not answer and then reports the id as "locked by
+                        # another process". Nothing answered since ClickHouse
+                        # went away, so say what really happened.
+                        raise ChstateError("UNAVAILABLE", f"no answer from ClickHouse while {op.get('op')}: "
+                                           f"{transport_error} (the core reported: {error.message})")
+                    raise error

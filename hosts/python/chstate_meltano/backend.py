@@ -1,0 +1,333 @@
+"""Meltano state backends (entry-point group `meltano.state_backends`) whose
+state logic is chstate's C++ core:
+
+* `clickhouse` -> ClickhouseStateStoreManager: a ClickHouse server over HTTP(S)
+  (`state_backend.uri: clickhouse://user@host:8123/default`);
+* `chdb` -> ChdbStateStoreManager: embedded ClickHouse (chDB) in Meltano's own
+  process, for projects with no server (`state_backend.uri: chdb:///abs/dir`).
+
+Python only supplies what Meltano needs: settings in, a transport for the SQL
+the core asks for, the clock and random bytes, and Meltano's exceptions out.
+Construction does no I/O (Meltano builds the backend several times per run):
+the library is loaded and the settings resolved, but the connection is opened
+on the first operation, and the tables are created by the first write.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import typing as t
+from contextlib import contextmanager
+from urllib.parse import parse_qsl, unquote, urlparse
+
+from meltano.core.error import MeltanoError
+from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager
+
+from . import _native
+from ._native import ChstateError, id_from_hex, id_hex
+
+if t.TYPE_CHECKING:
+    from collections.abc import Generator, Iterable
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STALE_LOCK_SECONDS = 300
+
+# What a user can do about each kind of failure.
+_INSTRUCTIONS = {
+    "UNAVAILABLE": "Check that ClickHouse is running and reachable, and the state backend's host, port and secure "
+                   "settings (state_backend.uri, state_backend.clickhouse.*); no state was lost",
+    "UNAUTHENTICATED": "Check state_backend.clickhouse.user and the password "
+                       "(MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD)",
+    "PERMISSION_DENIED": "Grant the ClickHouse user the rights on the state schema "
+                         "(CREATE, SELECT, INSERT, ALTER DELETE, DROP)",
+    "INVALID_ARGUMENT": "Fix the state backend settings (state_backend.uri, state_backend.clickhouse.*)",
+}
+
+
+class ChstateStateBackendError(MeltanoError):
+    """An operation of the chstate state backend failed; `code` says how."""
+
+    def __init__(self, what: str, error: ChstateError):
+        self.code = error.code
+        self.message = error.message
+        super().__init__(f"chstate state backend: {what} failed: {error.message.rstrip('.')} [{error.code}]",
+                         _INSTRUCTIONS.get(error.code))
+
+
+class ChstateSettingsError(ChstateStateBackendError):
+    """The state backend settings are incomplete or invalid."""
+
+
+def _seconds(value: t.Any, default: float, name: str) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ChstateSettingsError(f"reading {name}", ChstateError("INVALID_ARGUMENT",
+                                   f"{name} is {value!r}, which is not a number of seconds")) from None
+    if seconds < 0:
+        raise ChstateSettingsError(f"reading {name}", ChstateError("INVALID_ARGUMENT",
+                                   f"{name} is {value!r}; it must not be negative"))
+    return seconds
+
+
+def _meltano_names(message: str) -> str:
+    """The core names setting sources as chstate's command line does; the
+    adapter passes Meltano's settings in that slot, so say their names."""
+    message = message.replace("--uri flag", "state_backend.uri")
+    for key in ("host", "port", "database", "user", "password", "secure", "schema", "table", "ca-file"):
+        message = message.replace(f"--{key} flag", f"state_backend.clickhouse.{key.replace('-', '_')}")
+        message = message.replace(f"with --{key}, ", "with ")
+        # The adapter does not read the generic CLICKHOUSE_* variables.
+        message = message.replace(f" or CLICKHOUSE_{key.upper()}", "")
+    return message
+
+
+class ChstateStateStoreManager(StateStoreManager):
+    """What both backends share: every StateStoreManager method as a core op."""
+
+    def __init__(self, uri: str, *, lock_timeout_seconds: t.Any = None, lock_retry_seconds: t.Any = None,
+                 **kwargs: t.Any) -> None:
+        super().__init__()
+        self.uri = uri
+        self.lock_timeout_seconds = _seconds(lock_timeout_seconds, 10.0, "state_backend.lock_timeout_seconds")
+        self.lock_retry_seconds = _seconds(lock_retry_seconds, 1.0, "state_backend.lock_retry_seconds")
+        self.stale_lock_seconds = DEFAULT_STALE_LOCK_SECONDS
+        self._store: _native.Store | None = None
+        self._transport: t.Any = None
+        # state id -> [lock id, monotonic ns of the last acquire/renewal]
+        self._held: dict[str, list] = {}
+        try:
+            _native.library()  # fail early, and without I/O, when the library is missing
+        except ChstateError as e:
+            raise ChstateStateBackendError("loading the native library", e) from None
+
+    # -- what subclasses provide --
+    schema: str
+    table: str
+    endpoint: str
+
+    def _make_transport(self) -> t.Any:
+        raise NotImplementedError
+
+    # -- the core --
+    def _store_handle(self) -> _native.Store:
+        if self._store is None:
+            self._transport = self._make_transport()
+            options = {
+                "schema": self.schema,
+                "table": self.table,
+                "endpoint": self.endpoint,
+                "lock_timeout_ms": int(self.lock_timeout_seconds * 1000),
+                "lock_retry_ms": int(self.lock_retry_seconds * 1000),
+                "stale_lock_ms": int(self.stale_lock_seconds * 1000),
+            }
+            self._store = _native.Store(options, self._transport)
+        return self._store
+
+    def _renew_held_locks(self) -> None:
+        """A lock held across several operations (Meltano's update() is get +
+        set under acquire_lock) is renewed when a third of the stale window
+        has passed, so a long hold is never taken over as stale."""
+        due = time.monotonic_ns() - self.stale_lock_seconds * 1_000_000_000 // 3
+        for state_id, held in list(self._held.items()):
+            if held[1] <= due:
+                try:
+                    self._store_handle().run({"op": "renew_lock", "state_id_hex": id_hex(state_id)})
+                except ChstateError as e:
+                    self._held.pop(state_id, None)
+                    raise ChstateStateBackendError(f"renewing the lock on state id {state_id!r}", e) from None
+                held[1] = time.monotonic_ns()
+
+    def _run(self, what: str, op: dict) -> dict:
+        if self._held:
+            self._renew_held_locks()
+        try:
+            return self._store_handle().run(op)
+        except ChstateError as e:
+            raise ChstateStateBackendError(what, e) from None
+
+    # -- StateStoreManager --
+    @property
+    def label(self) -> str:
+        return f"chstate ({self.endpoint}, {self.schema}.{self.table})"
+
+    def set(self, state: MeltanoState) -> None:
+        self._run(f"writing state {state.state_id!r}", {
+            "op": "set",
+            "state_id_hex": id_hex(state.state_id),
+            "state": {"completed": state.completed_state or {}, "partial": state.partial_state or {}},
+        })
+
+    def get(self, state_id: str) -> MeltanoState | None:
+        done = self._run(f"reading state {state_id!r}", {"op": "get", "state_id_hex": id_hex(state_id)})
+        found = done.get("state")
+        if found is None:
+            return None
+        return MeltanoState(state_id=state_id, partial_state=found.get("partial") or {},
+                            completed_state=found.get("completed") or {})
+
+    def delete(self, state_id: str) -> None:
+        self._run(f"deleting state {state_id!r}", {"op": "delete", "state_id_hex": id_hex(state_id)})
+
+    def get_state_ids(self, pattern: str | None = None) -> Iterable[str]:
+        op: dict = {"op": "list", "pattern": None}
+        if pattern is not None:
+            op = {"op": "list", "pattern_hex": id_hex(pattern)}
+        done = self._run("listing state ids", op)
+        return [id_from_hex(h) for h in done.get("state_ids_hex", [])]
+
+    def clear_all(self) -> int:
+        return int(self._run("clearing all states", {"op": "clear_all"}).get("count", 0))
+
+    def get_all(self, pattern: str | None = None) -> Iterable[MeltanoState]:
+        for state_id in self.get_state_ids(pattern):
+            if state := self.get(state_id):
+                yield state
+
+    def set_all(self, states: Iterable[MeltanoState]) -> int:
+        count = 0
+        for state in states:
+            self.set(state)
+            count += 1
+        return count
+
+    def migrate(self) -> None:
+        """`meltano upgrade`: create the schema and tables, and remove old lock
+        tombstones (the core's `init`)."""
+        self._run("initialising the state tables", {"op": "init"})
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+            self._held.clear()
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+    @contextmanager
+    def acquire_lock(self, state_id: str, *, retry_seconds: float = 1) -> Generator[None, None, None]:
+        """The per-state-id lock. Waits lock_retry_seconds between attempts
+        (the setting; Meltano's update() always passes retry_seconds=1, which is
+        only used when the setting is absent) and raises StateIDLockedError
+        after lock_timeout_seconds. Released on every exit path."""
+        del retry_seconds  # the constructor's lock_retry_seconds is the user's setting
+        sid = id_hex(state_id)
+        try:
+            done = self._run(f"locking state id {state_id!r}", {"op": "acquire_lock", "state_id_hex": sid})
+        except ChstateStateBackendError as e:
+            if e.code == "ABORTED":
+                raise StateIDLockedError(e.message) from None
+            raise
+        lock_id = done["lock_id"]
+        self._held[state_id] = [lock_id, time.monotonic_ns()]
+        body_ok = False
+        try:
+            yield
+            body_ok = True
+        finally:
+            self._held.pop(state_id, None)
+            try:
+                self._run(f"releasing the lock on state id {state_id!r}",
+                          {"op": "release_lock", "state_id_hex": sid, "lock_id": lock_id})
+            except ChstateStateBackendError as e:
+                if body_ok:
+                    raise
+                # The body's own error matters more; this one is only logged.
+                logger.warning("%s", e)
+
+
+class ClickhouseStateStoreManager(ChstateStateStoreManager):
+    """`clickhouse://` state backend: a ClickHouse server over HTTP(S)."""
+
+    def __init__(self, uri: str, *, host: t.Any = None, port: t.Any = None, database: t.Any = None,
+                 user: t.Any = None, password: t.Any = None, secure: t.Any = None, schema: t.Any = None,
+                 table: t.Any = None, ca_file: t.Any = None, **kwargs: t.Any) -> None:
+        super().__init__(uri, **kwargs)
+        # Granular settings override the URI component-wise: the core's
+        # precedence (flags beat the --uri flag). Meltano already folded
+        # MELTANO_STATE_BACKEND_* variables into these, so env stays empty.
+        flags = {"uri": uri, "host": host, "port": port, "database": database, "user": user, "password": password,
+                 "secure": secure, "schema": schema, "table": table, "ca_file": ca_file}
+        try:
+            config = _native.resolve_config(flags, env={})
+        except ChstateError as e:
+            raise ChstateSettingsError("reading the ClickHouse settings",
+                                       ChstateError(e.code, _meltano_names(e.message))) from None
+        self._config = config  # holds the password: never logged or shown
+        self.schema = config["schema"]
+        self.table = config["table"]
+        self.redacted_uri = config["redacted_uri"]
+        host_shown = f"[{config['host']}]" if ":" in config["host"] else config["host"]
+        self.endpoint = f"{host_shown}:{config['port']}"
+
+    def __repr__(self) -> str:
+        return f"ClickhouseStateStoreManager({self.redacted_uri})"
+
+    @property
+    def label(self) -> str:
+        return f"ClickHouse via chstate ({self.redacted_uri})"
+
+    def _make_transport(self) -> t.Any:
+        from ._http import HttpTransport
+
+        return HttpTransport(self._config)
+
+
+class ChdbStateStoreManager(ChstateStateStoreManager):
+    """`chdb:///absolute/dir` state backend: embedded ClickHouse in Meltano's
+    process. Optional query keys: ?schema=...&table=...
+    (`chdb:///${MELTANO_PROJECT_ROOT}/.meltano/chstate` keeps it in the project.)"""
+
+    def __init__(self, uri: str, *, schema: t.Any = None, table: t.Any = None, **kwargs: t.Any) -> None:
+        super().__init__(uri, **kwargs)
+        parsed = urlparse(uri)
+
+        def bad(message: str) -> ChstateSettingsError:
+            return ChstateSettingsError("reading state_backend.uri", ChstateError("INVALID_ARGUMENT", message))
+
+        if parsed.scheme != "chdb":
+            raise bad(f"the chdb backend needs a chdb:// URI, not {parsed.scheme}://")
+        if parsed.netloc:
+            raise bad(f"chdb:// URIs name a local directory with an absolute path, as in chdb:///var/lib/meltano/"
+                      f"state, so the part after chdb:// must start with '/' (got host {parsed.netloc!r})")
+        path = unquote(parsed.path)
+        if not path.startswith("/"):
+            raise bad("chdb:// URIs need an absolute directory path, as in chdb:///var/lib/meltano/state")
+        if parsed.fragment:
+            raise bad("chdb:// URIs take no '#' fragment")
+        query: dict = {}
+        for key, value in parse_qsl(parsed.query, keep_blank_values=True, strict_parsing=False):
+            if key not in ("schema", "table") or key in query:
+                raise bad(f"unknown or repeated key {key!r} in the chdb:// URI query; expected schema and table")
+            query[key] = value
+        self.path = path
+        self.schema = schema or query.get("schema") or "meltano"
+        self.table = table or query.get("table") or "state"
+        self.endpoint = f"chdb:{path}"
+        # Identifiers are validated by the core when the store is made; make
+        # that happen now, without I/O, so a bad name fails at construction.
+        try:
+            _native.Store({"schema": self.schema, "table": self.table}, transport=lambda r: {}).close()
+        except ChstateError as e:
+            raise ChstateSettingsError("reading the chdb state backend settings", e) from None
+
+    def __repr__(self) -> str:
+        return f"ChdbStateStoreManager(chdb://{self.path})"
+
+    @property
+    def label(self) -> str:
+        return f"chDB via chstate (chdb://{self.path}, {self.schema}.{self.table})"
+
+    def _make_transport(self) -> t.Any:
+        from ._chdb import ChdbTransport
+
+        return ChdbTransport(self.path)
+
+
+__all__ = ["ChdbStateStoreManager", "ChstateStateBackendError", "ChstateStateStoreManager",
+           "ClickhouseStateStoreManager"]

@@ -1,0 +1,39 @@
+"""The settings Meltano learns from this package (entry-point group
+`meltano.settings`): the same names, kinds and environment variables as the
+Python ClickHouse state backend, so an existing meltano.yml works unchanged,
+plus chstate's `ca_file`.
+
+    state_backend:
+      uri: clickhouse://meltano@clickhouse.internal:8123/default
+      clickhouse:
+        secure: true
+        schema: meltano_prod
+    # password: MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD
+"""
+
+from __future__ import annotations
+
+from meltano.core.setting_definition import SettingDefinition, SettingKind
+
+
+def _setting(key: str, label: str, description: str, kind: SettingKind, **extra) -> SettingDefinition:
+    return SettingDefinition(name=f"state_backend.clickhouse.{key}", label=label, description=description,
+                             kind=kind, env_specific=True, **extra)
+
+
+CLICKHOUSE_HOST = _setting("host", "ClickHouse Host", "ClickHouse server hostname", SettingKind.STRING)
+CLICKHOUSE_PORT = _setting("port", "ClickHouse Port", "ClickHouse HTTP interface port (default 8123, 8443 when "
+                           "secure)", SettingKind.INTEGER)
+CLICKHOUSE_DATABASE = _setting("database", "ClickHouse Database", "ClickHouse database name (the connection's "
+                               "database; required)", SettingKind.STRING)
+CLICKHOUSE_USER = _setting("user", "ClickHouse User", "ClickHouse username", SettingKind.STRING)
+CLICKHOUSE_PASSWORD = _setting("password", "ClickHouse Password", "ClickHouse password", SettingKind.STRING,
+                               sensitive=True)
+CLICKHOUSE_SECURE = _setting("secure", "ClickHouse Secure (TLS)", "Connect to ClickHouse over HTTPS/TLS",
+                             SettingKind.BOOLEAN)
+CLICKHOUSE_SCHEMA = _setting("schema", "ClickHouse Database/Schema", "ClickHouse database used for state storage "
+                             "(default: meltano)", SettingKind.STRING)
+CLICKHOUSE_TABLE = _setting("table", "ClickHouse Table", "ClickHouse table name for state storage (default: state)",
+                            SettingKind.STRING)
+CLICKHOUSE_CA_FILE = _setting("ca_file", "ClickHouse CA File", "PEM file of the CA that signed the server's "
+                              "certificate (default: the system trust store); chstate only", SettingKind.STRING)

@@ -1,0 +1,109 @@
+"""The `chstate` CLI and Meltano share state and locks: what one writes the
+other reads, and each waits for (or gives up on) the other's lock."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from meltano_harness import rows
+
+A = "dev:tap-a-to-target-b"
+S1 = {"singer_state": {"bookmarks": {"s1": {"since": "2026-01-01"}}}}
+S2 = {"singer_state": {"bookmarks": {"s2": {"since": "2026-02-02"}}}}
+
+
+def chstate(project, binary, *args: str, expect: int = 0, env=None) -> subprocess.CompletedProcess:
+    """The CLI on the project's server and schema, configured the Meltano way
+    (URI and MELTANO_STATE_BACKEND_CLICKHOUSE_* variables)."""
+    env = dict(env or project.base_env)
+    env["MELTANO_STATE_BACKEND_URI"] = project.server.uri()
+    proc = subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == expect, f"chstate {args} exited {proc.returncode}: {proc.stdout}\n{proc.stderr}"
+    for secret in project.secrets:
+        assert secret not in proc.stdout + proc.stderr
+    return proc
+
+
+def test_chstate_writes_meltano_reads(project, chstate_bin):
+    p = project
+    chstate(p, chstate_bin, "set", A, json.dumps(S1))
+    chstate(p, chstate_bin, "merge", A, json.dumps(S2))
+    assert json.loads(p.run("state", "get", A).stdout) == {
+        "singer_state": {"bookmarks": {**S1["singer_state"]["bookmarks"], **S2["singer_state"]["bookmarks"]}}}
+    assert p.run("state", "list", "--pattern", "dev:*").stdout.splitlines() == [A]
+    exported = json.loads(p.run("state", "export").stdout)
+    assert exported == {A: {"completed": S1, "partial": S2}}
+
+
+def test_meltano_writes_chstate_reads(project, chstate_bin):
+    p = project
+    p.run("state", "set", "--force", A, json.dumps(S1))
+    p.run("state", "merge", A, json.dumps(S2))
+    got = json.loads(chstate(p, chstate_bin, "get", A, "--json").stdout)
+    assert got["completed"] == S1 and got["partial"] == S2
+    assert chstate(p, chstate_bin, "list").stdout.splitlines() == [A]
+    p.run("state", "clear", "--force", A)
+    chstate(p, chstate_bin, "get", A, expect=3)
+    assert rows(p.server, p.schema) == {}
+
+
+def test_meltano_gives_up_on_a_lock_chstate_holds(project, chstate_bin):
+    p = project
+    p.run("state", "set", "--force", A, json.dumps(S1))
+    env = dict(p.base_env, MELTANO_STATE_BACKEND_URI=p.server.uri())
+    holder = subprocess.Popen([str(chstate_bin), "lock", A, "--", "sleep", "6"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)  # the lock is taken at once; leave room for a slow start
+        assert holder.poll() is None
+        started = time.monotonic()
+        out = p.run("state", "merge", A, json.dumps(S2),
+                    env=p.env(MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS="1"), expect=1)
+        assert time.monotonic() - started < 30
+        assert "is locked by another process" in out.stderr, out.stderr[-4000:]
+        assert json.loads(p.run("state", "get", A).stdout) == S1  # nothing was merged
+    finally:
+        holder.communicate(timeout=60)
+    assert holder.returncode == 0
+    # Released: the merge goes through now.
+    p.run("state", "merge", A, json.dumps(S2))
+    assert json.loads(chstate(p, chstate_bin, "get", A, "--json").stdout)["partial"] == S2
+
+
+def test_meltano_waits_for_a_short_chstate_lock(project, chstate_bin):
+    p = project
+    env = dict(p.base_env, MELTANO_STATE_BACKEND_URI=p.server.uri())
+    holder = subprocess.Popen([str(chstate_bin), "lock", A, "--", "sleep", "2"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        # Default timeout 10 s, retry 1 s: the merge waits and then succeeds.
+        p.run("state", "merge", A, json.dumps(S2))
+    finally:
+        holder.communicate(timeout=60)
+    assert json.loads(p.run("state", "get", A).stdout) == S2
+
+
+def test_chstate_gives_up_on_a_lock_the_adapter_holds(project, chstate_bin):
+    p = project
+    code = f"""
+import subprocess, sys
+from meltano.core.project import Project
+from meltano.core.state_service import StateService
+with StateService(project=Project.find()) as s:
+    m = s.state_store_manager
+    with m.acquire_lock({A!r}, retry_seconds=1):
+        r = subprocess.run([{str(chstate_bin)!r}, "set", {A!r}, '{{"singer_state": {{}}}}', "--lock-timeout", "1"],
+                           capture_output=True, text=True)
+        print("inside", r.returncode, r.stderr.strip()[:300])
+    r = subprocess.run([{str(chstate_bin)!r}, "set", {A!r}, '{{"singer_state": {{"x": 1}}}}'],
+                       capture_output=True, text=True)
+    print("after", r.returncode)
+"""
+    out = p.python(code, env=p.env(MELTANO_STATE_BACKEND_URI=p.server.uri()))
+    lines = [line for line in out.stdout.splitlines() if line.startswith(("inside", "after"))]
+    assert lines[0].startswith("inside 4"), out.stdout + out.stderr
+    assert lines[1] == "after 0"
+    assert json.loads(p.run("state", "get", A).stdout) == {"singer_state": {"x": 1}}

@@ -1,0 +1,84 @@
+"""`meltano run` with state in ClickHouse: the state lands there after every
+STATE message and the next run starts from it."""
+
+from __future__ import annotations
+
+import json
+
+import meltano_harness as harness
+from meltano_harness import rows
+
+JOB = "dev:tap-counter-to-target-echo"
+
+
+def bookmark(project, state_id: str) -> int:
+    return json.loads(project.run("state", "get", state_id).stdout)["singer_state"]["bookmarks"]["numbers"]["id"]
+
+
+def lock_tables(project) -> list:
+    # Per-id lock tables are <table>_lock_<hash>; the shared <table>_lock stays.
+    return [t for t in project.server.sql(f"SHOW TABLES FROM `{project.schema}`").split()
+            if t.startswith("state_lock_")]
+
+
+def test_run_persists_state_and_the_next_run_starts_from_it(project):
+    p = project
+    first = p.run("run", "tap-counter", "target-echo")
+    assert "tap-counter: starting after id 0" in first.stderr
+    assert "No state was found, complete import." in first.stderr
+    # One update per STATE message: one after each record.
+    assert first.stderr.count("Incremental state has been updated") == 5
+    assert [r["id"] for r in harness.output_lines(p.root / "output" / "echo.jsonl")] == [1, 2, 3, 4, 5]
+    partial, completed = rows(p.server, p.schema)[JOB]
+    assert partial is None
+    assert json.loads(completed) == {"singer_state": {"bookmarks": {"numbers": {"id": 5}}}}
+    assert bookmark(p, JOB) == 5
+    assert lock_tables(p) == []  # every lock was released
+
+    second = p.run("run", "tap-counter", "target-echo")
+    assert "tap-counter: starting after id 5" in second.stderr
+    assert "tap-counter: emitted 0 records" in second.stderr
+    assert len(harness.output_lines(p.root / "output" / "echo.jsonl")) == 5
+
+    # New source rows: only those are extracted.
+    third = p.run("run", "tap-counter", "target-echo", env=p.env(TAP_COUNTER_TOTAL="8"))
+    assert "tap-counter: starting after id 5" in third.stderr
+    assert [r["id"] for r in harness.output_lines(p.root / "output" / "echo.jsonl")] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert bookmark(p, JOB) == 8
+
+    # --full-refresh ignores the state and then overwrites it.
+    p.run("run", "--full-refresh", "tap-counter", "target-echo", env=p.env(TAP_COUNTER_TOTAL="3"))
+    assert bookmark(p, JOB) == 3
+    assert lock_tables(p) == []
+
+
+def test_state_set_by_hand_steers_the_next_run(project):
+    p = project
+    p.run("state", "set", "--force", JOB, json.dumps({"singer_state": {"bookmarks": {"numbers": {"id": 3}}}}))
+    run = p.run("run", "tap-counter", "target-echo")
+    assert "tap-counter: starting after id 3" in run.stderr
+    assert [r["id"] for r in harness.output_lines(p.root / "output" / "echo.jsonl")] == [4, 5]
+    assert bookmark(p, JOB) == 5
+
+
+def test_run_with_target_jsonl_from_pypi(tmp_path, venv, library, clickhouse, schema):
+    env = {"MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA": schema,
+           "MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD": clickhouse.password}
+    p = harness.MeltanoProject(tmp_path / "project", venv, library, state_backend_uri=clickhouse.uri(), env=env,
+                               with_target_jsonl=True)
+    p.secrets = [clickhouse.password]
+    p.run("install", "loader", "target-jsonl", timeout=600)
+    job = "dev:tap-counter-to-target-jsonl"
+    first = p.run("run", "tap-counter", "target-jsonl")
+    assert "tap-counter: starting after id 0" in first.stderr
+    written = harness.lines_of_all((p.root / "output" / "jsonl").glob("numbers-*.jsonl"))
+    assert [r["id"] for r in written] == [1, 2, 3, 4, 5]
+    partial, completed = rows(clickhouse, schema)[job]
+    assert json.loads(completed) == {"singer_state": {"bookmarks": {"numbers": {"id": 5}}}}
+
+    second = p.run("run", "tap-counter", "target-jsonl", env=p.env(TAP_COUNTER_TOTAL="7"))
+    assert "tap-counter: starting after id 5" in second.stderr
+    written = harness.lines_of_all((p.root / "output" / "jsonl").glob("numbers-*.jsonl"))
+    assert sorted(r["id"] for r in written) == [1, 2, 3, 4, 5, 6, 7]
+    assert json.loads(p.run("state", "get", job).stdout) == {
+        "singer_state": {"bookmarks": {"numbers": {"id": 7}}}}

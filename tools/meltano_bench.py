@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""What chstate costs Meltano per STATE message, against the default backend.
+
+  python3 tools/meltano_bench.py [--messages 1000] [--repeat 3] [--backends systemdb,clickhouse,chdb]
+
+For each backend it times `meltano run tap-counter target-echo` twice: once
+with the tap emitting N STATE messages (one per record; Meltano persists each
+with update(): lock, get, set, unlock) and once with a single STATE message
+for the same N records. The difference, divided by N - 1, is the cost of one
+persisted STATE message; the last column is that cost minus systemdb's.
+
+Backends: `systemdb` (Meltano's default, SQLite in .meltano/meltano.db),
+`clickhouse` (chstate over HTTP to a throwaway ClickHouse 18.16 on loopback,
+or the one CHSTATE_TEST_* point at) and `chdb` (chstate embedded in Meltano's
+process). Uses the cached Meltano venv of tests/meltano (pinned versions) and
+builds //hosts/python:libchstate.so with -c opt unless CHSTATE_LIBRARY is set.
+Prints a Markdown table; times are medians over --repeat runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "meltano"))
+
+import meltano_harness as harness  # noqa: E402
+
+SERVER_TOOL = REPO / "tools" / "clickhouse_server.py"
+
+
+def opt_library() -> Path:
+    if os.environ.get("CHSTATE_LIBRARY"):
+        return Path(os.environ["CHSTATE_LIBRARY"]).resolve()
+    # --symlink_prefix=/ leaves bazel-bin pointing where it did: others use it.
+    subprocess.run(["bazel", "build", "-c", "opt", "--symlink_prefix=/", "//hosts/python:libchstate.so"], cwd=REPO,
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=REPO, check=True, capture_output=True,
+                             text=True).stdout.strip()
+    return Path(bin_dir, "hosts", "python", "libchstate.so").resolve()
+
+
+def server_from_env_or_start(folder: Path) -> tuple[dict, bool]:
+    env = os.environ
+    if all(env.get(k) for k in ("CHSTATE_TEST_HOST", "CHSTATE_TEST_PORT", "CHSTATE_TEST_USER")):
+        return {k: env.get(k, "") for k in ("CHSTATE_TEST_HOST", "CHSTATE_TEST_PORT", "CHSTATE_TEST_USER",
+                                            "CHSTATE_TEST_PASSWORD")}, False
+    out = subprocess.run([sys.executable, str(SERVER_TOOL), "start", str(folder)], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"meltano_bench: could not start ClickHouse:\n{out.stdout}{out.stderr}")
+    return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line), True
+
+
+def timed_run(project: harness.MeltanoProject, state_id: str, messages: int, state_every: int) -> float:
+    # A fresh start every time: clear the state, then time the run alone.
+    project.run("state", "clear", "--force", state_id, expect=None)
+    env = project.env(TAP_COUNTER_TOTAL=str(messages), TAP_COUNTER_STATE_EVERY=str(state_every))
+    started = time.perf_counter()
+    out = project.run("run", "tap-counter", "target-echo", env=env, timeout=1800)
+    elapsed = time.perf_counter() - started
+    updates = out.stderr.count("Incremental state has been updated")
+    expected = messages // state_every + (1 if messages % state_every else 0)
+    assert updates == expected, f"expected {expected} state updates, Meltano logged {updates}"
+    return elapsed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=1000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--backends", default="systemdb,clickhouse,chdb",
+                    help="comma-separated subset of systemdb, clickhouse, chdb (systemdb is always measured: "
+                         "it is the baseline)")
+    args = ap.parse_args()
+    n = args.messages
+    wanted = {"systemdb", *args.backends.split(",")}
+    unknown = wanted - {"systemdb", "clickhouse", "chdb"}
+    if unknown:
+        ap.error(f"unknown backend(s) {', '.join(sorted(unknown))}")
+
+    venv = harness.ensure_venv()
+    harness.install_adapter(venv)
+    library = opt_library()
+    tmp = Path(tempfile.mkdtemp(prefix="chstate-meltano-bench-"))
+    server, started = ({}, False) if "clickhouse" not in wanted else server_from_env_or_start(tmp / "clickhouse")
+    try:
+        backends = {"systemdb": ("systemdb", {})}
+        if "clickhouse" in wanted:
+            backends["chstate → ClickHouse 18.16 (HTTP, loopback)"] = (
+                f"clickhouse://{server['CHSTATE_TEST_USER']}@{server['CHSTATE_TEST_HOST']}:"
+                f"{server['CHSTATE_TEST_PORT']}/default",
+                {"MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD": server.get("CHSTATE_TEST_PASSWORD", ""),
+                 "MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA": "chstate_meltano_bench"})
+        if "chdb" in wanted:
+            backends["chstate → chDB 26.9 (embedded)"] = (f"chdb://{tmp / 'chdb'}", {})
+        results = {}
+        for name, (uri, env) in backends.items():
+            project = harness.MeltanoProject(tmp / f"project-{len(results)}", venv, library,
+                                             state_backend_uri=uri, env=env)
+            state_id = "dev:tap-counter-to-target-echo"
+            timed_run(project, state_id, 5, 1)  # warm-up: systemdb migrations, the schema, caches
+            many, one = [], []
+            for _ in range(args.repeat):
+                many.append(timed_run(project, state_id, n, 1))
+                one.append(timed_run(project, state_id, n, n))
+            results[name] = (statistics.median(many), statistics.median(one))
+            print(f"  {name}: {n} STATE messages {results[name][0]:.2f} s, 1 STATE message {results[name][1]:.2f} s",
+                  file=sys.stderr, flush=True)
+    finally:
+        if started:
+            subprocess.run([sys.executable, str(SERVER_TOOL), "stop", str(tmp / "clickhouse"), "--remove"])
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    base_many, base_one = results["systemdb"]
+    base_per = (base_many - base_one) / (n - 1) * 1000
+    print(f"\n`meltano run` of {n} records, medians of {args.repeat} runs (Meltano 4.4.1, "
+          f"{os.cpu_count()} cores):\n")
+    print(f"| state backend | {n} STATE messages | 1 STATE message | per STATE message | vs systemdb per message |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name, (many, one) in results.items():
+        per = (many - one) / (n - 1) * 1000
+        print(f"| {name} | {many:.2f} s | {one:.2f} s | {per:.2f} ms | {per - base_per:+.2f} ms |")
+    print(f"\n(total difference / {n}, as the simple measure: "
+          + ", ".join(f"{name.split(' ')[0] if name == 'systemdb' else name}: "
+                      f"{(many - base_many) / n * 1000:+.2f} ms" for name, (many, _) in results.items()
+                      if name != "systemdb") + ")")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
