@@ -29,9 +29,7 @@
 //
 // An unreadable line ends the current operation with {"failed":{...}} (code
 // INVALID_ARGUMENT) and the host reads the next op. EOF ends the process.
-#include <sys/random.h>
 
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -45,6 +43,7 @@
 #include "core/store.h"
 #include "core/task.h"
 #include "hosts/common/protocol.h"
+#include "hosts/native/executor.h"
 #include <nlohmann/json.hpp>
 
 namespace chstate {
@@ -71,22 +70,10 @@ std::optional<std::string> ReadLine() {
   return line;
 }
 
-// ---- time and randomness ----
+// ---- time and randomness: the native host's (hosts/native/executor.h) ----
 
-int64_t MonotonicMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-std::string OsRandomBytes() {
-  std::string bytes(32, '\0');
-  size_t got = 0;
-  while (got < bytes.size()) {
-    ssize_t n = getrandom(bytes.data() + got, bytes.size() - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-  }
-  return bytes;
-}
+using native::MonotonicMs;
+using native::OsRandomBytes;
 
 // Fresh inputs from the OS; a line's "now_ms"/"random_hex" win (the driver
 // applies them).
