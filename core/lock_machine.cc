@@ -200,7 +200,10 @@ LockMachine::LockMachine(const Statements& statements, std::string state_id, Loc
 void LockMachine::Acquire(const Inputs& in) { Dispatch(Event::kAcquire, nullptr, in); }
 void LockMachine::Release(const Inputs& in) { Dispatch(Event::kRelease, nullptr, in); }
 void LockMachine::OnTimer(const Inputs& in) { Dispatch(Event::kTimer, nullptr, in); }
-void LockMachine::OnResponse(const SqlResponse& r, const Inputs& in) { Dispatch(Classify(r), &r, in); }
+void LockMachine::OnResponse(const SqlResponse& r, const Inputs& in) {
+  if (r.transport_ok) unreachable_in_a_row_ = 0;
+  Dispatch(Classify(r), &r, in);
+}
 
 std::optional<LockAction> LockMachine::Poll() {
   if (out_.empty()) return std::nullopt;
@@ -296,7 +299,24 @@ void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
   // landed, since the server stamped that one no earlier than it was sent.
   if (!create_unresolved_) earliest_unresolved_create_ms_ = create_sent_at_ms_;
   create_unresolved_ = true;
+  if (r && GiveUpUnreachable(*r)) return;
   Inspect(nullptr, in);
+}
+
+bool LockMachine::GiveUpUnreachable(const SqlResponse& r) {
+  // The executor has already retried what it may; several requests in a row
+  // without any answer mean the server is down, not that the lock is busy.
+  if (++unreachable_in_a_row_ < kUnreachableLimit) return false;
+  absl::Status s = CheckResponse(r, "taking the lock");
+  if (s.ok()) s = absl::UnavailableError("no answer from ClickHouse");
+  std::string note = create_unresolved_
+                         ? absl::StrCat("; if a CREATE of ours landed unseen, that lock expires after ",
+                                        options_.stale_ms / 1000, " s")
+                         : std::string();
+  Fail(absl::Status(s.code(), absl::StrCat(s.message(), " (", unreachable_in_a_row_,
+                                           " lock requests in a row got no answer; the lock was not taken",
+                                           note, ")")));
+  return true;
 }
 
 void LockMachine::Inspect(const SqlResponse*, const Inputs& in) {
@@ -338,6 +358,7 @@ void LockMachine::InspectFailed(const SqlResponse* r, const Inputs& in) {
     FailWithResponse(r, in);
     return;
   }
+  if (r && GiveUpUnreachable(*r)) return;
   BackOff(in);
 }
 

@@ -140,6 +140,8 @@ class LockMachine {
   void Inspect(const SqlResponse*, const Inputs& in);
   void NoLock(const SqlResponse*, const Inputs& in);
   void InspectFailed(const SqlResponse* r, const Inputs& in);
+  // True (and failed) after kUnreachableLimit requests in a row without any answer.
+  bool GiveUpUnreachable(const SqlResponse& r);
   void Decide(const SqlResponse* r, const Inputs& in);
   void OnCreated(const SqlResponse*, const Inputs& in);
   void NoteRelease(const SqlResponse*, const Inputs& in);
@@ -179,6 +181,8 @@ class LockMachine {
   int64_t lease_deadline_ms_ = 0;
   int64_t acquired_at_ms_ = 0;
   int quick_retries_ = 0;
+  int unreachable_in_a_row_ = 0;  // lock requests without any answer, in a row
+  static constexpr int kUnreachableLimit = 3;
   int release_retries_ = 0;
   bool schema_made_ = false;
   bool release_wanted_ = false;

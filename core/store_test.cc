@@ -254,6 +254,38 @@ TEST(Store, ContendedLockRetriesThenGivesUpWithTheId) {
   EXPECT_GE(clock, 2500);
 }
 
+TEST(Store, UnreachableServerWhileLockingIsUnavailableNotBusy) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("dev:down");
+  // The CREATE's fate is unknown, the look that would settle it gets no
+  // answer, and neither does the next CREATE: the server is down.
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Refused()), Q("inspect_lock", Refused()), W(1000),
+                     Q("create_lock", Refused())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("connection refused")));
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("the lock was not taken")));
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("expires after")));
+}
+
+TEST(Store, AnswerBetweenLostRequestsKeepsTheLockAttemptGoing) {
+  LockOptions lock;
+  lock.timeout_ms = 60000;
+  auto store = MakeStore(lock);
+  int64_t clock = 0;
+  auto t = store->AcquireLock("a");
+  SqlResponse exists = Err(500, 57, "exists");
+  // Two lost requests, an answer, two more lost: never three in a row.
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Refused()), Q("inspect_lock", Refused()), W(1000),
+                     Q("create_lock", exists), Q("inspect_lock", Refused()), W(1000), Q("create_lock", Refused()),
+                     Q("inspect_lock", Held("other", 100, 101)), W(1000), Q("create_lock", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
 TEST(Store, LockThatVanishedIsRetriedAtOnce) {
   auto store = MakeStore();
   int64_t clock = 0;
