@@ -9,10 +9,7 @@ its own state schema, so tests never see each other's states.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -22,23 +19,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import meltano_harness as harness  # noqa: E402
-from meltano_harness import Server, start_server, stop_server  # noqa: E402
+from chserver import Server  # noqa: E402
 
 REPO = harness.REPO
-
-
-@pytest.fixture(scope="session")
-def clickhouse() -> Server:
-    env = os.environ
-    if all(env.get(k) for k in ("CHSTATE_TEST_HOST", "CHSTATE_TEST_PORT", "CHSTATE_TEST_USER")):
-        yield Server(env["CHSTATE_TEST_HOST"], int(env["CHSTATE_TEST_PORT"]), env["CHSTATE_TEST_USER"],
-                     env.get("CHSTATE_TEST_PASSWORD", ""))
-        return
-    folder = Path(tempfile.mkdtemp(prefix="chstate-meltano-test-"))
-    try:
-        yield start_server(folder)
-    finally:
-        stop_server(folder, remove=True)
 
 
 @pytest.fixture(scope="session")
@@ -54,14 +37,8 @@ def venv() -> Path:
 
 
 @pytest.fixture(scope="session")
-def chstate_bin() -> Path:
-    path = Path(os.environ.get("CHSTATE_BIN") or REPO / "bazel-bin" / "hosts" / "native" / "chstate")
-    if not path.is_absolute():
-        path = REPO / path
-    if not path.exists():
-        subprocess.run(["bazel", "build", "//hosts/native:chstate"], cwd=REPO, check=True)
-    assert path.exists(), f"{path} is missing after the build"
-    return path
+def chstate_bin(bazel_binary) -> Path:
+    return bazel_binary("CHSTATE_BIN", "hosts/native/chstate", "//hosts/native:chstate")
 
 
 @pytest.fixture

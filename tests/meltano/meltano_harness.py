@@ -17,88 +17,30 @@ it and a change of pins makes a new one. A venv is used only once the file
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+
+from chserver import Server, kill_server, start_server, stop_server  # noqa: E402,F401 (re-exported)
+
 ADAPTER_SRC = REPO / "hosts" / "python"
 PLUGINS = Path(__file__).resolve().parent / "plugins"
-SERVER_TOOL = REPO / "tools" / "clickhouse_server.py"
 
 # What the tests install from PyPI, pinned.
 MELTANO = "meltano==4.4.1"
 CHDB = "chdb-core==26.9.0"
 TARGET_JSONL = "target-jsonl==0.1.4"
 PINS = (MELTANO, CHDB, "setuptools>=70.1", "wheel")
-
-
-@dataclasses.dataclass(frozen=True)
-class Server:
-    host: str
-    port: int
-    user: str
-    password: str
-
-    def uri(self, database: str = "default") -> str:
-        return f"clickhouse://{self.user}@{self.host}:{self.port}/{database}"
-
-    def sql(self, sql: str) -> str:
-        """Runs one statement directly, credentials in headers."""
-        request = urllib.request.Request(
-            f"http://{self.host}:{self.port}/", data=sql.encode(),
-            headers={"X-ClickHouse-User": self.user, "X-ClickHouse-Key": self.password})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.read().decode()
-
-
-def start_server(folder: Path) -> Server:
-    started = subprocess.run([sys.executable, str(SERVER_TOOL), "start", str(folder)], capture_output=True,
-                             text=True)
-    if started.returncode != 0:
-        raise RuntimeError(f"could not start ClickHouse:\n{started.stdout}\n{started.stderr}")
-    values = dict(line.split("=", 1) for line in started.stdout.splitlines() if "=" in line)
-    return Server(values["CHSTATE_TEST_HOST"], int(values["CHSTATE_TEST_PORT"]), values["CHSTATE_TEST_USER"],
-                  values["CHSTATE_TEST_PASSWORD"])
-
-
-def stop_server(folder: Path, *, remove: bool = False) -> None:
-    args = [sys.executable, str(SERVER_TOOL), "stop", str(folder)] + (["--remove"] if remove else [])
-    subprocess.run(args, check=False)
-
-
-def kill_server(folder: Path) -> None:
-    """SIGKILLs the server recorded in `folder` (a crash, not a shutdown: a
-    graceful stop keeps serving open keep-alive connections until they close).
-    Only a process whose command line names this folder's config is touched."""
-    inst = json.loads((folder / "instance.json").read_text())
-    pid = inst["pid"]
-    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    assert inst["config"].encode() in cmdline, "the recorded pid is not this folder's server"
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-                break  # dead; whoever adopted it reaps it
-        except OSError:
-            break
-        time.sleep(0.05)
 
 
 def rows(server: Server, schema: str, table: str = "state") -> dict:
@@ -308,6 +250,6 @@ def lines_of_all(paths: Iterable[Path]) -> list:
 
 
 if __name__ == "__main__":
-    # `python3 tests/meltano/harness.py`: make (or find) the cached venv, e.g.
+    # `python3 tests/meltano/meltano_harness.py`: make (or find) the cached venv, e.g.
     # from tools/setup, so that the first test run does not pay for it.
     print(ensure_venv())
