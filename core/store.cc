@@ -62,7 +62,7 @@ class StoreSteps {
           if (!v.ok()) return fail(v.status());
           absl::StatusOr<Dialect> d = DialectFor(*v);
           if (!d.ok()) return fail(d.status());
-          absl::StatusOr<Statements> st = Statements::Create(*d, s_->options_.schema, s_->options_.table);
+          absl::StatusOr<Statements> st = Statements::Create(*d, s_->options_.schema, s_->options_.table, s_->options_.cluster);
           if (!st.ok()) return fail(st.status());
           s_->statements_ = std::move(*st);
           s_->server_version_ = v->text;
@@ -133,8 +133,8 @@ class StoreSteps {
     if (!token.ok()) return fail(token.status());
     SqlRequest req =
         st().InsertState(state.state_id, ToColumn(state.partial), ToColumn(state.completed), *token);
-    return Sql(
-        std::move(req), "writing state", [then](const std::string&) { return then(); },
+    return QuorumWrite(
+        std::move(req), "writing state", in_->now_ms + s_->options_.cluster.quorum_timeout_ms, 5, then,
         [this, state, then, fail, schema_made](absl::Status st) -> Step {
           if (st.code() == absl::StatusCode::kNotFound && !schema_made) {
             return EnsureSchema([this, state, then, fail] { return WriteState(state, then, fail, true); }, fail);
@@ -143,8 +143,80 @@ class StoreSteps {
         });
   }
 
+  // Cluster mode: a write that must reach the quorum. Code 286 (another
+  // quorum write to the table is in flight, or the previous one has not
+  // reached its quorum yet) wrote nothing, so it is retried until the
+  // deadline. Code 319 is explained: the row is on one replica and will
+  // appear everywhere once another replica has it; writing again is safe.
+  Step QuorumWrite(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, Then then,
+                   OnFailure fail) {
+    return Sql(
+        req, what, [then](const std::string&) { return then(); },
+        [this, req, what, deadline_ms, wait_ms, then, fail](absl::Status st) -> Step {
+          std::optional<int> code = ClickHouseCode(st);
+          if (!s_->options_.cluster.enabled() || !code) return fail(std::move(st));
+          if (*code == 286 && in_->now_ms < deadline_ms) {
+            // A little jitter from the fresh random bytes keeps two writers
+            // from retrying in lockstep.
+            int64_t jitter = in_->random.empty() ? 0 : static_cast<unsigned char>(in_->random[0]) % 8;
+            return Step::Wait(wait_ms + jitter, [this, req, what, deadline_ms, wait_ms, then, fail] {
+              return QuorumWrite(req, what, deadline_ms, std::min<int64_t>(wait_ms * 2, 100), then, fail);
+            });
+          }
+          return fail(ExplainQuorumError(std::move(st), *code));
+        });
+  }
+
+  absl::Status ExplainQuorumError(absl::Status st, int code) const {
+    const ClusterOptions& c = s_->options_.cluster;
+    std::string why;
+    switch (code) {
+      case 286:
+        why = absl::StrCat("an earlier write to this table has still not reached its quorum of ", c.quorum,
+                           " replicas after ", c.quorum_timeout_ms, " ms (a replica is down or lagging); nothing "
+                           "was written. Bring the replica back, then retry");
+        break;
+      case 285:
+        why = absl::StrCat("fewer than ", c.quorum, " replicas are alive; nothing was written. Start the stopped "
+                           "replica (or lower the quorum), then retry");
+        break;
+      case 319:
+        return Reworded(st, absl::StatusCode::kUnavailable, absl::StrCat(
+            "unknown outcome of the write (ClickHouse code 319): it reached one replica but the quorum of ",
+            c.quorum, " was not confirmed within ", c.quorum_timeout_ms, " ms (a replica is down or hung). It is "
+            "not readable yet and becomes readable on every replica once another replica has fetched it; until "
+            "then further writes fail with code 286. Retrying the same write after the replica is back is safe "
+            "(it replaces itself). ClickHouse said: ", st.message()));
+      case 242:
+      case 225:
+      case 999:
+        why = "the replicas cannot reach ZooKeeper, so replicated tables are read-only; nothing was written. "
+              "Check ZooKeeper, then retry";
+        break;
+      default:
+        return st;
+    }
+    return Reworded(st, code == 286 || code == 285 ? absl::StatusCode::kUnavailable : st.code(),
+                    absl::StrCat(why, ". ClickHouse said: ", st.message()));
+  }
+
+  // A new message for `st`, keeping its payloads (the ClickHouse code).
+  static absl::Status Reworded(const absl::Status& st, absl::StatusCode code, absl::string_view message) {
+    absl::Status out(code, message);
+    st.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+    return out;
+  }
+
   Step DeleteState(const std::string& id, Then then, OnFailure fail) {
     if (absl::Status lease = LeaseCheck(); !lease.ok()) return fail(lease);
+    if (st().cluster().enabled()) {
+      return QuorumWrite(st().DeleteState(id), "deleting state",
+                         in_->now_ms + s_->options_.cluster.quorum_timeout_ms, 5, then,
+                         [then, fail](absl::Status st) -> Step {
+                           if (st.code() == absl::StatusCode::kNotFound) return then();  // no table: nothing to delete
+                           return fail(std::move(st));
+                         });
+    }
     return Sql(
         st().DeleteState(id), "deleting state",
         [this, then, fail](const std::string&) -> Step {
@@ -318,6 +390,15 @@ bool Store::LeaseValid(const std::string& state_id, int64_t now_ms) const {
   return it != held_.end() && it->second->LeaseValid(now_ms);
 }
 
+absl::Status Store::HeldLeaseCheck(const std::string& state_id, int64_t now_ms) const {
+  auto it = held_.find(state_id);
+  if (it == held_.end() || it->second->LeaseValid(now_ms)) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(
+      "the lock this process holds on state id \"", StoreSteps::Printable(state_id),
+      "\" ran out before the write (renew it at least every ", options_.lock.stale_ms / 3000,
+      " s while holding it); nothing was written: release it and start again"));
+}
+
 std::optional<Dialect> Store::dialect() const {
   if (statements_) return statements_->dialect();
   return std::nullopt;
@@ -395,9 +476,14 @@ std::unique_ptr<Task> Store::Get(std::string state_id) {
 
 std::unique_ptr<Task> Store::Set(MeltanoState state) {
   if (absl::Status st = ValidateStateId(state.state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [state](StoreSteps& s) {
+  return MakeTask(this, [this, state](StoreSteps& s) {
     return s.Connected(
-        [&s, state] { return s.WriteState(state, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed); },
+        [this, &s, state] {
+          if (absl::Status lease = HeldLeaseCheck(state.state_id, s.inputs().now_ms); !lease.ok()) {
+            return StoreSteps::Failed(lease);
+          }
+          return s.WriteState(state, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
+        },
         StoreSteps::Failed);
   });
 }
@@ -443,9 +529,14 @@ std::unique_ptr<Task> Store::Update(MeltanoState incoming) {
 
 std::unique_ptr<Task> Store::Delete(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [state_id](StoreSteps& s) {
+  return MakeTask(this, [this, state_id](StoreSteps& s) {
     return s.Connected(
-        [&s, state_id] { return s.DeleteState(state_id, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed); },
+        [this, &s, state_id] {
+          if (absl::Status lease = HeldLeaseCheck(state_id, s.inputs().now_ms); !lease.ok()) {
+            return StoreSteps::Failed(lease);
+          }
+          return s.DeleteState(state_id, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
+        },
         StoreSteps::Failed);
   });
 }
@@ -494,9 +585,10 @@ std::unique_ptr<Task> Store::ClearAll() {
                 if (rows.empty() || !rows[0][0] || !absl::SimpleAtoi(*rows[0][0], &count)) {
                   return Step::Fail(absl::DataLossError("unexpected answer counting states"));
                 }
-                return s.Sql(
-                    s.st().TruncateStates(), "clearing all states",
-                    [&s, count](const std::string&) {
+                return s.QuorumWrite(
+                    s.st().ClearStates(), "clearing all states",
+                    s.inputs().now_ms + s.st().cluster().quorum_timeout_ms, 5,
+                    [&s, count] {
                       Result r = s.Base();
                       r.count = count;
                       return Step::Done(std::move(r));

@@ -36,6 +36,10 @@ struct StoreOptions {
   LockOptions lock;
   // How long a legacy (18.x) delete may take to finish its mutation.
   int64_t mutation_timeout_ms = 60000;
+  // Cluster mode when cluster.name is set (core/statements.h). A quorum
+  // write that meets another one in progress (code 286) is retried until
+  // cluster.quorum_timeout_ms has passed.
+  ClusterOptions cluster;
 };
 
 class Store {
@@ -49,12 +53,15 @@ class Store {
   std::unique_ptr<Task> Init();
   // Result.state: nullopt when absent. A missing table reads as absent.
   std::unique_ptr<Task> Get(std::string state_id);
-  // Plain overwrite of both sides (Meltano's set()). No lock.
+  // Plain overwrite of both sides (Meltano's set()). Takes no lock; but when
+  // this store holds the id's lock (AcquireLock), the write is sent only
+  // within that lock's lease, else kAborted and nothing is written.
   std::unique_ptr<Task> Set(MeltanoState state);
   // Overwrite under the per-id lock (`chstate set`).
   std::unique_ptr<Task> SetLocked(MeltanoState state);
   // Meltano's update(): under the lock, ApplyUpdate(current, incoming), set.
   std::unique_ptr<Task> Update(MeltanoState incoming);
+  // Like Set: lease-checked when this store holds the id's lock.
   std::unique_ptr<Task> Delete(std::string state_id);
   std::unique_ptr<Task> DeleteLocked(std::string state_id);
   // Result.state_ids, sorted; `glob` uses Meltano's * and ?.
@@ -86,6 +93,8 @@ class Store {
  private:
   explicit Store(StoreOptions options) : options_(std::move(options)) {}
   friend class StoreSteps;
+  // OK unless this store holds `state_id`'s lock and its lease ran out.
+  absl::Status HeldLeaseCheck(const std::string& state_id, int64_t now_ms) const;
 
   StoreOptions options_;
   std::optional<Statements> statements_;

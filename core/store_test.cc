@@ -419,6 +419,34 @@ TEST(Store, WriteAfterTheLeaseRanOutIsNotSent) {
   EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("nothing was written")));
 }
 
+TEST(Store, PlainWritesToAnIdWhoseLockThisStoreHoldsRespectTheLease) {
+  // Meltano's update() is acquire_lock, then get and set as separate calls.
+  LockOptions lock;
+  lock.stale_ms = 3000;
+  auto store = MakeStore(lock);
+  int64_t clock = 0;
+  auto acquire = store->AcquireLock("id");
+  ASSERT_EQ(Drive(*acquire, {kVersion18, Q("create_lock", Ok())}, &clock).last.kind, Action::Kind::kDone);
+  MeltanoState state{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")};
+  // Within the lease the write goes out.
+  auto inside = store->Set(state);
+  EXPECT_EQ(Drive(*inside, {Q("insert_state", Ok())}, &clock).last.kind, Action::Kind::kDone);
+  // Another id is not concerned by the lease.
+  clock += 5000;
+  MeltanoState other{"other", nlohmann::json::object(), nlohmann::json::parse(R"({"b":1})")};
+  auto unrelated = store->Set(other);
+  EXPECT_EQ(Drive(*unrelated, {Q("insert_state", Ok())}, &clock).last.kind, Action::Kind::kDone);
+  // After it, neither a set nor a delete of the held id is sent.
+  auto late = store->Set(state);
+  Action a = late->Start({clock, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("nothing was written")));
+  auto late_delete = store->Delete("id");
+  a = late_delete->Start({clock, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("ran out before the write")));
+}
+
 TEST(Store, LegacyDeleteWaitsForItsMutation) {
   auto store = MakeStore();
   int64_t clock = 0;
