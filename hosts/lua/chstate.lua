@@ -1,0 +1,517 @@
+--- Meltano state in ClickHouse, for Lua 5.4 orchestrators.
+--
+-- The idiomatic half of the `chstate` module. It is compiled into chstate.so
+-- and run by luaopen_chstate with the native half (lua_chstate.cc) as its
+-- argument, so `require "chstate"` loads one file and defines no globals.
+--
+--    local chstate = require "chstate"
+--    local store = chstate.open{uri = "clickhouse://meltano@localhost:8123/default"}
+--    store:set("dev:tap-a-to-target-b", {singer_state = {bookmarks = {}}})
+--    store:with_lock("dev:tap-a-to-target-b", function()
+--      local state = store:get("dev:tap-a-to-target-b")
+--      ...
+--    end)
+--    store:close()
+--
+-- Errors are raised as chstate error objects ({code=, op=, message=}, with
+-- __tostring); `chstate.safe` has the same functions returning
+-- `nil, message, code` instead. The core decides everything (SQL, the lock,
+-- Meltano's merge rules); this file only moves requests between the core and
+-- a transport, and checks arguments.
+-- @module chstate
+
+local C = ...
+
+local M = {
+  _VERSION = "chstate 0.1.0",
+  --- JSON null (a light userdata NULL, equal to cjson.null).
+  null = C.null,
+}
+
+-- ---------------------------------------------------------------- errors
+
+local Error = {__name = "chstate.error"}
+Error.__index = Error
+Error.__tostring = function(e)
+  return (e.where or "") .. "chstate." .. e.op .. ": " .. e.message
+end
+Error.__concat = function(a, b)
+  return tostring(a) .. tostring(b)
+end
+
+local function raise(code, op, message)
+  error(setmetatable({code = code, op = op, message = message}, Error), 0)
+end
+
+-- "file:line: " of the first caller outside this file, for argument errors.
+local function caller_position()
+  for level = 3, 30 do
+    local info = debug.getinfo(level, "Sl")
+    if info == nil then break end
+    if info.what ~= "C" and info.short_src ~= "chstate.lua" then
+      return info.short_src .. ":" .. info.currentline .. ": "
+    end
+  end
+  return ""
+end
+
+local function argerror(op, n, what)
+  local e = setmetatable({code = "INVALID_ARGUMENT", op = op, where = caller_position(),
+                          message = ("bad argument #%d to '%s' (%s)"):format(n, op, what)}, Error)
+  error(e, 0)
+end
+
+local function describe(v)
+  if v == nil then return "nil" end
+  if v == "" then return "an empty string" end
+  return type(v)
+end
+
+local function callable(f)
+  if type(f) == "function" then return true end
+  local mt = getmetatable(f)
+  return type(mt) == "table" and mt.__call ~= nil
+end
+
+--- True when `v` is an error raised by chstate.
+function M.is_error(v)
+  return getmetatable(v) == Error
+end
+
+-- ---------------------------------------------------------------- JSON
+
+--- Marks `t` (or a new table) as a JSON array; `chstate.array()` is `[]`.
+function M.array(t)
+  if t ~= nil and type(t) ~= "table" then argerror("array", 1, "table or nil expected, got " .. type(t)) end
+  return setmetatable(t or {}, C.array_mt)
+end
+
+--- True when `t` carries the array mark (decoded arrays do).
+function M.is_array(t)
+  return type(t) == "table" and getmetatable(t) == C.array_mt
+end
+
+--- Lua value -> JSON text, by the binding's rules (README "Lua").
+function M.to_json(v)
+  local text, err = C.to_json(v)
+  if text == nil then raise("INVALID_ARGUMENT", "to_json", err) end
+  return text
+end
+
+--- JSON text -> Lua value.
+function M.from_json(text)
+  if type(text) ~= "string" then argerror("from_json", 1, "string expected, got " .. type(text)) end
+  local v, err = C.from_json(text)
+  if err ~= nil then raise("INVALID_ARGUMENT", "from_json", err) end
+  return v
+end
+
+-- ---------------------------------------------------------------- stores
+
+-- Store tables carry no fields: everything (and the password) lives here.
+local records = setmetatable({}, {__mode = "k"})
+
+local Store = {__name = "chstate.store"}
+Store.__index = Store
+
+local function check(self, op)
+  local rec = records[self]
+  if rec == nil then
+    argerror(op, 0, "a chstate store expected: call it as store:" .. op .. "(...), with a colon")
+  end
+  if rec.closed then
+    raise("FAILED_PRECONDITION", op, "the store is closed; open a new one with chstate.open")
+  end
+  if rec.busy then
+    raise("FAILED_PRECONDITION", op,
+          "the store is already running an operation (one at a time per store: give each coroutine its own store)")
+  end
+  return rec
+end
+
+local function check_id(op, id)
+  if type(id) ~= "string" or id == "" then
+    argerror(op, 1, "state id expected: a non-empty string, got " .. describe(id))
+  end
+end
+
+local function header(headers, wanted)
+  if type(headers) ~= "table" then return nil end
+  for k, v in pairs(headers) do
+    if type(k) == "string" and k:lower() == wanted then return tostring(v) end
+  end
+  return nil
+end
+
+-- One request through the store's transport: status, body, exception code,
+-- or nil, message, maybe_delivered.
+local function send(rec, op, req)
+  if rec.transport == nil then return rec.ud:execute(op) end
+  local conn = rec.conn
+  req.headers = {
+    ["X-ClickHouse-User"] = conn.user,
+    ["X-ClickHouse-Key"] = conn.password ~= "" and conn.password or nil,
+    ["Content-Type"] = "text/plain; charset=UTF-8",
+    ["Content-Length"] = tostring(#req.body),
+  }
+  req.connection = conn
+  local ok, status, headers, body = pcall(rec.transport, req)
+  if not ok then
+    return nil, "the transport function raised an error: " .. tostring(status), true
+  end
+  if status == nil then
+    -- nil, message [, maybe_delivered (default true: the outcome is unknown)]
+    return nil, tostring(headers or "the transport gave no answer"), body ~= false
+  end
+  local code = type(status) == "number" and math.tointeger(status) or nil
+  if code == nil then
+    return nil, "the transport function returned a status that is not an integer: " .. tostring(status), true
+  end
+  if body ~= nil and type(body) ~= "string" then
+    return nil, "the transport function returned a body that is not a string", true
+  end
+  return code, body or "", header(headers, "x-clickhouse-exception-code")
+end
+
+-- Drives one native op to its end; returns "done", ... or "failed", code, message.
+local function drive(rec, op)
+  if rec.native_run then return rec.ud:run(op) end
+  local kind, a, b, c = op:start(rec.now_ms())
+  while true do
+    if kind == "sql" then
+      local attempt = 0
+      while true do
+        local status, body, extra = send(rec, op, a)
+        -- Only requests that may run twice are retried after a lost answer.
+        if status ~= nil or not a.idempotent or attempt >= 2 then
+          kind, a, b, c = op:response(rec.now_ms(), status, body, extra)
+          break
+        end
+        rec.sleep_ms(100 << attempt)
+        attempt = attempt + 1
+      end
+    elseif kind == "wait" then
+      rec.sleep_ms(a)
+      kind, a, b, c = op:timer(rec.now_ms())
+    else
+      return kind, a, b, c
+    end
+  end
+end
+
+local function run(rec, opname, kind, ...)
+  local op, err = rec.ud:op(kind, ...)
+  if op == nil then argerror(opname, 2, err) end
+  rec.busy = true
+  local ok, k, a, b, c = pcall(drive, rec, op)
+  rec.busy = false
+  if not ok then error(k, 0) end
+  if k == "failed" then raise(a, opname, b) end
+  return a, b, c
+end
+
+-- Inside with_lock, renews the lease when a third of the window has passed.
+local function keep_lease(rec, opname, id)
+  local h = rec.held[id]
+  if h == nil or rec.now_ms() < h.renew_at then return end
+  local ok, err = pcall(run, rec, opname, "renew", id)
+  if not ok then
+    h.lost = true
+    error(err, 0)
+  end
+  h.renew_at = rec.now_ms() + rec.renew_every_ms
+end
+
+Store.__tostring = function(self)
+  local rec = records[self]
+  return "chstate.store(" .. rec.info.redacted_uri .. (rec.closed and ", closed" or "") .. ")"
+end
+
+-- `local store <close> = chstate.open{...}` closes it at the end of the scope.
+Store.__close = function(self)
+  local rec = records[self]
+  if rec and not rec.closed then self:close() end
+end
+
+--- The merged view of a state (partial over completed, what a tap gets), and
+-- the whole state {completed=, partial=}; nil when the id has no state.
+function Store:get(id)
+  local rec = check(self, "get")
+  check_id("get", id)
+  keep_lease(rec, "get", id)
+  local merged, whole = run(rec, "get", "get", id)
+  if merged == nil then return nil end
+  return merged, whole
+end
+
+--- Writes a complete state (completed = state, partial = {}), as Meltano's
+-- set(). Takes the id's lock, unless this store holds it (inside with_lock).
+function Store:set(id, state)
+  local rec = check(self, "set")
+  check_id("set", id)
+  if type(state) ~= "table" then argerror("set", 2, "state expected: a table, got " .. describe(state)) end
+  keep_lease(rec, "set", id)
+  run(rec, "set", "set", id, state, rec.held[id] ~= nil)
+  return true
+end
+
+--- Merges a partial state as Meltano's update() does (objects merge
+-- recursively, lists and scalars replace), under the id's lock. Returns the
+-- new merged view and whole state.
+function Store:merge(id, partial)
+  local rec = check(self, "merge")
+  check_id("merge", id)
+  if type(partial) ~= "table" then argerror("merge", 2, "partial state expected: a table, got " .. describe(partial)) end
+  if next(partial) == nil then
+    argerror("merge", 2, "nothing to merge: the partial state is empty (use set to write a state)")
+  end
+  keep_lease(rec, "merge", id)
+  local merged, whole = run(rec, "merge", "merge", id, partial, rec.held[id] ~= nil)
+  return merged, whole
+end
+
+--- State ids, sorted; `pattern` uses Meltano's `*` and `?` (nil: all).
+function Store:list(pattern)
+  local rec = check(self, "list")
+  if pattern ~= nil and type(pattern) ~= "string" then
+    argerror("list", 1, "pattern expected: a string or nil, got " .. type(pattern))
+  end
+  return (run(rec, "list", "list", pattern))
+end
+
+--- Removes one state (under its lock unless held). Absent ids are fine.
+function Store:delete(id)
+  local rec = check(self, "delete")
+  check_id("delete", id)
+  keep_lease(rec, "delete", id)
+  run(rec, "delete", "delete", id, nil, rec.held[id] ~= nil)
+  return true
+end
+
+--- Removes every state; returns how many.
+function Store:clear_all()
+  local rec = check(self, "clear_all")
+  return (run(rec, "clear_all", "clear_all"))
+end
+
+--- Creates the database and tables (writes also do it when missing).
+function Store:init()
+  local rec = check(self, "init")
+  run(rec, "init", "init")
+  return true
+end
+
+--- The server's version and the SQL dialect chstate uses with it.
+function Store:ping()
+  local rec = check(self, "ping")
+  local version, dialect = run(rec, "ping", "ping")
+  return version, dialect
+end
+
+--- Renews the lease of a lock held by with_lock now (operations on the id
+-- renew by themselves; a function that works long without the store calls
+-- this at least every third of the stale-lock window).
+function Store:renew(id)
+  local rec = check(self, "renew")
+  check_id("renew", id)
+  local h = rec.held[id]
+  if h == nil then
+    raise("FAILED_PRECONDITION", "renew", "this store does not hold the lock on this state id (take it with with_lock)")
+  end
+  h.renew_at = -math.huge
+  keep_lease(rec, "renew", id)
+  return true
+end
+
+--- Runs fn(...) holding the state id's lock and returns what fn returns. The
+-- lock is released when fn returns or raises (the error is re-raised as is).
+-- fn may yield: the lock stays held while its coroutine is suspended.
+function Store:with_lock(id, fn, ...)
+  local rec = check(self, "with_lock")
+  check_id("with_lock", id)
+  if not callable(fn) then argerror("with_lock", 2, "function expected, got " .. describe(fn)) end
+  if rec.held[id] ~= nil then
+    raise("FAILED_PRECONDITION", "with_lock",
+          "this store already holds the lock on this state id (with_lock calls on one id do not nest)")
+  end
+  local lock_id = run(rec, "with_lock", "acquire", id)
+  local h = {lock_id = lock_id, renew_at = rec.now_ms() + rec.renew_every_ms}
+  rec.held[id] = h
+  local results = table.pack(pcall(fn, ...))
+  if rec.held[id] == h then rec.held[id] = nil end
+  local released, release_error = true, nil
+  if not rec.closed and not h.released then
+    released, release_error = pcall(run, rec, "with_lock", "release", id, lock_id)
+  end
+  if not results[1] then error(results[2], 0) end  -- fn's error matters more
+  if not released then error(release_error, 0) end
+  return table.unpack(results, 2, results.n)
+end
+
+--- Releases the locks this store holds and frees it. Idempotent.
+function Store:close()
+  local rec = records[self]
+  if rec == nil then argerror("close", 0, "a chstate store expected: call it as store:close()") end
+  if rec.closed then return true end
+  if rec.busy then raise("FAILED_PRECONDITION", "close", "an operation is still running on this store") end
+  for id, h in pairs(rec.held) do
+    pcall(run, rec, "close", "release", id, h.lock_id)  -- best effort: a lost lock goes stale anyway
+    h.released = true
+  end
+  rec.held = {}
+  rec.ud:close()
+  rec.closed = true
+  return true
+end
+
+--- True once close() ran.
+function Store:is_closed()
+  local rec = records[self]
+  return rec == nil or rec.closed
+end
+
+local SETTINGS = {uri = true, host = true, port = true, database = true, user = true, password = true,
+                  secure = true, schema = true, table = true, ca_file = true}
+local OPTIONS = {env = true, transport = true, sleep = true, now = true, lock_timeout = true, lock_retry = true,
+                 stale_lock = true, connect_timeout = true, timeout = true}
+
+local function seconds(opts, env, key, env_name, default, zero_ok)
+  local v, origin = opts[key], "option '" .. key .. "'"
+  if v == nil and env_name and env[env_name] and env[env_name] ~= "" then
+    v, origin = tonumber(env[env_name]), env_name
+    if v == nil then argerror("open", 1, env_name .. " is not a number of seconds") end
+  end
+  if v == nil then v = default end
+  if type(v) ~= "number" or v ~= v or v == math.huge or v < 0 or (v == 0 and not zero_ok) then
+    argerror("open", 1, origin .. " must be a number of seconds " .. (zero_ok and "(0 or more)" or "(more than 0)"))
+  end
+  return math.max(math.floor(v * 1000 + 0.5), zero_ok and 0 or 1)
+end
+
+--- Opens a store. Settings (all optional, Meltano's names): uri, host, port,
+-- database, user, password, secure, schema, table, ca_file; they beat the
+-- environment (MELTANO_STATE_BACKEND_*, CLICKHOUSE_*) with the CLI's
+-- precedence. Options: env (a table to use instead of the process
+-- environment, or false for none), lock_timeout, lock_retry, stale_lock,
+-- connect_timeout, timeout (seconds), and the hooks transport(request),
+-- sleep(seconds) and now() (seconds) for an orchestrator's own event loop.
+-- Nothing is sent until the first operation.
+function M.open(opts)
+  if opts == nil then opts = {} end
+  if type(opts) ~= "table" then argerror("open", 1, "table of settings expected, got " .. type(opts)) end
+  local flags = {}
+  for k, v in pairs(opts) do
+    if SETTINGS[k] then
+      local t = type(v)
+      if t == "string" then
+        flags[k] = v
+      elseif k == "port" and math.tointeger(v) then
+        flags[k] = tostring(math.tointeger(v))
+      elseif k == "secure" and t == "boolean" then
+        flags[k] = tostring(v)
+      else
+        argerror("open", 1, ("setting '%s' must be a string%s, got %s"):format(
+                   k, k == "port" and " or an integer" or k == "secure" and " or a boolean" or "", t))
+      end
+    elseif not OPTIONS[k] then
+      argerror("open", 1, ("unknown setting '%s' (settings: uri, host, port, database, user, password, secure, " ..
+                           "schema, table, ca_file; options: env, transport, sleep, now, lock_timeout, " ..
+                           "lock_retry, stale_lock, connect_timeout, timeout)"):format(tostring(k)))
+    end
+  end
+  local env = opts.env
+  if env == nil then
+    env = C.environ()
+  elseif env == false then
+    env = {}
+  elseif type(env) ~= "table" then
+    argerror("open", 1, "option 'env' must be a table of strings or false, got " .. type(env))
+  end
+  for _, hook in ipairs{"transport", "sleep", "now"} do
+    if opts[hook] ~= nil and not callable(opts[hook]) then
+      argerror("open", 1, ("option '%s' must be a function, got %s"):format(hook, type(opts[hook])))
+    end
+  end
+  local native = {
+    native = opts.transport == nil,
+    lock_timeout_ms = seconds(opts, env, "lock_timeout", "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS", 10, true),
+    lock_retry_ms = seconds(opts, env, "lock_retry", "MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS", 1, false),
+    stale_ms = seconds(opts, env, "stale_lock", nil, 300, false),
+    connect_timeout_ms = seconds(opts, env, "connect_timeout", nil, 5, false),
+    timeout_ms = seconds(opts, env, "timeout", nil, 30, false),
+  }
+  local ud, info = C.new_store(flags, env, native)
+  if ud == nil then raise("INVALID_ARGUMENT", "open", info) end
+  local now, sleep = opts.now, opts.sleep
+  local rec = {
+    ud = ud,
+    info = info,
+    transport = opts.transport,
+    conn = opts.transport and ud:connection() or nil,
+    native_run = opts.transport == nil and now == nil and sleep == nil,
+    now_ms = now and function() return math.floor(now() * 1000) end or C.monotonic_ms,
+    sleep_ms = sleep and function(ms) sleep(ms / 1000) end or C.sleep_ms,
+    renew_every_ms = math.max(native.stale_ms // 3, 50),
+    held = {},
+    busy = false,
+    closed = false,
+  }
+  local store = setmetatable({}, Store)
+  records[store] = rec
+  return store
+end
+
+-- ---------------------------------------------------------------- safe
+
+local function soften(ok, ...)
+  if ok then return ... end
+  local e = ...
+  if getmetatable(e) == Error then return nil, tostring(e), e.code end
+  return nil, tostring(e), "UNKNOWN"  -- an error raised by a with_lock function or a hook
+end
+
+local inner = setmetatable({}, {__mode = "k"})
+local SafeStore = {__name = "chstate.safe_store"}
+SafeStore.__index = SafeStore
+SafeStore.__tostring = function(self) return tostring(inner[self]) end
+SafeStore.__close = function(self) inner[self]:close() end
+
+for _, name in ipairs{"get", "set", "merge", "list", "delete", "clear_all", "init", "ping", "renew",
+                      "with_lock", "close", "is_closed"} do
+  SafeStore[name] = function(self, ...)
+    local store = inner[self]
+    if store == nil then
+      return nil, "bad argument #0 to '" .. name .. "' (a chstate store expected: call it as store:" .. name ..
+                  "(...), with a colon)", "INVALID_ARGUMENT"
+    end
+    return soften(pcall(store[name], store, ...))
+  end
+end
+
+--- The same API returning nil, message, code instead of raising. get of an
+-- absent id returns nil without a message.
+M.safe = {
+  _VERSION = M._VERSION,
+  null = M.null,
+  array = M.array,
+  is_array = M.is_array,
+  is_error = M.is_error,
+}
+
+function M.safe.open(opts)
+  local ok, store = pcall(M.open, opts)
+  if not ok then return soften(false, store) end
+  local proxy = setmetatable({}, SafeStore)
+  inner[proxy] = store
+  return proxy
+end
+
+function M.safe.to_json(v)
+  return soften(pcall(M.to_json, v))
+end
+
+function M.safe.from_json(text)
+  return soften(pcall(M.from_json, text))
+end
+
+return M

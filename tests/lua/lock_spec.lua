@@ -1,0 +1,261 @@
+-- with_lock against a real ClickHouse 18.16: results and errors of the
+-- function, the lock while a coroutine is suspended, an event loop driving
+-- two stores, two processes contending, and the lease.
+local T = require "support"
+local chstate = T.chstate
+
+local SCHEMA = "lua_lock_spec"
+
+local function try_lock(id)
+  -- Another store (another holder) that tries once.
+  local other = T.open(SCHEMA, {lock_timeout = 0})
+  local ok, err = pcall(other.with_lock, other, id, function() return "got it" end)
+  other:close()
+  return ok, err
+end
+
+describe("with_lock", function()
+  local store
+
+  before_each(function()
+    store = T.open(SCHEMA)
+    store:clear_all()
+  end)
+
+  after_each(function()
+    store:close()
+  end)
+
+  it("returns what the function returns and passes its arguments", function()
+    local a, b, c = store:with_lock("dev:l", function(x, y) return x + y, nil, "third" end, 40, 2)
+    assert.are.equal(42, a)
+    assert.is_nil(b)
+    assert.are.equal("third", c)
+  end)
+
+  it("holds the lock while the function runs, and releases it after", function()
+    store:with_lock("dev:l", function()
+      local ok, err = try_lock("dev:l")
+      assert.is_false(ok)
+      assert.are.equal("ABORTED", err.code)
+      -- writes by other stores wait for the lock too
+      local other = T.open(SCHEMA, {lock_timeout = 0})
+      assert.are.equal("ABORTED", T.error_of(other.set, other, "dev:l", {x = 1}).code)
+      other:close()
+    end)
+    assert.is_true((try_lock("dev:l")))
+  end)
+
+  it("releases the lock when the function raises, and re-raises the same error", function()
+    local thrown = setmetatable({}, {__tostring = function() return "custom error" end})
+    local ok, err = pcall(store.with_lock, store, "dev:l", function() error(thrown) end)
+    assert.is_false(ok)
+    assert.are.equal(thrown, err)  -- the very same value
+    ok, err = pcall(store.with_lock, store, "dev:l", function() error("plain", 0) end)
+    assert.are.equal("plain", err)
+    assert.is_true((try_lock("dev:l")))
+    -- the store still works after
+    assert.is_true(store:set("dev:l", {after = true}))
+  end)
+
+  it("uses the held lock for writes inside the function (no self-deadlock)", function()
+    local merged = store:with_lock("dev:w", function()
+      store:set("dev:w", {singer_state = {a = 1}})
+      store:merge("dev:w", {singer_state = {b = 2}})
+      local m = store:get("dev:w")
+      store:delete("dev:other")
+      return m
+    end)
+    assert.are.same({singer_state = {a = 1, b = 2}}, merged)
+    local _, whole = store:get("dev:w")
+    assert.are.same({singer_state = {a = 1}}, whole.completed)
+    assert.are.same({singer_state = {b = 2}}, whole.partial)
+    store:with_lock("dev:w", function() store:delete("dev:w") end)
+    assert.is_nil(store:get("dev:w"))
+  end)
+
+  it("does not nest on one id, but does on different ids", function()
+    local err = T.error_of(store.with_lock, store, "dev:n", function()
+      store:with_lock("dev:n", function() end)
+    end)
+    assert.are.equal("FAILED_PRECONDITION", err.code)
+    assert.matches("do not nest", tostring(err))
+    assert.is_true((try_lock("dev:n")))  -- the outer lock was released too
+    local r = store:with_lock("dev:n1", function()
+      return store:with_lock("dev:n2", function() return "both" end)
+    end)
+    assert.are.equal("both", r)
+  end)
+
+  it("keeps the lock while its coroutine is suspended", function()
+    local co = coroutine.create(function()
+      return store:with_lock("dev:co", function()
+        local got = coroutine.yield("holding")
+        store:merge("dev:co", {resumed_with = got})
+        return "finished"
+      end)
+    end)
+    local ok, what = coroutine.resume(co)
+    assert.is_true(ok)
+    assert.are.equal("holding", what)
+    assert.are.equal("suspended", coroutine.status(co))
+    -- the lock is held across the yield: nobody else gets it
+    local got, err = try_lock("dev:co")
+    assert.is_false(got)
+    assert.are.equal("ABORTED", err.code)
+    -- the suspended holder's store serves other calls meanwhile
+    assert.is_true(store:set("dev:unrelated", {x = 1}))
+    local ok2, result = coroutine.resume(co, "value")
+    assert.is_true(ok2, tostring(result))
+    assert.are.equal("finished", result)
+    assert.are.equal("dead", coroutine.status(co))
+    assert.are.equal("value", store:get("dev:co").resumed_with)
+    assert.is_true((try_lock("dev:co")))
+  end)
+
+  it("releases the lock when a resumed coroutine raises inside it", function()
+    local co = coroutine.wrap(function()
+      store:with_lock("dev:co2", function()
+        coroutine.yield()
+        error("failed after the yield", 0)
+      end)
+    end)
+    co()
+    assert.is_false((try_lock("dev:co2")))
+    local ok, err = pcall(co)
+    assert.is_false(ok)
+    assert.are.equal("failed after the yield", err)
+    assert.is_true((try_lock("dev:co2")))
+  end)
+
+  it("lets an event loop run the holder while a contender waits (sleep hook yields)", function()
+    -- A tiny scheduler: coroutines yield a wake-up time; the loop resumes
+    -- the earliest. chstate's sleep hook yields instead of blocking.
+    local tasks, order = {}, {}
+    local function loop_sleep(seconds) coroutine.yield(T.gettime() + seconds) end
+    local function spawn(name, fn) tasks[#tasks + 1] = {name = name, co = coroutine.create(fn), wake = 0} end
+    local hooks = {sleep = loop_sleep, now = T.gettime, lock_retry = 0.05, lock_timeout = 20}
+    local a = T.open(SCHEMA, hooks)
+    local b = T.open(SCHEMA, hooks)
+    spawn("a", function()
+      a:with_lock("dev:loop", function()
+        order[#order + 1] = "a in"
+        loop_sleep(0.6)
+        order[#order + 1] = "a out"
+      end)
+    end)
+    spawn("b", function()
+      loop_sleep(0.1)  -- start after a holds the lock
+      b:with_lock("dev:loop", function() order[#order + 1] = "b in" end)
+      order[#order + 1] = "b done"
+    end)
+    local yields = {a = 0, b = 0}
+    while #tasks > 0 do
+      table.sort(tasks, function(x, y) return x.wake < y.wake end)
+      local t = table.remove(tasks, 1)
+      local delay = t.wake - T.gettime()
+      if delay > 0 then T.sleep(delay) end
+      local ok, wake = coroutine.resume(t.co)
+      assert.is_true(ok, tostring(wake))
+      if coroutine.status(t.co) ~= "dead" then
+        yields[t.name] = yields[t.name] + 1
+        t.wake = wake
+        tasks[#tasks + 1] = t
+      end
+    end
+    -- b waited for the lock by yielding to the loop (its first yield is its
+    -- own 0.1 s start delay), so a could finish and release meanwhile
+    assert.is_true(yields.b >= 3, "b yielded " .. yields.b .. " times")
+    assert.are.same({"a in", "a out", "b in", "b done"}, order)
+    a:close()
+    b:close()
+  end)
+
+  it("excludes two Lua processes contending for one lock (no overlap, no lost update)", function()
+    local log = os.tmpname()
+    local iterations = 15
+    local worker = "tests/lua/lock_worker.lua"
+    local cmd = ("lua5.4 %s %s dev:contended %d %s A & lua5.4 %s %s dev:contended %d %s B & wait"):format(
+      worker, SCHEMA, iterations, log, worker, SCHEMA, iterations, log)
+    assert.is_true(os.execute(cmd) ~= nil)
+    local lines = {}
+    for line in io.lines(log) do lines[#lines + 1] = line end
+    os.remove(log)
+    local done, holder, enters = {}, nil, {A = 0, B = 0}
+    for i, line in ipairs(lines) do
+      local what, tag = line:match("^(%a+) (%a)$")
+      assert.is_not_nil(what, "unexpected log line " .. line)
+      if what == "enter" then
+        assert.is_nil(holder, ("line %d: %s entered while %s held the lock"):format(i, tag, tostring(holder)))
+        holder = tag
+        enters[tag] = enters[tag] + 1
+      elseif what == "leave" then
+        assert.are.equal(holder, tag, ("line %d: %s left a lock it did not hold"):format(i, tag))
+        holder = nil
+      else
+        done[tag] = true
+      end
+    end
+    assert.is_true(done.A and done.B, "a worker did not finish: " .. table.concat(lines, " | "))
+    assert.are.same({A = iterations, B = iterations}, enters)
+    -- both interleaved (they really contended) ...
+    local switches = 0
+    for i = 3, #lines do
+      if lines[i]:match("^enter") and lines[i]:sub(-1) ~= lines[i - 2]:sub(-1) then switches = switches + 1 end
+    end
+    assert.is_true(switches > 0, "the two workers never alternated")
+    -- ... and every increment landed
+    assert.are.equal(2 * iterations, store:get("dev:contended").count)
+  end)
+
+  it("renews the lease while the function uses the store", function()
+    local s = T.open(SCHEMA, {stale_lock = 3})
+    s:with_lock("dev:lease", function()
+      local started = T.gettime()
+      while T.gettime() - started < 4.5 do  -- longer than the 3 s stale window
+        s:get("dev:lease")
+        T.sleep(0.5)
+      end
+      -- still exclusive: a contender with the same window cannot take over
+      local other = T.open(SCHEMA, {lock_timeout = 0, stale_lock = 3})
+      assert.are.equal("ABORTED", T.error_of(other.with_lock, other, "dev:lease", print).code)
+      other:close()
+      s:set("dev:lease", {kept = true})
+    end)
+    assert.is_true(store:get("dev:lease").kept)
+    s:close()
+  end)
+
+  it("refuses writes once the lease expired unrenewed, and says so", function()
+    local s = T.open(SCHEMA, {stale_lock = 2})
+    local err = T.error_of(s.with_lock, s, "dev:expired", function()
+      T.sleep(2.2)  -- past the lease (2 s minus the margin) without touching the store
+      s:set("dev:expired", {late = true})
+    end)
+    assert.is_true(chstate.is_error(err))
+    assert.are.equal("set", err.op)
+    assert.matches("lock on state id \"dev:expired\" expired", tostring(err))
+    assert.is_nil(store:get("dev:expired"))  -- nothing was written
+    -- a function that returns after its lease ran out gets an error too: what
+    -- it did was not necessarily exclusive
+    err = T.error_of(s.with_lock, s, "dev:expired", function() T.sleep(2.2) return "done" end)
+    assert.are.equal("with_lock", err.op)
+    assert.are.equal("ABORTED", err.code)
+    assert.matches("held past its lease", tostring(err))
+    s:close()
+  end)
+
+  it("renews on request with store:renew, and only for a held lock", function()
+    assert.are.equal("FAILED_PRECONDITION", T.error_of(store.renew, store, "dev:r").code)
+    store:with_lock("dev:r", function() assert.is_true(store:renew("dev:r")) end)
+  end)
+
+  it("releases held locks on close", function()
+    local s = T.open(SCHEMA)
+    local co = coroutine.wrap(function() s:with_lock("dev:closed", function() coroutine.yield() end) end)
+    co()
+    assert.is_false((try_lock("dev:closed")))
+    s:close()
+    assert.is_true((try_lock("dev:closed")))
+  end)
+end)

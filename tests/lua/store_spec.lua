@@ -1,0 +1,269 @@
+-- The store API against a real ClickHouse 18.16: every call, the argument
+-- errors, a closed store, configuration and secrets, and chstate.safe.
+local T = require "support"
+local chstate = T.chstate
+
+local SCHEMA = "lua_store_spec"
+
+describe("a store", function()
+  local store
+
+  before_each(function()
+    store = T.open(SCHEMA)
+    store:clear_all()
+  end)
+
+  after_each(function()
+    store:close()
+  end)
+
+  it("pings the server and names the dialect", function()
+    local version, dialect = store:ping()
+    assert.matches("^18%.16", version)
+    assert.are.equal("clickhouse18", dialect)
+    assert.is_true(store:init())
+  end)
+
+  it("gets nil for an absent id", function()
+    assert.is_nil(store:get("dev:absent"))
+    assert.are.equal(0, select("#", store:get("dev:absent")) - 1)
+  end)
+
+  it("sets and gets a complete state: merged view and whole state", function()
+    assert.is_true(store:set("dev:a", {singer_state = {bookmarks = {issues = {since = "2026-11-01"}}}}))
+    local merged, whole = store:get("dev:a")
+    assert.are.same({singer_state = {bookmarks = {issues = {since = "2026-11-01"}}}}, merged)
+    assert.are.same({}, whole.partial)
+    assert.are.same(merged, whole.completed)
+  end)
+
+  it("merges partial states as Meltano's update() does", function()
+    store:set("dev:m", {singer_state = {bookmarks = {issues = {since = "1"}}, list = {1, 2}}})
+    local merged, whole = store:merge("dev:m", {singer_state = {bookmarks = {pulls = {since = "2"}}, list = {3}}})
+    -- objects merge recursively, lists replace; the completed side is kept
+    assert.are.same({singer_state = {bookmarks = {issues = {since = "1"}, pulls = {since = "2"}}, list = {3}}}, merged)
+    assert.are.same({singer_state = {bookmarks = {issues = {since = "1"}}, list = {1, 2}}}, whole.completed)
+    assert.are.same({singer_state = {bookmarks = {pulls = {since = "2"}}, list = {3}}}, whole.partial)
+    local again = store:merge("dev:m", {singer_state = {bookmarks = {pulls = {since = "3"}}}})
+    assert.are.equal("3", again.singer_state.bookmarks.pulls.since)
+    assert.are.same(again, (store:get("dev:m")))
+    -- merging into an absent id creates it
+    assert.are.same({x = 1}, (store:merge("dev:new", {x = 1})))
+  end)
+
+  it("lists ids, sorted, with Meltano's glob", function()
+    for _, id in ipairs{"dev:b", "dev:a", "prod:a", "dev:a%_x"} do store:set(id, {v = id}) end
+    assert.are.same({"dev:a", "dev:a%_x", "dev:b", "prod:a"}, store:list())
+    assert.are.same({"dev:a", "dev:a%_x", "dev:b"}, store:list("dev:*"))
+    assert.are.same({"dev:a", "dev:b"}, store:list("dev:?"))
+    assert.are.same({"dev:a%_x"}, store:list("dev:a%_*"))
+    assert.are.same({}, store:list("nothing*"))
+    assert.is_true(chstate.is_array(store:list("nothing*")))
+  end)
+
+  it("deletes one id and clears all", function()
+    store:set("dev:a", {v = 1})
+    store:set("dev:b", {v = 2})
+    assert.is_true(store:delete("dev:a"))
+    assert.is_nil(store:get("dev:a"))
+    assert.is_true(store:delete("dev:a"))  -- absent: fine
+    assert.are.same({"dev:b"}, store:list())
+    assert.are.equal(1, store:clear_all())
+    assert.are.same({}, store:list())
+  end)
+
+  it("round-trips the JSON rules through the server", function()
+    local state = {singer_state = {
+      empty_map = {}, empty_list = chstate.array(), ints = {1, 2, 3}, float = 2.0, half = 0.5,
+      null = chstate.null, flag = false, text = "gr\xc3\xbc\xc3\x9f\n\t\"q\" \\ \0 end",
+      nested = {{}, chstate.array{chstate.array()}}, big = math.maxinteger,
+    }}
+    store:set("dev:json", state)
+    local back = store:get("dev:json")
+    assert.are.equal(chstate.to_json(state), chstate.to_json(back))
+    assert.are.equal("float", math.type(back.singer_state.float))
+    assert.are.equal("integer", math.type(back.singer_state.ints[1]))
+    assert.is_true(chstate.is_array(back.singer_state.empty_list))
+    assert.are.equal(chstate.null, back.singer_state.null)
+  end)
+
+  it("keeps hostile ids byte for byte", function()
+    local ids = {"a'b", "x\\y", "new\nline", "nul\0byte", "\xff\xfe", "%_*?", "'; DROP TABLE state; --"}
+    for i, id in ipairs(ids) do store:set(id, {i = i}) end
+    for i, id in ipairs(ids) do assert.are.equal(i, store:get(id).i) end
+    local listed = store:list()
+    table.sort(ids)
+    assert.are.same(ids, listed)
+  end)
+
+  it("gives clear argument errors", function()
+    local function message(fn, ...) return tostring(T.error_of(fn, ...)) end
+    assert.matches("store_spec%.lua:%d+: chstate%.get: bad argument #1 to 'get' %(state id expected: a non%-empty string, got nil%)",
+                   message(function() local _ = store:get() end))  -- not a tail call: its line is the position
+    assert.matches("got an empty string", message(function() return store:get("") end))
+    assert.matches("got number", message(function() return store:set(42, {}) end))
+    assert.matches("bad argument #2 to 'set' %(state expected: a table, got string%)",
+                   message(function() return store:set("a", "{}") end))
+    assert.matches("bad argument #2 to 'set' %(state%.x is NaN", message(function() return store:set("a", {x = 0 / 0}) end))
+    assert.matches("not an array", message(function() return store:set("a", {1, 2}) end))
+    assert.matches("nothing to merge", message(function() return store:merge("a", {}) end))
+    assert.matches("partial state expected: a table, got nil", message(function() return store:merge("a") end))
+    assert.matches("pattern expected: a string or nil, got number", message(function() return store:list(5) end))
+    assert.matches("function expected, got nil", message(function() return store:with_lock("a") end))
+    assert.matches("with a colon", message(function() return store.get("a") end))
+    local err = T.error_of(function() return store:get() end)
+    assert.are.equal("INVALID_ARGUMENT", err.code)
+    assert.are.equal("get", err.op)
+    assert.is_true(chstate.is_error(err))
+    -- nothing was written by the failed calls
+    assert.are.same({}, store:list())
+  end)
+
+  it("refuses every call once closed", function()
+    assert.is_false(store:is_closed())
+    assert.is_true(store:close())
+    assert.is_true(store:close())  -- idempotent
+    assert.is_true(store:is_closed())
+    for _, call in ipairs{
+      function() return store:get("a") end, function() return store:set("a", {}) end,
+      function() return store:merge("a", {x = 1}) end, function() return store:list() end,
+      function() return store:delete("a") end, function() return store:clear_all() end,
+      function() return store:with_lock("a", print) end, function() return store:ping() end,
+    } do
+      local err = T.error_of(call)
+      assert.are.equal("FAILED_PRECONDITION", err.code)
+      assert.matches("the store is closed", tostring(err))
+    end
+    assert.matches("closed", tostring(store))
+    store = T.open(SCHEMA)  -- for after_each
+  end)
+
+  it("closes at the end of a <close> scope", function()
+    local inner
+    do
+      local s <close> = T.open(SCHEMA)
+      inner = s
+      assert.is_false(s:is_closed())
+    end
+    assert.is_true(inner:is_closed())
+  end)
+end)
+
+describe("configuration", function()
+  it("uses the core's precedence: options beat the environment", function()
+    local s = chstate.open{env = {
+      MELTANO_STATE_BACKEND_URI = ("clickhouse://%s@%s:%s/default?schema=lua_env_uri"):format(T.user, T.host, T.port),
+      MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD = T.password,
+      CLICKHOUSE_HOST = "unused.invalid",
+    }}
+    assert.matches("schema=lua_env_uri", tostring(s))
+    assert.matches(T.host, tostring(s))
+    assert.matches("^18", (s:ping()))
+    s:close()
+    local over = chstate.open{schema = "lua_flag_schema", env = {
+      MELTANO_STATE_BACKEND_URI = ("clickhouse://%s@%s:%s/default?schema=lua_env_uri"):format(T.user, T.host, T.port),
+      MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD = T.password,
+    }}
+    assert.matches("schema=lua_flag_schema", tostring(over))
+    over:close()
+  end)
+
+  it("takes a URI with the password in it and never shows the password", function()
+    local uri = ("clickhouse://%s:%s@%s:%s/default?schema=lua_uri"):format(T.user, T.password, T.host, T.port)
+    local s = chstate.open{uri = uri, env = false}
+    assert.matches("^18", (s:ping()))
+    assert.is_nil(tostring(s):find(T.password, 1, true))
+    assert.matches(":%*%*%*@", tostring(s))
+    s:close()
+  end)
+
+  it("reads the lock settings from Meltano's environment variables", function()
+    local err = T.error_of(chstate.open, T.settings(SCHEMA, {env = {MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS = "soon"}}))
+    assert.matches("MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS is not a number of seconds", tostring(err))
+  end)
+
+  it("names what is missing and refuses unknown settings", function()
+    local err = T.error_of(chstate.open, {host = T.host, database = "default", env = false})
+    assert.matches("user", tostring(err))
+    assert.are.equal("INVALID_ARGUMENT", err.code)
+    assert.matches("unknown setting 'hots'", tostring(T.error_of(chstate.open, {hots = "x", env = false})))
+    assert.matches("setting 'port' must be a string or an integer, got table",
+                   tostring(T.error_of(chstate.open, {port = {}, env = false})))
+    assert.matches("option 'transport' must be a function",
+                   tostring(T.error_of(chstate.open, T.settings(SCHEMA, {transport = "http"}))))
+    assert.matches("option 'lock_timeout' must be a number of seconds %(0 or more%)",
+                   tostring(T.error_of(chstate.open, T.settings(SCHEMA, {lock_timeout = -1}))))
+    assert.matches("table of settings expected, got string", tostring(T.error_of(chstate.open, "clickhouse://x")))
+  end)
+
+  it("keeps a wrong password out of every message", function()
+    local secret = "wrong-Secret-4711"
+    local s = T.open(SCHEMA, {password = secret})
+    local err = T.error_of(s.get, s, "dev:a")
+    assert.is_nil(tostring(err):find(secret, 1, true))
+    assert.is_nil(tostring(s):find(secret, 1, true))
+    assert.is_not.equal("INVALID_ARGUMENT", err.code)
+    s:close()
+    local bad = T.error_of(chstate.open, {uri = "clickhouse://u:" .. secret .. "@h:notaport/db", env = false})
+    assert.is_nil(tostring(bad):find(secret, 1, true))
+  end)
+
+  it("reports an unreachable server as UNAVAILABLE", function()
+    local s = T.open(SCHEMA, {host = "127.0.0.1", port = 1, connect_timeout = 1})
+    local err = T.error_of(s.ping, s)
+    assert.are.equal("UNAVAILABLE", err.code)
+    assert.matches("127%.0%.0%.1:1", tostring(err))
+    s:close()
+  end)
+end)
+
+describe("chstate.safe", function()
+  local safe = chstate.safe
+
+  it("returns nil, message, code instead of raising", function()
+    local s = assert(safe.open(T.settings(SCHEMA)))
+    assert.is_true(s:set("dev:safe", {v = 1}))
+    assert.are.same({v = 1}, (s:get("dev:safe")))
+    local v, msg, code = s:get("dev:absent")
+    assert.is_nil(v)
+    assert.is_nil(msg)
+    v, msg, code = s:set("dev:safe", {0 / 0})
+    assert.is_nil(v)
+    assert.matches("bad argument #2 to 'set'", msg)
+    assert.are.equal("INVALID_ARGUMENT", code)
+    v, msg, code = s:get(nil)
+    assert.is_nil(v)
+    assert.matches("state id expected", msg)
+    assert.are.same({"dev:safe"}, (s:list("dev:*")))
+    assert.is_true(s:delete("dev:safe"))
+    assert.is_number(s:clear_all())
+    assert.is_true(s:close())
+    v, msg, code = s:get("x")
+    assert.is_nil(v)
+    assert.matches("closed", msg)
+    assert.are.equal("FAILED_PRECONDITION", code)
+  end)
+
+  it("returns nil, message from open", function()
+    local s, msg, code = safe.open{hots = 1}
+    assert.is_nil(s)
+    assert.matches("unknown setting", msg)
+    assert.are.equal("INVALID_ARGUMENT", code)
+    s, msg, code = safe.open{host = T.host, env = false}
+    assert.is_nil(s)
+    assert.are.equal("INVALID_ARGUMENT", code)
+  end)
+
+  it("releases the lock and returns nil, message when the function raises", function()
+    local s = assert(safe.open(T.settings(SCHEMA)))
+    local v, msg, code = s:with_lock("dev:safe-lock", function() error("inside") end)
+    assert.is_nil(v)
+    assert.matches("inside", msg)
+    assert.are.equal("UNKNOWN", code)
+    local other = T.open(SCHEMA, {lock_timeout = 0})
+    assert.are.equal("free", other:with_lock("dev:safe-lock", function() return "free" end))
+    assert.are.same({1, 2}, {s:with_lock("dev:safe-lock", function(a, b) return a, b end, 1, 2)})
+    other:close()
+    s:close()
+  end)
+end)

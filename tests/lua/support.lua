@@ -1,0 +1,58 @@
+-- Shared set-up for the busted specs of the Lua binding: the module under
+-- test (bazel-bin/hosts/lua/chstate.so, put on package.cpath by run.py) and
+-- stores connected to the real ClickHouse that CHSTATE_TEST_* name.
+local chstate = require "chstate"
+local socket = require "socket"
+
+local M = {chstate = chstate}
+
+local function need(name)
+  local v = os.getenv(name)
+  assert(v and v ~= "", name .. " is not set: run the specs with tests/lua/run.py (it starts a server)")
+  return v
+end
+
+M.host = need("CHSTATE_TEST_HOST")
+M.port = need("CHSTATE_TEST_PORT")
+M.user = need("CHSTATE_TEST_USER")
+M.password = os.getenv("CHSTATE_TEST_PASSWORD") or ""
+
+-- A schema per spec file, so files do not see each other's states.
+function M.settings(schema, extra)
+  local s = {host = M.host, port = M.port, user = M.user, password = M.password, database = "default",
+             schema = schema, env = false}
+  for k, v in pairs(extra or {}) do s[k] = v end
+  return s
+end
+
+function M.open(schema, extra)
+  return chstate.open(M.settings(schema, extra))
+end
+
+-- Runs fn and returns the error it raised (fails when it raised none).
+function M.error_of(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, "expected an error, got none")
+  return err
+end
+
+M.sleep = socket.sleep
+M.gettime = socket.gettime
+
+-- An HTTP transport written with LuaSocket, as an orchestrator would supply.
+function M.luasocket_transport(log)
+  local http = require "socket.http"
+  local ltn12 = require "ltn12"
+  return function(req)
+    if log then log[#log + 1] = req end
+    local chunks = {}
+    local ok, status, headers = http.request{
+      url = req.url, method = "POST", headers = req.headers,
+      source = ltn12.source.string(req.body), sink = ltn12.sink.table(chunks),
+    }
+    if not ok then return nil, status end
+    return status, headers, table.concat(chunks)
+  end
+end
+
+return M
