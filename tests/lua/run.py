@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Runs the Lua binding's busted specs against a real ClickHouse 18.16.
+
+  tests/lua/run.py                      build chstate.so, start a server, run every spec
+  tests/lua/run.py --junit out.xml      also keep busted's JUnit XML (tools/test counts it)
+  tests/lua/run.py -- --filter=lock     extra arguments go to busted
+
+The server is the one CHSTATE_TEST_HOST/PORT/USER/PASSWORD name (tools/test
+sets them), else a throwaway one from tools/clickhouse_server.py, stopped at
+the end. The module is bazel-bin/hosts/lua/chstate.so (built here), or the file
+CHSTATE_LUA_SO names. busted writes JUnit XML; this script prints each failure
+and ends with `N passed, N failed`. Exit status 0 only when something passed
+and nothing failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SPECS = ROOT / "tests" / "lua"
+
+
+def summarize(xml_path: Path) -> tuple[int, int]:
+    """Counts busted's test cases and prints the failures. busted reports a
+    spec file that does not load as an <error> outside any test case; it is
+    rewritten into a failed test case, so that any JUnit reader (tools/test)
+    counts it."""
+    try:
+        tree = ET.parse(xml_path)
+    except (ET.ParseError, OSError) as e:
+        print(f"run.py: busted wrote no readable JUnit XML ({e})")
+        return 0, 1
+    root = tree.getroot()
+    passed = failed = 0
+    for case in root.iter("testcase"):
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if case.find("skipped") is not None:
+            print(f"  PENDING (not counted) {case.get('classname')} {case.get('name')}")
+        elif problem is not None:
+            failed += 1
+            print(f"  FAILED {case.get('classname')}: {case.get('name')}\n"
+                  f"    {(problem.get('message') or '').strip()}\n{(problem.text or '').strip()}")
+        else:
+            passed += 1
+    stray = [e for parent in root.iter() if parent.tag != "testcase" for e in parent if e.tag in ("error", "failure")]
+    for e in stray:
+        failed += 1
+        print(f"  FAILED (outside any test) {(e.text or '').strip()}")
+        for parent in root.iter():
+            if e in list(parent):
+                parent.remove(e)
+        suite = ET.SubElement(root, "testsuite", name="busted", tests="1", errors="1")
+        case = ET.SubElement(suite, "testcase", classname="busted", name="spec files load")
+        case.append(e)
+    if stray:
+        tree.write(xml_path)
+    return passed, failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--junit", type=Path, help="where to keep busted's JUnit XML")
+    parser.add_argument("busted_args", nargs="*", help="extra busted arguments (after --)")
+    args = parser.parse_args()
+
+    so = Path(os.environ["CHSTATE_LUA_SO"]).resolve() if os.environ.get("CHSTATE_LUA_SO") else None
+    if so is None:
+        if subprocess.call(["bazel", "build", "//hosts/lua:chstate.so"], cwd=ROOT) != 0:
+            print("0 passed, 1 failed (//hosts/lua:chstate.so did not build)")
+            return 1
+        so = ROOT / "bazel-bin" / "hosts" / "lua" / "chstate.so"
+
+    env = dict(os.environ)
+    # Lua 5.4 reads these before LUA_CPATH/LUA_PATH; ";;" keeps the defaults.
+    env["LUA_CPATH_5_4"] = f"{so.parent}/?.so;;"
+    env["LUA_PATH_5_4"] = f"{SPECS}/?.lua;;"
+
+    with tempfile.TemporaryDirectory(prefix="chstate-lua-") as tmp:
+        server_dir = None
+        if not all(env.get(k) for k in ("CHSTATE_TEST_HOST", "CHSTATE_TEST_PORT", "CHSTATE_TEST_USER")):
+            server_dir = Path(tmp) / "clickhouse"
+            out = subprocess.run([sys.executable, str(ROOT / "tools" / "clickhouse_server.py"), "start",
+                                  str(server_dir)], capture_output=True, text=True)
+            if out.returncode != 0:
+                print(out.stdout + out.stderr)
+                print("0 passed, 1 failed (ClickHouse did not start)")
+                return 1
+            for line in out.stdout.splitlines():
+                k, _, v = line.partition("=")
+                if k.startswith("CHSTATE_TEST_"):
+                    env[k] = v
+        xml = args.junit.resolve() if args.junit else Path(tmp) / "busted.xml"
+        try:
+            cmd = ["lua5.4", "/usr/bin/busted", "-o", "junit", f"-Xoutput={xml}", *args.busted_args, str(SPECS)]
+            print("+ " + " ".join(cmd), flush=True)
+            code = subprocess.call(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+        finally:
+            if server_dir is not None:
+                subprocess.call([sys.executable, str(ROOT / "tools" / "clickhouse_server.py"), "stop",
+                                 str(server_dir)])
+        passed, failed = summarize(xml)
+        if code != 0 and failed == 0:
+            failed = 1  # busted itself failed (a spec file that did not load)
+            print(f"run.py: busted exited with {code} without reporting a failure")
+    print(f"{passed} passed, {failed} failed")
+    return 0 if passed > 0 and failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
