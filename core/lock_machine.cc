@@ -306,17 +306,21 @@ void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
 bool LockMachine::GiveUpUnreachable(const SqlResponse& r) {
   // The executor has already retried what it may; several requests in a row
   // without any answer mean the server is down, not that the lock is busy.
+  unreachable_ = CheckResponse(r, "taking the lock");
+  if (unreachable_.ok()) unreachable_ = absl::UnavailableError("no answer from ClickHouse");
   if (++unreachable_in_a_row_ < kUnreachableLimit) return false;
-  absl::Status s = CheckResponse(r, "taking the lock");
-  if (s.ok()) s = absl::UnavailableError("no answer from ClickHouse");
+  FailUnreachable();
+  return true;
+}
+
+void LockMachine::FailUnreachable() {
   std::string note = create_unresolved_
                          ? absl::StrCat("; if a CREATE of ours landed unseen, that lock expires after ",
                                         options_.stale_ms / 1000, " s")
                          : std::string();
-  Fail(absl::Status(s.code(), absl::StrCat(s.message(), " (", unreachable_in_a_row_,
-                                           " lock requests in a row got no answer; the lock was not taken",
-                                           note, ")")));
-  return true;
+  Fail(absl::Status(unreachable_.code(),
+                    absl::StrCat(unreachable_.message(), " (", unreachable_in_a_row_,
+                                 " lock requests in a row got no answer; the lock was not taken", note, ")")));
 }
 
 void LockMachine::Inspect(const SqlResponse*, const Inputs& in) {
@@ -417,6 +421,10 @@ void LockMachine::Decide(const SqlResponse* r, const Inputs& in) {
 
 void LockMachine::BackOff(const Inputs& in) {
   quick_retries_ = 0;
+  if (in.now_ms >= deadline_ms_ && unreachable_in_a_row_ > 0) {
+    FailUnreachable();  // time is up and the last request got no answer: not a busy lock
+    return;
+  }
   if (in.now_ms >= deadline_ms_) {
     Fail(absl::AbortedError(absl::StrCat("state id \"", Printable(state_id_),
                                          "\" is locked by another process; gave up after ",

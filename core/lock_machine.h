@@ -142,6 +142,7 @@ class LockMachine {
   void InspectFailed(const SqlResponse* r, const Inputs& in);
   // True (and failed) after kUnreachableLimit requests in a row without any answer.
   bool GiveUpUnreachable(const SqlResponse& r);
+  void FailUnreachable();
   void Decide(const SqlResponse* r, const Inputs& in);
   void OnCreated(const SqlResponse*, const Inputs& in);
   void NoteRelease(const SqlResponse*, const Inputs& in);
@@ -182,6 +183,7 @@ class LockMachine {
   int64_t acquired_at_ms_ = 0;
   int quick_retries_ = 0;
   int unreachable_in_a_row_ = 0;  // lock requests without any answer, in a row
+  absl::Status unreachable_;     // what the last of them failed with
   static constexpr int kUnreachableLimit = 3;
   int release_retries_ = 0;
   bool schema_made_ = false;

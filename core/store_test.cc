@@ -270,6 +270,23 @@ TEST(Store, UnreachableServerWhileLockingIsUnavailableNotBusy) {
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("expires after")));
 }
 
+TEST(Store, TimeoutRightAfterALostRequestIsUnavailableNotBusy) {
+  LockOptions lock;
+  lock.timeout_ms = 500;
+  auto store = MakeStore(lock);
+  int64_t clock = 0;
+  auto t = store->AcquireLock("a");
+  Action a = t->Start({clock, kRandom});
+  a = t->OnResponse(Ok("18.16.1\t1\n"), {clock, kRandom});
+  ASSERT_EQ(a.request.purpose, "create_lock");
+  a = t->OnResponse(Refused(), {clock, kRandom});
+  ASSERT_EQ(a.request.purpose, "inspect_lock");
+  clock += 600;  // the refusals took longer than the whole timeout
+  a = t->OnResponse(Refused(), {clock, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("2 lock requests in a row")));
+}
+
 TEST(Store, AnswerBetweenLostRequestsKeepsTheLockAttemptGoing) {
   LockOptions lock;
   lock.timeout_ms = 60000;

@@ -177,8 +177,13 @@ LOST = {"transport_ok": False, "maybe_delivered": True, "transport_error": "conn
 
 
 def store(script, **options):
+    clock = [0]  # a fake clock that only sleeping advances
+
+    def sleep(seconds):
+        clock[0] += int(seconds * 1e9)
+
     return _native.Store(dict({"schema": "s", "lock_timeout_ms": 300, "lock_retry_ms": 100}, **options), script,
-                         sleep=lambda s: None)
+                         clock_ns=lambda: clock[0], sleep=sleep)
 
 
 def test_idempotent_requests_are_retried_twice(lib):
@@ -218,7 +223,8 @@ def test_a_lock_held_by_another_process_stays_aborted(lib):
     # A refusal in between, then answers again: the lock really is held.
     script = Script([OK_VERSION, REFUSED, REFUSED, REFUSED, REFUSED, REFUSED, REFUSED] + [exists, held] * 20)
     with pytest.raises(_native.ChstateError) as e:
-        store(script, lock_timeout_ms=50, lock_retry_ms=10).run({"op": "acquire_lock", "state_id_hex": "61"})
+        # The refusals (with the transport's retry pauses) use 0.6 s of the 0.7 s.
+        store(script, lock_timeout_ms=700, lock_retry_ms=10).run({"op": "acquire_lock", "state_id_hex": "61"})
     assert e.value.code == "ABORTED"
     assert "locked by another process" in e.value.message
 

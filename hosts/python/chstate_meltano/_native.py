@@ -206,16 +206,10 @@ class Store:
         with self._mutex:
             if self._handle is None:
                 raise ChstateError("FAILED_PRECONDITION", "the store was closed")
-            transport_error = ""      # the last failure without an HTTP answer
-            answered_since = False    # any answer since the first such failure
             action = self._call(self._lib.chstate_op_start, op)
             while True:
                 if "request" in action:
                     response = self._execute(action["request"])
-                    if not response.get("transport_ok", True):
-                        transport_error = str(response.get("transport_error", ""))
-                    elif transport_error:
-                        answered_since = True
                     action = self._call(self._lib.chstate_op_feed, {"response": response})
                 elif "wait_ms" in action:
                     self._sleep(max(0, int(action["wait_ms"])) / 1000.0)
@@ -223,12 +217,4 @@ class Store:
                 elif "done" in action:
                     return action["done"]
                 else:
-                    error = _failed(action)
-                    if error.code == "ABORTED" and transport_error and not answered_since:
-                        # The core's lock keeps retrying while ClickHouse does
-                        # not answer and then reports the id as "locked by
-                        # another process". Nothing answered since ClickHouse
-                        # went away, so say what really happened.
-                        raise ChstateError("UNAVAILABLE", f"no answer from ClickHouse while {op.get('op')}: "
-                                           f"{transport_error} (the core reported: {error.message})")
-                    raise error
+                    raise _failed(action)
