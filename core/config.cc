@@ -176,10 +176,17 @@ absl::Status ParseQuery(absl::string_view query, UriParts* parts) {
       target = &parts->table;
     } else if (*key == "ca_file") {
       target = &parts->ca_file;
+    } else if (*key == "cluster") {
+      target = &parts->cluster;
+    } else if (*key == "zookeeper_path") {
+      target = &parts->zookeeper_path;
+    } else if (*key == "replica") {
+      target = &parts->replica;
     } else if (*key != "secure") {
       return absl::InvalidArgumentError(
           absl::StrCat("the URI query parameter ", Shown(*key),
-                       " is not supported: the allowed ones are secure, schema, table and ca_file, as in ",
+                       " is not supported: the allowed ones are secure, schema, table, ca_file, cluster, "
+                       "zookeeper_path and replica, as in ",
                        kExpectedForm, "?secure=true&schema=meltano&table=state"));
     }
     if (!seen.insert(*key).second) {
@@ -232,6 +239,9 @@ std::map<std::string, std::string> UriComponents(const UriParts& p) {
   if (p.schema) m["schema"] = *p.schema;
   if (p.table) m["table"] = *p.table;
   if (p.ca_file) m["ca_file"] = *p.ca_file;
+  if (p.cluster) m["cluster"] = *p.cluster;
+  if (p.zookeeper_path) m["zookeeper_path"] = *p.zookeeper_path;
+  if (p.replica) m["replica"] = *p.replica;
   return m;
 }
 
@@ -402,6 +412,32 @@ absl::StatusOr<UriParts> ParseClickHouseUri(absl::string_view uri) {
   return parts;
 }
 
+// The cluster settings are written into DDL (ON CLUSTER name, engine
+// arguments): only plain characters are accepted, so no quoting is needed
+// and a typo fails here rather than in ClickHouse.
+static absl::Status ValidateClusterSettings(const ConnectionConfig& cfg) {
+  static const RE2* const kClusterName = new RE2("[A-Za-z0-9_.-]{1,128}");
+  static const RE2* const kZooKeeperText = new RE2("[A-Za-z0-9_./{}-]{1,200}");
+  if (!cfg.cluster.empty() && !RE2::FullMatch(cfg.cluster, *kClusterName)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the cluster name ", Shown(cfg.cluster), " (set by ", cfg.origin.at("cluster"),
+        ") is not valid: use the name of a cluster in the server's remote_servers (letters, digits, '_', '.', '-')"));
+  }
+  if (!RE2::FullMatch(cfg.zookeeper_path, *kZooKeeperText) || cfg.zookeeper_path[0] != '/' ||
+      absl::EndsWith(cfg.zookeeper_path, "/")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the zookeeper_path ", Shown(cfg.zookeeper_path), " (set by ", cfg.origin.at("zookeeper_path"),
+        ") is not valid: give an absolute ZooKeeper path without a trailing '/', made of letters, digits, "
+        "'_', '.', '-', '/' and {macros}, such as ", kDefaultZooKeeperPath));
+  }
+  if (!RE2::FullMatch(cfg.replica, *kZooKeeperText) || absl::StrContains(cfg.replica, '/')) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the replica name ", Shown(cfg.replica), " (set by ", cfg.origin.at("replica"),
+        ") is not valid: use letters, digits, '_', '.', '-' and {macros}, such as ", kDefaultReplica));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources) {
   absl::StatusOr<std::map<std::string, std::string>> flag_uri =
       UriLayer(sources.flags, "uri", "--uri", /*skip_other_schemes=*/false);
@@ -415,6 +451,7 @@ absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources) {
   const std::pair<const char*, std::string*> text_settings[] = {
       {"user", &cfg.user},     {"password", &cfg.password}, {"database", &cfg.database},
       {"schema", &cfg.schema}, {"table", &cfg.table},       {"ca_file", &cfg.ca_file},
+      {"cluster", &cfg.cluster}, {"zookeeper_path", &cfg.zookeeper_path}, {"replica", &cfg.replica},
   };
   for (const auto& [key, target] : text_settings) {
     if (std::optional<Found> found = layers.Lookup(key)) {
@@ -470,6 +507,7 @@ absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources) {
     absl::Status s = ValidateIdentifier(*value, what);
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(s.message(), " (set by ", cfg.origin[what], ")"));
   }
+  if (absl::Status s = ValidateClusterSettings(cfg); !s.ok()) return s;
   return cfg;
 }
 
@@ -483,6 +521,11 @@ std::string ConnectionConfig::RedactedUri() const {
                   "?secure=", secure ? "true" : "false", "&schema=", PercentEncode(schema),
                   "&table=", PercentEncode(table));
   if (!ca_file.empty()) absl::StrAppend(&out, "&ca_file=", PercentEncode(ca_file, "/:"));
+  if (!cluster.empty()) absl::StrAppend(&out, "&cluster=", PercentEncode(cluster));
+  if (zookeeper_path != kDefaultZooKeeperPath) {
+    absl::StrAppend(&out, "&zookeeper_path=", PercentEncode(zookeeper_path, "/{}"));
+  }
+  if (replica != kDefaultReplica) absl::StrAppend(&out, "&replica=", PercentEncode(replica, "{}"));
   return out;
 }
 

@@ -32,9 +32,17 @@
 namespace chstate {
 
 // The settings keys, as Meltano names them (state_backend.clickhouse.<key>).
-// ca_file is a chstate addition.
-inline constexpr const char* kSettingKeys[] = {"host",   "port",  "database", "user",   "password",
-                                               "secure", "schema", "table",   "ca_file"};
+// ca_file and the cluster keys are chstate additions: `cluster` names the
+// ClickHouse cluster (remote_servers) and switches on cluster mode (README
+// "Cluster mode"); `zookeeper_path` and `replica` override the macros the
+// replicated tables are created with.
+inline constexpr const char* kSettingKeys[] = {"host",   "port",  "database", "user",    "password",
+                                               "secure", "schema", "table",   "ca_file", "cluster",
+                                               "zookeeper_path", "replica"};
+
+// Defaults of the cluster settings: the macros most clusters define.
+inline constexpr const char* kDefaultZooKeeperPath = "/clickhouse/tables/{shard}";
+inline constexpr const char* kDefaultReplica = "{replica}";
 
 // What a `clickhouse://` URI specified. Absent components stay nullopt.
 struct UriParts {
@@ -47,6 +55,9 @@ struct UriParts {
   std::optional<std::string> schema;    // ?schema=...
   std::optional<std::string> table;     // ?table=...
   std::optional<std::string> ca_file;   // ?ca_file=...
+  std::optional<std::string> cluster;         // ?cluster=...
+  std::optional<std::string> zookeeper_path;  // ?zookeeper_path=...
+  std::optional<std::string> replica;         // ?replica=...
 };
 
 // Parses `clickhouse://[user[:password]@]host[:port][/database][?key=value&...]`.
@@ -71,11 +82,20 @@ struct ConnectionConfig {
   std::string schema = "meltano";  // database that holds the state tables
   std::string table = "state";
   std::string ca_file;  // empty: the system trust store
+  // Cluster mode when not empty: ON CLUSTER DDL, replicated tables, quorum
+  // writes and sequentially consistent reads (core/statements.h).
+  std::string cluster;
+  // Prefix of the replicated tables' ZooKeeper paths (the table path is
+  // <zookeeper_path>/<schema>/<table>) and the replica name; macros in braces
+  // are expanded by each server.
+  std::string zookeeper_path = kDefaultZooKeeperPath;
+  std::string replica = kDefaultReplica;
 
   // Where each setting came from, e.g. origin["host"] == "--uri flag".
   std::map<std::string, std::string> origin;
 
   // clickhouse://user@host:port/database?secure=...&schema=...&table=...
+  // (then &cluster=... and any non-default zookeeper_path / replica)
   // Never contains the password (it shows "***" when one is set).
   std::string RedactedUri() const;
 };
@@ -88,7 +108,9 @@ struct ConfigSources {
 // Resolves the precedence order above. Errors (kInvalidArgument): a malformed
 // URI or value (names the variable or flag it came from); a missing user or
 // database (names every place it can be set). Schema and table are validated
-// as identifiers ([A-Za-z_][A-Za-z0-9_]*, at most 64 bytes).
+// as identifiers ([A-Za-z_][A-Za-z0-9_]*, at most 64 bytes); a cluster name
+// as [A-Za-z0-9_.-]{1,128}; zookeeper_path must start with '/' and, like
+// replica, hold only [A-Za-z0-9_./{}-] (they are written into DDL).
 absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources);
 
 // Parses "true/false/1/0/yes/no/on/off" (case-insensitive).

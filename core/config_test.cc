@@ -43,6 +43,9 @@ std::string Describe(const UriParts& p) {
   add("schema", p.schema);
   add("table", p.table);
   add("ca_file", p.ca_file);
+  add("cluster", p.cluster);
+  add("zookeeper_path", p.zookeeper_path);
+  add("replica", p.replica);
   std::string out;
   for (const std::string& item : items) out += (out.empty() ? "" : " ") + item;
   return out;
@@ -100,6 +103,10 @@ TEST(ParseClickHouseUriTest, Parses) {
       {"ca_file escaped", "clickhouse://u@h/db?ca_file=%2Fetc%2Fca%20x.pem",
        "user=u host=h database=db ca_file=/etc/ca x.pem"},
       {"empty query values are unset", "clickhouse://u@h/db?schema=&secure=&", "user=u host=h database=db"},
+      {"cluster", "clickhouse://u@h/db?cluster=prod_ch", "user=u host=h database=db cluster=prod_ch"},
+      {"cluster with zookeeper path and replica escaped",
+       "clickhouse://u@h/db?cluster=c&zookeeper_path=%2Fch%2F%7Bshard%7D&replica=%7Breplica%7D-b",
+       "user=u host=h database=db cluster=c zookeeper_path=/ch/{shard} replica={replica}-b"},
       {"surrounding whitespace", "  clickhouse://u@h/db\n", "user=u host=h database=db"},
   };
   for (const Case& c : kCases) {
@@ -132,7 +139,7 @@ TEST(ParseClickHouseUriTest, RejectsWithoutLeakingThePassword) {
       {"truncated escape in database", "clickhouse://me:" + pw + "@h/db%4", {"database", "percent-escape"}},
       {"bad escape in query value", "clickhouse://me:" + pw + "@h/db?schema=a%g1", {"schema", "percent-escape"}},
       {"unknown query key", "clickhouse://me:" + pw + "@h/db?foo=1",
-       {"\"foo\"", "secure, schema, table and ca_file"}},
+       {"\"foo\"", "secure, schema, table, ca_file, cluster, zookeeper_path and replica"}},
       {"bad secure value", "clickhouse://me:" + pw + "@h/db?secure=maybe",
        {"secure=\"maybe\"", "secure=true or secure=false"}},
       {"duplicate query key", "clickhouse://me:" + pw + "@h/db?table=a&table=b", {"\"table\"", "more than once"}},
@@ -185,6 +192,9 @@ std::string Setting(const ConnectionConfig& cfg, const std::string& key) {
   if (key == "schema") value = cfg.schema;
   if (key == "table") value = cfg.table;
   if (key == "ca_file") value = cfg.ca_file;
+  if (key == "cluster") value = cfg.cluster;
+  if (key == "zookeeper_path") value = cfg.zookeeper_path;
+  if (key == "replica") value = cfg.replica;
   auto it = cfg.origin.find(key);
   return value + " (" + (it == cfg.origin.end() ? "<no origin>" : it->second) + ")";
 }
@@ -280,6 +290,19 @@ TEST(ResolveConfigTest, Precedence) {
         {"port", "9005 (CLICKHOUSE_PORT)"},
         {"password", "cp (CLICKHOUSE_PASSWORD)"},
         {"secure", "true (CLICKHOUSE_SECURE)"}}},
+      {"cluster settings: flag beats --uri beats MELTANO_STATE_BACKEND_CLICKHOUSE_*, defaults are the macros",
+       {{"cluster", "fc"}, {"uri", "clickhouse://uu@uh/ud?cluster=uc&replica=ur"}},
+       {{"MELTANO_STATE_BACKEND_CLICKHOUSE_CLUSTER", "ec"}, {"MELTANO_STATE_BACKEND_CLICKHOUSE_REPLICA", "er"},
+        {"CLICKHOUSE_CLUSTER", "cc"}},
+       {{"cluster", "fc (--cluster flag)"},
+        {"replica", "ur (--uri flag)"},
+        {"zookeeper_path", "/clickhouse/tables/{shard} (default)"}}},
+      {"cluster from the environment only; CLICKHOUSE_CLUSTER is not read",
+       {},
+       {{"MELTANO_STATE_BACKEND_CLICKHOUSE_ZOOKEEPER_PATH", "/z/{shard}"}, {"CLICKHOUSE_CLUSTER", "cc"}},
+       {{"cluster", " (default)"},
+        {"zookeeper_path", "/z/{shard} (MELTANO_STATE_BACKEND_CLICKHOUSE_ZOOKEEPER_PATH)"},
+        {"replica", "{replica} (default)"}}},
       {"CLICKHOUSE_SCHEMA, _TABLE and _CA_FILE are not read",
        {},
        {{"CLICKHOUSE_SCHEMA", "cs"}, {"CLICKHOUSE_TABLE", "ct"}, {"CLICKHOUSE_CA_FILE", "/c/ca.pem"}},
@@ -384,6 +407,14 @@ TEST(ResolveConfigTest, Rejects) {
   const std::string pw = kSecret;
   static const Case kCases[] = {
       {"malformed --uri", {{"uri", "clickhouse://u:" + pw + "@h:0/d"}}, {}, {"--uri", "port", "1 to 65535"}},
+      {"cluster name with a quote", {{"uri", "clickhouse://u@h/d?cluster=a%27b"}}, {}, {"cluster name", "--uri flag",
+       "remote_servers"}},
+      {"relative zookeeper path", {{"uri", "clickhouse://u@h/d"}, {"zookeeper_path", "ch/x"}}, {},
+       {"zookeeper_path", "--zookeeper-path flag", "absolute"}},
+      {"zookeeper path with a quote", {{"uri", "clickhouse://u@h/d"}},
+       {{"MELTANO_STATE_BACKEND_CLICKHOUSE_ZOOKEEPER_PATH", "/a'b"}},
+       {"zookeeper_path", "MELTANO_STATE_BACKEND_CLICKHOUSE_ZOOKEEPER_PATH"}},
+      {"replica with a slash", {{"uri", "clickhouse://u@h/d?replica=a%2Fb"}}, {}, {"replica name", "--uri flag"}},
       {"foreign scheme in --uri", {{"uri", "mysql://u:" + pw + "@h/d"}}, {}, {"--uri", "scheme", "clickhouse://"}},
       {"--uri without ://", {{"uri", "u:" + pw + "@h/d"}}, {}, {"--uri", "://"}},
       {"malformed MELTANO_STATE_BACKEND_URI",
@@ -491,7 +522,16 @@ TEST(RedactedUriTest, HidesThePassword) {
   ConnectionConfig custom_names = Config("me", kSecret, "h", 8123, false, "db");
   custom_names.schema = "meltano_prod";
   custom_names.table = "st";
+  ConnectionConfig cluster = Config("me", "", "h", 8123, false, "db");
+  cluster.cluster = "prod";
+  ConnectionConfig cluster_paths = cluster;
+  cluster_paths.zookeeper_path = "/ch/{shard}";
+  cluster_paths.replica = "r-{replica}";
   const Case kCases[] = {
+      {"cluster", cluster, "clickhouse://me@h:8123/db?secure=false&schema=meltano&table=state&cluster=prod"},
+      {"cluster with paths", cluster_paths,
+       "clickhouse://me@h:8123/db?secure=false&schema=meltano&table=state&cluster=prod"
+       "&zookeeper_path=/ch/{shard}&replica=r-{replica}"},
       {"password shown as ***", Config("me", kSecret, "h", 8123, false, "db"),
        "clickhouse://me:***@h:8123/db?secure=false&schema=meltano&table=state"},
       {"no password", Config("me", "", "h", 8123, false, "db"),
@@ -525,6 +565,9 @@ TEST(RedactedUriTest, HidesThePassword) {
     EXPECT_EQ(parts.schema.value_or(""), c.cfg.schema);
     EXPECT_EQ(parts.table.value_or(""), c.cfg.table);
     EXPECT_EQ(parts.ca_file.value_or(""), c.cfg.ca_file);
+    EXPECT_EQ(parts.cluster.value_or(""), c.cfg.cluster);
+    EXPECT_EQ(parts.zookeeper_path.value_or(kDefaultZooKeeperPath), c.cfg.zookeeper_path);
+    EXPECT_EQ(parts.replica.value_or(kDefaultReplica), c.cfg.replica);
   }
 }
 

@@ -290,7 +290,10 @@ void LockMachine::CreateSchema(const SqlResponse* r, const Inputs& in) {
 }
 
 void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
-  if (r && r->transport_ok) {
+  // Code 159 on an ON CLUSTER CREATE (cluster mode): some host did not run it
+  // within the DDL timeout; it ran on the others and stays queued for that
+  // one. Like a lost answer, it may be ours.
+  if (r && r->transport_ok && ClickHouseCode(CheckResponse(*r, "taking the lock")) != 159) {
     FailWithResponse(r, in);
     return;
   }

@@ -7,7 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "core/quoting.h"
+#include "re2/re2.h"
 
 namespace chstate {
 namespace {
@@ -36,13 +38,78 @@ uint64_t Fnv1a64(absl::string_view bytes) {
   return h;
 }
 
-absl::StatusOr<Statements> Statements::Create(Dialect dialect, absl::string_view schema, absl::string_view table) {
+absl::StatusOr<Statements> Statements::Create(Dialect dialect, absl::string_view schema, absl::string_view table,
+                                              ClusterOptions cluster) {
   if (absl::Status s = ValidateIdentifier(schema, "schema"); !s.ok()) return s;
   if (absl::Status s = ValidateIdentifier(table, "table"); !s.ok()) return s;
-  return Statements(dialect, std::string(schema), std::string(table));
+  if (cluster.enabled()) {
+    // config.cc checked these for users; hosts that build options themselves
+    // get the same guard, since the values go into DDL unescaped.
+    static const RE2* const kName = new RE2("[A-Za-z0-9_.-]{1,128}");
+    static const RE2* const kZooKeeperText = new RE2("[A-Za-z0-9_./{}-]{1,200}");
+    if (!RE2::FullMatch(cluster.name, *kName)) {
+      return absl::InvalidArgumentError("the cluster name may hold only letters, digits, '_', '.' and '-'");
+    }
+    if (!RE2::FullMatch(cluster.zookeeper_path, *kZooKeeperText) || cluster.zookeeper_path[0] != '/' ||
+        !RE2::FullMatch(cluster.replica, *kZooKeeperText)) {
+      return absl::InvalidArgumentError(
+          "the zookeeper_path (absolute) and replica may hold only letters, digits, '_', '.', '-', '/' and {macros}");
+    }
+    if (cluster.quorum < 1 || cluster.quorum_timeout_ms < 1 || cluster.ddl_timeout_s < 1) {
+      return absl::InvalidArgumentError("the cluster quorum and timeouts must be positive");
+    }
+  }
+  return Statements(dialect, std::string(schema), std::string(table), std::move(cluster));
 }
 
 std::string Statements::StateTable() const { return absl::StrCat("`", schema_, "`.`", table_, "`"); }
+
+std::string Statements::OnCluster() const {
+  return cluster_.enabled() ? absl::StrCat(" ON CLUSTER `", cluster_.name, "`") : std::string();
+}
+
+SqlRequest Statements::Ddl(std::string purpose, bool idempotent) const {
+  SqlRequest r = Request(std::move(purpose), idempotent);
+  if (cluster_.enabled()) {
+    // The answer of ON CLUSTER is a per-host status stream; a host's error
+    // must arrive as an HTTP error, not after a 200.
+    r.url_params.emplace_back("wait_end_of_query", "1");
+    r.url_params.emplace_back("distributed_ddl_task_timeout", absl::StrCat(cluster_.ddl_timeout_s));
+  }
+  return r;
+}
+
+void Statements::WriteSettings(SqlRequest* r) const {
+  if (dialect_ == Dialect::kModern) r->url_params.emplace_back("async_insert", "0");
+  if (!cluster_.enabled()) return;
+  r->url_params.emplace_back("insert_quorum", absl::StrCat(cluster_.quorum));
+  r->url_params.emplace_back("insert_quorum_timeout", absl::StrCat(cluster_.quorum_timeout_ms));
+  // Replicated tables drop a block equal to a recent one (A, B, A would
+  // lose the last A). Every write here is meant, and a repeated row is
+  // harmless to ReplacingMergeTree.
+  r->url_params.emplace_back("insert_deduplicate", "0");
+  // Modern servers may run quorum inserts in parallel, and then a read with
+  // sequential consistency is not guaranteed to see every one of them.
+  if (dialect_ == Dialect::kModern) r->url_params.emplace_back("insert_quorum_parallel", "0");
+}
+
+void Statements::ReadSettings(SqlRequest* r) const {
+  if (cluster_.enabled()) r->url_params.emplace_back("select_sequential_consistency", "1");
+}
+
+std::string Statements::Engine(absl::string_view kind, absl::string_view zk_leaf, absl::string_view args) const {
+  if (!cluster_.enabled()) return absl::StrCat(kind, "(", args, ")");
+  return absl::StrCat("Replicated", kind, "(",
+                      QuoteStringLiteral(absl::StrCat(cluster_.zookeeper_path, "/", schema_, "/", zk_leaf)), ", ",
+                      QuoteStringLiteral(cluster_.replica), args.empty() ? "" : ", ", args, ")");
+}
+
+std::string Statements::LiveStates(absl::string_view columns, absl::string_view where) const {
+  // FINAL first, then the tombstone filter: a filter inside FINAL could
+  // hide the tombstone and resurrect the row it replaced.
+  return absl::StrCat("(SELECT ", columns, columns.empty() ? "" : ", ", "completed_state FROM ", StateTable(),
+                      " FINAL", where, ") WHERE ifNull(completed_state, '') != ", QuoteStringLiteral(kTombstone));
+}
 
 std::string Statements::StateIdEquals(SqlRequest* req, absl::string_view state_id) const {
   if (dialect_ == Dialect::kModern) {
@@ -59,37 +126,44 @@ SqlRequest Statements::SelectVersion() {
 }
 
 SqlRequest Statements::CreateDatabase() const {
-  SqlRequest r = Request("create_database", true);
-  r.sql = absl::StrCat("CREATE DATABASE IF NOT EXISTS `", schema_, "`");
+  SqlRequest r = Ddl("create_database", true);
+  r.sql = absl::StrCat("CREATE DATABASE IF NOT EXISTS `", schema_, "`", OnCluster());
   return r;
 }
 
 SqlRequest Statements::CreateStateTable() const {
-  SqlRequest r = Request("create_state_table", true);
+  SqlRequest r = Ddl("create_state_table", true);
   // Same columns and engine as the Python ClickHouse backend, so either tool
   // reads what the other wrote. 18.x has no DateTime64: one-second versions,
   // and ReplacingMergeTree keeps the last inserted row among equal versions.
   const char* version_column = dialect_ == Dialect::kModern ? "updated_at DateTime64(3) DEFAULT now64(3)"
                                                             : "updated_at DateTime DEFAULT now()";
-  r.sql = absl::StrCat("CREATE TABLE IF NOT EXISTS ", StateTable(),
+  r.sql = absl::StrCat("CREATE TABLE IF NOT EXISTS ", StateTable(), OnCluster(),
                        " (state_id String, partial_state Nullable(String), completed_state Nullable(String), ",
-                       version_column, ") ENGINE = ReplacingMergeTree(updated_at) ORDER BY state_id");
+                       version_column, ") ENGINE = ", Engine("ReplacingMergeTree", table_, "updated_at"),
+                       " ORDER BY state_id");
   return r;
 }
 
 SqlRequest Statements::CreateLockTable() const {
-  SqlRequest r = Request("create_lock_table", true);
+  SqlRequest r = Ddl("create_lock_table", true);
   std::string ttl = dialect_ == Dialect::kModern ? " TTL locked_at + INTERVAL 300 SECOND" : "";
-  r.sql = absl::StrCat("CREATE TABLE IF NOT EXISTS `", schema_, "`.`", table_,
-                       "_lock` (state_id String, lock_id String, locked_at DateTime DEFAULT now()) "
-                       "ENGINE = ReplacingMergeTree(locked_at) ORDER BY state_id",
-                       ttl);
+  r.sql = absl::StrCat("CREATE TABLE IF NOT EXISTS `", schema_, "`.`", table_, "_lock`", OnCluster(),
+                       " (state_id String, lock_id String, locked_at DateTime DEFAULT now()) ENGINE = ",
+                       Engine("ReplacingMergeTree", absl::StrCat(table_, "_lock"), "locked_at"),
+                       " ORDER BY state_id", ttl);
   return r;
 }
 
 SqlRequest Statements::GetState(absl::string_view state_id) const {
   SqlRequest r = Read("get_state");
+  ReadSettings(&r);
   std::string where = StateIdEquals(&r, state_id);
+  if (cluster_.enabled()) {
+    r.sql = absl::StrCat("SELECT partial_state, completed_state FROM ",
+                         LiveStates("partial_state", absl::StrCat(" WHERE ", where)), " LIMIT 1 FORMAT TabSeparated");
+    return r;
+  }
   r.sql = absl::StrCat("SELECT partial_state, completed_state FROM ", StateTable(), " FINAL WHERE ", where,
                        " LIMIT 1 FORMAT TabSeparated");
   return r;
@@ -102,18 +176,27 @@ SqlRequest Statements::InsertState(absl::string_view state_id, const std::option
   auto value = [](const std::optional<std::string>& v) { return v ? QuoteStringLiteral(*v) : std::string("NULL"); };
   std::string values = absl::StrCat("(", QuoteStringLiteral(state_id), ", ", value(partial_json), ", ",
                                     value(completed_json), ")");
-  if (dialect_ == Dialect::kModern) {
-    // async_insert is on by default from 26.2: a buffered insert could be
-    // invisible to the next read. A unique token stops block deduplication
-    // from dropping a write that repeats an earlier one (A, B, A).
-    r.url_params.emplace_back("async_insert", "0");
-    r.url_params.emplace_back("insert_deduplication_token", std::string(dedup_token));
-  }
+  // async_insert is on by default from 26.2: a buffered insert could be
+  // invisible to the next read (WriteSettings turns it off). A unique token
+  // stops block deduplication from dropping a write that repeats an earlier
+  // one (A, B, A).
+  WriteSettings(&r);
+  if (dialect_ == Dialect::kModern) r.url_params.emplace_back("insert_deduplication_token", std::string(dedup_token));
   r.sql = absl::StrCat("INSERT INTO ", StateTable(), " (state_id, partial_state, completed_state) VALUES ", values);
   return r;
 }
 
 SqlRequest Statements::DeleteState(absl::string_view state_id) const {
+  if (cluster_.enabled()) {
+    // A tombstone written with the quorum: visible on every replica at once
+    // (see the header for why not a mutation). Not idempotent: resent late,
+    // it could delete a newer state.
+    SqlRequest r = Request("delete_state", false);
+    WriteSettings(&r);
+    r.sql = absl::StrCat("INSERT INTO ", StateTable(), " (state_id, partial_state, completed_state) VALUES (",
+                         QuoteStringLiteral(state_id), ", NULL, ", QuoteStringLiteral(kTombstone), ")");
+    return r;
+  }
   SqlRequest r = Request("delete_state", true);
   std::string where = StateIdEquals(&r, state_id);
   if (dialect_ == Dialect::kModern) {
@@ -136,6 +219,7 @@ SqlRequest Statements::PendingMutations() const {
 
 SqlRequest Statements::ListStateIds(const std::optional<std::string>& glob) const {
   SqlRequest r = Read("list_state_ids");
+  ReadSettings(&r);
   std::string where;
   if (glob && *glob != "*") {
     std::string like = GlobToLike(*glob);
@@ -146,12 +230,22 @@ SqlRequest Statements::ListStateIds(const std::optional<std::string>& glob) cons
       where = absl::StrCat(" WHERE state_id LIKE ", QuoteStringLiteral(like));
     }
   }
+  if (cluster_.enabled()) {
+    r.sql = absl::StrCat("SELECT state_id, 1 FROM ", LiveStates("state_id", where),
+                         " ORDER BY state_id FORMAT TabSeparated");
+    return r;
+  }
   r.sql = absl::StrCat("SELECT state_id, 1 FROM ", StateTable(), " FINAL", where, " ORDER BY state_id FORMAT TabSeparated");
   return r;
 }
 
 SqlRequest Statements::CountStates() const {
   SqlRequest r = Read("count_states");
+  ReadSettings(&r);
+  if (cluster_.enabled()) {
+    r.sql = absl::StrCat("SELECT count(), 1 FROM ", LiveStates("", ""), " FORMAT TabSeparated");
+    return r;
+  }
   r.sql = absl::StrCat("SELECT count(), 1 FROM ", StateTable(), " FINAL FORMAT TabSeparated");
   return r;
 }
@@ -159,6 +253,17 @@ SqlRequest Statements::CountStates() const {
 SqlRequest Statements::TruncateStates() const {
   SqlRequest r = Request("truncate_states", true);
   r.sql = absl::StrCat("TRUNCATE TABLE ", StateTable());
+  return r;
+}
+
+SqlRequest Statements::ClearStates() const {
+  if (!cluster_.enabled()) return TruncateStates();
+  SqlRequest r = Request("clear_states", false);
+  WriteSettings(&r);
+  ReadSettings(&r);  // tombstone what the last quorum write left, not an older view
+  r.sql = absl::StrCat("INSERT INTO ", StateTable(), " (state_id, partial_state, completed_state) SELECT state_id, ",
+                       "CAST(NULL AS Nullable(String)), ", QuoteStringLiteral(kTombstone), " FROM ",
+                       LiveStates("state_id", ""));
   return r;
 }
 
@@ -171,10 +276,23 @@ std::string Statements::TombstoneName(absl::string_view state_id, absl::string_v
 }
 
 SqlRequest Statements::CreateLock(absl::string_view state_id, absl::string_view lock_id, int64_t stale_s) const {
-  SqlRequest r = Request("create_lock", false);
+  SqlRequest r = Ddl("create_lock", false);
   // Log engine: the lock survives a server restart, with its times, so a
   // holder keeps it and a dead holder's lock still goes stale.
-  r.sql = absl::StrCat("CREATE TABLE `", schema_, "`.`", LockTableName(state_id), "` ENGINE = Log AS SELECT ",
+  // Cluster: every host runs the CREATE in the DDL queue's order, so of any
+  // number of creators only the first succeeds (the rest get code 57 from
+  // every host). The ZooKeeper path names this instance (a taken-over lock
+  // keeps its path under its tombstone name); each host inserts its own
+  // creation row, and deduplication is off so neither is dropped as equal
+  // to the other: both replicas hold a creation row when the CREATE returns.
+  std::string engine = "Log";
+  if (cluster_.enabled()) {
+    engine = absl::StrCat(
+        Engine("MergeTree", absl::StrFormat("%s/%016x", LockTableName(state_id), Fnv1a64(lock_id)), ""),
+        " ORDER BY tuple() SETTINGS replicated_deduplication_window = 0");
+  }
+  r.sql = absl::StrCat("CREATE TABLE `", schema_, "`.`", LockTableName(state_id), "`", OnCluster(), " ENGINE = ",
+                       engine, " AS SELECT ",
                        QuoteStringLiteral(lock_id), " AS lock_id, toUInt8(0) AS seq, now() AS locked_at, toUInt32(",
                        stale_s, ") AS stale_s");
   return r;
@@ -199,22 +317,22 @@ SqlRequest Statements::InspectLock(absl::string_view state_id) const {
 
 SqlRequest Statements::RenewLock(absl::string_view state_id, absl::string_view lock_id, int64_t stale_s) const {
   SqlRequest r = Request("renew_lock", false);
-  if (dialect_ == Dialect::kModern) r.url_params.emplace_back("async_insert", "0");
+  WriteSettings(&r);  // cluster: the renewal is on every replica when confirmed
   r.sql = absl::StrCat("INSERT INTO `", schema_, "`.`", LockTableName(state_id), "` SELECT ",
                        QuoteStringLiteral(lock_id), ", toUInt8(1), now(), toUInt32(", stale_s, ")");
   return r;
 }
 
 SqlRequest Statements::DropLock(absl::string_view state_id) const {
-  SqlRequest r = Request("drop_lock", true);
-  r.sql = absl::StrCat("DROP TABLE IF EXISTS `", schema_, "`.`", LockTableName(state_id), "`");
+  SqlRequest r = Ddl("drop_lock", true);
+  r.sql = absl::StrCat("DROP TABLE IF EXISTS `", schema_, "`.`", LockTableName(state_id), "`", OnCluster());
   return r;
 }
 
 SqlRequest Statements::EntombLock(absl::string_view state_id, absl::string_view instance) const {
-  SqlRequest r = Request("entomb_lock", false);
+  SqlRequest r = Ddl("entomb_lock", false);
   r.sql = absl::StrCat("RENAME TABLE `", schema_, "`.`", LockTableName(state_id), "` TO `", schema_, "`.`",
-                       TombstoneName(state_id, instance), "`");
+                       TombstoneName(state_id, instance), "`", OnCluster());
   return r;
 }
 
@@ -227,8 +345,12 @@ SqlRequest Statements::ListOldTombstones(int64_t older_than_s) const {
 }
 
 SqlRequest Statements::DropTable(absl::string_view name) const {
-  SqlRequest r = Request("drop_table", true);
-  r.sql = absl::StrCat("DROP TABLE IF EXISTS `", schema_, "`.`", name, "`");
+  SqlRequest r = Ddl("drop_table", true);
+  // The name comes back from the server (tombstones): escaped, so that any
+  // table name, even one with a backquote, stays one identifier.
+  std::string literal = QuoteStringLiteral(name);  // printable ASCII: \\ \' \xHH
+  std::string escaped = absl::StrReplaceAll(absl::string_view(literal).substr(1, literal.size() - 2), {{"`", "\\`"}});
+  r.sql = absl::StrCat("DROP TABLE IF EXISTS `", schema_, "`.`", escaped, "`", OnCluster());
   return r;
 }
 

@@ -6,6 +6,27 @@
 //   chstate::SqlRequest req = st->GetState("dev:tap-a-to-target-b");
 //
 // Result formats are TabSeparated, decoded by core/response.h.
+//
+// Cluster mode (ClusterOptions::name set; README "Cluster mode"):
+// - every DDL is `... ON CLUSTER <name>` (serialised through the distributed
+//   DDL queue in ZooKeeper; it returns when every host ran it), with
+//   wait_end_of_query=1 and a bounded distributed_ddl_task_timeout;
+// - the state table is ReplicatedReplacingMergeTree at
+//   <zookeeper_path>/<schema>/<table>, replica <replica>;
+// - writes carry insert_quorum (and insert_quorum_timeout; modern servers
+//   also insert_quorum_parallel=0), reads select_sequential_consistency=1;
+//   18.x writes send insert_deduplicate=0 so that A, B, A and two equal
+//   writes in a row all land (18.16 has no insert_deduplication_token);
+// - a delete is a tombstone row (completed_state = kTombstone) written with
+//   the quorum, and reads skip tombstones: 18.16 mutations are asynchronous
+//   and never touch the part of the last quorum insert, and TRUNCATE breaks
+//   sequentially consistent reads (code 289) until the next quorum insert;
+// - a lock table is created ON CLUSTER as a ReplicatedMergeTree whose
+//   ZooKeeper path is unique to the lock instance, so CREATE (code 57 for
+//   every creator but the first in the DDL queue) stays the test-and-set
+//   across replicas; renewals are quorum inserts.
+// The settings travel as URL parameters (18.16 has no SETTINGS clause on
+// INSERT and no session here).
 #ifndef CHSTATE_CORE_STATEMENTS_H_
 #define CHSTATE_CORE_STATEMENTS_H_
 
@@ -19,14 +40,36 @@
 
 namespace chstate {
 
+// Cluster mode settings (empty name: one server, no replication).
+struct ClusterOptions {
+  std::string name;
+  std::string zookeeper_path = "/clickhouse/tables/{shard}";
+  std::string replica = "{replica}";
+  // Replicas that must confirm a write. 2 for two replicas: every replica.
+  int quorum = 2;
+  // How long a quorum write waits for the other replicas (code 319 after).
+  int64_t quorum_timeout_ms = 10000;
+  // How long ON CLUSTER DDL waits for every host (code 159 after).
+  int64_t ddl_timeout_s = 10;
+
+  bool enabled() const { return !name.empty(); }
+};
+
+// The completed_state of a tombstone row (cluster mode deletes): not JSON, so
+// no state written by chstate or Meltano can look like it.
+inline constexpr const char* kTombstone = "chstate:deleted";
+
 class Statements {
  public:
-  // kInvalidArgument when schema or table is not a valid identifier.
-  static absl::StatusOr<Statements> Create(Dialect dialect, absl::string_view schema, absl::string_view table);
+  // kInvalidArgument when schema or table is not a valid identifier, or the
+  // cluster settings hold characters that cannot go into DDL.
+  static absl::StatusOr<Statements> Create(Dialect dialect, absl::string_view schema, absl::string_view table,
+                                           ClusterOptions cluster = {});
 
   Dialect dialect() const { return dialect_; }
   const std::string& schema() const { return schema_; }
   const std::string& table() const { return table_; }
+  const ClusterOptions& cluster() const { return cluster_; }
 
   // Dialect-independent: the first request on every connection.
   static SqlRequest SelectVersion();
@@ -52,6 +95,9 @@ class Statements {
   // One row: the number of state ids.
   SqlRequest CountStates() const;
   SqlRequest TruncateStates() const;
+  // What `clear --all` runs: TruncateStates on one server; in cluster mode one
+  // quorum INSERT ... SELECT of a tombstone for every live state.
+  SqlRequest ClearStates() const;
 
   // ---- per-id lock: a table whose name is derived from the state id ----
   // (core/lock_machine.h explains the algorithm.)
@@ -81,8 +127,22 @@ class Statements {
   SqlRequest DropTable(absl::string_view name) const;
 
  private:
-  Statements(Dialect d, std::string schema, std::string table) : dialect_(d), schema_(schema), table_(table) {}
+  Statements(Dialect d, std::string schema, std::string table, ClusterOptions cluster)
+      : dialect_(d), schema_(std::move(schema)), table_(std::move(table)), cluster_(std::move(cluster)) {}
   std::string StateTable() const;
+  // " ON CLUSTER `name`" in cluster mode, else "".
+  std::string OnCluster() const;
+  // DDL settings (cluster mode: wait for the end, bounded DDL timeout).
+  SqlRequest Ddl(std::string purpose, bool idempotent) const;
+  // Settings of a write (quorum in cluster mode) and of a read (sequential
+  // consistency in cluster mode).
+  void WriteSettings(SqlRequest* r) const;
+  void ReadSettings(SqlRequest* r) const;
+  // "ReplacingMergeTree(v)" or "ReplicatedReplacingMergeTree('<path>', '<replica>', v)".
+  std::string Engine(absl::string_view kind, absl::string_view zk_leaf, absl::string_view args) const;
+  // Cluster mode: "(SELECT <columns>, completed_state FROM t FINAL <where>)
+  // WHERE <not a tombstone>", to read FROM.
+  std::string LiveStates(absl::string_view columns, absl::string_view where) const;
   // `WHERE state_id = ...` with a literal (18.x) or a {state_id:String}
   // parameter added to `req` (modern).
   std::string StateIdEquals(SqlRequest* req, absl::string_view state_id) const;
@@ -90,6 +150,7 @@ class Statements {
   Dialect dialect_;
   std::string schema_;
   std::string table_;
+  ClusterOptions cluster_;
 };
 
 // FNV-1a 64: stable across builds and platforms (unlike std::hash).

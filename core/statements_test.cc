@@ -166,6 +166,131 @@ TEST(Statements, LockNamesAreIdentifiersForAnyId) {
   EXPECT_NE(st->TombstoneName("a", "h@1"), st->TombstoneName("a", "h@2"));
 }
 
+const Params kDdl = {{"wait_end_of_query", "1"}, {"distributed_ddl_task_timeout", "10"}};
+const Params kQuorum18 = {{"insert_quorum", "2"}, {"insert_quorum_timeout", "10000"}, {"insert_deduplicate", "0"}};
+const Params kSequential = {{"wait_end_of_query", "1"}, {"select_sequential_consistency", "1"}};
+
+ClusterOptions Cluster() {
+  ClusterOptions c;
+  c.name = "prod";
+  return c;
+}
+
+TEST(Statements, ClusterModeSql) {
+  static const Case kCases[] = {
+      {"create database", Dialect::kClickHouse18, [](const Statements& s) { return s.CreateDatabase(); },
+       "CREATE DATABASE IF NOT EXISTS `meltano` ON CLUSTER `prod`", kDdl, true},
+      {"state table 18", Dialect::kClickHouse18, [](const Statements& s) { return s.CreateStateTable(); },
+       "CREATE TABLE IF NOT EXISTS `meltano`.`state` ON CLUSTER `prod` (state_id String, partial_state "
+       "Nullable(String), completed_state Nullable(String), updated_at DateTime DEFAULT now()) ENGINE = "
+       "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/meltano/state', '{replica}', updated_at) "
+       "ORDER BY state_id",
+       kDdl, true},
+      {"python lock table", Dialect::kClickHouse18, [](const Statements& s) { return s.CreateLockTable(); },
+       "CREATE TABLE IF NOT EXISTS `meltano`.`state_lock` ON CLUSTER `prod` (state_id String, lock_id String, "
+       "locked_at DateTime DEFAULT now()) ENGINE = ReplicatedReplacingMergeTree("
+       "'/clickhouse/tables/{shard}/meltano/state_lock', '{replica}', locked_at) ORDER BY state_id",
+       kDdl, true},
+      {"get skips tombstones after FINAL", Dialect::kClickHouse18, [](const Statements& s) { return s.GetState("a"); },
+       "SELECT partial_state, completed_state FROM (SELECT partial_state, completed_state FROM `meltano`.`state` "
+       "FINAL WHERE state_id = 'a') WHERE ifNull(completed_state, '') != 'chstate:deleted' LIMIT 1 FORMAT "
+       "TabSeparated",
+       kSequential, true},
+      {"insert 18: quorum, no deduplication", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.InsertState("a", std::nullopt, std::string("{}"), "tok"); },
+       "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) VALUES ('a', NULL, '{}')",
+       kQuorum18, false},
+      {"insert modern: quorum, not parallel, token", Dialect::kModern,
+       [](const Statements& s) { return s.InsertState("a", std::nullopt, std::string("{}"), "tok"); },
+       "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) VALUES ('a', NULL, '{}')",
+       {{"async_insert", "0"}, {"insert_quorum", "2"}, {"insert_quorum_timeout", "10000"},
+        {"insert_deduplicate", "0"}, {"insert_quorum_parallel", "0"}, {"insert_deduplication_token", "tok"}},
+       false},
+      {"delete is a tombstone", Dialect::kClickHouse18, [](const Statements& s) { return s.DeleteState("a"); },
+       "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) VALUES ('a', NULL, "
+       "'chstate:deleted')",
+       kQuorum18, false},
+      {"list", Dialect::kClickHouse18, [](const Statements& s) { return s.ListStateIds(std::string("dev:*")); },
+       "SELECT state_id, 1 FROM (SELECT state_id, completed_state FROM `meltano`.`state` FINAL WHERE state_id "
+       "LIKE 'dev:%') WHERE ifNull(completed_state, '') != 'chstate:deleted' ORDER BY state_id FORMAT TabSeparated",
+       kSequential, true},
+      {"count", Dialect::kClickHouse18, [](const Statements& s) { return s.CountStates(); },
+       "SELECT count(), 1 FROM (SELECT completed_state FROM `meltano`.`state` FINAL) WHERE "
+       "ifNull(completed_state, '') != 'chstate:deleted' FORMAT TabSeparated",
+       kSequential, true},
+      {"clear all tombstones every live state", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.ClearStates(); },
+       "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) SELECT state_id, CAST(NULL AS "
+       "Nullable(String)), 'chstate:deleted' FROM (SELECT state_id, completed_state FROM `meltano`.`state` FINAL) "
+       "WHERE ifNull(completed_state, '') != 'chstate:deleted'",
+       {{"insert_quorum", "2"}, {"insert_quorum_timeout", "10000"}, {"insert_deduplicate", "0"},
+        {"select_sequential_consistency", "1"}},
+       false},
+      {"create lock: ON CLUSTER, replicated, path per instance", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.CreateLock("a", "00ff", 300); },
+       "CREATE TABLE `meltano`.`state_lock_af63dc4c8601ec8c` ON CLUSTER `prod` ENGINE = ReplicatedMergeTree("
+       "'/clickhouse/tables/{shard}/meltano/state_lock_af63dc4c8601ec8c/c3489ff9ec486615', '{replica}') ORDER BY "
+       "tuple() SETTINGS replicated_deduplication_window = 0 AS SELECT '00ff' AS lock_id, toUInt8(0) AS seq, "
+       "now() AS locked_at, toUInt32(300) AS stale_s",
+       kDdl, false},
+      {"renew lock with the quorum", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.RenewLock("a", "00ff", 300); },
+       "INSERT INTO `meltano`.`state_lock_af63dc4c8601ec8c` SELECT '00ff', toUInt8(1), now(), toUInt32(300)",
+       kQuorum18, false},
+      {"drop lock", Dialect::kClickHouse18, [](const Statements& s) { return s.DropLock("a"); },
+       "DROP TABLE IF EXISTS `meltano`.`state_lock_af63dc4c8601ec8c` ON CLUSTER `prod`", kDdl, true},
+      {"drop tombstone", Dialect::kClickHouse18, [](const Statements& s) { return s.DropTable("t_dead_1"); },
+       "DROP TABLE IF EXISTS `meltano`.`t_dead_1` ON CLUSTER `prod`", kDdl, true},
+  };
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<Statements> st = Statements::Create(c.dialect, "meltano", "state", Cluster());
+    ASSERT_THAT(st, IsOk());
+    SqlRequest r = c.make(*st);
+    EXPECT_EQ(r.sql, c.sql);
+    EXPECT_EQ(r.url_params, c.params);
+    EXPECT_EQ(r.idempotent, c.idempotent);
+  }
+  absl::StatusOr<Statements> st = Statements::Create(Dialect::kClickHouse18, "meltano", "state", Cluster());
+  ASSERT_THAT(st, IsOk());
+  EXPECT_THAT(st->EntombLock("a", "h@1").sql,
+              ::testing::MatchesRegex("RENAME TABLE `meltano`.`state_lock_af63dc4c8601ec8c` TO "
+                                      "`meltano`.`state_lock_af63dc4c8601ec8c_dead_[0-9a-f]{16}` ON CLUSTER `prod`"));
+  // Two instances of one lock never share a ZooKeeper path.
+  EXPECT_NE(st->CreateLock("a", "00ff", 300).sql, st->CreateLock("a", "00fe", 300).sql);
+  // Without a cluster name nothing changes.
+  absl::StatusOr<Statements> single = Statements::Create(Dialect::kClickHouse18, "meltano", "state");
+  ASSERT_THAT(single, IsOk());
+  EXPECT_EQ(single->ClearStates().sql, "TRUNCATE TABLE `meltano`.`state`");
+}
+
+TEST(Statements, ClusterPathsAndReplicaAreOverridable) {
+  ClusterOptions c = Cluster();
+  c.zookeeper_path = "/ch/{cluster}";
+  c.replica = "{host}";
+  c.quorum = 3;
+  absl::StatusOr<Statements> st = Statements::Create(Dialect::kClickHouse18, "m", "s", c);
+  ASSERT_THAT(st, IsOk());
+  EXPECT_THAT(st->CreateStateTable().sql, HasSubstr("ReplicatedReplacingMergeTree('/ch/{cluster}/m/s', '{host}', "));
+  EXPECT_THAT(st->InsertState("a", std::nullopt, std::nullopt, "t").url_params,
+              ::testing::Contains(Pair("insert_quorum", "3")));
+}
+
+TEST(Statements, RejectsClusterSettingsThatCannotGoIntoDdl) {
+  for (auto mutate : std::vector<void (*)(ClusterOptions*)>{
+           [](ClusterOptions* c) { c->name = "a`b"; },
+           [](ClusterOptions* c) { c->zookeeper_path = "relative/x"; },
+           [](ClusterOptions* c) { c->zookeeper_path = "/a'b"; },
+           [](ClusterOptions* c) { c->replica = "r'"; },
+           [](ClusterOptions* c) { c->quorum = 0; },
+       }) {
+    ClusterOptions c = Cluster();
+    mutate(&c);
+    EXPECT_THAT(Statements::Create(Dialect::kClickHouse18, "m", "s", c),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("")));
+  }
+}
+
 TEST(Statements, RejectsBadNames) {
   EXPECT_THAT(Statements::Create(Dialect::kModern, "a`b", "state"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("schema")));

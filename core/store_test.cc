@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/lock.h"
+#include "core/response.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -503,6 +504,110 @@ TEST(Store, ClearAllCountsThenTruncates) {
   Outcome o = Drive(*t, {kVersion18, Q("count_states", Ok("7\t1\n")), Q("truncate_states", Ok())}, &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone);
   EXPECT_EQ(o.last.result.count, 7);
+}
+
+// ---- cluster mode (core/statements.h) ----
+
+std::unique_ptr<Store> MakeClusterStore() {
+  StoreOptions o;
+  o.cluster.name = "prod";
+  o.cluster.quorum_timeout_ms = 1000;
+  absl::StatusOr<std::unique_ptr<Store>> s = Store::Create(o);
+  EXPECT_THAT(s, IsOk());
+  return std::move(*s);
+}
+
+TEST(ClusterStore, QuorumWriteMeetingAnotherIsRetriedUntilItLands) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->Set(MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")});
+  SqlResponse busy = Err(500, 286, "Another quorum insert has been already started");
+  Outcome o = Drive(*t, {kVersion18, Q("insert_state", busy), W(-1), Q("insert_state", busy), W(-1),
+                         Q("insert_state", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+TEST(ClusterStore, QuorumWriteGivesUpWithTheCauseAfterTheQuorumTimeout) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->Set(MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")});
+  SqlResponse busy = Err(500, 286, "Quorum for previous write has not been satisfied yet");
+  Action a = t->Start({clock, kRandom});
+  a = t->OnResponse(Ok("18.16.1\t1\n"), {clock, kRandom});
+  int sends = 0;
+  while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
+    if (a.kind == Action::Kind::kWait) {
+      clock += a.wait_ms;
+      a = t->OnTimer({clock, kRandom});
+      continue;
+    }
+    ASSERT_EQ(a.request.purpose, "insert_state");
+    ASSERT_LT(++sends, 100);
+    clock += 3;
+    a = t->OnResponse(busy, {clock, kRandom});
+  }
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_GT(sends, 3);
+  EXPECT_GE(clock, 1000);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not reached its quorum of 2")));
+  EXPECT_EQ(ClickHouseCode(a.status), 286);
+}
+
+TEST(ClusterStore, UnknownQuorumOutcomeIsExplainedNotRetried) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->Set(MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")});
+  Outcome o = Drive(*t, {kVersion18, Q("insert_state", Err(500, 319, "Unknown status, client must retry"))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("code 319")));
+  EXPECT_THAT(o.last.status.message(), HasSubstr("becomes readable on every replica"));
+}
+
+TEST(ClusterStore, TooFewReplicasNamesTheCause) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->Delete("id");
+  Outcome o = Drive(
+      *t, {kVersion18, Q("delete_state", Err(500, 285, "Number of alive replicas (1) is less than requested quorum (2)"),
+                         "'chstate:deleted'")},
+      &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("fewer than 2 replicas are alive")));
+}
+
+TEST(ClusterStore, DeleteIsATombstoneWithoutMutationWait) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->Delete("id");
+  Outcome o = Drive(*t, {kVersion18, Q("delete_state", Ok(), "VALUES ('id', NULL, 'chstate:deleted')")}, &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+TEST(ClusterStore, ClearAllTombstonesInsteadOfTruncating) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->ClearAll();
+  Outcome o = Drive(*t, {kVersion18, Q("count_states", Ok("3\t1\n")), Q("clear_states", Ok(), "SELECT state_id")},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.count, 3);
+}
+
+TEST(ClusterStore, LockCreateThatTimedOutOnAHostIsSettledByInspecting) {
+  // Code 159: the ON CLUSTER CREATE ran here but a host did not answer in
+  // time. The lock is ours if the table holds our creation row.
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("id");
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Err(500, 159, "Watching task is executing longer than "
+                                                              "distributed_ddl_task_timeout"),
+                                   "ON CLUSTER `prod`"),
+                     Q("inspect_lock", Mine())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.lock_id, kLockId);
 }
 
 TEST(Store, MoveWritesTheCopyBeforeDeletingTheSource) {

@@ -10,6 +10,8 @@ any signal is sent.
   tools/clickhouse_server.py stop DIR      # stop the server recorded in DIR
   tools/clickhouse_server.py ensure DIR    # start unless the one in DIR is running
   tools/clickhouse_server.py run -- CMD    # temp server, run CMD with CHSTATE_TEST_* env, stop
+  tools/clickhouse_server.py start --cluster DIR   # ZooKeeper + replicas r1, r2 (cluster "chstate")
+  tools/clickhouse_server.py stop --cluster DIR    # stop all three
 
 The server listens on 127.0.0.1 only, on free ports, with a data folder under DIR.
 It has a user `chstate` with a random password (stored in DIR/instance.json, mode 0600)
@@ -151,7 +153,8 @@ def env_lines(inst: dict) -> dict[str, str]:
 
 
 def start(d: Path, *, tls_cert: str | None = None, tls_key: str | None = None,
-          wait_seconds: float = 60.0) -> dict:
+          wait_seconds: float = 60.0, fixed_ports: dict | None = None, extra: str = "",
+          password: str | None = None) -> dict:
     if not Path(SERVER_BIN).exists():
         sys.exit(f"clickhouse_server: {SERVER_BIN} not found; run tools/setup "
                  "(installs Debian's clickhouse-server)")
@@ -159,17 +162,17 @@ def start(d: Path, *, tls_cert: str | None = None, tls_key: str | None = None,
     (d / "log").mkdir(parents=True, exist_ok=True)
     (d / "data").mkdir(parents=True, exist_ok=True)
     existing = load_instance(d)
-    password = existing["password"] if existing else secrets.token_hex(16)
+    password = password or (existing["password"] if existing else secrets.token_hex(16))
     last_err = ""
     for _attempt in range(5):
-        ports = {"http_port": free_port(), "tcp_port": free_port(),
-                 "interserver_port": free_port()}
+        ports = dict(fixed_ports) if fixed_ports else {"http_port": free_port(), "tcp_port": free_port(),
+                                                       "interserver_port": free_port()}
         https = ""
         if tls_cert and tls_key:
             ports["https_port"] = free_port()
             https = HTTPS_TEMPLATE.format(https_port=ports["https_port"], cert=tls_cert, key=tls_key)
         config = d / "config.xml"
-        config.write_text(CONFIG_TEMPLATE.format(dir=d, https=https, extra="", **ports))
+        config.write_text(CONFIG_TEMPLATE.format(dir=d, https=https, extra=extra, **ports))
         users = d / "users.xml"
         users.write_text(USERS_TEMPLATE.format(password=password))
         os.chmod(users, 0o600)
@@ -235,6 +238,163 @@ def running(d: Path) -> dict | None:
     return None
 
 
+# ---- cluster: ZooKeeper plus two replicas (README "Cluster mode") ----------
+
+ZOOKEEPER_CLASSPATH = os.environ.get("CHSTATE_ZOOKEEPER_CLASSPATH",
+                                     "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar")
+CLUSTER_NAME = "chstate"
+REPLICAS = ("r1", "r2")
+
+ZOO_CFG = """tickTime=2000
+dataDir={dir}/data
+clientPort={port}
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+4lw.commands.whitelist=ruok,srvr,stat,mntr
+maxClientCnxns=0
+"""
+
+CLUSTER_XML = """<remote_servers replace="replace"><{cluster}><shard>
+    <internal_replication>true</internal_replication>
+    {replicas}
+  </shard></{cluster}></remote_servers>
+  <zookeeper replace="replace"><node><host>127.0.0.1</host><port>{zk_port}</port></node>
+    <session_timeout_ms>{session_ms}</session_timeout_ms></zookeeper>
+  <macros replace="replace"><shard>01</shard><replica>{replica}</replica></macros>
+  <distributed_ddl><path>/clickhouse/task_queue/ddl</path></distributed_ddl>"""
+
+
+def zk_ok(port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(b"ruok")
+            return s.recv(16) == b"imok"
+    except OSError:
+        return False
+
+
+def start_zookeeper(d: Path, port: int | None = None, wait_seconds: float = 60.0) -> dict:
+    """Starts ZooKeeper in `d` (on `port`, or a free one); returns its record."""
+    d = d.resolve()
+    (d / "data").mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    cfg = d / "zoo.cfg"
+    cfg.write_text(ZOO_CFG.format(dir=d, port=port))
+    log = open(d / "zk.log", "ab")
+    proc = subprocess.Popen(["java", "-Xmx256m", "-cp", ZOOKEEPER_CLASSPATH,
+                             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
+                            cwd=d, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    rec = {"pid": proc.pid, "port": port, "config": str(cfg), "dir": str(d)}
+    (d / "zookeeper.json").write_text(json.dumps(rec))
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        if zk_ok(port):
+            return rec
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    sys.exit(f"clickhouse_server: ZooKeeper did not answer ruok; last log lines:\n{_tail(d / 'zk.log')}")
+
+
+def stop_zookeeper(d: Path, *, kill: bool = False) -> None:
+    f = d / "zookeeper.json"
+    if not f.exists():
+        return
+    rec = json.loads(f.read_text())
+    pid, cfg = rec["pid"], Path(rec["config"])
+    if not _pid_is_ours(pid, cfg):
+        return
+    os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _pid_is_ours(pid, cfg):
+        _reap(pid)
+        time.sleep(0.05)
+    if _pid_is_ours(pid, cfg):
+        os.kill(pid, signal.SIGKILL)
+        _reap(pid)
+
+
+def load_cluster(d: Path) -> dict | None:
+    f = d / "cluster.json"
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def start_replica(d: Path, name: str, cluster: dict, session_ms: int = 10000) -> dict:
+    """Starts (or restarts with the same ports and data) replica `name`."""
+    replicas = "\n    ".join(f"<replica><host>127.0.0.1</host><port>{cluster['ports'][r]['tcp_port']}</port></replica>"
+                               for r in REPLICAS)
+    extra = CLUSTER_XML.format(cluster=cluster["name"], replicas=replicas, zk_port=cluster["zk_port"],
+                               replica=name, session_ms=session_ms)
+    return start(d / name, fixed_ports=cluster["ports"][name], extra=extra, password=cluster["password"])
+
+
+def start_cluster(d: Path) -> dict:
+    """ZooKeeper plus replicas r1 and r2 of one shard, all on free loopback ports.
+    Restarting a stopped cluster in the same folder keeps its ports and data."""
+    d = d.resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    cluster = load_cluster(d)
+    if cluster is None:
+        cluster = {"name": CLUSTER_NAME, "dir": str(d), "zk_port": free_port(), "password": secrets.token_hex(16),
+                   "ports": {r: {"http_port": free_port(), "tcp_port": free_port(), "interserver_port": free_port()}
+                             for r in REPLICAS}}
+        f = d / "cluster.json"
+        f.write_text(json.dumps(cluster))
+        os.chmod(f, 0o600)
+    if not zk_ok(cluster["zk_port"]):
+        start_zookeeper(d / "zookeeper", cluster["zk_port"])
+    for r in REPLICAS:
+        if not running(d / r):
+            start_replica(d, r, cluster)
+    return cluster
+
+
+def stop_cluster(d: Path, *, remove: bool = False) -> None:
+    for r in REPLICAS:
+        stop(d / r)
+    stop_zookeeper(d / "zookeeper")
+    if remove:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def cluster_env_lines(cluster: dict) -> dict[str, str]:
+    first = cluster["ports"][REPLICAS[0]]["http_port"]
+    second = cluster["ports"][REPLICAS[1]]["http_port"]
+    return {
+        "CHSTATE_TEST_HOST": "127.0.0.1",
+        "CHSTATE_TEST_PORT": str(first),
+        "CHSTATE_TEST_PORT2": str(second),
+        "CHSTATE_TEST_USER": "chstate",
+        "CHSTATE_TEST_PASSWORD": cluster["password"],
+        "CHSTATE_TEST_CLUSTER": cluster["name"],
+        "CHSTATE_TEST_ZK_PORT": str(cluster["zk_port"]),
+        "CHSTATE_TEST_DIR": cluster["dir"],
+    }
+
+
+def cluster_main(args) -> int:
+    if args.cmd in ("start", "ensure"):
+        for k, v in cluster_env_lines(start_cluster(args.dir)).items():
+            print(f"{k}={v}")
+        return 0
+    if args.cmd == "stop":
+        stop_cluster(args.dir, remove=args.remove)
+        return 0
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not cmd:
+        sys.exit("run needs a command after --")
+    d = Path(tempfile.mkdtemp(prefix="chstate-cluster-"))
+    try:
+        env = dict(os.environ, **cluster_env_lines(start_cluster(d)))
+        return subprocess.call(cmd, env=env)
+    finally:
+        stop_cluster(d, remove=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -246,9 +406,15 @@ def main() -> int:
         else:
             p.add_argument("--tls-cert")
             p.add_argument("--tls-key")
+        p.add_argument("--cluster", action="store_true",
+                       help="ZooKeeper plus two replicas (cluster 'chstate') instead of one server")
     r = sub.add_parser("run")
+    r.add_argument("--cluster", action="store_true", help="run CMD with a two-replica cluster")
     r.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args()
+
+    if args.cluster:
+        return cluster_main(args)
 
     if args.cmd in ("start", "ensure"):
         inst = running(args.dir) if args.cmd == "ensure" else None

@@ -7,7 +7,8 @@
 //   lock_torture --schema t_x --state-id job --rounds 50 --log /tmp/log --worker w1
 //                [--stale-ms 300000] [--retry-ms 10] [--timeout-ms 120000] [--hold-ms 3]
 //                [--tolerate-timeouts] [--timeout-exit-code N]
-//   (with CHSTATE_TEST_HOST, _PORT, _USER, _PASSWORD in the environment)
+//   (with CHSTATE_TEST_HOST, _PORT, _USER, _PASSWORD in the environment, and
+//   CHSTATE_TEST_CLUSTER for cluster mode)
 //
 // The connection database is "default". Each round:
 //   AcquireLock -> log `enter <worker> <round> <ns>`
@@ -218,6 +219,7 @@ int Run(const Flags& f) {
 
   StoreOptions options;
   options.schema = f.schema;
+  options.cluster.name = Env("CHSTATE_TEST_CLUSTER");  // tests/cluster: lock across replicas
   options.endpoint = absl::StrCat(config->host, ":", config->port);
   options.lock.stale_ms = f.stale_ms;
   options.lock.retry_ms = f.retry_ms;

@@ -67,6 +67,11 @@ constexpr OptionSpec kOptions[] = {
     {"schema", 0, "NAME", kConnection, "database that holds the state tables (default meltano)"},
     {"table", 0, "NAME", kConnection, "state table (default state)"},
     {"ca-file", 0, "FILE", kConnection, "CA bundle for --secure (default: the system's)"},
+    {"cluster", 0, "NAME", kConnection,
+     "cluster mode: ON CLUSTER DDL, replicated tables, quorum writes (README \"Cluster mode\")"},
+    {"zookeeper-path", 0, "PATH", kConnection, "cluster mode: replicated tables' path prefix "
+     "(default /clickhouse/tables/{shard})"},
+    {"replica", 0, "NAME", kConnection, "cluster mode: replica name (default {replica})"},
     {"lock-timeout", 0, "SECONDS", kLocking,
      "give up on a state id's lock after this long (default 10; MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS)"},
     {"lock-retry", 0, "SECONDS", kLocking,
@@ -424,6 +429,9 @@ absl::Status Connect(Session& s) {
   StoreOptions options;
   options.schema = s.config.schema;
   options.table = s.config.table;
+  options.cluster.name = s.config.cluster;
+  options.cluster.zookeeper_path = s.config.zookeeper_path;
+  options.cluster.replica = s.config.replica;
   native::ExecutorOptions exec_options;
   int64_t request_timeout_ms = 0;
   struct Duration {
