@@ -98,6 +98,10 @@ def main() -> int:
                 k, _, v = line.partition("=")
                 if k.startswith("CHSTATE_TEST_"):
                     env[k] = v
+        # The README example reads its connection from the environment.
+        env["MELTANO_STATE_BACKEND_URI"] = (f"clickhouse://{env['CHSTATE_TEST_USER']}@{env['CHSTATE_TEST_HOST']}:"
+                                            f"{env['CHSTATE_TEST_PORT']}/default")
+        env["MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD"] = env.get("CHSTATE_TEST_PASSWORD", "")
         xml = args.junit.resolve() if args.junit else Path(tmp) / "busted.xml"
         try:
             cmd = ["lua5.4", "/usr/bin/busted", "-o", "junit", f"-Xoutput={xml}", *args.busted_args, str(SPECS)]
