@@ -1,0 +1,228 @@
+// A Node host for the chstate WebAssembly module (hosts/wasi/module.cc): loads
+// the module under node:wasi with no arguments, environment or files, runs
+// the SQL it asks for with fetch, and passes it the clock and random bytes.
+// It is also the README's minimal example for plugin-runtime authors.
+//
+//   import { loadChstate, fetchTransport } from "./chstate_wasi.mjs";
+//   const chstate = await loadChstate("bazel-bin/hosts/wasi/chstate.wasm");
+//   const { config } = chstate.resolveConfig({ flags: { uri: "clickhouse://default@127.0.0.1:8123/meltano" } });
+//   const store = chstate.openStore({ schema: config.schema, table: config.table }, fetchTransport(config));
+//   await store.set("dev:tap-x", { completed: { bookmarks: {} }, partial: {} });
+//   console.log(await store.get("dev:tap-x"));
+//   store.close();
+import fs from "node:fs";
+import { webcrypto } from "node:crypto";
+import { performance } from "node:perf_hooks";
+import { WASI } from "node:wasi";
+
+const enc = new TextEncoder();
+const dec = new TextDecoder("utf-8", { fatal: true });
+
+export class ChstateError extends Error {
+  constructor(code, message) {
+    super(`${code}: ${message}`);
+    this.code = code;
+    this.detail = message;
+  }
+}
+
+export const hex = (s) => Buffer.from(s, "utf8").toString("hex");
+export const unhex = (h) => Buffer.from(h, "hex").toString("utf8");
+
+// The module's exports behind document-in, document-out calls. Every
+// document is copied into a block the host owns (chstate_alloc) and the
+// answer is copied out of another; both blocks are kept and grown as needed.
+export class ChstateModule {
+  constructor(instance) {
+    this.x = instance.exports;
+    this.blocks = {};
+    this.random = this.#block("random", 32);
+    this.last = null;  // the last raw output document (tests compare it)
+  }
+
+  // A host-owned block of at least `size` bytes under `name`, reused.
+  #block(name, size) {
+    const b = this.blocks[name];
+    if (b && b.size >= size) return b.ptr;
+    if (b) this.x.chstate_free(b.ptr);
+    const want = Math.max(size, 256);
+    const ptr = this.x.chstate_alloc(want);
+    if (ptr === 0) throw new ChstateError("RESOURCE_EXHAUSTED", `chstate_alloc(${want}) failed`);
+    this.blocks[name] = { ptr, size: want };
+    return ptr;
+  }
+
+  #bytes() {
+    return new Uint8Array(this.x.memory.buffer);  // memory may have grown: fresh view each time
+  }
+
+  // Writes `data` (bytes) to the input block; returns [ptr, len].
+  input(data, name = "in") {
+    if (data.length === 0) return [0, 0];
+    const ptr = this.#block(name, data.length);
+    this.#bytes().set(data, ptr);
+    return [ptr, data.length];
+  }
+
+  // Runs `call(outPtr, outCap)` and reads its document by the module's
+  // convention: r > 0 written, r < 0 too small (fetch -r bytes from chstate_last).
+  output(call) {
+    if (!this.blocks.out) this.#block("out", 64 * 1024);
+    const out = this.blocks.out;
+    let r = call(out.ptr, out.size);
+    if (r < 0) {
+      const ptr = this.#block("out", -r);
+      r = this.x.chstate_last(ptr, this.blocks.out.size);
+      if (r < 0) throw new ChstateError("INTERNAL", "chstate_last refused a large enough buffer");
+    }
+    const text = dec.decode(this.#bytes().slice(this.blocks.out.ptr, this.blocks.out.ptr + r));
+    this.last = text;
+    return text;
+  }
+
+  fillRandom() {
+    webcrypto.getRandomValues(new Uint8Array(this.x.memory.buffer, this.random, 32));
+    return [this.random, 32];
+  }
+
+  resolveConfig(sources) {
+    const [p, n] = this.input(enc.encode(JSON.stringify(sources)));
+    return JSON.parse(this.output((o, c) => this.x.chstate_resolve_config(p, n, o, c)));
+  }
+
+  // Raw store calls (tests drive these directly).
+  storeNew(optionsText) {
+    const [p, n] = this.input(enc.encode(optionsText));
+    return JSON.parse(this.output((o, c) => this.x.chstate_store_new(p, n, o, c)));
+  }
+
+  step(fn, handle, docText, nowMs = BigInt(Math.floor(performance.now()))) {
+    const [p, n] = this.input(enc.encode(docText));
+    const [rp, rn] = this.fillRandom();
+    return JSON.parse(this.output((o, c) => this.x[fn](handle, p, n, nowMs, rp, rn, o, c)));
+  }
+
+  openStore(options, transport) {
+    const r = this.storeNew(JSON.stringify(options ?? {}));
+    if (r.failed) throw new ChstateError(r.failed.code, r.failed.message);
+    return new Store(this, r.store, transport);
+  }
+}
+
+// Loads and initialises the module (a WASI reactor). It imports nothing;
+// node:wasi is given no arguments, environment or directories anyway, so the
+// module runs with no authority even if a later build imported something.
+export async function loadChstate(path) {
+  const wasi = new WASI({ version: "preview1", args: [], env: {}, preopens: {}, returnOnExit: true });
+  const module = await WebAssembly.compile(fs.readFileSync(path));
+  const instance = await WebAssembly.instantiate(module, wasi.getImportObject());
+  wasi.initialize(instance);
+  return new ChstateModule(instance);
+}
+
+// The HTTP transport: one POST per request, credentials in headers (never in
+// the URL), the answer as the core wants it. Failures without an answer come
+// back as transport_ok=false; "maybe_delivered" is false only when the
+// connection was refused (the request never left).
+export function fetchTransport(config, { timeoutMs = 30000 } = {}) {
+  const host = config.host.includes(":") ? `[${config.host}]` : config.host;
+  const base = `${config.secure ? "https" : "http"}://${host}:${config.port}/?database=${encodeURIComponent(config.database)}`;
+  const headers = { "X-ClickHouse-User": config.user, "Content-Type": "text/plain; charset=UTF-8" };
+  if (config.password) headers["X-ClickHouse-Key"] = config.password;
+  return async (request) => {
+    const url = base + request.url_params.map(([k, v]) => `&${encodeURIComponent(k)}=${encodeURIComponent(v)}`).join("");
+    try {
+      const res = await fetch(url, { method: "POST", headers, body: request.sql, signal: AbortSignal.timeout(timeoutMs) });
+      const body = Buffer.from(await res.arrayBuffer());
+      return {
+        transport_ok: true,
+        http_status: res.status,
+        exception_code_header: res.headers.get("x-clickhouse-exception-code") ?? "",
+        body_hex: body.toString("hex"),
+      };
+    } catch (e) {
+      const refused = e?.cause?.code === "ECONNREFUSED";
+      return {
+        transport_ok: false,
+        maybe_delivered: !refused,
+        transport_error: `${e?.cause?.code ?? e.name}: no answer from ClickHouse at ${host}:${config.port}; check that it runs there`,
+      };
+    }
+  };
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// One store handle driven to completion per operation; ops run one at a time.
+export class Store {
+  constructor(mod, handle, transport) {
+    this.mod = mod;
+    this.handle = handle;
+    this.transport = transport;
+    this.queue = Promise.resolve();
+  }
+
+  // Runs one op document to its end: the "done" document, or throws ChstateError.
+  run(op) {
+    const next = this.queue.then(() => this.#drive(op));
+    this.queue = next.catch(() => {});
+    return next;
+  }
+
+  async #drive(op) {
+    if (this.handle === null) throw new ChstateError("FAILED_PRECONDITION", "the store was closed");
+    let action = this.mod.step("chstate_op_start", this.handle, JSON.stringify(op));
+    for (;;) {
+      if (action.request) {
+        let response = await this.transport(action.request);
+        // Resend only what cannot do harm twice.
+        for (let i = 0; i < 3 && !response.transport_ok && (action.request.idempotent || !response.maybe_delivered); i++) {
+          await sleep(100 * 2 ** i);
+          response = await this.transport(action.request);
+        }
+        action = this.mod.step("chstate_op_feed", this.handle, JSON.stringify({ response }));
+      } else if (action.wait_ms !== undefined) {
+        await sleep(action.wait_ms);
+        action = this.mod.step("chstate_op_feed", this.handle, '{"timer":true}');
+      } else if (action.done) {
+        return action.done;
+      } else {
+        throw new ChstateError(action.failed.code, action.failed.message);
+      }
+    }
+  }
+
+  // The merged view is the caller's business; this returns both sides, or null.
+  async get(id) {
+    const done = await this.run({ op: "get", state_id_hex: hex(id) });
+    return done.state && { completed: done.state.completed, partial: done.state.partial };
+  }
+  set(id, state) { return this.run({ op: "set", state_id_hex: hex(id), state }); }
+  // Merges `partial` into the id's partial state under its lock (Meltano's update()).
+  merge(id, partial) { return this.run({ op: "update", state_id_hex: hex(id), state: { completed: {}, partial } }); }
+  async list(pattern = null) {
+    const done = await this.run(pattern === null ? { op: "list", pattern: null } : { op: "list", pattern_hex: hex(pattern) });
+    return done.state_ids_hex.map(unhex);
+  }
+  delete(id) { return this.run({ op: "delete", state_id_hex: hex(id) }); }
+  async clearAll() { return (await this.run({ op: "clear_all" })).count; }
+
+  // Runs fn() while holding the id's lock; the lock is released afterwards,
+  // also when fn throws. Inside, setLocked() writes within the lock's lease.
+  async withLock(id, fn) {
+    const { lock_id } = await this.run({ op: "acquire_lock", state_id_hex: hex(id) });
+    try {
+      return await fn({
+        setLocked: (state) => this.run({ op: "set", state_id_hex: hex(id), state }),
+        renew: () => this.run({ op: "renew_lock", state_id_hex: hex(id) }),
+      });
+    } finally {
+      await this.run({ op: "release_lock", state_id_hex: hex(id), lock_id });
+    }
+  }
+
+  close() {
+    if (this.handle !== null) this.mod.x.chstate_store_free(this.handle);
+    this.handle = null;
+  }
+}

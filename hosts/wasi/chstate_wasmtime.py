@@ -1,0 +1,250 @@
+"""A Python host for the chstate WebAssembly module, on wasmtime (PyPI).
+
+The module (hosts/wasi/module.cc) imports nothing: it is instantiated with an
+empty WASI context (no arguments, environment or directories), given the
+clock and random bytes with each call, and asks this host to run its SQL,
+which `HttpTransport` does with http.client.
+
+    mod = ChstateModule("bazel-bin/hosts/wasi/chstate.wasm")
+    config = mod.resolve_config({"flags": {"uri": "clickhouse://default@127.0.0.1:8123/default"}})["config"]
+    store = mod.open_store({"schema": config["schema"], "table": config["table"]}, HttpTransport(config))
+    store.set("dev:tap", {"completed": {"bookmarks": {}}, "partial": {}})
+    print(store.get("dev:tap"))
+    store.close()
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import ssl
+import time
+from typing import Any, Callable, Mapping, Optional
+from urllib.parse import quote
+
+import wasmtime
+
+OUT_BLOCK = 64 * 1024
+
+
+class ChstateError(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def id_hex(state_id: str) -> str:
+    return state_id.encode("utf-8", "surrogateescape").hex()
+
+
+def id_from_hex(h: str) -> str:
+    return bytes.fromhex(h).decode("utf-8", "surrogateescape")
+
+
+class ChstateModule:
+    """The module's exports as document-in, document-out calls."""
+
+    def __init__(self, path: str | os.PathLike, engine: Optional[wasmtime.Engine] = None):
+        self.engine = engine or wasmtime.Engine()
+        self.module = wasmtime.Module.from_file(self.engine, str(path))
+        self.store = wasmtime.Store(self.engine)
+        self.store.set_wasi(wasmtime.WasiConfig())  # nothing: no args, env, files
+        linker = wasmtime.Linker(self.engine)
+        linker.define_wasi()
+        self.instance = linker.instantiate(self.store, self.module)
+        self.x = self.instance.exports(self.store)
+        self.x["_initialize"](self.store)
+        self.memory: wasmtime.Memory = self.x["memory"]
+        self._blocks: dict[str, tuple[int, int]] = {}
+        self.last: Optional[bytes] = None  # the last raw output document
+
+    def call(self, name: str, *args: Any) -> int:
+        return self.x[name](self.store, *args)
+
+    def alloc(self, size: int) -> int:
+        return self.call("chstate_alloc", size)
+
+    def free(self, ptr: int) -> int:
+        return self.call("chstate_free", ptr)
+
+    def write(self, ptr: int, data: bytes) -> None:
+        self.memory.write(self.store, data, ptr)
+
+    def read(self, ptr: int, length: int) -> bytes:
+        return bytes(self.memory.read(self.store, ptr, ptr + length))
+
+    def block(self, name: str, size: int) -> int:
+        """A host-owned block of at least `size` bytes under `name`, reused."""
+        have = self._blocks.get(name)
+        if have and have[1] >= size:
+            return have[0]
+        if have:
+            self.free(have[0])
+        size = max(size, 256)
+        ptr = self.alloc(size)
+        if ptr == 0:
+            raise ChstateError("RESOURCE_EXHAUSTED", f"chstate_alloc({size}) failed")
+        self._blocks[name] = (ptr, size)
+        return ptr
+
+    def put(self, data: bytes, name: str = "in") -> tuple[int, int]:
+        if not data:
+            return 0, 0
+        ptr = self.block(name, len(data))
+        self.write(ptr, data)
+        return ptr, len(data)
+
+    def output(self, call: Callable[[int, int], int]) -> bytes:
+        """Runs call(out_ptr, out_cap): r > 0 written; r < 0 fetch -r bytes with chstate_last."""
+        ptr = self.block("out", OUT_BLOCK)
+        r = call(ptr, self._blocks["out"][1])
+        if r < 0:
+            ptr = self.block("out", -r)
+            r = self.call("chstate_last", ptr, self._blocks["out"][1])
+            if r < 0:
+                raise ChstateError("INTERNAL", "chstate_last refused a large enough buffer")
+        self.last = self.read(ptr, r)
+        return self.last
+
+    def random(self) -> tuple[int, int]:
+        return self.put(os.urandom(32), "random")
+
+    def resolve_config(self, sources: Mapping[str, Any]) -> dict:
+        p, n = self.put(json.dumps(sources).encode())
+        return json.loads(self.output(lambda o, c: self.call("chstate_resolve_config", p, n, o, c)))
+
+    def store_new(self, options_text: bytes) -> dict:
+        p, n = self.put(options_text)
+        return json.loads(self.output(lambda o, c: self.call("chstate_store_new", p, n, o, c)))
+
+    def step(self, fn: str, handle: int, doc: bytes, now_ms: Optional[int] = None) -> dict:
+        now_ms = time.monotonic_ns() // 1_000_000 if now_ms is None else now_ms
+        p, n = self.put(doc)
+        rp, rn = self.random()
+        return json.loads(self.output(lambda o, c: self.call(fn, handle, p, n, now_ms, rp, rn, o, c)))
+
+    def open_store(self, options: Mapping[str, Any], transport: Callable[[dict], dict]) -> "Store":
+        r = self.store_new(json.dumps(options).encode())
+        if "failed" in r:
+            raise ChstateError(r["failed"]["code"], r["failed"]["message"])
+        return Store(self, r["store"], transport)
+
+
+class HttpTransport:
+    """POSTs each request to ClickHouse; credentials in headers only."""
+
+    def __init__(self, config: Mapping[str, Any], timeout: float = 30.0):
+        self.host, self.port, self.secure = str(config["host"]), int(config["port"]), bool(config.get("secure"))
+        self.ca_file = config.get("ca_file") or None
+        self.timeout = timeout
+        self.headers = {"X-ClickHouse-User": str(config["user"]), "Content-Type": "text/plain; charset=UTF-8"}
+        if config.get("password"):
+            self.headers["X-ClickHouse-Key"] = str(config["password"])
+        self.base = "/?database=" + quote(str(config["database"]), safe="")
+
+    def __repr__(self) -> str:  # never the password
+        return f"HttpTransport({self.host}:{self.port})"
+
+    def __call__(self, request: Mapping[str, Any]) -> dict:
+        path = self.base + "".join(f"&{quote(str(k), safe='')}={quote(str(v), safe='')}"
+                                   for k, v in request.get("url_params", []))
+        if self.secure:
+            ctx = ssl.create_default_context(cafile=self.ca_file)
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
+                                                                           context=ctx)
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            try:
+                conn.connect()
+            except OSError as e:
+                return {"transport_ok": False, "maybe_delivered": False,
+                        "transport_error": f"cannot connect to {self.host}:{self.port}: {e.strerror or e}"}
+            try:
+                conn.request("POST", path, body=str(request["sql"]).encode(), headers=self.headers)
+                res = conn.getresponse()
+                body = res.read()
+            except (OSError, http.client.HTTPException) as e:
+                return {"transport_ok": False, "maybe_delivered": True,
+                        "transport_error": f"no answer from {self.host}:{self.port}: {e}"}
+            return {"transport_ok": True, "http_status": res.status,
+                    "exception_code_header": res.getheader("X-ClickHouse-Exception-Code") or "",
+                    "body_hex": body.hex()}
+        finally:
+            conn.close()
+
+
+class Store:
+    """One store handle; each method drives one operation to its end."""
+
+    def __init__(self, mod: ChstateModule, handle: int, transport: Callable[[dict], dict]):
+        self.mod, self.handle, self.transport = mod, handle, transport
+
+    def run(self, op: Mapping[str, Any]) -> dict:
+        if self.handle is None:
+            raise ChstateError("FAILED_PRECONDITION", "the store was closed")
+        action = self.mod.step("chstate_op_start", self.handle, json.dumps(op).encode())
+        while True:
+            if "request" in action:
+                request = action["request"]
+                response = self.transport(request)
+                for attempt in range(3):  # resend only what cannot do harm twice
+                    if response["transport_ok"] or not (request["idempotent"] or not response["maybe_delivered"]):
+                        break
+                    time.sleep(0.1 * 2 ** attempt)
+                    response = self.transport(request)
+                action = self.mod.step("chstate_op_feed", self.handle, json.dumps({"response": response}).encode())
+            elif "wait_ms" in action:
+                time.sleep(max(0, int(action["wait_ms"])) / 1000)
+                action = self.mod.step("chstate_op_feed", self.handle, b'{"timer":true}')
+            elif "done" in action:
+                return action["done"]
+            else:
+                raise ChstateError(action["failed"]["code"], action["failed"]["message"])
+
+    def get(self, state_id: str) -> Optional[dict]:
+        st = self.run({"op": "get", "state_id_hex": id_hex(state_id)})["state"]
+        return None if st is None else {"completed": st["completed"], "partial": st["partial"]}
+
+    def set(self, state_id: str, state: Mapping[str, Any]) -> None:
+        self.run({"op": "set", "state_id_hex": id_hex(state_id), "state": state})
+
+    def merge(self, state_id: str, partial: Mapping[str, Any]) -> None:
+        """Merges `partial` into the id's partial state under its lock (Meltano's update())."""
+        self.run({"op": "update", "state_id_hex": id_hex(state_id), "state": {"completed": {}, "partial": partial}})
+
+    def list(self, pattern: Optional[str] = None) -> list[str]:
+        op = {"op": "list", "pattern": None} if pattern is None else {"op": "list", "pattern_hex": id_hex(pattern)}
+        return [id_from_hex(h) for h in self.run(op)["state_ids_hex"]]
+
+    def delete(self, state_id: str) -> None:
+        self.run({"op": "delete", "state_id_hex": id_hex(state_id)})
+
+    def clear_all(self) -> int:
+        return int(self.run({"op": "clear_all"})["count"])
+
+    def locked(self, state_id: str) -> "_Lock":
+        """`with store.locked(id) as lock: lock.set(state)`; released on exit, also on errors."""
+        return _Lock(self, state_id)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.mod.call("chstate_store_free", self.handle)
+        self.handle = None
+
+
+class _Lock:
+    def __init__(self, store: Store, state_id: str):
+        self.store, self.state_id, self.lock_id = store, state_id, ""
+
+    def __enter__(self) -> "_Lock":
+        self.lock_id = self.store.run({"op": "acquire_lock", "state_id_hex": id_hex(self.state_id)})["lock_id"]
+        return self
+
+    def set(self, state: Mapping[str, Any]) -> None:
+        self.store.set(self.state_id, state)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.store.run({"op": "release_lock", "state_id_hex": id_hex(self.state_id), "lock_id": self.lock_id})
