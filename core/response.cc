@@ -144,9 +144,16 @@ absl::StatusOr<Rows> ParseTabSeparated(absl::string_view body, size_t columns) {
   Rows rows;
   if (body.empty()) return rows;
   auto truncated = [&](absl::string_view why) -> absl::Status {
-    if (std::optional<int> code = ParseExceptionCode(body)) {
+    // The exception is what follows the last line start "Code: ", and holds
+    // no tab: a row (every read has two or more columns) may itself begin
+    // with "Code: N," (a state id) and must not be taken for it.
+    const size_t last = body.rfind("\nCode: ");
+    const absl::string_view exception = last == absl::string_view::npos ? body : body.substr(last + 1);
+    std::optional<int> code;
+    if (exception.find('\t') == absl::string_view::npos) code = ParseExceptionCode(exception);
+    if (code) {
       return WithCode(absl::InternalError(absl::StrCat("ClickHouse failed mid-answer (code ", *code,
-                                                       "): ", ExceptionMessage(body.substr(body.rfind("Code: "))))),
+                                                       "): ", ExceptionMessage(exception))),
                       *code);
     }
     return absl::DataLossError(absl::StrCat("ClickHouse sent an incomplete or malformed answer (", why,
