@@ -33,8 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "meltano"))
 
 import meltano_harness as harness  # noqa: E402
-
-SERVER_TOOL = REPO / "tools" / "clickhouse_server.py"
+from chserver import from_env, start_server, stop_server  # noqa: E402
 
 
 def opt_library() -> Path:
@@ -46,17 +45,6 @@ def opt_library() -> Path:
     bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=REPO, check=True, capture_output=True,
                              text=True).stdout.strip()
     return Path(bin_dir, "hosts", "python", "libchstate.so").resolve()
-
-
-def server_from_env_or_start(folder: Path) -> tuple[dict, bool]:
-    env = os.environ
-    if all(env.get(k) for k in ("CHSTATE_TEST_HOST", "CHSTATE_TEST_PORT", "CHSTATE_TEST_USER")):
-        return {k: env.get(k, "") for k in ("CHSTATE_TEST_HOST", "CHSTATE_TEST_PORT", "CHSTATE_TEST_USER",
-                                            "CHSTATE_TEST_PASSWORD")}, False
-    out = subprocess.run([sys.executable, str(SERVER_TOOL), "start", str(folder)], capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"meltano_bench: could not start ClickHouse:\n{out.stdout}{out.stderr}")
-    return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line), True
 
 
 def timed_run(project: harness.MeltanoProject, state_id: str, messages: int, state_every: int) -> float:
@@ -90,15 +78,16 @@ def main() -> int:
     harness.install_adapter(venv)
     library = opt_library()
     tmp = Path(tempfile.mkdtemp(prefix="chstate-meltano-bench-"))
-    server, started = ({}, False) if "clickhouse" not in wanted else server_from_env_or_start(tmp / "clickhouse")
+    server = from_env() if "clickhouse" in wanted else None
+    started = "clickhouse" in wanted and server is None
     try:
+        if started:
+            server = start_server(tmp / "clickhouse")
         backends = {"systemdb": ("systemdb", {})}
-        if "clickhouse" in wanted:
+        if server is not None:
             backends["chstate → ClickHouse 18.16 (HTTP, loopback)"] = (
-                f"clickhouse://{server['CHSTATE_TEST_USER']}@{server['CHSTATE_TEST_HOST']}:"
-                f"{server['CHSTATE_TEST_PORT']}/default",
-                {"MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD": server.get("CHSTATE_TEST_PASSWORD", ""),
-                 "MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA": "chstate_meltano_bench"})
+                server.uri(), {"MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD": server.password,
+                               "MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA": "chstate_meltano_bench"})
         if "chdb" in wanted:
             backends["chstate → chDB 26.9 (embedded)"] = (f"chdb://{tmp / 'chdb'}", {})
         results = {}
@@ -116,7 +105,7 @@ def main() -> int:
                   file=sys.stderr, flush=True)
     finally:
         if started:
-            subprocess.run([sys.executable, str(SERVER_TOOL), "stop", str(tmp / "clickhouse"), "--remove"])
+            stop_server(tmp / "clickhouse", remove=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
     base_many, base_one = results["systemdb"]
