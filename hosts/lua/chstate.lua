@@ -370,8 +370,13 @@ function Store:is_closed()
   return rec == nil or rec.closed
 end
 
-local SETTINGS = {uri = true, host = true, port = true, database = true, user = true, password = true,
-                  secure = true, schema = true, table = true, ca_file = true}
+-- Connection settings: the core's keys (core/config.h kSettingKeys) and uri.
+local SETTINGS = {uri = true}
+local SETTING_NAMES = {"uri"}
+for _, key in ipairs(C.setting_keys) do
+  SETTINGS[key] = true
+  SETTING_NAMES[#SETTING_NAMES + 1] = key
+end
 local OPTIONS = {env = true, transport = true, sleep = true, now = true, lock_timeout = true, lock_retry = true,
                  stale_lock = true, connect_timeout = true, timeout = true}
 
@@ -389,7 +394,8 @@ local function seconds(opts, env, key, env_name, default, zero_ok)
 end
 
 --- Opens a store. Settings (all optional, Meltano's names): uri, host, port,
--- database, user, password, secure, schema, table, ca_file; they beat the
+-- database, user, password, secure, schema, table, ca_file (and the cluster
+-- settings cluster, zookeeper_path, replica: README "Cluster mode"); they beat the
 -- environment (MELTANO_STATE_BACKEND_*, CLICKHOUSE_*) with the CLI's
 -- precedence. Options: env (a table to use instead of the process
 -- environment, or false for none), lock_timeout, lock_retry, stale_lock,
@@ -414,9 +420,9 @@ function M.open(opts)
                    k, k == "port" and " or an integer" or k == "secure" and " or a boolean" or "", t))
       end
     elseif not OPTIONS[k] then
-      argerror("open", 1, ("unknown setting '%s' (settings: uri, host, port, database, user, password, secure, " ..
-                           "schema, table, ca_file; options: env, transport, sleep, now, lock_timeout, " ..
-                           "lock_retry, stale_lock, connect_timeout, timeout)"):format(tostring(k)))
+      argerror("open", 1, ("unknown setting '%s' (settings: %s; options: env, transport, sleep, now, " ..
+                           "lock_timeout, lock_retry, stale_lock, connect_timeout, timeout)"):format(
+                             tostring(k), table.concat(SETTING_NAMES, ", ")))
     end
   end
   local env = opts.env

@@ -522,6 +522,9 @@ int NewStore(lua_State* L) {
       options.lock.timeout_ms = lock_timeout;
       options.lock.retry_ms = lock_retry;
       options.lock.stale_ms = stale;
+      options.cluster.name = config->cluster;
+      options.cluster.zookeeper_path = config->zookeeper_path;
+      options.cluster.replica = config->replica;
       store = Store::Create(std::move(options));
     }
     if (!config.ok() || !store.ok()) {
@@ -1068,6 +1071,14 @@ extern "C" __attribute__((visibility("default"))) int luaopen_chstate(lua_State*
   lua_setfield(L, -2, "array_mt");
   lua_pushlightuserdata(L, nullptr);
   lua_setfield(L, -2, "null");
+  // The connection settings chstate.open accepts: the core's, plus "uri".
+  lua_newtable(L);
+  lua_Integer n = 0;
+  for (const char* key : chstate::kSettingKeys) {
+    lua_pushstring(L, key);
+    lua_rawseti(L, -2, ++n);
+  }
+  lua_setfield(L, -2, "setting_keys");
   lua_call(L, 1, 1);  // chstate.lua returns the module table
   return 1;
 }

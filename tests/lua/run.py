@@ -7,8 +7,8 @@
 
 The server is the one CHSTATE_TEST_HOST/PORT/USER/PASSWORD name (tools/test
 sets them), else a throwaway one from tools/clickhouse_server.py, stopped at
-the end. The module is bazel-bin/hosts/lua/chstate.so (built here), or the file
-CHSTATE_LUA_SO names. busted writes JUnit XML; this script prints each failure
+the end. The module is bazel-bin/hosts/lua/chstate.so (built here, with the
+chstate CLI that interop_spec.lua runs), or the file CHSTATE_LUA_SO names. busted writes JUnit XML; this script prints each failure
 and ends with `N passed, N failed`. Exit status 0 only when something passed
 and nothing failed.
 """
@@ -74,7 +74,8 @@ def main() -> int:
 
     so = Path(os.environ["CHSTATE_LUA_SO"]).resolve() if os.environ.get("CHSTATE_LUA_SO") else None
     if so is None:
-        if subprocess.call(["bazel", "build", "//hosts/lua:chstate.so"], cwd=ROOT) != 0:
+        # The CLI too: interop_spec checks that both share tables and the lock.
+        if subprocess.call(["bazel", "build", "//hosts/lua:chstate.so", "//hosts/native:chstate"], cwd=ROOT) != 0:
             print("0 passed, 1 failed (//hosts/lua:chstate.so did not build)")
             return 1
         so = ROOT / "bazel-bin" / "hosts" / "lua" / "chstate.so"

@@ -177,6 +177,13 @@ describe("configuration", function()
     s:close()
   end)
 
+  it("accepts the core's cluster settings", function()
+    local s = T.open(SCHEMA, {cluster = "chstate", replica = "r1"})
+    assert.matches("cluster=chstate", tostring(s))
+    s:close()
+    assert.matches("cluster", tostring(T.error_of(chstate.open, T.settings(SCHEMA, {cluster = "no spaces"}))))
+  end)
+
   it("reads the lock settings from Meltano's environment variables", function()
     local err = T.error_of(chstate.open, T.settings(SCHEMA, {env = {MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS = "soon"}}))
     assert.matches("MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS is not a number of seconds", tostring(err))
