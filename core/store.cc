@@ -26,10 +26,10 @@ class StoreSteps {
   // Runs `req`; on success continues with the body, on failure with `fail`.
   Step Sql(SqlRequest req, std::string what, std::function<Step(const std::string& body)> then,
            OnFailure fail) {
-    return Step::Run(std::move(req), [what = std::move(what), then = std::move(then),
+    return Step::Run(std::move(req), [this, what = std::move(what), then = std::move(then),
                                       fail = std::move(fail)](const SqlResponse& r) -> Step {
       absl::Status st = CheckResponse(r, what);
-      if (!st.ok()) return fail(std::move(st));
+      if (!st.ok()) return fail(ExplainCluster(std::move(st)));
       return then(r.body);
     });
   }
@@ -187,17 +187,23 @@ class StoreSteps {
             "not readable yet and becomes readable on every replica once another replica has fetched it; until "
             "then further writes fail with code 286. Retrying the same write after the replica is back is safe "
             "(it replaces itself). ClickHouse said: ", st.message()));
-      case 242:
-      case 225:
-      case 999:
-        why = "the replicas cannot reach ZooKeeper, so replicated tables are read-only; nothing was written. "
-              "Check ZooKeeper, then retry";
-        break;
       default:
         return st;
     }
     return Reworded(st, code == 286 || code == 285 ? absl::StatusCode::kUnavailable : st.code(),
                     absl::StrCat(why, ". ClickHouse said: ", st.message()));
+  }
+
+  // Cluster mode: errors that mean "ZooKeeper is unreachable" say so, and
+  // are kUnavailable (retry later) whatever ClickHouse called them.
+  absl::Status ExplainCluster(absl::Status st) const {
+    std::optional<int> code = ClickHouseCode(st);
+    if (!s_->options_.cluster.enabled() || !code || (*code != 242 && *code != 225 && *code != 999)) return st;
+    return Reworded(st, absl::StatusCode::kUnavailable,
+                    absl::StrCat("ClickHouse cannot reach ZooKeeper (code ", *code, "), which cluster mode needs for "
+                                 "replicated tables and ON CLUSTER DDL; nothing was changed. Check ZooKeeper (the "
+                                 "servers reconnect by themselves a few seconds after it is back), then retry. ",
+                                 st.message()));
   }
 
   // A new message for `st`, keeping its payloads (the ClickHouse code).
@@ -287,17 +293,17 @@ class StoreSteps {
   Step Acquire(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail) {
     auto m = std::make_shared<LockMachine>(st(), id, s_->options_.lock);
     m->Acquire(*in_);
-    return DriveLock(m, [m, then, fail](const LockAction& a) -> Step {
+    return DriveLock(m, [this, m, then, fail](const LockAction& a) -> Step {
       if (a.kind == LockAction::Kind::kAcquired) return then(m);
-      return fail(a.status);
+      return fail(ExplainCluster(a.status));
     });
   }
 
   Step Release(const LockPtr& m, Then then, OnFailure fail) {
     m->Release(*in_);
-    return DriveLock(m, [then, fail](const LockAction& a) -> Step {
+    return DriveLock(m, [this, then, fail](const LockAction& a) -> Step {
       if (a.kind == LockAction::Kind::kReleased) return then();
-      return fail(a.status);
+      return fail(ExplainCluster(a.status));
     });
   }
 

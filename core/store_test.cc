@@ -576,6 +576,24 @@ TEST(ClusterStore, TooFewReplicasNamesTheCause) {
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("fewer than 2 replicas are alive")));
 }
 
+TEST(ClusterStore, ZooKeeperUnreachableIsUnavailableAndSaysSo) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto get = store->Get("id");
+  Outcome o = Drive(*get, {kVersion18, Q("get_state", Err(500, 999, "Coordination::Exception: Session expired"))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach ZooKeeper")));
+  auto lock = store->AcquireLock("id");
+  o = Drive(*lock, {Q("create_lock", Err(500, 999, "Coordination::Exception: Session expired"))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach ZooKeeper")));
+  auto set = store->Set(MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")});
+  o = Drive(*set, {Q("insert_state", Err(500, 242, "Table is in readonly mode"))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("code 242")));
+}
+
 TEST(ClusterStore, DeleteIsATombstoneWithoutMutationWait) {
   auto store = MakeClusterStore();
   int64_t clock = 0;

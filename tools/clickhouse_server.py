@@ -323,7 +323,7 @@ def load_cluster(d: Path) -> dict | None:
     return json.loads(f.read_text()) if f.exists() else None
 
 
-def start_replica(d: Path, name: str, cluster: dict, session_ms: int = 10000) -> dict:
+def start_replica(d: Path, name: str, cluster: dict, session_ms: int = 30000) -> dict:
     """Starts (or restarts with the same ports and data) replica `name`."""
     replicas = "\n    ".join(f"<replica><host>127.0.0.1</host><port>{cluster['ports'][r]['tcp_port']}</port></replica>"
                                for r in REPLICAS)
