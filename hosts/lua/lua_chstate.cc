@@ -414,11 +414,17 @@ int LuaFromJson(lua_State* L) {
 
 // ---------------------------------------------------------------- stores
 
-struct StoreBox {
+struct OpenStore {
   std::unique_ptr<Store> store;
   std::unique_ptr<native::HttpExecutor> exec;  // null when Lua supplies the transport
   ConnectionConfig config;
   std::string base_url;  // scheme://host:port/?database=...
+};
+
+// The userdata holds one pointer, so that a closed store owns nothing (Lua
+// frees the block itself; no destructor has to run).
+struct StoreBox {
+  OpenStore* open;  // null once closed
 };
 
 std::string PercentEncode(absl::string_view s) {
@@ -437,16 +443,16 @@ std::string PercentEncode(absl::string_view s) {
   return out;
 }
 
-StoreBox* CheckStore(lua_State* L, int idx) {
+OpenStore* CheckStore(lua_State* L, int idx) {
   StoreBox* box = static_cast<StoreBox*>(luaL_checkudata(L, idx, kStoreMeta));
-  if (!box->store) luaL_error(L, "the store is closed");  // no C++ locals are alive in callers at this point
-  return box;
+  if (box->open == nullptr) luaL_error(L, "the store is closed");  // callers hold no C++ locals yet
+  return box->open;
 }
 
 int StoreGc(lua_State* L) {
   StoreBox* box = static_cast<StoreBox*>(luaL_checkudata(L, 1, kStoreMeta));
-  box->~StoreBox();
-  new (box) StoreBox();  // a second __gc or close finds an empty box
+  delete box->open;
+  box->open = nullptr;  // a second __gc or close finds nothing to free
   return 0;
 }
 
@@ -497,8 +503,8 @@ int NewStore(lua_State* L) {
   const int64_t stale = IntField(L, 3, "stale_ms", 300000);
   const int64_t connect_timeout = IntField(L, 3, "connect_timeout_ms", 5000);
   const int64_t timeout = IntField(L, 3, "timeout_ms", 30000);
-  StoreBox* box = static_cast<StoreBox*>(lua_newuserdatauv(L, sizeof(StoreBox), 0));
-  new (box) StoreBox();
+  StoreBox* ud = static_cast<StoreBox*>(lua_newuserdatauv(L, sizeof(StoreBox), 0));
+  ud->open = nullptr;
   luaL_setmetatable(L, kStoreMeta);
   bool ok = false;
   {
@@ -533,6 +539,8 @@ int NewStore(lua_State* L) {
       lua_pushlstring(L, st.message().data(), st.message().size());
     } else {
       ok = true;
+      OpenStore* box = new OpenStore();
+      ud->open = box;
       box->config = *std::move(config);
       box->store = *std::move(store);
       box->base_url = absl::StrCat(box->config.secure ? "https://" : "http://", box->store->options().endpoint,
@@ -566,7 +574,7 @@ int NewStore(lua_State* L) {
 
 // store:connection() -> the settings a Lua transport needs, password included.
 int StoreConnection(lua_State* L) {
-  StoreBox* box = CheckStore(L, 1);
+  OpenStore* box = CheckStore(L, 1);
   lua_createtable(L, 0, 8);
   SetField(L, "host", box->config.host);
   lua_pushinteger(L, box->config.port);
@@ -588,13 +596,13 @@ int StoreClose(lua_State* L) {
 
 int StoreIsClosed(lua_State* L) {
   StoreBox* box = static_cast<StoreBox*>(luaL_checkudata(L, 1, kStoreMeta));
-  lua_pushboolean(L, box->store == nullptr);
+  lua_pushboolean(L, box->open == nullptr);
   return 1;
 }
 
 // store:lease_valid(id, now_ms) -> bool
 int StoreLeaseValid(lua_State* L) {
-  StoreBox* box = CheckStore(L, 1);
+  OpenStore* box = CheckStore(L, 1);
   size_t n = 0;
   const char* id = luaL_checklstring(L, 2, &n);
   lua_Integer now = luaL_checkinteger(L, 3);
@@ -613,7 +621,7 @@ using NextMaker = std::function<absl::StatusOr<std::unique_ptr<Task>>(const Resu
 // One operation of the Lua API: one core task, or two in a row (a merge
 // under a lock the caller already holds reads, then writes).
 struct HostOp {
-  StoreBox* box = nullptr;
+  StoreBox* box = nullptr;  // the store's userdata (box->open is null once closed)
   Shape shape = Shape::kNone;
   TaskMaker first;
   NextMaker then;
@@ -669,7 +677,7 @@ struct OpBox {
 
 HostOp* CheckOp(lua_State* L, int idx) {
   OpBox* ob = static_cast<OpBox*>(luaL_checkudata(L, idx, kOpMeta));
-  if (ob->op == nullptr || ob->op->box->store == nullptr) luaL_error(L, "the store is closed");
+  if (ob->op == nullptr || ob->op->box->open == nullptr) luaL_error(L, "the store is closed");
   return ob->op;
 }
 
@@ -698,7 +706,7 @@ int PushAction(lua_State* L, HostOp& op, const Action& a) {
     case Action::Kind::kRunSql: {
       lua_pushliteral(L, "sql");
       const SqlRequest& r = a.request;
-      std::string url = op.box->base_url;
+      std::string url = op.box->open->base_url;
       lua_createtable(L, 0, 8);
       SetField(L, "sql", r.sql);
       SetField(L, "body", r.sql);
@@ -795,14 +803,14 @@ absl::Status LeaseCheck(Store& store, const std::string& id, const Inputs& in) {
 //   partial, held | "delete", id, held | "list", pattern? | "clear_all" |
 //   "acquire", id | "renew", id | "release", id, lock_id
 int StoreOp(lua_State* L) {
-  StoreBox* box = CheckStore(L, 1);
+  OpenStore* box = CheckStore(L, 1);
   const std::string kind = luaL_checkstring(L, 2);
   lua_settop(L, 5);
   std::string id;
   if (lua_type(L, 3) == LUA_TSTRING) id.assign(lua_tostring(L, 3), lua_rawlen(L, 3));
   const bool held = lua_toboolean(L, 5);
   auto* op = new HostOp();
-  op->box = box;
+  op->box = static_cast<StoreBox*>(lua_touserdata(L, 1));
   Store* store = box->store.get();
   bool ok = true;
   {
@@ -948,7 +956,7 @@ int OpResponse(lua_State* L) {
 // store:execute(op) -> status, body, exception_code | nil, message, maybe_delivered
 // Runs the op's pending request once with the native executor.
 int StoreExecute(lua_State* L) {
-  StoreBox* box = CheckStore(L, 1);
+  OpenStore* box = CheckStore(L, 1);
   HostOp* op = CheckOp(L, 2);
   if (!box->exec) return luaL_error(L, "this store has no native transport");
   SqlResponse r = box->exec->Execute(op->pending);
@@ -977,7 +985,7 @@ void SleepMs(int64_t ms) {
 // native executor, the monotonic clock and real sleeps; idempotent requests
 // without an answer are retried twice, as the CLI does.
 int StoreRun(lua_State* L) {
-  StoreBox* box = CheckStore(L, 1);
+  OpenStore* box = CheckStore(L, 1);
   HostOp* op = CheckOp(L, 2);
   if (!box->exec) return luaL_error(L, "this store has no native transport");
   Action a = op->Start(InputsAt(native::MonotonicMs()));
