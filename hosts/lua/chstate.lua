@@ -91,7 +91,7 @@ function M.is_array(t)
   return type(t) == "table" and getmetatable(t) == C.array_mt
 end
 
---- Lua value -> JSON text, by the binding's rules (README "Lua").
+--- Lua value -> JSON text, by the binding's rules (README "Using it from Lua").
 function M.to_json(v)
   local text, err = C.to_json(v)
   if text == nil then raise("INVALID_ARGUMENT", "to_json", err) end

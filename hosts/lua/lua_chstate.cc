@@ -17,7 +17,7 @@
 //   yield a coroutine); store:run(op) drives an op entirely in C with the
 //   native executor when no Lua hook is given.
 //
-// JSON <-> Lua (README "Lua" documents it for users):
+// JSON <-> Lua (README "Using it from Lua" documents it for users):
 //   object  <-> table with string keys (an empty table is an object: {})
 //   array   <-> table with keys 1..n, or any table with the chstate.array
 //               metatable (chstate.array{} is the empty array []); decoded
