@@ -78,7 +78,11 @@ def main() -> int:
         if subprocess.call(["bazel", "build", "//hosts/lua:chstate.so", "//hosts/native:chstate"], cwd=ROOT) != 0:
             print("0 passed, 1 failed (//hosts/lua:chstate.so did not build)")
             return 1
-        so = ROOT / "bazel-bin" / "hosts" / "lua" / "chstate.so"
+        # Not the bazel-bin symlink: another build (--config=wasi, -c opt) may have moved it.
+        bin_dir = Path(subprocess.run(["bazel", "info", "bazel-bin"], cwd=ROOT, capture_output=True,
+                                      text=True).stdout.strip() or ROOT / "bazel-bin")
+        so = bin_dir / "hosts" / "lua" / "chstate.so"
+        os.environ.setdefault("CHSTATE_CLI", str(bin_dir / "hosts" / "native" / "chstate"))
 
     env = dict(os.environ)
     # Lua 5.4 reads these before LUA_CPATH/LUA_PATH; ";;" keeps the defaults.

@@ -87,6 +87,17 @@ describe("a store", function()
     assert.are.equal(chstate.null, back.singer_state.null)
   end)
 
+  it("round-trips a large state", function()
+    local big = {singer_state = {bookmarks = {}}}
+    for i = 1, 5000 do
+      big.singer_state.bookmarks["stream_" .. i] = {since = ("2026-11-%02dT00:00:00Z"):format(i % 28 + 1), n = i}
+    end
+    big.singer_state.blob = string.rep("x", 512 * 1024)
+    store:set("dev:big", big)
+    local back = store:get("dev:big")
+    assert.are.equal(chstate.to_json(big), chstate.to_json(back))
+  end)
+
   it("keeps hostile ids byte for byte", function()
     local ids = {"a'b", "x\\y", "new\nline", "nul\0byte", "\xff\xfe", "%_*?", "'; DROP TABLE state; --"}
     for i, id in ipairs(ids) do store:set(id, {i = i}) end
