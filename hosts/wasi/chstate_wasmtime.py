@@ -46,9 +46,12 @@ def id_from_hex(h: str) -> str:
 class ChstateModule:
     """The module's exports as document-in, document-out calls."""
 
-    def __init__(self, path: str | os.PathLike, engine: Optional[wasmtime.Engine] = None):
+    def __init__(self, path: str | os.PathLike | None = None, *, engine: Optional[wasmtime.Engine] = None,
+                 module: Optional[wasmtime.Module] = None):
+        """Instantiates the module at `path`, or an already compiled `module`
+        (compiling takes most of the start-up time; instances are cheap)."""
         self.engine = engine or wasmtime.Engine()
-        self.module = wasmtime.Module.from_file(self.engine, str(path))
+        self.module = module or wasmtime.Module.from_file(self.engine, str(path))
         self.store = wasmtime.Store(self.engine)
         self.store.set_wasi(wasmtime.WasiConfig())  # nothing: no args, env, files
         linker = wasmtime.Linker(self.engine)

@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""Writes the conformance vectors tests/vectors/{config,sql,lock}.json.
+
+The vectors are the source of truth every build of the core replays through
+its C ABI (native: tests/vectors/vectors_test.cc; WebAssembly: tests/wasi, in
+wasmtime and in Node) and must reproduce byte for byte. This script holds the
+INPUTS (config sources; ops with scripted server answers) and records what the
+native library answers, so a reviewer reads the expected documents in the
+diff. Tests never run it: they compare against the committed files. Re-run
+after an intended change of the core's output and review the diff:
+
+    bazel build //hosts/python:libchstate.so
+    python3 tests/vectors/generate.py [--check]   # --check: fail if a file would change
+
+A case is a list of steps; each step calls one C ABI function with a
+document and states the exact document it must return:
+  {"call": "resolve_config", "doc": {...}, "expect": "..."}
+  {"call": "start" | "feed", "now_ms": N, "doc": {...}, "expect": "..."}
+Every start/feed passes the file's "random_hex" bytes as the random input.
+Cases with "store" first create a store with those options.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+RANDOM = bytes(range(32))
+MAX_STEPS = 60
+
+
+def dumps(doc) -> str:
+    """How every runner serialises an input document (compact, UTF-8)."""
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+
+
+def library() -> ctypes.CDLL:
+    out = subprocess.run(["bazel", "info", "bazel-bin"], cwd=REPO, capture_output=True, text=True, check=True)
+    lib = ctypes.CDLL(str(Path(out.stdout.strip()) / "hosts/python/libchstate.so"))
+    lib.chstate_resolve_config.restype = ctypes.c_void_p
+    lib.chstate_resolve_config.argtypes = [ctypes.c_char_p]
+    lib.chstate_store_new.restype = ctypes.c_void_p
+    lib.chstate_store_new.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.chstate_store_free.argtypes = [ctypes.c_void_p]
+    for fn in (lib.chstate_op_start, lib.chstate_op_feed):
+        fn.restype = ctypes.c_void_p
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t]
+    lib.chstate_string_free.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def take(lib, ptr) -> str:
+    text = ctypes.string_at(ptr).decode("utf-8")
+    lib.chstate_string_free(ptr)
+    return text
+
+
+# ---- server answers ----
+
+def ok(body: str) -> dict:
+    return {"transport_ok": True, "http_status": 200, "exception_code_header": "", "body": body}
+
+
+def ch_error(code: int, message: str) -> dict:
+    return {"transport_ok": True, "http_status": 500, "exception_code_header": str(code),
+            "body": f"Code: {code}, e.displayText() = DB::Exception: {message}, e.what() = DB::Exception\n"}
+
+
+LOST = {"transport_ok": False, "maybe_delivered": True, "transport_error": "connection reset by peer"}
+REFUSED = {"transport_ok": False, "maybe_delivered": False, "transport_error": "connection refused"}
+
+
+def version(v: str) -> dict:
+    return ok(f"{v}\t1\n")
+
+
+def hexid(s: str | bytes) -> str:
+    return (s.encode() if isinstance(s, str) else s).hex()
+
+
+# ---- config vectors ----
+
+CONFIG_CASES = [
+    ("uri_minimal", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics"}}),
+    ("uri_password_is_redacted", {"flags": {"uri": "clickhouse://alice:s3cret@db.example:8123/analytics"}}),
+    ("uri_percent_decoding", {"flags": {"uri": "clickhouse://al%40ice:p%2Fw@db.example:8123/my%5Fdb"}}),
+    ("uri_ipv6_host", {"flags": {"uri": "clickhouse://alice@[::1]:8123/analytics"}}),
+    ("uri_secure_and_tables", {"flags": {
+        "uri": "clickhouse://alice@db.example:8443/analytics?secure=true&schema=ops&table=bookmarks"}}),
+    ("uri_ca_file", {"flags": {"uri": "clickhouse://alice@db.example:8443/analytics?secure=true&ca_file=/etc/ca.pem"}}),
+    ("uri_default_port", {"flags": {"uri": "clickhouse://alice@db.example/analytics"}}),
+    ("uri_wrong_scheme", {"flags": {"uri": "postgres://alice@db.example:5432/analytics"}}),
+    ("uri_bad_port", {"flags": {"uri": "clickhouse://alice@db.example:99999/analytics"}}),
+    ("uri_unknown_parameter", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?colour=blue"}}),
+    ("uri_bad_percent_escape", {"flags": {"uri": "clickhouse://alice@db.example:8123/ana%zzlytics"}}),
+    ("flags_only", {"flags": {"host": "10.0.0.5", "port": 9000, "user": "bob", "database": "warehouse",
+                              "secure": False}}),
+    ("flag_overrides_uri_part", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics",
+                                           "host": "override.example"}}),
+    ("uri_flag_overrides_meltano_env", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics"},
+                                        "env": {"MELTANO_STATE_BACKEND_CLICKHOUSE_HOST": "env.example"}}),
+    ("meltano_setting_env_over_backend_uri", {"env": {
+        "MELTANO_STATE_BACKEND_URI": "clickhouse://carol@uri.example:8123/db1",
+        "MELTANO_STATE_BACKEND_CLICKHOUSE_PORT": "9123"}}),
+    ("backend_uri_over_clickhouse_env", {"env": {
+        "MELTANO_STATE_BACKEND_URI": "clickhouse://carol@uri.example:8123/db1",
+        "CLICKHOUSE_HOST": "plain.example", "CLICKHOUSE_USER": "dave"}}),
+    ("clickhouse_env_only", {"env": {"CLICKHOUSE_HOST": "plain.example", "CLICKHOUSE_USER": "dave",
+                                     "CLICKHOUSE_DATABASE": "db2", "CLICKHOUSE_PASSWORD": "pw"}}),
+    ("missing_user_and_database", {"flags": {"host": "db.example"}}),
+    ("empty_sources", {}),
+    ("null_and_empty_are_not_given", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics",
+                                                "host": None, "port": ""}}),
+    ("unknown_flag", {"flags": {"hostname": "db.example"}}),
+    ("unknown_top_level_key", {"flags": {}, "environment": {}}),
+    ("flag_of_wrong_type", {"flags": {"port": 8123.5}}),
+    ("bad_schema_identifier", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?schema=bad-name"}}),
+    ("secure_not_boolean", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?secure=maybe"}}),
+    ("non_ascii_database", {"flags": {"uri": "clickhouse://alice@db.example:8123/donn%C3%A9es"}}),
+]
+
+
+def config_file(lib) -> dict:
+    cases = []
+    for name, sources in CONFIG_CASES:
+        expect = take(lib, lib.chstate_resolve_config(dumps(sources).encode()))
+        cases.append({"name": name, "steps": [{"call": "resolve_config", "doc": sources, "expect": expect}]})
+    return {"what": "URI and configuration resolution (chstate_resolve_config)", "cases": cases}
+
+
+# ---- scripted operations ----
+
+def script(lib, name: str, op: dict, answers: list, store: dict | None = None, start_ms: int = 1_000_000,
+           timer_ms: int | None = None, step_ms: int = 3) -> dict:
+    """Runs `op`, answering the n-th request with answers[n] (the last one
+    repeats) or, when `answers` is a dict, the n-th request of a purpose with
+    answers[purpose][n] (the last one repeats); timers fire after their delay
+    (or `timer_ms`). Records every step."""
+    store_options = {"schema": "meltano", "table": "state", "endpoint": "127.0.0.1:8123",
+                     "lock_timeout_ms": 3000, "lock_retry_ms": 1000, "stale_lock_ms": 30000}
+    store_options.update(store or {})
+    err = ctypes.c_void_p()
+    handle = lib.chstate_store_new(dumps(store_options).encode(), ctypes.byref(err))
+    if not handle:
+        raise SystemExit(f"{name}: store_new failed: {take(lib, err.value)}")
+    steps = []
+    now = start_ms
+    doc = op
+    call = "start"
+    fed: dict = {}
+    try:
+        for _ in range(MAX_STEPS):
+            fn = lib.chstate_op_start if call == "start" else lib.chstate_op_feed
+            out = take(lib, fn(handle, dumps(doc).encode(), now, RANDOM, len(RANDOM)))
+            steps.append({"call": call, "now_ms": now, "doc": doc, "expect": out})
+            action = json.loads(out)
+            if "request" in action:
+                key = action["request"]["purpose"] if isinstance(answers, dict) else ""
+                if isinstance(answers, dict) and key not in answers:
+                    raise SystemExit(f"{name}: no scripted answer for a {key} request")
+                queue = answers[key] if isinstance(answers, dict) else answers
+                answer = queue[min(fed.get(key, 0), len(queue) - 1)]
+                fed[key] = fed.get(key, 0) + 1
+                now += step_ms
+                doc, call = {"response": answer}, "feed"
+            elif "wait_ms" in action:
+                now += action["wait_ms"] if timer_ms is None else timer_ms
+                doc, call = {"timer": True}, "feed"
+            else:
+                break
+        else:
+            raise SystemExit(f"{name}: more than {MAX_STEPS} steps")
+    finally:
+        lib.chstate_store_free(handle)
+    return {"name": name, "store": store_options, "steps": steps}
+
+
+STATE = {"completed": {"singer_state": {"bookmarks": {"users": {"updated_at": "2024-01-02T03:04:05Z"}}}},
+         "partial": {}}
+ROW = "{}\t{\\\"singer_state\\\":{\\\"bookmarks\\\":{}}}\n"  # partial, completed (TSV-escaped JSON)
+
+
+def sql_file(lib) -> dict:
+    cases = []
+    for dialect, ver in (("clickhouse18", "18.16.1"), ("modern", "24.3.2.23")):
+        v = version(ver)
+        add = lambda name, op, answers, **kw: cases.append(script(lib, f"{dialect}_{name}", op, [v] + answers, **kw))
+        add("ping", {"op": "ping"}, [])
+        add("init", {"op": "init"}, [ok("")] * 3 + [ok("")])
+        add("get_found", {"op": "get", "state_id_hex": hexid("dev:tap-users")}, [ok(ROW)])
+        add("get_absent", {"op": "get", "state_id_hex": hexid("dev:tap-users")}, [ok("")])
+        add("get_missing_table", {"op": "get", "state_id_hex": hexid("dev:x")},
+            [ch_error(60, "Table meltano.state doesn't exist.")])
+        add("get_binary_id", {"op": "get", "state_id_hex": hexid(b"dev:\x00\xff'\\\t`%_")}, [ok("")])
+        add("set", {"op": "set", "state_id_hex": hexid("dev:tap-users"), "state": STATE}, [ok("")])
+        add("set_quote_injection", {"op": "set", "state_id_hex": hexid("x'); DROP TABLE state; --"),
+                                    "state": {"completed": {"k": "'; DROP TABLE t; --\\"}, "partial": {}}}, [ok("")])
+        add("delete", {"op": "delete", "state_id_hex": hexid("dev:tap-users")}, [ok(""), ok("0\t1\n")])
+        add("list_all", {"op": "list", "pattern": None}, [ok("dev:a\t1\ndev:b\t1\n")])
+        add("list_glob_escapes_like", {"op": "list", "pattern_hex": hexid("dev:*_100%?")}, [ok("dev:x_100%a\t1\n")])
+        add("clear_all", {"op": "clear_all"}, [ok("2\t1\n"), ok(""), ok("0\t1\n")])
+        add("server_error_is_classified", {"op": "get", "state_id_hex": hexid("dev:x")},
+            [ch_error(516, "alice: Authentication failed: password is incorrect")])
+        add("exception_after_200", {"op": "get", "state_id_hex": hexid("dev:x")},
+            [ok("Code: 241, e.displayText() = DB::Exception: Memory limit exceeded\n")])
+    cases.append(script(lib, "too_old_server_refused", {"op": "ping"}, [version("1.1.54390")]))
+    cases.append(script(lib, "custom_schema_and_table", {"op": "get", "state_id_hex": hexid("a")},
+                        [version("18.16.1"), ok("")], store={"schema": "ops", "table": "bookmarks"}))
+    return {"what": "SQL per dialect: ops started against a scripted server version; the exact requests",
+            "random_hex": RANDOM.hex(), "cases": cases}
+
+
+def lock_file(lib) -> dict:
+    sid = hexid("dev:tap-users")
+    lock_id = "000102030405060708090a0b0c0d0e0f"  # what the fixed random bytes make (checked by the vectors)
+    exists = ch_error(57, "Table meltano.state_lock_x already exists.")
+    ours = ok(f"{lock_id}\t0\t1000000\t1000001\t30\n\t255\t1000000\t1000001\t0\n")
+    live_other = ok("ffffffffffffffffffffffffffffffff\t0\t999990\t1000000\t30\n\t255\t999990\t1000000\t0\n")
+    stale_other = ok("ffffffffffffffffffffffffffffffff\t0\t900000\t1000000\t30\n\t255\t900000\t1000000\t0\n")
+    cases = []
+
+    def add(name, op, answers, **kw):
+        answers = {"select_version": [version("18.16.1")], **answers}
+        cases.append(script(lib, name, op, answers, **kw))
+
+    # inspect_lock rows: lock_id, seq, locked_at, now, stale_s (+ the system.tables row)
+    add("acquire_free", {"op": "acquire_lock", "state_id_hex": sid}, {"create_lock": [ok("")]})
+    add("acquire_held_live_then_timeout", {"op": "acquire_lock", "state_id_hex": sid},
+        {"create_lock": [exists], "inspect_lock": [live_other]})
+    add("acquire_stale_takeover", {"op": "acquire_lock", "state_id_hex": sid},
+        {"create_lock": [exists, ok("")], "inspect_lock": [stale_other], "entomb_lock": [ok("")]})
+    add("acquire_takeover_race_lost", {"op": "acquire_lock", "state_id_hex": sid},
+        {"create_lock": [exists], "inspect_lock": [stale_other, live_other],
+         "entomb_lock": [ch_error(57, "Table meltano.state_lock_x_dead_1 already exists.")]})
+    add("acquire_lost_answer_then_inspect_finds_ours", {"op": "acquire_lock", "state_id_hex": sid},
+        {"create_lock": [LOST], "inspect_lock": [ours]})
+    add("acquire_server_down", {"op": "acquire_lock", "state_id_hex": sid},
+        {"select_version": [REFUSED]})
+    add("acquire_refused_during_create", {"op": "acquire_lock", "state_id_hex": sid},
+        {"create_lock": [REFUSED], "inspect_lock": [REFUSED]})
+    add("update_merges_under_lock", {"op": "update", "state_id_hex": sid,
+                                     "state": {"completed": {}, "partial": {"singer_state": {"x": 1}}}},
+        {"create_lock": [ok("")], "get_state": [ok(ROW)], "insert_state": [ok("")], "inspect_lock": [ours],
+         "drop_lock": [ok("")]})
+    add("update_lock_lost_before_write", {"op": "update", "state_id_hex": sid,
+                                          "state": {"completed": {"a": 1}, "partial": {}}},
+        {"create_lock": [ok("")], "get_state": [ok(ROW)], "inspect_lock": [live_other], "drop_lock": [ok("")]},
+        step_ms=40000)
+    add("release_without_acquire", {"op": "release_lock", "state_id_hex": sid, "lock_id": lock_id}, {})
+    add("delete_locked", {"op": "delete_locked", "state_id_hex": sid},
+        {"create_lock": [ok("")], "delete_state": [ok("")], "pending_mutations": [ok("0\t1\n")],
+         "inspect_lock": [ours], "drop_lock": [ok("")]})
+    return {"what": "Lock decisions: scripted server answers and timers -> the lock's actions",
+            "random_hex": RANDOM.hex(), "cases": cases}
+
+
+def main() -> int:
+    check = "--check" in sys.argv[1:]
+    lib = library()
+    changed = []
+    for name, make in (("config", config_file), ("sql", sql_file), ("lock", lock_file)):
+        doc = make(lib)
+        doc.setdefault("random_hex", RANDOM.hex())
+        text = json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
+        path = HERE / f"{name}.json"
+        if not path.exists() or path.read_text() != text:
+            changed.append(path.name)
+            if not check:
+                path.write_text(text)
+    print(("would change: " if check else "written: ") + (", ".join(changed) or "nothing"))
+    return 1 if check and changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Replays one shared vector case (tests/vectors) through the WebAssembly
+module in wasmtime; returns the first mismatch as text, or None."""
+
+from __future__ import annotations
+
+import json
+
+
+def compact(doc) -> bytes:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def replay(module, case: dict, random: bytes) -> str | None:
+    handle = None
+    if "store" in case:
+        r = module.store_new(compact(case["store"]))
+        if "store" not in r:
+            return f"store_new failed: {r}"
+        handle = r["store"]
+    rp, rn = module.put(random, "random") if random else (0, 0)
+    for i, step in enumerate(case["steps"]):
+        p, n = module.put(compact(step["doc"]))
+        if step["call"] == "resolve_config":
+            got = module.output(lambda o, c: module.call("chstate_resolve_config", p, n, o, c))
+        else:
+            fn = "chstate_op_start" if step["call"] == "start" else "chstate_op_feed"
+            got = module.output(lambda o, c: module.call(fn, handle, p, n, step["now_ms"], rp, rn, o, c))
+        want = step["expect"].encode()
+        if got != want:
+            return f"step {i} ({step['call']}):\n  got  {got!r}\n  want {want!r}"
+    if handle is not None:
+        module.call("chstate_store_free", handle)
+    return None
