@@ -24,6 +24,17 @@ std::string ExceptionMessage(absl::string_view body) {
   return message;
 }
 
+// The exception a server appended to an answer it had begun with HTTP 200:
+// the text after the last line start "Code: N", if it holds no tab. A row
+// (every read has two or more columns) may itself begin with "Code: N," (a
+// state id) and is never taken for it.
+std::optional<absl::string_view> TrailingException(absl::string_view body) {
+  const size_t last = body.rfind("\nCode: ");
+  const absl::string_view tail = last == absl::string_view::npos ? body : body.substr(last + 1);
+  if (tail.find('\t') != absl::string_view::npos || !ParseExceptionCode(tail)) return std::nullopt;
+  return tail;
+}
+
 absl::Status WithCode(absl::Status s, int code) {
   s.SetPayload(kCodePayload, absl::Cord(absl::StrCat(code)));
   return s;
@@ -54,8 +65,16 @@ absl::Status CheckResponse(const SqlResponse& r, absl::string_view what) {
   if (!r.exception_code_header.empty() && absl::SimpleAtoi(r.exception_code_header, &header_code)) {
     code = header_code;
   }
-  if (r.http_status == 200 && !code) return absl::OkStatus();
-  if (!code) code = ParseExceptionCode(r.body);
+  absl::string_view body = r.body;
+  if (r.http_status == 200 && !code) {
+    // HTTP 200 whose body ends in an exception: the server (or something
+    // between) failed after answering 200. Statements without a result
+    // answer nothing on success, so this is never success.
+    std::optional<absl::string_view> exception = TrailingException(body);
+    if (!exception) return absl::OkStatus();
+    body = *exception;
+  }
+  if (!code) code = ParseExceptionCode(body);
   if (!code) {
     if (r.http_status == 503 || r.http_status == 502 || r.http_status == 504) {
       return absl::UnavailableError(absl::StrCat("ClickHouse answered HTTP ", r.http_status, " while ", what,
@@ -66,9 +85,9 @@ absl::Status CheckResponse(const SqlResponse& r, absl::string_view what) {
                                                      ") while ", what, ": check the user and password"));
     }
     return absl::InternalError(absl::StrCat("ClickHouse answered HTTP ", r.http_status, " while ", what, ": ",
-                                            ExceptionMessage(r.body)));
+                                            ExceptionMessage(body)));
   }
-  std::string message = ExceptionMessage(r.body);
+  std::string message = ExceptionMessage(body);
   switch (*code) {
     case 192:  // UNKNOWN_USER
     case 193:  // WRONG_PASSWORD
@@ -144,17 +163,11 @@ absl::StatusOr<Rows> ParseTabSeparated(absl::string_view body, size_t columns) {
   Rows rows;
   if (body.empty()) return rows;
   auto truncated = [&](absl::string_view why) -> absl::Status {
-    // The exception is what follows the last line start "Code: ", and holds
-    // no tab: a row (every read has two or more columns) may itself begin
-    // with "Code: N," (a state id) and must not be taken for it.
-    const size_t last = body.rfind("\nCode: ");
-    const absl::string_view exception = last == absl::string_view::npos ? body : body.substr(last + 1);
-    std::optional<int> code;
-    if (exception.find('\t') == absl::string_view::npos) code = ParseExceptionCode(exception);
-    if (code) {
-      return WithCode(absl::InternalError(absl::StrCat("ClickHouse failed mid-answer (code ", *code,
-                                                       "): ", ExceptionMessage(exception))),
-                      *code);
+    if (std::optional<absl::string_view> exception = TrailingException(body)) {
+      const int code = *ParseExceptionCode(*exception);
+      return WithCode(absl::InternalError(absl::StrCat("ClickHouse failed mid-answer (code ", code,
+                                                       "): ", ExceptionMessage(*exception))),
+                      code);
     }
     return absl::DataLossError(absl::StrCat("ClickHouse sent an incomplete or malformed answer (", why,
                                             "); nothing was changed by reading it. Retry"));

@@ -4,7 +4,10 @@
 //   so a table named with a backquote could change the DROP statement;
 // - ParseTabSeparated reported the code of the first line starting with
 //   "Code: N," when an answer failed mid-way, which can be a row (a state id
-//   such as "Code: 57, x") instead of the server's exception.
+//   such as "Code: 57, x") instead of the server's exception;
+// - CheckResponse took HTTP 200 for success even when the body ended in an
+//   exception (found by tests/faults: a lock CREATE answered that way was
+//   taken as acquired, and the state was written without the lock).
 #include "core/response.h"
 #include "core/statements.h"
 #include "core/testing/status_matchers.h"
@@ -55,6 +58,29 @@ TEST(ParseTabSeparated, ExceptionCodeComesFromTheLastLineNotFromARow) {
   EXPECT_EQ(ClickHouseCode(cut.status()), 60);
   absl::StatusOr<Rows> plain = ParseTabSeparated("Code: 57, x\t1\nabc", 2);
   EXPECT_THAT(plain.status(), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("incomplete")));
+}
+
+SqlResponse Ok200(std::string body) {
+  SqlResponse r;
+  r.http_status = 200;
+  r.body = std::move(body);
+  return r;
+}
+
+TEST(CheckResponse, Http200EndingInAnExceptionIsAnError) {
+  absl::Status s = CheckResponse(
+      Ok200("Code: 241, e.displayText() = DB::Exception: Memory limit exceeded, e.what() = DB::Exception\n"),
+      "taking the lock");
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInternal, HasSubstr("Memory limit exceeded")));
+  EXPECT_EQ(ClickHouseCode(s), 241);
+  // Modern servers' form, after rows.
+  s = CheckResponse(Ok200("a\t1\nCode: 57. DB::Exception: Table m.x already exists. (TABLE_ALREADY_EXISTS)"),
+                    "x");
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("already exists")));
+  // Success: nothing, or rows (one may begin like an exception).
+  EXPECT_TRUE(CheckResponse(Ok200(""), "x").ok());
+  EXPECT_TRUE(CheckResponse(Ok200("Code: 57, x\t1\n"), "x").ok());
+  EXPECT_TRUE(CheckResponse(Ok200("18.16.1\t1\n"), "x").ok());
 }
 
 }  // namespace
