@@ -340,7 +340,12 @@ function Store:with_lock(id, fn, ...)
   local results = table.pack(pcall(fn, ...))
   if rec.held[id] == h then rec.held[id] = nil end
   local released, release_error = true, nil
-  if not rec.closed and not h.released then
+  if h.lost then
+    -- A renewal failed while fn ran (and fn carried on): the lock is gone.
+    released, release_error = pcall(raise, "ABORTED", "with_lock",
+      "the lock on this state id was lost while the function ran (its lease could not be renewed); " ..
+      "what the function did was not necessarily exclusive")
+  elseif not rec.closed and not h.released then
     released, release_error = pcall(run, rec, "with_lock", "release", id, lock_id)
   end
   if not results[1] then error(results[2], 0) end  -- fn's error matters more

@@ -242,6 +242,15 @@ describe("with_lock", function()
     assert.are.equal("with_lock", err.op)
     assert.are.equal("ABORTED", err.code)
     assert.matches("held past its lease", tostring(err))
+    -- a function that catches the failed renewal and carries on is told the lock was lost
+    err = T.error_of(s.with_lock, s, "dev:expired", function()
+      T.sleep(2.2)
+      local ok = pcall(s.get, s, "dev:expired")  -- the renewal before it fails
+      assert.is_false(ok)
+      return "carried on"
+    end)
+    assert.are.equal("ABORTED", err.code)
+    assert.matches("was lost while the function ran", tostring(err))
     s:close()
   end)
 
