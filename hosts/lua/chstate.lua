@@ -392,7 +392,7 @@ local function seconds(opts, env, key, env_name, default, zero_ok)
     if v == nil then argerror("open", 1, env_name .. " is not a number of seconds") end
   end
   if v == nil then v = default end
-  if type(v) ~= "number" or v ~= v or v == math.huge or v < 0 or (v == 0 and not zero_ok) then
+  if type(v) ~= "number" or v ~= v or v > 1e9 or v < 0 or (v == 0 and not zero_ok) then
     argerror("open", 1, origin .. " must be a number of seconds " .. (zero_ok and "(0 or more)" or "(more than 0)"))
   end
   return math.max(math.floor(v * 1000 + 0.5), zero_ok and 0 or 1)

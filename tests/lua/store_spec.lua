@@ -211,6 +211,10 @@ describe("configuration", function()
                    tostring(T.error_of(chstate.open, T.settings(SCHEMA, {transport = "http"}))))
     assert.matches("option 'lock_timeout' must be a number of seconds %(0 or more%)",
                    tostring(T.error_of(chstate.open, T.settings(SCHEMA, {lock_timeout = -1}))))
+    assert.matches("option 'stale_lock' must be a number of seconds %(more than 0%)",
+                   tostring(T.error_of(chstate.open, T.settings(SCHEMA, {stale_lock = 0}))))
+    assert.matches("option 'timeout' must be a number of seconds",
+                   tostring(T.error_of(chstate.open, T.settings(SCHEMA, {timeout = 1e300}))))
     assert.matches("table of settings expected, got string", tostring(T.error_of(chstate.open, "clickhouse://x")))
   end)
 
