@@ -19,18 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hosts" / "wasi"))
-VECTORS = REPO / "tests" / "vectors"
 NODE_RUNNER = Path(__file__).resolve().parent / "node_runner.mjs"
-
-
-def vector_cases() -> list[tuple[str, dict, bytes]]:
-    """(file_case, case, random bytes) for every case of the shared vectors."""
-    out = []
-    for name in ("config", "sql", "lock"):
-        doc = json.loads((VECTORS / f"{name}.json").read_text())
-        random = bytes.fromhex(doc.get("random_hex", ""))
-        out += [(f"{name}_{c['name']}", c, random) for c in doc["cases"]]
-    return out
 
 
 def build_wasm() -> Path:

@@ -120,6 +120,14 @@ async function server() {
     }
   }
   store.close();
+  try {
+    await transport({ sql: `DROP DATABASE IF EXISTS ${schema}`, url_params: [] });
+    const left = await transport({ sql: `SELECT count() FROM system.databases WHERE name = '${schema}'`, url_params: [] });
+    const n = Buffer.from(left.body_hex, "hex").toString().trim();
+    report("cleanup", n === "0", `${n} databases named ${schema} left`);
+  } catch (e) {
+    report("cleanup", false, e.stack);
+  }
 }
 
 await (mode === "vectors" ? vectors() : server());

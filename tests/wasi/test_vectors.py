@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import vector_cases
-from vector_runner import replay
+from vector_runner import replay, vector_cases
 
 CASES = vector_cases()
 IDS = [c[0] for c in CASES]

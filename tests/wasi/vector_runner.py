@@ -4,6 +4,19 @@ module in wasmtime; returns the first mismatch as text, or None."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+VECTORS = Path(__file__).resolve().parents[1] / "vectors"
+
+
+def vector_cases() -> list[tuple[str, dict, bytes]]:
+    """(file_case, case, random bytes) for every case of the shared vectors."""
+    out = []
+    for name in ("config", "sql", "lock"):
+        doc = json.loads((VECTORS / f"{name}.json").read_text())
+        random = bytes.fromhex(doc.get("random_hex", ""))
+        out += [(f"{name}_{c['name']}", c, random) for c in doc["cases"]]
+    return out
 
 
 def compact(doc) -> bytes:
