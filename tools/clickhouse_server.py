@@ -265,10 +265,15 @@ CLUSTER_XML = """<remote_servers replace="replace"><{cluster}><shard>
 
 
 def zk_ok(port: int, timeout: float = 1.0) -> bool:
+    """ZooKeeper serves sessions. (`ruok` answers `imok` earlier, while a session
+    handshake still fails; `srvr` says "not currently serving" until then.)"""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(b"ruok")
-            return s.recv(16) == b"imok"
+            s.sendall(b"srvr")
+            answer = b""
+            while chunk := s.recv(4096):
+                answer += chunk
+            return b"Mode: " in answer
     except OSError:
         return False
 
@@ -297,7 +302,7 @@ def start_zookeeper(d: Path, port: int | None = None, wait_seconds: float = 60.0
     if proc.poll() is None:
         proc.kill()
         proc.wait()
-    sys.exit(f"clickhouse_server: ZooKeeper did not answer ruok; last log lines:\n{_tail(d / 'zk.log')}")
+    sys.exit(f"clickhouse_server: ZooKeeper did not start serving; last log lines:\n{_tail(d / 'zk.log')}")
 
 
 def stop_zookeeper(d: Path, *, kill: bool = False) -> None:
@@ -350,7 +355,33 @@ def start_cluster(d: Path) -> dict:
     for r in REPLICAS:
         if not running(d / r):
             start_replica(d, r, cluster)
+    for r in REPLICAS:
+        _wait_for_ddl_queue(cluster, r)
     return cluster
+
+
+def _wait_for_ddl_queue(cluster: dict, replica: str, wait_seconds: float = 60.0) -> None:
+    """Waits until the replica has a ZooKeeper session and its distributed DDL
+    queue exists. ZooKeeper answers `ruok` before it accepts sessions, and
+    18.16 crashes (null ZooKeeper) on an ON CLUSTER query sent before that."""
+    port = cluster["ports"][replica]["http_port"]
+    sql = b"SELECT count() FROM system.zookeeper WHERE path = '/clickhouse/task_queue' AND name = 'ddl'"
+    deadline = time.monotonic() + wait_seconds
+    last = ""
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/", data=sql, headers={
+            "X-ClickHouse-User": "chstate", "X-ClickHouse-Key": cluster["password"]})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                if response.read().strip() == b"1":
+                    return
+        except urllib.error.HTTPError as e:
+            last = e.read().decode(errors="replace")[:300]
+        except (urllib.error.URLError, OSError) as e:
+            last = str(e)
+        time.sleep(0.1)
+    sys.exit(f"clickhouse_server: replica {replica} has no ZooKeeper session or DDL queue after "
+             f"{wait_seconds:.0f} s: {last}")
 
 
 def stop_cluster(d: Path, *, remove: bool = False) -> None:

@@ -1,0 +1,230 @@
+"""Cluster mode against a real two-replica ClickHouse 18.16 cluster with ZooKeeper.
+
+Every test talks to both replicas (r1 and r2) through the real `chstate` CLI
+(or the lock torture worker), as clients behind a load balancer would. The
+fault tests stop a replica cleanly, SIGKILL one (its ZooKeeper session stays
+alive for 30 s), and stop ZooKeeper, and check that each operation ends in
+success or an error naming the cause, and that nothing is lost afterwards.
+
+  python3 -m pytest tests/cluster        # from the repository root
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.requires_clickhouse
+
+EXIT_NOT_FOUND = 3
+EXIT_UNAVAILABLE = 5
+
+
+def state(value) -> str:
+    return json.dumps({"singer_state": {"bookmark": value}})
+
+
+def read(c, replica: str, schema: str, state_id: str):
+    r = c.cli(replica, schema, "get", state_id)
+    if r.code == EXIT_NOT_FOUND:
+        return None
+    assert r.code == 0, r
+    return json.loads(r.out)["singer_state"]["bookmark"]
+
+
+def raw_rows(c, replica: str, schema: str, state_id: str) -> int:
+    """Physical rows of one id (no FINAL): every write that landed."""
+    return int(c.sql(replica, f"SELECT count() FROM `{schema}`.state WHERE state_id = '{state_id}'",
+                     select_sequential_consistency=1).strip())
+
+
+# ---- correctness across replicas ------------------------------------------------------------
+
+def test_init_creates_replicated_tables_on_every_replica(healthy, schema):
+    c = healthy
+    r = c.cli("r1", schema, "init")
+    assert r.code == 0, r
+    for replica in ("r1", "r2"):
+        engines = dict(line.split("\t") for line in c.sql(
+            replica, f"SELECT name, engine FROM system.tables WHERE database = '{schema}' ORDER BY name").split("\n")
+            if line)
+        assert engines == {"state": "ReplicatedReplacingMergeTree", "state_lock": "ReplicatedReplacingMergeTree"}
+    # Both replicas share one ZooKeeper path per table (the default macros).
+    paths = c.sql("r2", f"SELECT DISTINCT zookeeper_path FROM system.replicas WHERE database = '{schema}' "
+                        "ORDER BY zookeeper_path").split()
+    assert paths == [f"/clickhouse/tables/01/{schema}/state", f"/clickhouse/tables/01/{schema}/state_lock"]
+
+
+def test_written_through_one_replica_is_read_through_the_other_at_once(healthy, schema):
+    c = healthy
+    for i in range(8):
+        writer, reader = ("r1", "r2") if i % 2 == 0 else ("r2", "r1")
+        r = c.cli(writer, schema, "set", "dev:job", state(i))
+        assert r.code == 0, r
+        # No sleep: the quorum write is on both replicas when `set` returns.
+        assert read(c, reader, schema, "dev:job") == i
+
+
+def test_a_b_a_and_equal_writes_in_a_row_all_land(healthy, schema):
+    c = healthy
+    sequence = ["A", "B", "A", "A", "A"]
+    for i, value in enumerate(sequence):
+        r = c.cli("r1" if i % 2 == 0 else "r2", schema, "set", "dev:aba", state(value))
+        assert r.code == 0, r
+        assert read(c, "r2" if i % 2 == 0 else "r1", schema, "dev:aba") == value
+    # Replicated tables drop a block equal to a recent one; none was dropped.
+    assert raw_rows(c, "r1", schema, "dev:aba") == len(sequence)
+    assert raw_rows(c, "r2", schema, "dev:aba") == len(sequence)
+
+
+def test_delete_and_clear_all_take_effect_on_both_replicas(healthy, schema):
+    c = healthy
+    for state_id in ("dev:a", "dev:b", "dev:c"):
+        assert c.cli("r1", schema, "set", state_id, state(state_id)).code == 0
+    r = c.cli("r2", schema, "clear", "dev:a")
+    assert r.code == 0, r
+    assert read(c, "r1", schema, "dev:a") is None
+    assert c.cli("r1", schema, "list").out.split() == ["dev:b", "dev:c"]
+    r = c.cli("r1", schema, "clear", "--all")
+    assert r.code == 0, r
+    assert r.out.strip().startswith("2"), r
+    for replica in ("r1", "r2"):
+        assert c.cli(replica, schema, "list").out.split() == []
+        assert read(c, replica, schema, "dev:b") is None
+    # A deleted id can be written again, at once.
+    assert c.cli("r2", schema, "set", "dev:a", state("again")).code == 0
+    assert read(c, "r1", schema, "dev:a") == "again"
+    assert c.cli("r1", schema, "list").out.split() == ["dev:a"]
+
+
+def test_concurrent_writers_through_both_replicas_all_land(healthy, schema):
+    """18.16 refuses a quorum insert while another one to the same table runs (code 286);
+    chstate retries those, so parallel pipelines writing different ids all succeed."""
+    c = healthy
+    assert c.cli("r1", schema, "init").code == 0
+    procs = []
+    for i in range(6):
+        replica = "r1" if i % 2 == 0 else "r2"
+        procs.append(subprocess.Popen([str(c.chstate), "set", f"dev:p{i}", state(i), "--uri", c.uri(replica, schema)],
+                                      env=c.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+    for replica in ("r1", "r2"):
+        assert c.cli(replica, schema, "list").out.split() == [f"dev:p{i}" for i in range(6)]
+    assert [read(c, "r2", schema, f"dev:p{i}") for i in range(6)] == list(range(6))
+
+
+def test_cluster_flag_works_like_the_uri_parameter(healthy, schema):
+    c = healthy
+    start = time.monotonic()
+    proc = subprocess.run([str(c.chstate), "set", "dev:flag", state(1), "--cluster", c.name,
+                           "--uri", c.uri("r2", schema, cluster=False)], env=c.env(), capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - start < 30
+    assert read(c, "r1", schema, "dev:flag") == 1
+    assert "Replicated" in c.sql("r1", f"SELECT engine FROM system.tables WHERE database = '{schema}' "
+                                       "AND name = 'state'")
+
+
+def test_lock_is_exclusive_across_replicas(healthy, schema, torture_bin, tmp_path):
+    """Four workers, two per replica, take one state id's lock over and over; the
+    critical sections (CLOCK_MONOTONIC enter/leave) never overlap."""
+    c = healthy
+    log = tmp_path / "lock.log"
+    workers = []
+    for i in range(4):
+        replica = "r1" if i % 2 == 0 else "r2"
+        env = dict(c.env(), CHSTATE_TEST_HOST="127.0.0.1", CHSTATE_TEST_PORT=str(c.port(replica)),
+                   CHSTATE_TEST_USER="chstate", CHSTATE_TEST_PASSWORD=c.password, CHSTATE_TEST_CLUSTER=c.name)
+        err = open(tmp_path / f"w{i}.err", "wb")
+        workers.append((subprocess.Popen(
+            [str(torture_bin), "--schema", schema, "--state-id", "dev:torture", "--rounds", "6", "--log", str(log),
+             "--worker", f"w{i}{replica}", "--stale-ms", "60000", "--retry-ms", "20", "--timeout-ms", "240000",
+             "--hold-ms", "30"], env=env, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL),
+            tmp_path / f"w{i}.err"))
+    for proc, err in workers:
+        assert proc.wait(timeout=300) == 0, err.read_text()
+    holds, open_ = [], {}
+    for fields in (line.split() for line in log.read_text().splitlines()):
+        if fields[0] == "enter":
+            open_[fields[1]] = int(fields[3])
+        elif fields[0] == "leave":
+            holds.append((open_.pop(fields[1]), int(fields[3]), fields[1]))
+    assert len(holds) == 24
+    holds.sort()
+    overlaps = [(a, b) for a, b in zip(holds, holds[1:]) if b[0] < a[1]]
+    assert overlaps == []
+    # Both replicas' clients won the lock.
+    assert {h[2][-2:] for h in holds} == {"r1", "r2"}
+
+
+# ---- faults ------------------------------------------------------------------------------
+
+def test_replica_stopped_cleanly_then_back(healthy, schema):
+    c = healthy
+    assert c.cli("r1", schema, "set", "dev:f", state("before")).code == 0
+    c.stop_replica("r2")
+    # Reads go on through the live replica.
+    assert read(c, "r1", schema, "dev:f") == "before"
+    assert c.cli("r1", schema, "list").out.split() == ["dev:f"]
+    # A write cannot reach its quorum: a clear error, nothing written.
+    r = c.cli("r1", schema, "set", "dev:f", state("during"))
+    assert r.code == EXIT_UNAVAILABLE, r
+    assert "fewer than 2 replicas are alive" in r.err, r
+    assert r.seconds < 60, r
+    assert read(c, "r1", schema, "dev:f") == "before"
+    c.start_all()
+    # The lock is not left behind: the next write goes through, via either replica.
+    r = c.cli("r2", schema, "set", "dev:f", state("after"))
+    assert r.code == 0, r
+    assert read(c, "r1", schema, "dev:f") == "after"
+    assert read(c, "r2", schema, "dev:f") == "after"
+
+
+def test_replica_killed_gives_unknown_status_and_a_retry_neither_duplicates_nor_loses(healthy, schema):
+    c = healthy
+    assert c.cli("r1", schema, "set", "dev:k", state("v0")).code == 0
+    c.kill_replica("r2")  # its ZooKeeper session lives on for 30 s: the quorum insert waits, then 319
+    r = c.cli("r1", schema, "set", "dev:k", state("v1"))
+    assert r.code == EXIT_UNAVAILABLE, r
+    assert "unknown outcome" in r.err and "code 319" in r.err, r
+    # Not confirmed by the quorum: readers still see the last confirmed state.
+    assert read(c, "r1", schema, "dev:k") == "v0"
+    c.start_all()
+    # Once r2 has fetched it the write is confirmed and readable everywhere: not lost.
+    deadline = time.monotonic() + 60
+    while read(c, "r1", schema, "dev:k") != "v1" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert read(c, "r1", schema, "dev:k") == "v1"
+    assert read(c, "r2", schema, "dev:k") == "v1"
+    # The retry the error asked for: succeeds, the state stays one state with that value.
+    r = c.cli("r2", schema, "set", "dev:k", state("v1"))
+    assert r.code == 0, r
+    for replica in ("r1", "r2"):
+        assert read(c, replica, schema, "dev:k") == "v1"
+        assert c.cli(replica, schema, "list").out.split() == ["dev:k"]
+    assert raw_rows(c, "r1", schema, "dev:k") == 3  # v0, v1, the retried v1: no more, no fewer
+    r = c.cli("r1", schema, "set", "dev:k", state("v2"))
+    assert r.code == 0, r
+    assert read(c, "r2", schema, "dev:k") == "v2"
+
+
+def test_zookeeper_stopped_then_back(healthy, schema):
+    c = healthy
+    assert c.cli("r1", schema, "set", "dev:z", state("before")).code == 0
+    c.stop_zookeeper()
+    for args in (("get", "dev:z"), ("set", "dev:z", state("during")), ("list",), ("clear", "dev:z")):
+        r = c.cli("r2", schema, *args)
+        assert r.code == EXIT_UNAVAILABLE, (args, r)
+        assert "cannot reach ZooKeeper" in r.err or "ZooKeeper" in r.err, (args, r)
+        assert r.seconds < 30, (args, r)
+    c.start_all()
+    assert read(c, "r1", schema, "dev:z") == "before"  # nothing lost
+    r = c.cli("r2", schema, "set", "dev:z", state("after"))
+    assert r.code == 0, r
+    assert read(c, "r1", schema, "dev:z") == "after"
