@@ -3,6 +3,7 @@
 //   node node_runner.mjs vectors PATH.wasm   the shared vectors, byte for byte
 //   node node_runner.mjs server PATH.wasm    every operation against the real
 //                                            server in CHSTATE_TEST_* (fetch)
+//   node node_runner.mjs bare PATH.wasm      instantiation with no imports at all
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -130,4 +131,17 @@ async function server() {
   }
 }
 
-await (mode === "vectors" ? vectors() : server());
+// The module needs no imports: plain WebAssembly with an empty import object.
+async function bare() {
+  try {
+    const { instance } = await WebAssembly.instantiate(fs.readFileSync(wasmPath), {});
+    instance.exports._initialize();
+    const v = instance.exports.chstate_abi_version();
+    const bad = instance.exports.chstate_free(12345);
+    report("bare_instance", v === 1 && bad === -1, `abi ${v}, free(12345) = ${bad}`);
+  } catch (e) {
+    report("bare_instance", false, e.stack);
+  }
+}
+
+await ({ vectors, server, bare }[mode])();
