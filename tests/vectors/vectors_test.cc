@@ -88,7 +88,9 @@ TEST_P(VectorsTest, NativeOutputIsByteIdentical) {
     ASSERT_NE(out, nullptr) << "step " << index << ": unknown call " << call;
     std::string got(out);
     chstate_string_free(out);
-    EXPECT_EQ(got, step["expect"].get<std::string>()) << "step " << index << " (" << call << " " << input << ")";
+    EXPECT_EQ(got, step["expect"].get<std::string>())
+        << "step " << index << " (" << call << " " << input << "). If the core's output changed on purpose, run "
+        << "`python3 tests/vectors/generate.py` and review the diff of tests/vectors/*.json";
     ++index;
   }
   chstate_store_free(store);

@@ -4,6 +4,7 @@
 //   node node_runner.mjs server PATH.wasm    every operation against the real
 //                                            server in CHSTATE_TEST_* (fetch)
 //   node node_runner.mjs bare PATH.wasm      instantiation with no imports at all
+//   node node_runner.mjs hostile PATH.wasm   hostile ABI input in V8
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -131,6 +132,57 @@ async function server() {
   }
 }
 
+// Hostile input through the ABI in V8 (the full set runs in wasmtime,
+// tests/wasi/test_hostile.py): each gives an error document, no trap, and the
+// same handle then completes a ping.
+async function hostile() {
+  const mod = await loadChstate(wasmPath);
+  const x = mod.x;
+  const handle = mod.storeNew("{}").store;
+  const version = JSON.stringify({ response: { transport_ok: true, http_status: 200, body: "18.16.1\t1\n" } });
+  const rnd = mod.input(new Uint8Array(32).fill(7), "rnd");
+  const start = (doc, h = handle) => JSON.parse(mod.output((o, c) => {
+    const [p, n] = mod.input(enc.encode(doc));
+    return x.chstate_op_start(h, p, n, 1000n, rnd[0], rnd[1], o, c);
+  }));
+  const feedRaw = (p, n) => JSON.parse(mod.output((o, c) => x.chstate_op_feed(handle, p, n, 1000n, rnd[0], rnd[1], o, c)));
+  const feed = (doc) => { const [p, n] = mod.input(doc instanceof Uint8Array ? doc : enc.encode(doc)); return feedRaw(p, n); };
+  const pingWorks = () => start('{"op":"ping"}').request?.purpose === "select_version" && feed(version).done?.server_version === "18.16.1";
+  const failed = (d, code, word) => d.failed?.code === code && d.failed.message.includes(word);
+  const cases = {
+    bad_handle: () => failed(start('{"op":"ping"}', 4242), "INVALID_ARGUMENT", "is not open") && x.chstate_store_free(4242) === -1,
+    pointer_outside_blocks: () => failed(feedRaw(0xfffff000, 64), "INVALID_ARGUMENT", "not inside a live block"),
+    length_past_block: () => { const p = x.chstate_alloc(16); const d = feedRaw(p, 4096); x.chstate_free(p);
+                               return failed(d, "INVALID_ARGUMENT", "not inside a live block"); },
+    invalid_utf8_keeps_op: () => start('{"op":"ping"}').request &&
+      failed(feed(new Uint8Array([0x7b, 0x22, 0xff, 0x22, 0x7d])), "INVALID_ARGUMENT", "not valid UTF-8") &&
+      feed(version).done !== undefined,
+    truncated_json: () => failed(start('{"op":"pi'), "INVALID_ARGUMENT", "JSON"),
+    wrong_order: () => failed(feed(version), "FAILED_PRECONDITION", "start one first"),
+    too_small_buffer: () => {
+      const tiny = x.chstate_alloc(8);
+      const [p, n] = mod.input(enc.encode('{"op":"ping"}'));
+      const r = x.chstate_op_start(handle, p, n, 1000n, rnd[0], rnd[1], tiny, 8);
+      const big = x.chstate_alloc(-r);
+      const r2 = x.chstate_last(big, -r);
+      const d = JSON.parse(new TextDecoder().decode(new Uint8Array(x.memory.buffer, big, r2)));
+      x.chstate_free(tiny); x.chstate_free(big);
+      return r < 0 && r2 === -r && d.request?.purpose === "select_version" && feed(version).done !== undefined;
+    },
+    oversized: () => x.chstate_alloc((16 << 20) + 1) === 0 && x.chstate_alloc(0) === 0 &&
+      failed(feedRaw(x.chstate_alloc(8), (16 << 20) + 1), "INVALID_ARGUMENT", "the limit is"),
+    double_free: () => { const p = x.chstate_alloc(64); return x.chstate_free(p) === 0 && x.chstate_free(p) === -1; },
+  };
+  for (const [name, fn] of Object.entries(cases)) {
+    try {
+      const ok = fn() && pingWorks();
+      report(`hostile_${name}`, ok, ok ? "" : `last document: ${mod.last}`);
+    } catch (e) {
+      report(`hostile_${name}`, false, e.stack);  // a trap lands here
+    }
+  }
+}
+
 // The module needs no imports: plain WebAssembly with an empty import object.
 async function bare() {
   try {
@@ -144,4 +196,4 @@ async function bare() {
   }
 }
 
-await ({ vectors, server, bare }[mode])();
+await ({ vectors, server, bare, hostile }[mode])();

@@ -278,3 +278,15 @@ def test_many_stores(module):
         assert module.call("chstate_store_free", h) == 0
     for h in handles[1::2]:
         assert_handle_works(module, h)
+
+
+NODE_HOSTILE = ["bad_handle", "pointer_outside_blocks", "length_past_block", "invalid_utf8_keeps_op",
+                "truncated_json", "wrong_order", "too_small_buffer", "oversized", "double_free"]
+
+
+@pytest.mark.parametrize("name", NODE_HOSTILE)
+def test_node_hostile(node_results, name):
+    """The same kinds of input in V8 (tests/wasi/node_runner.mjs hostile)."""
+    results = node_results("hostile")
+    assert f"hostile_{name}" in results, results
+    assert results[f"hostile_{name}"]["ok"], results[f"hostile_{name}"]["detail"]

@@ -40,7 +40,8 @@ def replay(module, case: dict, random: bytes) -> str | None:
             got = module.output(lambda o, c: module.call(fn, handle, p, n, step["now_ms"], rp, rn, o, c))
         want = step["expect"].encode()
         if got != want:
-            return f"step {i} ({step['call']}):\n  got  {got!r}\n  want {want!r}"
+            return (f"step {i} ({step['call']}):\n  got  {got!r}\n  want {want!r}\n(if the core changed on purpose: "
+                    "python3 tests/vectors/generate.py, review the diff, rebuild the module)")
     if handle is not None:
         module.call("chstate_store_free", handle)
     return None
