@@ -12,6 +12,7 @@ success or an error naming the cause, and that nothing is lost afterwards.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -131,36 +132,84 @@ def test_cluster_flag_works_like_the_uri_parameter(healthy, schema):
                                        "AND name = 'state'")
 
 
-def test_lock_is_exclusive_across_replicas(healthy, schema, torture_bin, tmp_path):
+def start_worker(c, torture_bin: Path, folder: Path, schema: str, name: str, replica: str, *, rounds: int,
+                 stale_ms: int, timeout_ms: int, hold_ms: int, retry_ms: int = 20) -> tuple[subprocess.Popen, Path]:
+    env = dict(c.env(), CHSTATE_TEST_HOST="127.0.0.1", CHSTATE_TEST_PORT=str(c.port(replica)),
+               CHSTATE_TEST_USER="chstate", CHSTATE_TEST_PASSWORD=c.password, CHSTATE_TEST_CLUSTER=c.name)
+    err = folder / f"{name}.err"
+    with open(err, "wb") as e:
+        proc = subprocess.Popen(
+            [str(torture_bin), "--schema", schema, "--state-id", "dev:torture", "--rounds", str(rounds),
+             "--log", str(folder / "lock.log"), "--worker", name, "--stale-ms", str(stale_ms),
+             "--retry-ms", str(retry_ms), "--timeout-ms", str(timeout_ms), "--hold-ms", str(hold_ms)],
+            env=env, stdout=subprocess.DEVNULL, stderr=e, stdin=subprocess.DEVNULL)
+    return proc, err
+
+
+def log_lines(folder: Path) -> list[list[str]]:
+    log = folder / "lock.log"
+    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_lock_is_exclusive_across_replicas(healthy, schema, torture_bin, tmp_path, capsys):
     """Four workers, two per replica, take one state id's lock over and over; the
     critical sections (CLOCK_MONOTONIC enter/leave) never overlap."""
     c = healthy
-    log = tmp_path / "lock.log"
-    workers = []
-    for i in range(4):
-        replica = "r1" if i % 2 == 0 else "r2"
-        env = dict(c.env(), CHSTATE_TEST_HOST="127.0.0.1", CHSTATE_TEST_PORT=str(c.port(replica)),
-                   CHSTATE_TEST_USER="chstate", CHSTATE_TEST_PASSWORD=c.password, CHSTATE_TEST_CLUSTER=c.name)
-        err = open(tmp_path / f"w{i}.err", "wb")
-        workers.append((subprocess.Popen(
-            [str(torture_bin), "--schema", schema, "--state-id", "dev:torture", "--rounds", "6", "--log", str(log),
-             "--worker", f"w{i}{replica}", "--stale-ms", "60000", "--retry-ms", "20", "--timeout-ms", "240000",
-             "--hold-ms", "30"], env=env, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL),
-            tmp_path / f"w{i}.err"))
-    for proc, err in workers:
+    # CHSTATE_CLUSTER_TORTURE=WORKERSxROUNDS for a longer run (default 4x8).
+    workers, rounds = (int(n) for n in os.environ.get("CHSTATE_CLUSTER_TORTURE", "4x8").split("x"))
+    procs = [start_worker(c, torture_bin, tmp_path, schema, f"w{i}{'r1' if i % 2 == 0 else 'r2'}",
+                          "r1" if i % 2 == 0 else "r2", rounds=rounds, stale_ms=60000, timeout_ms=240000, hold_ms=30)
+             for i in range(workers)]
+    for proc, err in procs:
         assert proc.wait(timeout=300) == 0, err.read_text()
     holds, open_ = [], {}
-    for fields in (line.split() for line in log.read_text().splitlines()):
+    for fields in log_lines(tmp_path):
         if fields[0] == "enter":
             open_[fields[1]] = int(fields[3])
         elif fields[0] == "leave":
             holds.append((open_.pop(fields[1]), int(fields[3]), fields[1]))
-    assert len(holds) == 24
+    assert len(holds) == workers * rounds
     holds.sort()
     overlaps = [(a, b) for a, b in zip(holds, holds[1:]) if b[0] < a[1]]
     assert overlaps == []
-    # Both replicas' clients won the lock.
+    # Clients of both replicas won the lock.
     assert {h[2][-2:] for h in holds} == {"r1", "r2"}
+    window_s = (holds[-1][1] - holds[0][0]) / 1e9
+    with capsys.disabled():
+        print(f"\n[cluster lock] {workers} workers x {rounds} rounds across 2 replicas: {len(holds)} acquisitions, "
+              f"0 overlaps, {len(holds) / window_s:.1f} acquisitions/s")
+
+
+def test_dead_holder_on_one_replica_is_taken_over_through_the_other(healthy, schema, torture_bin, tmp_path):
+    """kill -9 of a holder (connected to r1); a contender through r2 takes the lock over
+    (RENAME ... ON CLUSTER to the instance's tombstone) only after the stale window."""
+    c = healthy
+    stale_ms = 3000
+    holder, _ = start_worker(c, torture_bin, tmp_path, schema, "holder", "r1", rounds=1, stale_ms=stale_ms,
+                             timeout_ms=20000, hold_ms=60000, retry_ms=50)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        kinds = {(f[0], f[1]) for f in log_lines(tmp_path)}
+        if ("enter", "holder") in kinds and ("renewed", "holder") in kinds:
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail(f"the holder did not enter and renew: {log_lines(tmp_path)}")
+    holder.kill()
+    holder.wait(timeout=10)
+    taker, err = start_worker(c, torture_bin, tmp_path, schema, "taker", "r2", rounds=1, stale_ms=stale_ms,
+                              timeout_ms=30000, hold_ms=10, retry_ms=50)
+    assert taker.wait(timeout=60) == 0, err.read_text()
+    lines = log_lines(tmp_path)
+    taken = [int(f[3]) for f in lines if f[0] == "enter" and f[1] == "taker"]
+    life = [int(f[3]) for f in lines if f[0] == "enter" and f[1] == "holder"] + \
+           [int(f[2]) for f in lines if f[0] == "renew" and f[1] == "holder"]
+    assert len(taken) == 1
+    assert (taken[0] - max(life)) / 1e6 > stale_ms, "taken over before the dead holder's window had passed"
+    # The dead instance's table was renamed to its tombstone on both replicas.
+    for replica in ("r1", "r2"):
+        names = c.sql(replica, f"SELECT name FROM system.tables WHERE database = '{schema}' AND name LIKE '%_dead_%'")
+        assert len(names.split()) == 1, (replica, names)
 
 
 # ---- faults ------------------------------------------------------------------------------
