@@ -1,0 +1,373 @@
+"""Fault injection against the real ClickHouse 18.16 through tests/faults/fault_proxy.py.
+
+For every CLI operation (get, set, merge, list, clear ID, clear --all, copy,
+move, lock) the operation is first run cleanly through the proxy to learn
+its requests; then each of its requests in turn is broken in each way the
+proxy knows, on a fresh schema. After every run:
+
+- the outcome is success, or an error with exit code 5 (unavailable) or 1
+  (server error) and a message naming ClickHouse and what went wrong;
+- a request that is not idempotent (INSERT, CREATE TABLE without IF NOT
+  EXISTS, RENAME) is never resent after its exchange failed: the proxy
+  never sees it twice in a row;
+- an idempotent read that failed in transport is retried and the operation
+  succeeds;
+- read straight from the server, the states are exactly "before" or exactly
+  "after" (or, for move, the copy done and the source kept): nothing lost,
+  nothing half-written; on success exactly "after".
+
+Plus: connection refused, the server killed and restarted (in the middle of a
+run of writes and under a held lock), and two lock holders through a proxy
+that breaks a quarter of all requests at random, which must never overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fault_proxy import FaultProxy
+
+A = {"singer_state": {"a": 1}}
+B = {"singer_state": {"b": 2}}
+C = {"singer_state": {"c": 3}}
+P = {"singer_state": {"p": 4}}
+
+
+def full(completed, partial=None):
+    return {"completed": completed, "partial": partial or {}}
+
+
+BEFORE = {"src": full(A), "dst": full(B)}
+
+# op name -> (argv, the states after it succeeds, other acceptable states)
+OPS = {
+    "get": (["get", "src"], BEFORE, []),
+    "set": (["set", "dst", json.dumps(C)], {"src": full(A), "dst": full(C)}, []),
+    "merge": (["merge", "dst", json.dumps(P)], {"src": full(A), "dst": full(B, P)}, []),
+    "list": (["list", "--pattern", "*s*"], BEFORE, []),
+    "clear": (["clear", "dst"], {"src": full(A)}, []),
+    "clear_all": (["clear", "--all"], {}, []),
+    "copy": (["copy", "src", "dst"], {"src": full(A), "dst": full(A)}, []),
+    # Move is a copy, then a delete: the copy alone done is not a loss.
+    "move": (["move", "src", "dst"], {"dst": full(A)}, [{"src": full(A), "dst": full(A)}]),
+    "lock": (["lock", "src", "--", "true"], BEFORE, []),
+}
+
+TRANSPORT_FAULTS = ["reset_request", "reset_response", "reset_mid_body", "truncate", "close"]
+BODY_FAULTS = ["exception_200", "exception_after"]
+SLOW_FAULTS = ["slow", "slow_before"]
+
+
+def non_idempotent(sql: str) -> bool:
+    s = sql.lstrip()
+    return (s.startswith("INSERT") or s.startswith("RENAME")
+            or (s.startswith("CREATE TABLE") and "IF NOT EXISTS" not in s))
+
+
+def is_read(sql: str) -> bool:
+    return sql.lstrip().startswith("SELECT")
+
+
+def prepare(cli) -> None:
+    for state_id, state in (("src", A), ("dst", B)):
+        r = cli.direct("set", state_id, json.dumps(state))
+        assert r.returncode == 0, r.stderr
+
+
+def check_outcome(cli, proxy, op, fault, n, r) -> None:
+    argv, after, others = OPS[op]
+    what = f"{op} with {fault} on request {n}"
+    err = r.stderr.decode(errors="replace")
+    got = cli.snapshot()
+    if r.returncode == 0:
+        assert got == after, f"{what}: reported success but the states are {got}"
+        if op == "get":
+            assert json.loads(r.stdout) == A, f"{what}: printed {r.stdout!r}"
+        if op == "list":
+            assert r.stdout.split() == [b"dst", b"src"], f"{what}: listed {r.stdout!r}"
+    else:
+        # 7: `chstate lock` could not release (it says so, and when the lock expires).
+        assert r.returncode in ((1, 5, 7) if op == "lock" else (1, 5)), f"{what}: exit {r.returncode}: {err}"
+        assert "ClickHouse" in err or "clickhouse" in err, f"{what}: the message does not name ClickHouse: {err}"
+        assert re.search(r"connection|timed out|answer|Memory limit|incomplete|reset|closed", err), \
+            f"{what}: the message does not say what failed: {err}"
+        assert got in (BEFORE, after, *others), f"{what}: failed and left the states as {got}\n{err}"
+    # Only idempotent requests are sent again after a failed exchange.
+    reqs = proxy.requests
+    for i, req in enumerate(reqs[:-1]):
+        if req.fault and non_idempotent(req.sql):
+            assert reqs[i + 1].sql != req.sql, f"{what}: resent a non-idempotent request: {req.sql[:120]}"
+
+
+def learn_requests(cli_factory, proxy, op) -> list[str]:
+    cli = cli_factory()
+    prepare(cli)
+    proxy.clear()
+    r = cli.run(proxy.port, *OPS[op][0])
+    assert r.returncode == 0, r.stderr
+    return proxy.sqls()
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_every_request_of_every_operation_under_every_fault(op, cli_factory, proxy):
+    sqls = learn_requests(cli_factory, proxy, op)
+    assert sqls, "the operation sent nothing"
+    tried = 0
+    for n, sql in enumerate(sqls):
+        faults = TRANSPORT_FAULTS + BODY_FAULTS
+        # Timeouts cost seconds each: the first read and the first write.
+        if n == 1 or (non_idempotent(sql) and not any(non_idempotent(s) for s in sqls[:n])):
+            faults = faults + SLOW_FAULTS
+        for fault in faults:
+            cli = cli_factory()
+            prepare(cli)
+            proxy.clear()
+            proxy.fault_nth(n, fault, delay=2.5)
+            r = cli.run(proxy.port, *OPS[op][0], timeout=1.0)
+            if fault == "slow_before":
+                time.sleep(2.7)  # let the late statement land before looking
+            check_outcome(cli, proxy, op, fault, n, r)
+            # A read broken in transport is retried, and then it works.
+            if fault in TRANSPORT_FAULTS and is_read(sql):
+                assert r.returncode == 0, f"{op}: a read broken by {fault} was not retried: {r.stderr!r}"
+                reqs = proxy.requests
+                i = next(k for k, q in enumerate(reqs) if q.fault)
+                assert i + 1 < len(reqs) and reqs[i + 1].sql == reqs[i].sql, f"{op}: the read was not resent"
+            tried += 1
+    print(f"{op}: {len(sqls)} requests, {tried} faulted runs")
+
+
+def test_connection_refused_is_a_clear_error(cli_factory, proxy):
+    cli = cli_factory()
+    prepare(cli)
+    proxy.refuse()
+    for argv in [v[0] for v in OPS.values()] + [["ping"], ["init"]]:
+        r = cli.run(proxy.port, *argv)
+        err = r.stderr.decode()
+        assert r.returncode == 5, (argv, r.returncode, err)
+        assert "connection refused" in err and f":{proxy.port}" in err, err
+        assert "running" in err, err  # says what to check
+    assert cli.snapshot() == BEFORE
+    proxy.accept()
+    assert cli.run(proxy.port, "get", "src").returncode == 0
+
+
+def test_json_errors_under_faults(cli_factory, proxy):
+    cli = cli_factory()
+    prepare(cli)
+    proxy.add_rule(r"^INSERT", "reset_response")
+    r = cli.run(proxy.port, "--json", "set", "dst", json.dumps(C))
+    assert r.returncode == 5
+    doc = json.loads(r.stdout)
+    assert "error" in doc, doc
+    # The write ran (reset after the server answered): the outcome was unknown
+    # to the client, and the state is whole.
+    assert cli.snapshot()["dst"] in (full(B), full(C))
+
+
+HOLD = """trap 'echo "end $$ $(date +%s%N)" >> {log}; exit 143' TERM
+echo "start $$ $(date +%s%N)" >> {log}
+sleep {hold}
+echo "end $$ $(date +%s%N)" >> {log}
+"""
+
+
+def intervals(log: Path) -> list[tuple[int, int]]:
+    """(start, end) of each critical section in the log; fails on a section that never ended."""
+    open_at, out = {}, []
+    for line in log.read_text().splitlines():
+        kind, pid, t = line.split()
+        if kind == "start":
+            open_at[pid] = int(t)
+        else:
+            out.append((open_at.pop(pid), int(t)))
+    assert not open_at, f"sections without an end: {open_at}"
+    return sorted(out)
+
+
+def assert_no_overlap(spans) -> None:
+    for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+        assert s2 >= e1, f"two holders at once: {s1}-{e1} and {s2}-{e2}"
+
+
+def test_lock_never_held_by_two_under_random_faults(cli_factory, proxy, tmp_path):
+    """Three processes take one lock four times each through a proxy that breaks
+    a fifth of all requests (every fault but the slow ones, chosen at random)."""
+    cli = cli_factory()
+    prepare(cli)
+    log = tmp_path / "sections.log"
+    log.touch()
+    proxy.clear()
+    proxy.random_faults(0.2, TRANSPORT_FAULTS + BODY_FAULTS, seed=7)
+    results = []
+
+    def contender():
+        for _ in range(4):
+            r = cli.run(proxy.port, "lock", "src", "--stale-lock", "3", "--lock-retry", "0.05", "--",
+                        "sh", "-c", HOLD.format(log=log, hold=0.2), timeout=8, wait=120)
+            results.append((r.returncode, r.stderr.decode(errors="replace")))
+
+    threads = [threading.Thread(target=contender) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    spans = intervals(log)
+    assert_no_overlap(spans)
+    faulted = sum(1 for q in proxy.requests if q.fault)
+    print(f"{len(spans)} sections, {len(proxy.requests)} requests, {faulted} broken, exits "
+          f"{sorted(r for r, _ in results)}")
+    for code, err in results:
+        assert code in (0, 4, 5, 1, 7), err
+        if code:
+            assert "ClickHouse" in err or "lock" in err, err
+    for code, err in results:
+        if code:
+            print(code, err.strip()[:200])
+    assert len(spans) >= 3, "almost nothing got through: the test would prove nothing"
+    assert faulted >= 5
+    assert cli.snapshot() == BEFORE
+
+
+class Killable:
+    """A private server this test may kill (never the shared one), reached
+    through a pass-through proxy on a fixed port: a restarted server gets new
+    ports, and the proxy stands in for "the same address" - it stops listening
+    while the server is dead (clients are refused, open connections reset, as
+    with a dead server) and forwards to the new port once it is back."""
+
+    def __init__(self, folder: Path):
+        from chserver import start_server
+        self.folder = folder
+        self.server = start_server(folder)
+        self.proxy = FaultProxy(self.server.host, self.server.port)
+
+    def kill(self) -> None:
+        from chserver import kill_server
+        kill_server(self.folder)
+        self.proxy.refuse()
+
+    def restart(self) -> None:
+        from chserver import start_server
+        self.server = start_server(self.folder)
+        self.proxy.upstream = (self.server.host, self.server.port)
+        self.proxy.accept()
+
+    def cli(self, binary: Path, schema: str):
+        from conftest import Cli
+        return ProxiedCli(binary, self, schema)
+
+
+class ProxiedCli:
+    """conftest.Cli for a Killable: commands go through its proxy, snapshots straight to the live server."""
+
+    def __init__(self, binary: Path, k: Killable, schema: str):
+        from conftest import Cli
+        self.k, self.binary, self.schema = k, binary, schema
+        self._cli = lambda: Cli(binary, k.server, schema)
+
+    def env(self):
+        return self._cli().env()
+
+    def direct(self, *args, **kw):
+        return self._cli().run(self.k.proxy.port, *args, **kw)
+
+    def snapshot(self):
+        return self._cli().snapshot()
+
+
+@pytest.fixture
+def own_server(tmp_path_factory):
+    from chserver import stop_server
+    folder = tmp_path_factory.mktemp("killable")
+    k = Killable(folder)
+    yield k
+    k.proxy.close()
+    stop_server(folder, remove=True)
+
+
+def test_server_killed_and_restarted(own_server, chstate_bin, tmp_path):
+    k = own_server
+    cli = k.cli(chstate_bin, "killed")
+    prepare(cli)
+
+    # 1. A run of writes, the server killed in the middle and restarted.
+    acked, stop = [], threading.Event()
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            r = cli.direct("set", "w", json.dumps({"singer_state": {"i": i}}), timeout=2)
+            if r.returncode == 0:
+                acked.append(i)
+            else:
+                err = r.stderr.decode()
+                assert r.returncode == 5 and f":{k.proxy.port}" in err, err
+                assert "ClickHouse" in err, err
+
+    t = threading.Thread(target=writer)
+    t.start()
+    time.sleep(1.0)
+    k.kill()
+    # 2. While it is down: every operation fails clearly, nothing hangs.
+    for argv in [v[0] for v in OPS.values()] + [["ping"]]:
+        r = cli.direct(*argv, timeout=2)
+        err = r.stderr.decode()
+        assert r.returncode == 5, (argv, r.returncode, err)
+        assert "no answer from ClickHouse" in err or "connection refused" in err, err
+    down_acked = len(acked)
+    time.sleep(0.5)
+    assert len(acked) == down_acked, "a write was acknowledged while the server was down"
+    k.restart()
+    time.sleep(1.0)
+    stop.set()
+    t.join()
+    assert acked, "no write got through"
+    # 3. Nothing acknowledged is lost, nothing is half-written.
+    got = cli.snapshot()
+    assert got["src"] == full(A) and got["dst"] == full(B)
+    last = got["w"]["completed"]["singer_state"]["i"]
+    assert last >= acked[-1], f"acknowledged write {acked[-1]} lost; the state holds {last}"
+    print(f"{len(acked)} writes acknowledged, {down_acked} before the kill; state holds write {last}")
+
+
+def test_lock_across_a_server_crash(own_server, chstate_bin, tmp_path):
+    """A holder renewing its lease while the server is killed and restarted:
+    it either keeps the lock or is told it lost it (exit 7, its command got
+    SIGTERM); a contender waiting meanwhile never overlaps with it."""
+    k = own_server
+    cli = k.cli(chstate_bin, "killed_lock")
+    prepare(cli)
+    log = tmp_path / "sections.log"
+    log.touch()
+    procs = []
+
+    def hold(seconds):
+        argv = [str(chstate_bin), "--uri", f"clickhouse://{k.server.user}@127.0.0.1:{k.proxy.port}/default",
+                "--timeout", "20", "--connect-timeout", "1", "lock", "src", "--stale-lock", "3", "--lock-retry", "0.1",
+                "--", "sh", "-c", HOLD.format(log=log, hold=seconds)]
+        return subprocess.Popen(argv, env=cli.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    first = hold(4)
+    time.sleep(1.0)
+    second = hold(0.5)
+    k.kill()
+    time.sleep(1.5)
+    k.restart()
+    outs = [p.communicate(timeout=60) for p in (first, second)]
+    codes = [first.returncode, second.returncode]
+    print("exits", codes, [o[1].decode()[:200] for o in outs])
+    for code, (_, err) in zip(codes, outs):
+        assert code in (0, 4, 5, 7), err.decode()
+        if code:
+            assert b"ClickHouse" in err or b"lock" in err, err
+    assert_no_overlap(intervals(log))
+    assert cli.snapshot() == BEFORE
