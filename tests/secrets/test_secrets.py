@@ -1,0 +1,189 @@
+"""The password never shows: every `chstate` command and error path is run
+with the password given each way a user can give it, and stdout, stderr,
+--json output, `ping`, the server's own logs (a private 18.16 started here),
+and the argv and environment of the command `chstate lock -- CMD` starts are
+searched for it (as is, and percent-encoded). The Python adapter's errors and
+transport are checked the same way.
+
+A second, recognisable wrong password drives the "wrong password" paths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS / "injection"))
+from chserver import start_server, stop_server  # noqa: E402
+from pyhost import chstate_binary, modules, python_store  # noqa: E402
+
+WRONG = "WrongPw-7Hq2-Zx9-marker"
+S = {"singer_state": {"secret_test": 1}}
+
+
+@pytest.fixture(scope="module")
+def private(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("secrets")
+    server = start_server(folder)
+    yield server, folder
+    stop_server(folder, remove=True)
+
+
+@pytest.fixture(scope="module")
+def binary():
+    return chstate_binary()
+
+
+def forms(secret: str) -> list[bytes]:
+    return [secret.encode(), urllib.parse.quote(secret, safe="").encode(), secret[: len(secret) // 2 + 4].encode()]
+
+
+def clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("CLICKHOUSE_", "MELTANO_", "CHSTATE_"))}
+
+
+def ways(server, password: str):
+    """(name, extra argv, env) for each way of giving the password."""
+    base = f"{server.user}@{server.host}:{server.port}/default"
+    enc = urllib.parse.quote(password, safe="")
+    env = clean_env()
+    yield "meltano env", ["--uri", f"clickhouse://{base}"], {**env, "MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD": password}
+    yield "uri", ["--uri", f"clickhouse://{server.user}:{enc}@{server.host}:{server.port}/default"], env
+    yield "meltano uri env", [], {**env, "MELTANO_STATE_BACKEND_URI":
+                                   f"clickhouse://{server.user}:{enc}@{server.host}:{server.port}/default"}
+    yield "clickhouse env", ["--uri", f"clickhouse://{base}"], {**env, "CLICKHOUSE_PASSWORD": password}
+    yield "flag", ["--uri", f"clickhouse://{base}", "--password", password], env
+
+
+COMMANDS = [
+    ["init"], ["ping"], ["set", "sec:a", json.dumps(S)], ["get", "sec:a"], ["merge", "sec:a", json.dumps(S)],
+    ["list"], ["copy", "sec:a", "sec:b"], ["move", "sec:b", "sec:c"], ["clear", "sec:c"],
+    ["get", "sec:missing"],                          # exit 3
+    ["set", "sec:a", "{not json"],                   # bad input
+    ["set", "sec:a", json.dumps({"x": 1})],          # no singer_state
+    ["frobnicate"], ["get"], ["--bogus", "list"],    # usage errors
+    ["lock", "sec:a", "--", "true"],
+    ["clear", "--all"],
+    ["--help"], ["set", "--help"], ["--version"],
+]
+
+
+def run(binary, argv, env, *, schema="secrets"):
+    env = {**env, "MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA": schema}
+    return subprocess.run([str(binary), "--timeout", "5", "--connect-timeout", "2", *argv], env=env,
+                          capture_output=True, timeout=60)
+
+
+def assert_absent(secret, *blobs, what=""):
+    for blob in blobs:
+        for form in forms(secret):
+            assert form not in blob, f"{what}: the password ({form!r}) appears in {blob[:300]!r}"
+
+
+def test_every_command_every_way(private, binary):
+    server, _ = private
+    ran = 0
+    for way, pre, env in ways(server, server.password):
+        for json_mode in ([], ["--json"]):
+            for cmd in COMMANDS:
+                r = run(binary, pre + json_mode + cmd, env)
+                assert_absent(server.password, r.stdout, r.stderr, what=f"{way} {json_mode} {cmd}")
+                if json_mode and r.stdout:
+                    json.loads(r.stdout)  # --json prints JSON even for errors
+                ran += 1
+        # ping prints the URI it used: without the password, with the user.
+        r = run(binary, pre + ["ping"], env)
+        assert r.returncode == 0, r.stderr
+        assert server.user.encode() in r.stdout and b"***" in r.stdout or way in ("meltano env", "clickhouse env",
+                                                                                 "flag"), r.stdout
+    print(f"{ran} runs")
+
+
+def test_error_paths_with_a_wrong_password(private, binary):
+    server, _ = private
+    for way, pre, env in ways(server, WRONG):
+        for json_mode in ([], ["--json"]):
+            for cmd in (["get", "sec:a"], ["set", "sec:a", json.dumps(S)], ["ping"], ["lock", "sec:a", "--", "true"]):
+                r = run(binary, pre + json_mode + cmd, env)
+                assert r.returncode == 6, (way, cmd, r.returncode, r.stderr)
+                assert_absent(WRONG, r.stdout, r.stderr, what=f"{way} {cmd}")
+    # Unreachable server, bad port, malformed URI with the password inside.
+    env = clean_env()
+    for uri in (f"clickhouse://u:{WRONG}@127.0.0.1:1/default",
+                f"clickhouse://u:{WRONG}@127.0.0.1:99999/default",
+                f"clickhouse://u:{WRONG}@127.0.0.1:8123/default?bogus=1",
+                f"clickhouse://u:{WRONG}@127.0.0.1:8123/default#frag",
+                f"clickhouse://u:{WRONG}/x@127.0.0.1/default",
+                f"clickhouses://u:{WRONG}@127.0.0.1:8123/default?secure=false"):
+        for json_mode in ([], ["--json"]):
+            r = run(binary, ["--uri", uri, *json_mode, "get", "x"], env)
+            assert r.returncode in (2, 5), (uri, r.returncode, r.stderr)
+            assert_absent(WRONG, r.stdout, r.stderr, what=uri)
+
+
+def test_lock_child_sees_no_password(private, binary, tmp_path):
+    server, _ = private
+    for way, pre, env in ways(server, server.password):
+        dump = tmp_path / f"{way.replace(' ', '_')}.bin"
+        script = f'cat /proc/$$/cmdline /proc/$PPID/cmdline > {dump}; echo >> {dump}; cat /proc/$$/environ >> {dump}'
+        r = run(binary, pre + ["lock", "sec:lock", "--", "sh", "-c", script], env)
+        assert r.returncode == 0, r.stderr
+        seen = dump.read_bytes()
+        assert b"sh\0-c\0" in seen
+        # The child's argv: never. Its environment: only what the user's own
+        # environment already held (chstate adds nothing).
+        argv_part, _, environ = seen.partition(b"\n")
+        assert_absent(server.password, argv_part, what=f"{way}: lock child's argv")
+        if way in ("uri", "flag"):
+            assert_absent(server.password, environ, what=f"{way}: lock child's environment")
+
+
+def test_server_logs_never_hold_it(private, binary):
+    server, folder = private
+    for way, pre, env in ways(server, server.password):
+        run(binary, pre + ["set", "sec:log", json.dumps(S)], env)
+    for way, pre, env in ways(server, WRONG):
+        run(binary, pre + ["get", "sec:log"], env)
+    logs = list((folder / "log").glob("*"))
+    assert logs and any(p.stat().st_size > 0 for p in logs)
+    for p in logs:
+        data = p.read_bytes()
+        assert_absent(server.password, data, what=str(p))
+        assert_absent(WRONG, data, what=str(p))
+    # The query log, when the server keeps one, has the SQL only.
+    try:
+        server.sql("SYSTEM FLUSH LOGS")
+        text = server.sql("SELECT query FROM system.query_log WHERE event_date >= today() - 1 FORMAT TSV")
+    except Exception:  # noqa: BLE001 - no query_log table on this server
+        text = ""
+    assert_absent(server.password, text.encode(), what="system.query_log")
+
+
+def test_python_adapter_errors(private):
+    server, _ = private
+    _native, _http = modules()
+    store, transport = python_store(server, "secrets")
+    assert server.password not in repr(transport)
+    store.close()
+    transport.close()
+    wrong = type(server)(server.host, server.port, server.user, WRONG)
+    store, transport = python_store(wrong, "secrets")
+    with pytest.raises(_native.ChstateError) as e:
+        store.run({"op": "get", "state_id_hex": b"sec:a".hex()})
+    assert e.value.code == "UNAUTHENTICATED", e.value
+    assert_absent(WRONG, str(e.value).encode(), repr(e.value).encode(), repr(transport).encode(), what="python")
+    store.close()
+    transport.close()
+    # resolve_config's errors never echo a password from the URI.
+    with pytest.raises(_native.ChstateError) as e:
+        _native.resolve_config({"uri": f"clickhouse://u:{WRONG}@h:99999/d"}, env={})
+    assert_absent(WRONG, str(e.value).encode(), what="resolve_config")
+    cfg = _native.resolve_config({"uri": f"clickhouse://u:{WRONG}@h/d"}, env={})
+    assert_absent(WRONG, cfg["redacted_uri"].encode(), json.dumps(cfg["origin"]).encode(), what="config")
