@@ -256,6 +256,13 @@ SqlRequest Statements::TruncateStates() const {
   return r;
 }
 
+SqlRequest Statements::StateTableEngine() const {
+  SqlRequest r = Read("state_table_engine");
+  r.sql = absl::StrCat("SELECT engine, 1 FROM system.tables WHERE database = ", QuoteStringLiteral(schema_),
+                       " AND name = ", QuoteStringLiteral(table_), " FORMAT TabSeparated");
+  return r;
+}
+
 SqlRequest Statements::ClearStates() const {
   if (!cluster_.enabled()) return TruncateStates();
   SqlRequest r = Request("clear_states", false);

@@ -95,6 +95,9 @@ class Statements {
   // One row: the number of state ids.
   SqlRequest CountStates() const;
   SqlRequest TruncateStates() const;
+  // One row (engine name) when the state table exists, none otherwise. Cluster
+  // mode refuses a state table that is not replicated.
+  SqlRequest StateTableEngine() const;
   // What `clear --all` runs: TruncateStates on one server; in cluster mode one
   // quorum INSERT ... SELECT of a tombstone for every live state.
   SqlRequest ClearStates() const;

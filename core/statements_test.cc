@@ -239,6 +239,9 @@ TEST(Statements, ClusterModeSql) {
        kQuorum18, false},
       {"drop lock", Dialect::kClickHouse18, [](const Statements& s) { return s.DropLock("a"); },
        "DROP TABLE IF EXISTS `meltano`.`state_lock_af63dc4c8601ec8c` ON CLUSTER `prod`", kDdl, true},
+      {"engine check", Dialect::kClickHouse18, [](const Statements& s) { return s.StateTableEngine(); },
+       "SELECT engine, 1 FROM system.tables WHERE database = 'meltano' AND name = 'state' FORMAT TabSeparated",
+       kRead, true},
       {"drop tombstone", Dialect::kClickHouse18, [](const Statements& s) { return s.DropTable("t_dead_1"); },
        "DROP TABLE IF EXISTS `meltano`.`t_dead_1` ON CLUSTER `prod`", kDdl, true},
   };

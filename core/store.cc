@@ -66,7 +66,26 @@ class StoreSteps {
           if (!st.ok()) return fail(st.status());
           s_->statements_ = std::move(*st);
           s_->server_version_ = v->text;
+          if (s_->options_.cluster.enabled()) return CheckReplicated(then, fail);
           return then();
+        },
+        fail);
+  }
+
+  // Cluster mode: a state table made earlier without cluster mode is a plain
+  // table on one server; writing to it would silently skip replication.
+  Step CheckReplicated(Then then, OnFailure fail) {
+    return Query(
+        st().StateTableEngine(), "checking the state table's engine", 2,
+        [this, then, fail](const Rows& rows) -> Step {
+          std::string engine = rows.empty() ? "" : rows[0][0].value_or("");
+          if (engine.empty() || engine.rfind("Replicated", 0) == 0) return then();
+          s_->statements_.reset();  // ask again next time
+          return fail(absl::FailedPreconditionError(absl::StrCat(
+              "cluster mode is on (cluster \"", s_->options_.cluster.name, "\") but the state table ",
+              s_->options_.schema, ".", s_->options_.table, " on this server is a ", engine,
+              ", not replicated: writes would stay on this server. Use another schema for cluster mode, or move "
+              "the states into a replicated table (README \"Cluster mode\")")));
         },
         fail);
   }

@@ -517,12 +517,30 @@ std::unique_ptr<Store> MakeClusterStore() {
   return std::move(*s);
 }
 
+// Cluster stores check the state table's engine once, after the version.
+const Exchange kEngine = Q("state_table_engine", Ok("ReplicatedReplacingMergeTree\t1\n"));
+
+TEST(ClusterStore, RefusesAStateTableThatIsNotReplicated) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->Get("id");
+  Outcome o = Drive(*t, {kVersion18, Q("state_table_engine", Ok("ReplacingMergeTree\t1\n"), "system.tables")},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                      HasSubstr("meltano.state on this server is a ReplacingMergeTree")));
+  // A missing table is fine (it is created replicated on first use).
+  auto again = store->Get("id");
+  o = Drive(*again, {kVersion18, Q("state_table_engine", Ok("")), Q("get_state", Ok(""))}, &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
 TEST(ClusterStore, QuorumWriteMeetingAnotherIsRetriedUntilItLands) {
   auto store = MakeClusterStore();
   int64_t clock = 0;
   auto t = store->Set(MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")});
   SqlResponse busy = Err(500, 286, "Another quorum insert has been already started");
-  Outcome o = Drive(*t, {kVersion18, Q("insert_state", busy), W(-1), Q("insert_state", busy), W(-1),
+  Outcome o = Drive(*t, {kVersion18, kEngine, Q("insert_state", busy), W(-1), Q("insert_state", busy), W(-1),
                          Q("insert_state", Ok())},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
@@ -535,6 +553,7 @@ TEST(ClusterStore, QuorumWriteGivesUpWithTheCauseAfterTheQuorumTimeout) {
   SqlResponse busy = Err(500, 286, "Quorum for previous write has not been satisfied yet");
   Action a = t->Start({clock, kRandom});
   a = t->OnResponse(Ok("18.16.1\t1\n"), {clock, kRandom});
+  a = t->OnResponse(Ok("ReplicatedReplacingMergeTree\t1\n"), {clock, kRandom});
   int sends = 0;
   while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
     if (a.kind == Action::Kind::kWait) {
@@ -558,7 +577,7 @@ TEST(ClusterStore, UnknownQuorumOutcomeIsExplainedNotRetried) {
   auto store = MakeClusterStore();
   int64_t clock = 0;
   auto t = store->Set(MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")});
-  Outcome o = Drive(*t, {kVersion18, Q("insert_state", Err(500, 319, "Unknown status, client must retry"))}, &clock);
+  Outcome o = Drive(*t, {kVersion18, kEngine, Q("insert_state", Err(500, 319, "Unknown status, client must retry"))}, &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("code 319")));
   EXPECT_THAT(o.last.status.message(), HasSubstr("becomes readable on every replica"));
@@ -569,7 +588,7 @@ TEST(ClusterStore, TooFewReplicasNamesTheCause) {
   int64_t clock = 0;
   auto t = store->Delete("id");
   Outcome o = Drive(
-      *t, {kVersion18, Q("delete_state", Err(500, 285, "Number of alive replicas (1) is less than requested quorum (2)"),
+      *t, {kVersion18, kEngine, Q("delete_state", Err(500, 285, "Number of alive replicas (1) is less than requested quorum (2)"),
                          "'chstate:deleted'")},
       &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
@@ -580,7 +599,7 @@ TEST(ClusterStore, ZooKeeperUnreachableIsUnavailableAndSaysSo) {
   auto store = MakeClusterStore();
   int64_t clock = 0;
   auto get = store->Get("id");
-  Outcome o = Drive(*get, {kVersion18, Q("get_state", Err(500, 999, "Coordination::Exception: Session expired"))},
+  Outcome o = Drive(*get, {kVersion18, kEngine, Q("get_state", Err(500, 999, "Coordination::Exception: Session expired"))},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach ZooKeeper")));
@@ -598,7 +617,7 @@ TEST(ClusterStore, DeleteIsATombstoneWithoutMutationWait) {
   auto store = MakeClusterStore();
   int64_t clock = 0;
   auto t = store->Delete("id");
-  Outcome o = Drive(*t, {kVersion18, Q("delete_state", Ok(), "VALUES ('id', NULL, 'chstate:deleted')")}, &clock);
+  Outcome o = Drive(*t, {kVersion18, kEngine, Q("delete_state", Ok(), "VALUES ('id', NULL, 'chstate:deleted')")}, &clock);
   EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 }
 
@@ -606,7 +625,7 @@ TEST(ClusterStore, ClearAllTombstonesInsteadOfTruncating) {
   auto store = MakeClusterStore();
   int64_t clock = 0;
   auto t = store->ClearAll();
-  Outcome o = Drive(*t, {kVersion18, Q("count_states", Ok("3\t1\n")), Q("clear_states", Ok(), "SELECT state_id")},
+  Outcome o = Drive(*t, {kVersion18, kEngine, Q("count_states", Ok("3\t1\n")), Q("clear_states", Ok(), "SELECT state_id")},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
   EXPECT_EQ(o.last.result.count, 3);
@@ -619,7 +638,7 @@ TEST(ClusterStore, LockCreateThatTimedOutOnAHostIsSettledByInspecting) {
   int64_t clock = 0;
   auto t = store->AcquireLock("id");
   Outcome o = Drive(*t,
-                    {kVersion18, Q("create_lock", Err(500, 159, "Watching task is executing longer than "
+                    {kVersion18, kEngine, Q("create_lock", Err(500, 159, "Watching task is executing longer than "
                                                               "distributed_ddl_task_timeout"),
                                    "ON CLUSTER `prod`"),
                      Q("inspect_lock", Mine())},

@@ -132,6 +132,17 @@ def test_cluster_flag_works_like_the_uri_parameter(healthy, schema):
                                        "AND name = 'state'")
 
 
+def test_a_plain_state_table_is_refused_in_cluster_mode(healthy, schema):
+    """A schema made without cluster mode holds a plain table on one server: cluster mode
+    would write there without replication, so it refuses and says why."""
+    c = healthy
+    assert c.cli("r1", schema, "init", cluster=False).code == 0
+    r = c.cli("r1", schema, "set", "dev:x", state(1))
+    assert r.code == 7, r
+    assert "not replicated" in r.err and "ReplacingMergeTree" in r.err, r
+    assert c.sql("r1", f"SELECT count() FROM `{schema}`.state").strip() == "0"
+
+
 def start_worker(c, torture_bin: Path, folder: Path, schema: str, name: str, replica: str, *, rounds: int,
                  stale_ms: int, timeout_ms: int, hold_ms: int, retry_ms: int = 20) -> tuple[subprocess.Popen, Path]:
     env = dict(c.env(), CHSTATE_TEST_HOST="127.0.0.1", CHSTATE_TEST_PORT=str(c.port(replica)),
