@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/lock_machine.h"
@@ -217,6 +218,12 @@ class StoreSteps {
   // are kUnavailable (retry later) whatever ClickHouse called them.
   absl::Status ExplainCluster(absl::Status st) const {
     std::optional<int> code = ClickHouseCode(st);
+    if (s_->options_.cluster.enabled() && code == 170 && absl::StrContains(st.message(), "Requested cluster")) {
+      return Reworded(st, absl::StatusCode::kInvalidArgument,
+                      absl::StrCat("the servers know no cluster \"", s_->options_.cluster.name,
+                                   "\": set the cluster setting to a name from their remote_servers (SELECT DISTINCT "
+                                   "cluster FROM system.clusters). ", st.message()));
+    }
     if (!s_->options_.cluster.enabled() || !code || (*code != 242 && *code != 225 && *code != 999)) return st;
     return Reworded(st, absl::StatusCode::kUnavailable,
                     absl::StrCat("ClickHouse cannot reach ZooKeeper (code ", *code, "), which cluster mode needs for "

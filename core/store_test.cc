@@ -613,6 +613,16 @@ TEST(ClusterStore, ZooKeeperUnreachableIsUnavailableAndSaysSo) {
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("code 242")));
 }
 
+TEST(ClusterStore, UnknownClusterNameIsAConfigurationError) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("id");
+  Outcome o = Drive(*t, {kVersion18, kEngine, Q("create_lock", Err(500, 170, "Requested cluster 'prod' not found"))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("know no cluster \"prod\"")));
+}
+
 TEST(ClusterStore, DeleteIsATombstoneWithoutMutationWait) {
   auto store = MakeClusterStore();
   int64_t clock = 0;

@@ -130,6 +130,12 @@ def test_cluster_flag_works_like_the_uri_parameter(healthy, schema):
     assert read(c, "r1", schema, "dev:flag") == 1
     assert "Replicated" in c.sql("r1", f"SELECT engine FROM system.tables WHERE database = '{schema}' "
                                        "AND name = 'state'")
+    # A cluster name the servers do not know is a configuration error (exit 2) saying so.
+    proc = subprocess.run([str(c.chstate), "set", "dev:flag", state(2), "--cluster", "nosuch",
+                           "--uri", c.uri("r1", schema, cluster=False)], env=c.env(), capture_output=True)
+    assert proc.returncode == 2, proc.stderr
+    assert b'know no cluster "nosuch"' in proc.stderr
+    assert read(c, "r2", schema, "dev:flag") == 1
 
 
 def test_a_plain_state_table_is_refused_in_cluster_mode(healthy, schema):
