@@ -145,7 +145,7 @@ class RawListener:
             threading.Thread(target=self._read, args=(conn,), daemon=True).start()
 
     def _read(self, conn):
-        conn.settimeout(10)
+        conn.settimeout(1)  # then hang up: the client fails fast
         try:
             while chunk := conn.recv(65536):
                 self.received += chunk
