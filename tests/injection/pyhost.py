@@ -56,3 +56,17 @@ def chstate_binary() -> Path:
     path = REPO / "bazel-out" / "k8-fastbuild" / "bin" / "hosts" / "native" / "chstate"
     assert path.exists(), path
     return path
+
+
+def wasm_module() -> Path:
+    """hosts/wasi's chstate.wasm: $CHSTATE_WASM, else built the way tests/wasi
+    builds it (--symlink_prefix=/ leaves the bazel-bin link alone)."""
+    if os.environ.get("CHSTATE_WASM"):
+        return Path(os.environ["CHSTATE_WASM"]).resolve()
+    subprocess.run(["bazel", "build", "--config=wasi", "--symlink_prefix=/", "//hosts/wasi:chstate.wasm"], cwd=REPO,
+                   check=True, capture_output=True)
+    out = subprocess.run(["bazel", "info", "--config=wasi", "bazel-bin"], cwd=REPO, check=True, capture_output=True,
+                         text=True)
+    path = Path(out.stdout.strip()) / "hosts" / "wasi" / "chstate.wasm"
+    assert path.exists(), path
+    return path

@@ -31,7 +31,7 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "faults"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fault_proxy import FaultProxy  # noqa: E402
-from pyhost import chstate_binary, modules, python_store  # noqa: E402
+from pyhost import chstate_binary, modules, python_store, wasm_module  # noqa: E402
 
 HOSTILE_IDS = [
     "'; DROP DATABASE default; --",
@@ -206,9 +206,26 @@ def test_hostile_tombstone_name_cannot_change_the_drop(binary, clickhouse, schem
     assert hostile not in tables, tables
 
 
-def test_python_adapter_hostile_ids_and_json(clickhouse, schema, proxy):
-    _native, _ = modules()
-    store, transport = python_store(clickhouse, schema, port=proxy.port)
+def wasm_store(clickhouse, schema, port):
+    """The WebAssembly module in wasmtime (hosts/wasi/chstate_wasmtime.py)."""
+    sys.path.insert(0, str(TESTS.parent / "hosts" / "wasi"))
+    import chstate_wasmtime
+    module = chstate_wasmtime.ChstateModule(wasm_module())
+    transport = chstate_wasmtime.HttpTransport({"host": clickhouse.host, "port": port, "user": clickhouse.user,
+                                                "password": clickhouse.password, "database": "default"})
+    store = module.open_store({"schema": schema, "table": "state"}, transport)
+    return store, transport, chstate_wasmtime.ChstateError
+
+
+@pytest.mark.parametrize("host", ["python", "wasm"])
+def test_protocol_hosts_hostile_ids_and_json(clickhouse, schema, proxy, host):
+    """The Python adapter (ctypes over libchstate.so) and the Wasm module (wasmtime)."""
+    if host == "python":
+        _native, _ = modules()
+        store, transport = python_store(clickhouse, schema, port=proxy.port)
+        error_type = _native.ChstateError
+    else:
+        store, transport, error_type = wasm_store(clickhouse, schema, proxy.port)
     state = {"completed": HOSTILE_JSON, "partial": {}}
     try:
         for sid in [s.encode() for s in HOSTILE_IDS] + HOSTILE_BYTES:
@@ -231,9 +248,39 @@ def test_python_adapter_hostile_ids_and_json(clickhouse, schema, proxy):
         assert sorted(bytes.fromhex(h) for h in found) == sorted([b"p%q", b"p_q", b"pxq", b"p\x00q"])
         # Hostile schema/table: refused when the store is made.
         for bad in ({"schema": "x`; DROP"}, {"table": "t' --"}):
-            with pytest.raises(_native.ChstateError) as e:
-                _native.Store({"schema": "ok", "table": "state", **bad}, transport)
+            with pytest.raises(error_type) as e:
+                if host == "python":
+                    _native.Store({"schema": "ok", "table": "state", **bad}, transport)
+                else:
+                    wasm_store(clickhouse, bad.get("schema", "ok"), proxy.port) if "schema" in bad else \
+                        store.mod.open_store({"schema": "ok", **bad}, transport)
             assert e.value.code == "INVALID_ARGUMENT"
     finally:
         store.close()
-        transport.close()
+        if hasattr(transport, "close"):
+            transport.close()
+
+
+def test_lua_binding_hostile_ids_and_json(clickhouse, schema, proxy, tmp_path):
+    """The Lua binding (hosts/lua's chstate.so in lua5.4), through the proxy."""
+    subprocess.run(["bazel", "build", "//hosts/lua:chstate.so"], cwd=TESTS.parent, check=True, capture_output=True)
+    so_dir = TESTS.parent / "bazel-out" / "k8-fastbuild" / "bin" / "hosts" / "lua"
+    assert (so_dir / "chstate.so").exists()
+    ids = [s.encode() for s in HOSTILE_IDS] + HOSTILE_BYTES
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLICKHOUSE_", "MELTANO_", "CHSTATE_"))}
+    env.update({
+        "LUA_CPATH_5_4": f"{so_dir}/?.so;;",
+        "MELTANO_STATE_BACKEND_URI": f"clickhouse://{clickhouse.user}@{clickhouse.host}:{proxy.port}/default",
+        "MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD": clickhouse.password,
+        "MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA": schema,
+        "HOSTILE_HEX": ",".join(i.hex() for i in ids),
+    })
+    proxy.clear()
+    r = subprocess.run(["lua5.4", str(Path(__file__).resolve().parent / "hostile.lua")], env=env,
+                       capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stdout.decode(errors="replace")[-2000:] + r.stderr.decode(errors="replace")
+    assert r.stdout.strip().endswith(f"ok {len(ids)}".encode()), r.stdout[-300:]
+    sqls = proxy.sqls()
+    for sid in ids:
+        assert any(sid in literal_values(s) for s in sqls), sid
+    assert clickhouse.password.encode() not in r.stdout + r.stderr

@@ -1,0 +1,40 @@
+-- Hostile ids and JSON through the Lua binding (hosts/lua), driven by
+-- tests/injection/test_injection.py: ids arrive hex-encoded in HOSTILE_HEX
+-- (comma-separated), the connection in MELTANO_STATE_BACKEND_URI/_PASSWORD
+-- and the schema in MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA. Prints one line
+-- per id and "ok N" at the end; any mismatch raises (non-zero exit).
+local chstate = require("chstate")
+
+local function unhex(h)
+  return (h:gsub("..", function(b) return string.char(tonumber(b, 16)) end))
+end
+
+local store = chstate.open{}
+local value = {singer_state = {q = "it's \"quoted\" \\ back\\slash", nul = "a\0b", sql = "'); DROP TABLE state; --",
+                               u = "\u{2028}\u{1F986}", nested = {["`"] = {"\\N", "\t", 1.5e300}}}}
+local n = 0
+for h in os.getenv("HOSTILE_HEX"):gmatch("[^,]+") do
+  local id = unhex(h)
+  store:set(id, value)
+  local back = store:get(id)
+  assert(chstate.to_json(back) == chstate.to_json(value), "state changed for id " .. h)
+  local found = false
+  for _, listed in ipairs(store:list()) do found = found or listed == id end
+  assert(found, "id not listed: " .. h)
+  store:delete(id)
+  assert(store:get(id) == nil, "id not deleted: " .. h)
+  n = n + 1
+  print("id " .. h)
+end
+-- Patterns: % and _ match themselves.
+for _, id in ipairs{"p%q", "p_q", "pxq"} do store:set(id, {singer_state = {}}) end
+local only = store:list("p_q")
+assert(#only == 1 and only[1] == "p_q", "pattern p_q matched " .. #only .. " ids")
+assert(#store:list("p?q") == 3, "pattern p?q")
+-- Hostile schema: refused with INVALID_ARGUMENT before anything is sent.
+local ok, err = pcall(chstate.open, {schema = "x`; DROP DATABASE default; --"})
+if ok then ok, err = pcall(function() return err:get("x") end) end
+assert(not ok, "a hostile schema was accepted")
+assert(tostring(err):find("schema"), tostring(err))
+store:close()
+print("ok " .. n)
