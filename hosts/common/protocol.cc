@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/dialect.h"
 #include "core/quoting.h"
 #include "core/state.h"
@@ -71,7 +72,7 @@ absl::StatusOr<std::map<std::string, std::string>> SourceMap(const json& sources
       if (!known) {
         return absl::InvalidArgumentError(absl::StrCat(
             "unknown setting \"", name,
-            "\" in \"flags\"; expected uri, host, port, database, user, password, secure, schema, table, ca_file"));
+            "\" in \"flags\"; expected uri, ", absl::StrJoin(kSettingKeys, ", ")));
       }
     }
     // The name only: a value may be a password.
@@ -277,7 +278,9 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
   if (!j.is_object()) return absl::InvalidArgumentError("store options must be a JSON object");
   for (const auto& [key, value] : j.items()) {
     std::string* text = key == "schema" ? &opts.schema : key == "table" ? &opts.table
-                      : key == "endpoint" ? &opts.endpoint : nullptr;
+                      : key == "endpoint" ? &opts.endpoint : key == "cluster" ? &opts.cluster.name
+                      : key == "zookeeper_path" ? &opts.cluster.zookeeper_path
+                      : key == "replica" ? &opts.cluster.replica : nullptr;
     int64_t* ms = key == "lock_timeout_ms" ? &opts.lock.timeout_ms
                 : key == "lock_retry_ms" ? &opts.lock.retry_ms
                 : key == "stale_lock_ms" ? &opts.lock.stale_ms
@@ -293,7 +296,8 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown store option \"", key,
-          "\"; expected schema, table, endpoint, lock_timeout_ms, lock_retry_ms, stale_lock_ms, mutation_timeout_ms"));
+          "\"; expected schema, table, endpoint, cluster, zookeeper_path, replica, lock_timeout_ms, lock_retry_ms, "
+          "stale_lock_ms, mutation_timeout_ms"));
     }
   }
   return opts;
@@ -329,6 +333,9 @@ json ResolveConfigJson(absl::string_view sources_json) {
                 {"schema", cfg->schema},
                 {"table", cfg->table},
                 {"ca_file", cfg->ca_file},
+                {"cluster", cfg->cluster},
+                {"zookeeper_path", cfg->zookeeper_path},
+                {"replica", cfg->replica},
                 {"redacted_uri", cfg->RedactedUri()},
                 {"origin", std::move(origin)}}}};
 }

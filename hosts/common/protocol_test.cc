@@ -203,8 +203,12 @@ TEST(OpDriver, WaitIsAnsweredByATimer) {
 TEST(StoreOptionsFromJson, ReadsEveryOptionAndRefusesUnknownOnes) {
   absl::StatusOr<StoreOptions> o = StoreOptionsFromJson(json::parse(
       R"({"schema":"s","table":"t","endpoint":"e","lock_timeout_ms":1,"lock_retry_ms":2,"stale_lock_ms":3,
-          "mutation_timeout_ms":4})"));
+          "mutation_timeout_ms":4,"cluster":"c1","zookeeper_path":"/zk/{shard}","replica":"r{replica}"})"));
   ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->cluster.name, "c1");
+  EXPECT_EQ(o->cluster.zookeeper_path, "/zk/{shard}");
+  EXPECT_EQ(o->cluster.replica, "r{replica}");
+  EXPECT_FALSE(StoreOptionsFromJson(json::parse("{}"))->cluster.enabled());
   EXPECT_EQ(o->schema, "s");
   EXPECT_EQ(o->table, "t");
   EXPECT_EQ(o->endpoint, "e");
@@ -233,11 +237,22 @@ TEST(ResolveConfigJson, GranularFlagsOverrideTheUriComponentWise) {
   EXPECT_EQ(c["password"], "s3cret");
   EXPECT_EQ(c["database"], "analytics");
   EXPECT_EQ(c["schema"], "x");
+  EXPECT_EQ(c["cluster"], "");  // one server unless a cluster is named
+  EXPECT_EQ(c["replica"], "{replica}");
   EXPECT_EQ(c["table"], "st");
   EXPECT_EQ(c["origin"]["port"], "--port flag");
   EXPECT_EQ(c["origin"]["host"], "--uri flag");
   EXPECT_THAT(c["redacted_uri"].get<std::string>(), Not(HasSubstr("s3cret")));
   EXPECT_THAT(c["redacted_uri"].get<std::string>(), HasSubstr("me:***@db.internal:8124"));
+}
+
+TEST(ResolveConfigJson, ClusterSettingsComeFromTheUriAndTheirVariables) {
+  json out = ResolveConfigJson(R"({"flags":{"uri":"clickhouse://u@h/d?cluster=c1"},
+                                   "env":{"MELTANO_STATE_BACKEND_CLICKHOUSE_ZOOKEEPER_PATH":"/zk/{shard}"}})");
+  ASSERT_TRUE(out.contains("config")) << out;
+  EXPECT_EQ(out["config"]["cluster"], "c1");
+  EXPECT_EQ(out["config"]["zookeeper_path"], "/zk/{shard}");
+  EXPECT_EQ(out["config"]["replica"], "{replica}");
 }
 
 TEST(ResolveConfigJson, EnvironmentIsTheCoresLowerLayers) {

@@ -122,6 +122,10 @@ CONFIG_CASES = [
     ("bad_schema_identifier", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?schema=bad-name"}}),
     ("secure_not_boolean", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?secure=maybe"}}),
     ("non_ascii_database", {"flags": {"uri": "clickhouse://alice@db.example:8123/donn%C3%A9es"}}),
+    ("cluster_from_uri_and_env", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?cluster=ops"},
+                                  "env": {"MELTANO_STATE_BACKEND_CLICKHOUSE_REPLICA": "r_{replica}"}}),
+    ("cluster_bad_zookeeper_path", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?cluster=ops",
+                                              "zookeeper_path": "no-leading-slash"}}),
 ]
 
 
@@ -208,6 +212,17 @@ def sql_file(lib) -> dict:
             [ch_error(516, "alice: Authentication failed: password is incorrect")])
         add("exception_after_200", {"op": "get", "state_id_hex": hexid("dev:x")},
             [ok("Code: 241, e.displayText() = DB::Exception: Memory limit exceeded\n")])
+    cluster = {"cluster": "ops", "zookeeper_path": "/clickhouse/tables/{shard}", "replica": "{replica}"}
+    for name, op, answers in (
+            ("get", {"op": "get", "state_id_hex": hexid("dev:tap-users")}, [ok(ROW)]),
+            ("set", {"op": "set", "state_id_hex": hexid("dev:tap-users"), "state": STATE}, [ok("")]),
+            ("delete", {"op": "delete", "state_id_hex": hexid("dev:tap-users")}, [ok("")] * 2),
+            ("acquire_lock", {"op": "acquire_lock", "state_id_hex": hexid("dev:tap-users")}, [ok("")])):
+        engine = ok("ReplicatedReplacingMergeTree\t1\n")
+        cases.append(script(lib, f"cluster_clickhouse18_{name}", op, [version("18.16.1"), engine] + answers,
+                            store=cluster))
+    cases.append(script(lib, "cluster_refuses_an_unreplicated_state_table", {"op": "get", "state_id_hex": hexid("a")},
+                        [version("18.16.1"), ok("ReplacingMergeTree\t1\n")], store=cluster))
     cases.append(script(lib, "too_old_server_refused", {"op": "ping"}, [version("1.1.54390")]))
     cases.append(script(lib, "custom_schema_and_table", {"op": "get", "state_id_hex": hexid("a")},
                         [version("18.16.1"), ok("")], store={"schema": "ops", "table": "bookmarks"}))

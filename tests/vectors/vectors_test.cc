@@ -27,6 +27,9 @@ struct Case {
   std::string label;   // file_name, for gtest
 };
 
+// gtest prints a failing parameter with this (not as raw bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.label; }
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;

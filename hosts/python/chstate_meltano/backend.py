@@ -106,6 +106,7 @@ class ChstateStateStoreManager(StateStoreManager):
             raise ChstateStateBackendError("loading the native library", e) from None
 
     # -- what subclasses provide --
+    _cluster_options: dict = {}  # cluster mode's store options, when a cluster is named
     schema: str
     table: str
     endpoint: str
@@ -124,6 +125,7 @@ class ChstateStateStoreManager(StateStoreManager):
                 "lock_timeout_ms": int(self.lock_timeout_seconds * 1000),
                 "lock_retry_ms": int(self.lock_retry_seconds * 1000),
                 "stale_lock_ms": int(self.stale_lock_seconds * 1000),
+                **self._cluster_options,
             }
             self._store = _native.Store(options, self._transport)
         return self._store
@@ -246,13 +248,15 @@ class ClickhouseStateStoreManager(ChstateStateStoreManager):
 
     def __init__(self, uri: str, *, host: t.Any = None, port: t.Any = None, database: t.Any = None,
                  user: t.Any = None, password: t.Any = None, secure: t.Any = None, schema: t.Any = None,
-                 table: t.Any = None, ca_file: t.Any = None, **kwargs: t.Any) -> None:
+                 table: t.Any = None, ca_file: t.Any = None, cluster: t.Any = None, zookeeper_path: t.Any = None,
+                 replica: t.Any = None, **kwargs: t.Any) -> None:
         super().__init__(uri, **kwargs)
         # Granular settings override the URI component-wise: the core's
         # precedence (flags beat the --uri flag). Meltano already folded
         # MELTANO_STATE_BACKEND_* variables into these, so env stays empty.
         flags = {"uri": uri, "host": host, "port": port, "database": database, "user": user, "password": password,
-                 "secure": secure, "schema": schema, "table": table, "ca_file": ca_file}
+                 "secure": secure, "schema": schema, "table": table, "ca_file": ca_file, "cluster": cluster,
+                 "zookeeper_path": zookeeper_path, "replica": replica}
         try:
             config = _native.resolve_config(flags, env={})
         except ChstateError as e:
@@ -261,6 +265,8 @@ class ClickhouseStateStoreManager(ChstateStateStoreManager):
         self._config = config  # holds the password: never logged or shown
         self.schema = config["schema"]
         self.table = config["table"]
+        if config.get("cluster"):
+            self._cluster_options = {k: config[k] for k in ("cluster", "zookeeper_path", "replica")}
         self.redacted_uri = config["redacted_uri"]
         host_shown = f"[{config['host']}]" if ":" in config["host"] else config["host"]
         self.endpoint = f"{host_shown}:{config['port']}"

@@ -1,7 +1,8 @@
 """The settings Meltano learns from this package (entry-point group
 `meltano.settings`): the same names, kinds and environment variables as the
 Python ClickHouse state backend, so an existing meltano.yml works unchanged,
-plus chstate's `ca_file`.
+plus chstate's `ca_file` and the cluster-mode settings `cluster`,
+`zookeeper_path` and `replica` (README "Cluster mode").
 
     state_backend:
       uri: clickhouse://meltano@clickhouse.internal:8123/default
@@ -37,3 +38,11 @@ CLICKHOUSE_TABLE = _setting("table", "ClickHouse Table", "ClickHouse table name 
                             SettingKind.STRING)
 CLICKHOUSE_CA_FILE = _setting("ca_file", "ClickHouse CA File", "PEM file of the CA that signed the server's "
                               "certificate (default: the system trust store); chstate only", SettingKind.STRING)
+CLICKHOUSE_CLUSTER = _setting("cluster", "ClickHouse Cluster", "Cluster name (remote_servers): switches on cluster "
+                              "mode: ON CLUSTER DDL, replicated tables, quorum writes, sequentially consistent "
+                              "reads; chstate only", SettingKind.STRING)
+CLICKHOUSE_ZOOKEEPER_PATH = _setting("zookeeper_path", "ClickHouse ZooKeeper Path", "Cluster mode: prefix of the "
+                                     "replicated tables' ZooKeeper paths (default /clickhouse/tables/{shard}); "
+                                     "chstate only", SettingKind.STRING)
+CLICKHOUSE_REPLICA = _setting("replica", "ClickHouse Replica", "Cluster mode: replica name of the replicated "
+                              "tables (default {replica}); chstate only", SettingKind.STRING)
