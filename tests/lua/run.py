@@ -8,9 +8,11 @@
 The server is the one CHSTATE_TEST_HOST/PORT/USER/PASSWORD name (tools/test
 sets them), else a throwaway one from tools/clickhouse_server.py, stopped at
 the end. The module is bazel-bin/hosts/lua/chstate.so (built here, with the
-chstate CLI that interop_spec.lua runs), or the file CHSTATE_LUA_SO names. busted writes JUnit XML; this script prints each failure
-and ends with `N passed, N failed`. Exit status 0 only when something passed
-and nothing failed.
+chstate CLI that interop_spec.lua runs), or the file CHSTATE_LUA_SO names.
+busted writes JUnit XML; this script prints each failure and ends with
+`busted: N specs passed, N failed` (only tools/test prints the overall
+`N passed, N failed` line). Exit status 0 only when something passed and
+nothing failed.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def main() -> int:
     if so is None:
         # The CLI too: interop_spec checks that both share tables and the lock.
         if subprocess.call(["bazel", "build", "//hosts/lua:chstate.so", "//hosts/native:chstate"], cwd=ROOT) != 0:
-            print("0 passed, 1 failed (//hosts/lua:chstate.so did not build)")
+            print("busted: not run (//hosts/lua:chstate.so did not build)")
             return 1
         # Not the bazel-bin symlink: another build (--config=wasi, -c opt) may have moved it.
         bin_dir = Path(subprocess.run(["bazel", "info", "bazel-bin"], cwd=ROOT, capture_output=True,
@@ -97,7 +99,7 @@ def main() -> int:
                                   str(server_dir)], capture_output=True, text=True)
             if out.returncode != 0:
                 print(out.stdout + out.stderr)
-                print("0 passed, 1 failed (ClickHouse did not start)")
+                print("busted: not run (ClickHouse did not start)")
                 return 1
             for line in out.stdout.splitlines():
                 k, _, v = line.partition("=")
@@ -120,7 +122,7 @@ def main() -> int:
         if code != 0 and failed == 0:
             failed = 1  # busted itself failed (a spec file that did not load)
             print(f"run.py: busted exited with {code} without reporting a failure")
-    print(f"{passed} passed, {failed} failed")
+    print(f"busted: {passed} specs passed, {failed} failed")
     return 0 if passed > 0 and failed == 0 else 1
 
 
