@@ -187,9 +187,10 @@ class FaultProxy:
                 sql = body.decode("utf-8", "replace")
                 rule = self._take_rule(sql)
                 fault = rule.fault if rule else ""
+                captured = Captured(sql, path, headers, fault)
                 with self._lock:
-                    self.requests.append(Captured(sql, path, headers, fault))
-                if not self._exchange(conn, method, path, headers, body, rule):
+                    self.requests.append(captured)
+                if not self._exchange(conn, method, path, headers, body, rule, captured):
                     return
         except OSError:
             return
@@ -213,7 +214,7 @@ class FaultProxy:
         finally:
             up.close()
 
-    def _exchange(self, conn, method, path, headers, body, rule) -> bool:
+    def _exchange(self, conn, method, path, headers, body, rule, captured) -> bool:
         """Serves one request; False when the connection is finished."""
         fault = rule.fault if rule else ""
         if fault == "reset_request":
@@ -240,6 +241,9 @@ class FaultProxy:
             time.sleep(rule.delay)
         if fault == "exception_after":
             data = data + EXCEPTION_BODY
+        if fault in ("truncate", "reset_mid_body") and not data:
+            captured.fault = ""  # nothing to cut: the answer goes out whole
+            fault = ""
         if fault in ("truncate", "reset_mid_body"):
             full = _response(status, reason, hdrs, data)
             head_len = len(full) - len(data)
