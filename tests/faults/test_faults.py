@@ -120,6 +120,7 @@ def test_every_request_of_every_operation_under_every_fault(op, cli_factory, pro
     sqls = learn_requests(cli_factory, proxy, op)
     assert sqls, "the operation sent nothing"
     tried = 0
+    outcomes: dict[str, dict[int, int]] = {}  # fault -> exit code -> runs
     for n, sql in enumerate(sqls):
         faults = TRANSPORT_FAULTS + BODY_FAULTS
         # Timeouts cost seconds each: the first read and the first write.
@@ -134,6 +135,8 @@ def test_every_request_of_every_operation_under_every_fault(op, cli_factory, pro
             if fault == "slow_before":
                 time.sleep(2.7)  # let the late statement land before looking
             check_outcome(cli, proxy, op, fault, n, r)
+            outcomes.setdefault(fault, {}).setdefault(r.returncode, 0)
+            outcomes[fault][r.returncode] += 1
             # A read broken in transport is retried, and then it works. (The
             # request at index n can differ from the learning run's: 18.16's
             # delete polls its mutation a varying number of times.)
@@ -144,7 +147,8 @@ def test_every_request_of_every_operation_under_every_fault(op, cli_factory, pro
                 assert r.returncode == 0, f"{op}: a read broken by {fault} was not retried: {r.stderr!r}"
                 assert i + 1 < len(reqs) and reqs[i + 1].sql == reqs[i].sql, f"{op}: the read was not resent"
             tried += 1
-    print(f"{op}: {len(sqls)} requests, {tried} faulted runs")
+    print(f"\n{op}: {len(sqls)} requests, {tried} faulted runs; exit codes per fault: "
+          + ", ".join(f"{f} {dict(sorted(c.items()))}" for f, c in outcomes.items()))
 
 
 def test_connection_refused_is_a_clear_error(cli_factory, proxy):
