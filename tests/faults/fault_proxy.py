@@ -69,6 +69,7 @@ class FaultProxy:
     def __init__(self, upstream_host: str, upstream_port: int):
         self.upstream = (upstream_host, upstream_port)
         self.requests: list[Captured] = []
+        self.errors: list[str] = []  # unexpected exceptions in connection threads
         self._rules: list[Rule] = []
         self._nth: dict[int, Rule] = {}
         self._random = None
@@ -194,6 +195,9 @@ class FaultProxy:
                     return
         except OSError:
             return
+        except Exception as e:  # noqa: BLE001 - a malformed exchange ends this connection only
+            self.errors.append(repr(e))
+            return
         finally:
             with self._lock:
                 self._conns.discard(conn)
@@ -230,7 +234,7 @@ class FaultProxy:
             time.sleep(rule.delay)
         try:
             status, reason, hdrs, data = self._forward(method, path, headers, body)
-        except OSError:
+        except (OSError, http.client.HTTPException):
             # The server is down: the client sees the connection fail, as it would.
             _reset(conn)
             return False
