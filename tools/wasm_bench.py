@@ -147,7 +147,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=200)
     args = ap.parse_args()
-    subprocess.run(["bazel", "build", "-c", "opt", "//hosts/python:libchstate.so"], cwd=REPO, check=True,
+    subprocess.run(["bazel", "build", "-c", "opt", "--symlink_prefix=/", "//hosts/python:libchstate.so"], cwd=REPO, check=True,
                    capture_output=True)
     subprocess.run(["bazel", "build", "--config=wasi", "--symlink_prefix=/", "//hosts/wasi:chstate.wasm"], cwd=REPO,
                    check=True, capture_output=True)
