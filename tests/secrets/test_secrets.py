@@ -187,3 +187,32 @@ def test_python_adapter_errors(private):
     assert_absent(WRONG, str(e.value).encode(), what="resolve_config")
     cfg = _native.resolve_config({"uri": f"clickhouse://u:{WRONG}@h/d"}, env={})
     assert_absent(WRONG, cfg["redacted_uri"].encode(), json.dumps(cfg["origin"]).encode(), what="config")
+
+
+def test_lua_binding_errors(private):
+    """The Lua binding: a wrong password's error, the store's tostring and a
+    bad URI's error never show the password (given in the URI or as a setting)."""
+    server, _ = private
+    repo = TESTS.parent
+    subprocess.run(["bazel", "build", "//hosts/lua:chstate.so"], cwd=repo, check=True, capture_output=True)
+    so_dir = repo / "bazel-out" / "k8-fastbuild" / "bin" / "hosts" / "lua"
+    enc = urllib.parse.quote(WRONG, safe="")
+    script = f"""
+local chstate = require("chstate")
+local function show(s) io.write(tostring(s), "\\n") end
+local s1 = chstate.open{{uri = "clickhouse://{server.user}:{enc}@{server.host}:{server.port}/default", env = false}}
+show(s1)
+show(select(2, pcall(function() return s1:get("x") end)))
+local s2 = chstate.open{{uri = "clickhouse://{server.user}@{server.host}:{server.port}/default",
+                         password = "{WRONG}", env = false}}
+show(s2)
+show(select(2, pcall(function() return s2:get("x") end)))
+show(select(2, pcall(chstate.open, {{uri = "clickhouse://u:{enc}@h:99999/d", env = false}})))
+show(select(2, chstate.safe.open{{uri = "clickhouse://u:{enc}@h/d?bogus=1", env = false}}))
+"""
+    env = {**clean_env(), "LUA_CPATH_5_4": f"{so_dir}/?.so;;"}
+    r = subprocess.run(["lua5.4", "-e", script], env=env, capture_output=True, timeout=60)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert b"UNAUTHENTICATED" in out or b"password" in out, out
+    assert_absent(WRONG, out, what="lua")
