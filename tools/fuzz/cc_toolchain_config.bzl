@@ -8,42 +8,10 @@ these objects live in their own configuration directory and the main build's
 cache is untouched.
 """
 
-load("@bazel_tools//tools/build_defs/cc:action_names.bzl", "ACTION_NAMES")
-load(
-    "@bazel_tools//tools/cpp:cc_toolchain_config_lib.bzl",
-    "feature",
-    "flag_group",
-    "flag_set",
-    "tool_path",
-)
-
-_COMPILE = [
-    ACTION_NAMES.assemble,
-    ACTION_NAMES.preprocess_assemble,
-    ACTION_NAMES.c_compile,
-    ACTION_NAMES.cpp_compile,
-    ACTION_NAMES.cpp_header_parsing,
-    ACTION_NAMES.cpp_module_compile,
-    ACTION_NAMES.cpp_module_codegen,
-]
-
-_CXX = [
-    ACTION_NAMES.cpp_compile,
-    ACTION_NAMES.cpp_header_parsing,
-    ACTION_NAMES.cpp_module_compile,
-    ACTION_NAMES.cpp_module_codegen,
-]
-
-_LINK = [
-    ACTION_NAMES.cpp_link_executable,
-    ACTION_NAMES.cpp_link_dynamic_library,
-    ACTION_NAMES.cpp_link_nodeps_dynamic_library,
-]
+load("//tools:cc_toolchain_common.bzl", "COMPILE_ACTIONS", "CXX_ACTIONS", "LINK_ACTIONS", "flags")
+load("@bazel_tools//tools/cpp:cc_toolchain_config_lib.bzl", "feature", "tool_path")
 
 _SANITIZERS = "-fsanitize=address,undefined"
-
-def _flags(actions, flags):
-    return flag_set(actions = actions, flag_groups = [flag_group(flags = flags)])
 
 def _impl(ctx):
     tool_paths = [
@@ -66,7 +34,7 @@ def _impl(ctx):
             name = "default_compile_flags",
             enabled = True,
             flag_sets = [
-                _flags(_COMPILE, [
+                flags(COMPILE_ACTIONS, [
                     "-O1",
                     "-g",
                     "-fno-omit-frame-pointer",
@@ -82,14 +50,14 @@ def _impl(ctx):
                     "-D__TIMESTAMP__=\"redacted\"",
                     "-D__TIME__=\"redacted\"",
                 ]),
-                _flags(_CXX, ["-std=c++17"]),
+                flags(CXX_ACTIONS, ["-std=c++17"]),
             ],
         ),
         feature(
             name = "default_link_flags",
             enabled = True,
             flag_sets = [
-                _flags(_LINK, [
+                flags(LINK_ACTIONS, [
                     "-fuse-ld=bfd",
                     _SANITIZERS,
                     "-fsanitize=fuzzer",
