@@ -24,7 +24,6 @@ that breaks a quarter of all requests at random, which must never overlap.
 from __future__ import annotations
 
 import json
-import random
 import re
 import subprocess
 import threading
@@ -274,7 +273,6 @@ class Killable:
         self.proxy.accept()
 
     def cli(self, binary: Path, schema: str):
-        from conftest import Cli
         return ProxiedCli(binary, self, schema)
 
 
@@ -312,9 +310,9 @@ def test_server_killed_and_restarted(own_server, chstate_bin, tmp_path):
     prepare(cli)
 
     # 1. A run of writes, the server killed in the middle and restarted.
-    acked, stop = [], threading.Event()
+    acked, failed, stop = [], [], threading.Event()
 
-    def writer():
+    def writer():  # records; the test asserts after join (an assert in a thread fails nothing)
         i = 0
         while not stop.is_set():
             i += 1
@@ -322,9 +320,7 @@ def test_server_killed_and_restarted(own_server, chstate_bin, tmp_path):
             if r.returncode == 0:
                 acked.append(i)
             else:
-                err = r.stderr.decode()
-                assert r.returncode == 5 and f":{k.proxy.port}" in err, err
-                assert "ClickHouse" in err, err
+                failed.append((r.returncode, r.stderr.decode()))
 
     t = threading.Thread(target=writer)
     t.start()
@@ -344,6 +340,11 @@ def test_server_killed_and_restarted(own_server, chstate_bin, tmp_path):
     stop.set()
     t.join()
     assert acked, "no write got through"
+    for code, err in failed:
+        # 5: the server was down (naming the address). 4: a `set` cut off by the
+        # kill left its lock behind, which expires after the stale window.
+        assert (code == 5 and f":{k.proxy.port}" in err and "ClickHouse" in err) or \
+            (code == 4 and "locked by another process" in err), (code, err)
     # 3. Nothing acknowledged is lost, nothing is half-written.
     got = cli.snapshot()
     assert got["src"] == full(A) and got["dst"] == full(B)
@@ -361,7 +362,6 @@ def test_lock_across_a_server_crash(own_server, chstate_bin, tmp_path):
     prepare(cli)
     log = tmp_path / "sections.log"
     log.touch()
-    procs = []
 
     def hold(seconds):
         argv = [str(chstate_bin), "--uri", f"clickhouse://{k.server.user}@127.0.0.1:{k.proxy.port}/default",
