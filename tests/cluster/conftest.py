@@ -12,7 +12,6 @@ missing). Each test gets its own schema.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from chserver import Server, start_server, stop_server  # noqa: E402
+from chserver import Server, stop_server  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "injection"))
 from pyhost import chstate_binary, modules, python_store  # noqa: E402
 

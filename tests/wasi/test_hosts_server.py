@@ -7,8 +7,6 @@ refused while the lock is held), through the module's ABI.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import uuid
 from pathlib import Path
 
