@@ -210,7 +210,7 @@ class StoreSteps {
       default:
         return st;
     }
-    return Reworded(st, code == 286 || code == 285 ? absl::StatusCode::kUnavailable : st.code(),
+    return Reworded(st, absl::StatusCode::kUnavailable,  // 285 and 286: nothing was written, retry later
                     absl::StrCat(why, ". ClickHouse said: ", st.message()));
   }
 
