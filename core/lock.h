@@ -21,13 +21,14 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "core/defaults.h"
 
 namespace chstate {
 
 struct LockOptions {
-  int64_t timeout_ms = 10000;  // give up after this long
-  int64_t retry_ms = 1000;     // wait between attempts while the lock is held
-  int64_t stale_ms = 300000;   // a lock older than this is taken over
+  int64_t timeout_ms = kDefaultLockTimeoutMs;  // give up after this long
+  int64_t retry_ms = kDefaultLockRetryMs;      // wait between attempts while the lock is held
+  int64_t stale_ms = kDefaultStaleLockMs;      // a lock older than this is taken over
 };
 
 // What a contender does after its CREATE failed because the lock exists.

@@ -89,15 +89,15 @@ absl::Status CheckResponse(const SqlResponse& r, absl::string_view what) {
   }
   std::string message = ExceptionMessage(body);
   switch (*code) {
-    case 192:  // UNKNOWN_USER
-    case 193:  // WRONG_PASSWORD
-    case 194:  // REQUIRED_PASSWORD
-    case 516:  // AUTHENTICATION_FAILED
+    case ch::kUnknownUser:
+    case ch::kWrongPassword:
+    case ch::kRequiredPassword:
+    case ch::kAuthenticationFailed:
       return WithCode(absl::UnauthenticatedError(absl::StrCat(
                           "ClickHouse rejected the login while ", what, " (code ", *code, "): ", message,
                           ". Check the user and password settings")),
                       *code);
-    case 497:  // ACCESS_DENIED
+    case ch::kAccessDenied:
       return WithCode(absl::PermissionDeniedError(absl::StrCat("ClickHouse denied access while ", what, " (code ",
                                                                *code, "): ", message,
                                                                ". Grant the user rights on the state schema")),
@@ -109,11 +109,11 @@ absl::Status CheckResponse(const SqlResponse& r, absl::string_view what) {
                       *code);
     case kCodeTableAlreadyExists:
       return WithCode(absl::AlreadyExistsError(message), *code);
-    case 159:  // TIMEOUT_EXCEEDED
-    case 202:  // TOO_MANY_SIMULTANEOUS_QUERIES
-    case 209:  // SOCKET_TIMEOUT
-    case 210:  // NETWORK_ERROR
-    case 425:  // SYSTEM_ERROR
+    case ch::kTimeoutExceeded:
+    case ch::kTooManySimultaneousQueries:
+    case ch::kSocketTimeout:
+    case ch::kNetworkError:
+    case ch::kSystemError:
       return WithCode(absl::UnavailableError(absl::StrCat("ClickHouse error ", *code, " while ", what, ": ",
                                                           message, ". Retry later")),
                       *code);

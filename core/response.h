@@ -21,15 +21,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/clickhouse_errors.h"
 #include "core/sql_request.h"
 
 namespace chstate {
 
-// ClickHouse error codes the core acts on.
-inline constexpr int kCodeUnknownTable = 60;
-inline constexpr int kCodeTableAlreadyExists = 57;
-inline constexpr int kCodeUnknownDatabase = 81;
-inline constexpr int kCodeTableIsDropped = 218;  // a query met a table being dropped
+// Short names of the codes the lock acts on; core/clickhouse_errors.h lists
+// every code the core interprets.
+inline constexpr int kCodeUnknownTable = ch::kUnknownTable;
+inline constexpr int kCodeTableAlreadyExists = ch::kTableAlreadyExists;
+inline constexpr int kCodeUnknownDatabase = ch::kUnknownDatabase;
+inline constexpr int kCodeTableIsDropped = ch::kTableIsDropped;
 
 using Row = std::vector<std::optional<std::string>>;  // nullopt = SQL NULL
 using Rows = std::vector<Row>;

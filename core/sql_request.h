@@ -24,11 +24,18 @@ struct SqlRequest {
   // Values are final text; the host only percent-encodes them.
   std::vector<std::pair<std::string, std::string>> url_params;
   // True when sending it twice has the same effect as once (reads, DDL with
-  // IF [NOT] EXISTS, deletes). Hosts may retry only these after a transport
-  // failure whose outcome is unknown.
+  // IF [NOT] EXISTS, deletes). The core (core/task.h), never the host,
+  // decides whether a request is sent again after a transport failure.
   bool idempotent = true;
   // A short name for logs and test vectors ("get_state", "insert_state", ...).
   std::string purpose;
+  // Set by the task that sends it: 1 for the first send, 2 for the first
+  // resend after a transport failure, ...
+  int attempt = 1;
+  // The longest the host may take to send it and read the whole answer;
+  // past it the host reports a transport failure (maybe_delivered = true).
+  // 0 only for requests no task stamped (tests of statements).
+  int64_t timeout_ms = 0;
 };
 
 struct SqlResponse {

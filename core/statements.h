@@ -35,6 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/defaults.h"
 #include "core/dialect.h"
 #include "core/sql_request.h"
 
@@ -48,9 +49,9 @@ struct ClusterOptions {
   // Replicas that must confirm a write. 2 for two replicas: every replica.
   int quorum = 2;
   // How long a quorum write waits for the other replicas (code 319 after).
-  int64_t quorum_timeout_ms = 10000;
+  int64_t quorum_timeout_ms = kDefaultQuorumTimeoutMs;
   // How long ON CLUSTER DDL waits for every host (code 159 after).
-  int64_t ddl_timeout_s = 10;
+  int64_t ddl_timeout_s = kDefaultDdlTimeoutS;
 
   bool enabled() const { return !name.empty(); }
 };

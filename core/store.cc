@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/clickhouse_errors.h"
 #include "core/lock_machine.h"
 #include "core/quoting.h"
 #include "core/response.h"
@@ -175,7 +176,7 @@ class StoreSteps {
         [this, req, what, deadline_ms, wait_ms, then, fail](absl::Status st) -> Step {
           std::optional<int> code = ClickHouseCode(st);
           if (!s_->options_.cluster.enabled() || !code) return fail(std::move(st));
-          if (*code == 286 && in_->now_ms < deadline_ms) {
+          if (*code == ch::kUnsatisfiedQuorumForPreviousWrite && in_->now_ms < deadline_ms) {
             // A little jitter from the fresh random bytes keeps two writers
             // from retrying in lockstep.
             int64_t jitter = in_->random.empty() ? 0 : static_cast<unsigned char>(in_->random[0]) % 8;
@@ -191,16 +192,16 @@ class StoreSteps {
     const ClusterOptions& c = s_->options_.cluster;
     std::string why;
     switch (code) {
-      case 286:
+      case ch::kUnsatisfiedQuorumForPreviousWrite:
         why = absl::StrCat("an earlier write to this table has still not reached its quorum of ", c.quorum,
                            " replicas after ", c.quorum_timeout_ms, " ms (a replica is down or lagging); nothing "
                            "was written. Bring the replica back, then retry");
         break;
-      case 285:
+      case ch::kTooFewLiveReplicas:
         why = absl::StrCat("fewer than ", c.quorum, " replicas are alive; nothing was written. Start the stopped "
                            "replica (or lower the quorum), then retry");
         break;
-      case 319:
+      case ch::kUnknownStatusOfInsert:
         return Reworded(st, absl::StatusCode::kUnavailable, absl::StrCat(
             "unknown outcome of the write (ClickHouse code 319): it reached one replica but the quorum of ",
             c.quorum, " was not confirmed within ", c.quorum_timeout_ms, " ms (a replica is down or hung). It is "
@@ -218,13 +219,13 @@ class StoreSteps {
   // are kUnavailable (retry later) whatever ClickHouse called them.
   absl::Status ExplainCluster(absl::Status st) const {
     std::optional<int> code = ClickHouseCode(st);
-    if (s_->options_.cluster.enabled() && code == 170 && absl::StrContains(st.message(), "Requested cluster")) {
+    if (s_->options_.cluster.enabled() && code == ch::kBadArguments && absl::StrContains(st.message(), "Requested cluster")) {
       return Reworded(st, absl::StatusCode::kInvalidArgument,
                       absl::StrCat("the servers know no cluster \"", s_->options_.cluster.name,
                                    "\": set the cluster setting to a name from their remote_servers (SELECT DISTINCT "
                                    "cluster FROM system.clusters). ", st.message()));
     }
-    if (!s_->options_.cluster.enabled() || !code || (*code != 242 && *code != 225 && *code != 999)) return st;
+    if (!s_->options_.cluster.enabled() || !code || (*code != ch::kTableIsReadOnly && *code != ch::kNoZooKeeper && *code != ch::kKeeperException)) return st;
     return Reworded(st, absl::StatusCode::kUnavailable,
                     absl::StrCat("ClickHouse cannot reach ZooKeeper (code ", *code, "), which cluster mode needs for "
                                  "replicated tables and ON CLUSTER DDL; nothing was changed. Check ZooKeeper (the "
@@ -392,10 +393,12 @@ namespace {
 
 // A task whose body gets a StoreSteps bound to the task's inputs.
 std::unique_ptr<Task> MakeTask(Store* store, std::function<Step(StoreSteps&)> body) {
-  return std::make_unique<Task>([store, body = std::move(body)](const Inputs* in) -> Task::Body {
-    auto steps = std::make_shared<StoreSteps>(store, in);
-    return [steps, body] { return body(*steps); };
-  });
+  return std::make_unique<Task>(
+      [store, body = std::move(body)](const Inputs* in) -> Task::Body {
+        auto steps = std::make_shared<StoreSteps>(store, in);
+        return [steps, body] { return body(*steps); };
+      },
+      store->options().transport);
 }
 
 std::unique_ptr<Task> Invalid(absl::Status status) {
@@ -697,14 +700,16 @@ std::unique_ptr<Task> Store::Move(std::string src, std::string dst) {
 std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
   return MakeTask(this, [this, state_id](StoreSteps& s) {
+    const int64_t started_ms = s.inputs().now_ms;
     return s.Connected(
-        [this, &s, state_id] {
+        [this, &s, state_id, started_ms] {
           return s.Acquire(
               state_id,
-              [this, &s, state_id](std::shared_ptr<LockMachine> m) {
+              [this, &s, state_id, started_ms](std::shared_ptr<LockMachine> m) {
                 held_[state_id] = m;
                 Result r = s.Base();
                 r.lock_id = m->lock_id();
+                r.waited_ms = s.inputs().now_ms - started_ms;
                 return Step::Done(std::move(r));
               },
               StoreSteps::Failed);

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/defaults.h"
 #include "core/dialect.h"
 #include "core/lock.h"
 #include "core/lock_machine.h"
@@ -35,7 +36,9 @@ struct StoreOptions {
   std::string endpoint;
   LockOptions lock;
   // How long a legacy (18.x) delete may take to finish its mutation.
-  int64_t mutation_timeout_ms = 60000;
+  int64_t mutation_timeout_ms = kDefaultMutationTimeoutMs;
+  // Resends after transport failures, and every request's timeout.
+  TransportPolicy transport;
   // Cluster mode when cluster.name is set (core/statements.h). A quorum
   // write that meets another one in progress (code 286) is retried until
   // cluster.quorum_timeout_ms has passed.

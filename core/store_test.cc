@@ -87,9 +87,10 @@ Outcome Drive(Task& task, const std::vector<Exchange>& script, int64_t* clock) {
   return out;
 }
 
-std::unique_ptr<Store> MakeStore(LockOptions lock = {}) {
+std::unique_ptr<Store> MakeStore(LockOptions lock = {}, TransportPolicy transport = {}) {
   StoreOptions o;
   o.lock = lock;
+  o.transport = transport;
   absl::StatusOr<std::unique_ptr<Store>> s = Store::Create(o);
   EXPECT_THAT(s, IsOk());
   return std::move(*s);
@@ -255,8 +256,16 @@ TEST(Store, ContendedLockRetriesThenGivesUpWithTheId) {
   EXPECT_GE(clock, 2500);
 }
 
+// The lock's own rule for requests without an answer, seen alone: with one
+// send per request (no resends by the task, core/task.h).
+TransportPolicy SendOnce() {
+  TransportPolicy p;
+  p.attempts = 1;
+  return p;
+}
+
 TEST(Store, UnreachableServerWhileLockingIsUnavailableNotBusy) {
-  auto store = MakeStore();
+  auto store = MakeStore({}, SendOnce());
   int64_t clock = 0;
   auto t = store->AcquireLock("dev:down");
   // The CREATE's fate is unknown, the look that would settle it gets no
@@ -274,7 +283,7 @@ TEST(Store, UnreachableServerWhileLockingIsUnavailableNotBusy) {
 TEST(Store, TimeoutRightAfterALostRequestIsUnavailableNotBusy) {
   LockOptions lock;
   lock.timeout_ms = 500;
-  auto store = MakeStore(lock);
+  auto store = MakeStore(lock, SendOnce());
   int64_t clock = 0;
   auto t = store->AcquireLock("a");
   Action a = t->Start({clock, kRandom});
@@ -291,7 +300,7 @@ TEST(Store, TimeoutRightAfterALostRequestIsUnavailableNotBusy) {
 TEST(Store, AnswerBetweenLostRequestsKeepsTheLockAttemptGoing) {
   LockOptions lock;
   lock.timeout_ms = 60000;
-  auto store = MakeStore(lock);
+  auto store = MakeStore(lock, SendOnce());
   int64_t clock = 0;
   auto t = store->AcquireLock("a");
   SqlResponse exists = Err(500, 57, "exists");
@@ -695,12 +704,121 @@ TEST(Store, ErrorsNameTheCause) {
   };
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
-    auto store = MakeStore();
+    auto store = MakeStore({}, SendOnce());
     int64_t clock = 0;
     auto t = store->Ping();
     Outcome o = Drive(*t, {Q("select_version", c.version_answer)}, &clock);
     EXPECT_THAT(o.last.status, StatusIs(c.code, HasSubstr(c.part)));
   }
+}
+
+// ---- the transport policy (core/task.h): resends are the core's, not the host's ----
+
+SqlResponse Lost() {
+  SqlResponse r;
+  r.transport_ok = false;
+  r.maybe_delivered = true;
+  r.transport_error = "connection reset while reading the answer (127.0.0.1:1)";
+  return r;
+}
+
+TEST(TransportPolicy, AReadIsResentWithBackOffThenReportedUnavailable) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->Get("a");
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("get_state", Refused()), W(100), Q("get_state", Lost()), W(200),
+                     Q("get_state", Refused())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("connection refused")));
+}
+
+TEST(TransportPolicy, ResendsCarryTheAttemptAndEveryRequestTheTimeout) {
+  TransportPolicy p;
+  p.request_timeout_ms = 1234;
+  auto store = MakeStore({}, p);
+  auto t = store->Get("a");
+  Action a = t->Start({0, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(a.request.attempt, 1);
+  EXPECT_EQ(a.request.timeout_ms, 1234);
+  a = t->OnResponse(Ok("18.16.1\t1\n"), {1, kRandom});
+  ASSERT_EQ(a.request.purpose, "get_state");
+  a = t->OnResponse(Lost(), {2, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kWait);
+  EXPECT_EQ(a.wait_ms, 100);
+  a = t->OnTimer({102, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(a.request.purpose, "get_state");
+  EXPECT_EQ(a.request.attempt, 2);
+  EXPECT_EQ(a.request.timeout_ms, 1234);
+  a = t->OnResponse(Ok(""), {103, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kDone) << a.status;
+  EXPECT_FALSE(a.result.state.has_value());
+}
+
+TEST(TransportPolicy, AWriteThatMayHaveLandedIsNeverResent) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  MeltanoState s;
+  s.state_id = "a";
+  s.completed = nlohmann::json::parse(R"({"singer_state":{}})");
+  auto t = store->Set(s);
+  Outcome o = Drive(*t, {kVersion18, Q("insert_state", Lost())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("connection reset")));
+  EXPECT_EQ(o.purposes, (std::vector<std::string>{"select_version", "insert_state"}));
+}
+
+TEST(TransportPolicy, AWriteThatNeverLeftIsResent) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  MeltanoState s;
+  s.state_id = "a";
+  s.completed = nlohmann::json::parse(R"({"singer_state":{}})");
+  auto t = store->Set(s);
+  Outcome o = Drive(*t, {kVersion18, Q("insert_state", Refused()), W(100), Q("insert_state", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+TEST(TransportPolicy, ALockCreateThatMayHaveLandedIsInspectedNotResent) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("a");
+  // The CREATE's answer was lost: the lock looks at its table and finds
+  // itself the holder.
+  Outcome o = Drive(*t, {kVersion18, Q("create_lock", Lost()), Q("inspect_lock", Mine())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.lock_id, kLockId);
+}
+
+TEST(TransportPolicy, AnUnreachableServerFailsTheLockAfterEveryResend) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("a");
+  // Each lock request is sent three times; three lock requests in a row
+  // without any answer make the server unreachable.
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Refused()), W(100), Q("create_lock", Refused()), W(200),
+                     Q("create_lock", Refused()), Q("inspect_lock", Refused()), W(100), Q("inspect_lock", Refused()),
+                     W(200), Q("inspect_lock", Refused()), W(1000), Q("create_lock", Refused()), W(100),
+                     Q("create_lock", Refused()), W(200), Q("create_lock", Refused())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("connection refused")));
+}
+
+TEST(TransportPolicy, WaitsAndResendsAreRefusedOutOfOrder) {
+  auto store = MakeStore();
+  auto t = store->Get("a");
+  Action a = t->Start({0, kRandom});
+  a = t->OnResponse(Refused(), {1, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kWait);
+  // An answer while the task waits to resend is a host bug.
+  a = t->OnResponse(Ok("18.16.1\t1\n"), {2, kRandom});
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("misuse")));
+  EXPECT_TRUE(t->finished());
 }
 
 TEST(Store, InvalidInputIsRejectedBeforeAnyRequest) {

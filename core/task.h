@@ -5,6 +5,7 @@
 //   chstate::Action a = task->Start({now_ms, random_bytes});
 //   while (true) {
 //     if (a.kind == chstate::Action::Kind::kRunSql) {
+//       // send a.request once, waiting at most a.request.timeout_ms
 //       a = task->OnResponse(transport.Run(a.request), {now_ms, random_bytes});
 //     } else if (a.kind == chstate::Action::Kind::kWait) {
 //       sleep_for(a.wait_ms);
@@ -16,6 +17,17 @@
 // per input. Calling an input the task did not ask for (OnTimer while it
 // waits for SQL, anything after kDone/kFailed) returns kFailed with
 // kFailedPrecondition and leaves the task finished.
+//
+// Transport failures are the task's business, not the host's: a host sends
+// each request exactly once and reports what happened (SqlResponse with
+// transport_ok = false and whether the request may have been delivered). The
+// task then decides, for every host alike (TransportPolicy):
+//   - a request that cannot do harm twice (idempotent, or one that provably
+//     never left: maybe_delivered = false) is sent again after a back-off
+//     wait, up to `attempts` sends in all; the resend carries attempt + 1;
+//   - any other failure goes to the step that sent the request, which knows
+//     how to resolve it (the lock inspects its table; a write reports
+//     kUnavailable with the outcome unknown) and never resends it blindly.
 #ifndef CHSTATE_CORE_TASK_H_
 #define CHSTATE_CORE_TASK_H_
 
@@ -26,6 +38,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/defaults.h"
 #include "core/dialect.h"
 #include "core/sql_request.h"
 #include "core/state.h"
@@ -48,8 +61,19 @@ struct Result {
   std::string server_version;           // Ping, and every task that connected
   std::optional<Dialect> dialect;
   std::string lock_id;                  // AcquireLock
-  int64_t waited_ms = 0;                // AcquireLock: time spent waiting
+  int64_t waited_ms = 0;                // AcquireLock: time from start to acquired
 };
+
+// What a task does after a transport failure (see the file comment).
+struct TransportPolicy {
+  int attempts = kDefaultTransportAttempts;          // sends of one request in all
+  int64_t backoff_ms = kDefaultTransportBackoffMs;   // before the first resend, doubled after
+  int64_t request_timeout_ms = kDefaultRequestTimeoutMs;  // stamped on every request
+};
+
+// True when `request` may be sent again after `response` (a transport
+// failure): resending cannot do harm.
+bool MayResend(const SqlRequest& request, const SqlResponse& response);
 
 struct Action {
   enum class Kind { kRunSql, kWait, kDone, kFailed };
@@ -85,22 +109,31 @@ class Task {
   // `body` runs on Start and builds the first step. `inputs` points at the
   // latest Inputs the host gave, for steps that need the time or randomness.
   using Body = std::function<Step()>;
-  explicit Task(std::function<Body(const Inputs*)> make_body);
+  explicit Task(std::function<Body(const Inputs*)> make_body, TransportPolicy policy = {});
 
   Action Start(const Inputs& in);
   Action OnResponse(const SqlResponse& response, const Inputs& in);
   Action OnTimer(const Inputs& in);
-  bool finished() const { return finished_; }
+  bool finished() const { return phase_ == Phase::kFinished; }
 
  private:
+  // Where the task is. Each input is accepted in exactly one phase:
+  //   kNew      --Start-------> (the body's first step)
+  //   kSql      --OnResponse--> kResend (a failure MayResend allows) | (the handler's next step)
+  //   kTimer    --OnTimer-----> (the handler's next step)
+  //   kResend   --OnTimer-----> kSql (the same request, attempt + 1)
+  //   (a step)  = kSql | kTimer | kFinished (done or failed)
+  enum class Phase { kNew, kSql, kTimer, kResend, kFinished };
+
   Action Take(Step step);
   Action Misuse(const char* what);
+  Action SendPending();
 
+  TransportPolicy policy_;
   Inputs inputs_;
   Body body_;
   Step pending_;
-  bool started_ = false;
-  bool finished_ = false;
+  Phase phase_ = Phase::kNew;
 };
 
 }  // namespace chstate

@@ -32,6 +32,12 @@
  * store remembers held locks and the server's dialect between operations).
  * Different stores are independent. No function throws or aborts on bad input.
  *
+ * Transport: send each {"request": ...} exactly once, allowing it its "timeout_ms", and feed
+ * back what happened: the answer, or {"transport_ok": false, "transport_error": ...,
+ * "maybe_delivered": BOOL} (false only when the request certainly never reached the server,
+ * e.g. connection refused). Never resend on your own: when a resend is safe the library
+ * answers with {"wait_ms": N} and then the same request with "attempt" + 1 (core/task.h).
+ *
  * Time and randomness: `now_ms` is milliseconds on any monotonic clock (only
  * differences matter); `random` must point at 16 or more fresh bytes from a
  * cryptographic source on every call (lock ids and insert tokens are made from
@@ -47,8 +53,9 @@
 extern "C" {
 #endif
 
-/* Bumped on any incompatible change of a signature or document. */
-#define CHSTATE_ABI_VERSION 1
+/* Bumped on any incompatible change of a signature, a document or the host's duties
+ * (2: resends after transport failures moved from the hosts into the library). */
+#define CHSTATE_ABI_VERSION 2
 
 typedef struct chstate_store chstate_store;
 
@@ -58,12 +65,15 @@ int32_t chstate_abi_version(void);
 /* Resolves connection settings with the core's precedence and URI parser.
  * Input: {"flags": {"uri": ..., "host": ..., "port": ..., ...}, "env": {NAME: value, ...}}.
  * Returns {"config": {"host","port","secure","user","password","database","schema","table",
- * "ca_file","redacted_uri","origin":{...}}} or {"failed": {"code","message"}}. The password
+ * "ca_file","connect_timeout_ms","request_timeout_ms","cluster","zookeeper_path","replica",
+ * "redacted_uri","origin":{...}}} or {"failed": {"code","message"}}; a transport connects
+ * within connect_timeout_ms (each request carries its own timeout_ms). The password
  * is returned for the caller's transport; no message or other field contains it. */
 char* chstate_resolve_config(const char* sources_json);
 
 /* Creates a store. Options (all optional): {"schema","table","endpoint" (for messages),
- * "lock_timeout_ms","lock_retry_ms","stale_lock_ms","mutation_timeout_ms"}.
+ * "lock_timeout_ms","lock_retry_ms","stale_lock_ms","mutation_timeout_ms","request_timeout_ms",
+ * "cluster","zookeeper_path","replica"}; an option not given takes the core's default (core/defaults.h).
  * On failure returns NULL and, when `error_json` is not NULL, sets *error_json to a
  * {"failed": ...} document the caller frees with chstate_string_free. */
 chstate_store* chstate_store_new(const char* options_json, char** error_json);

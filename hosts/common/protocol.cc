@@ -2,6 +2,8 @@
 // tools/pipe_host (JSON lines) and the C ABI (hosts/common/c_api.cc).
 #include "hosts/common/protocol.h"
 
+#include "core/defaults.h"
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -113,7 +115,12 @@ json RequestJson(const SqlRequest& r) {
   json params = json::array();
   for (const auto& [k, v] : r.url_params) params.push_back(json::array({k, v}));
   return json{{"request",
-               {{"sql", r.sql}, {"url_params", params}, {"purpose", r.purpose}, {"idempotent", r.idempotent}}}};
+               {{"sql", r.sql},
+                {"url_params", params},
+                {"purpose", r.purpose},
+                {"idempotent", r.idempotent},
+                {"attempt", r.attempt},
+                {"timeout_ms", r.timeout_ms}}}};
 }
 
 json ResultJson(const Result& r) {
@@ -284,7 +291,8 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
     int64_t* ms = key == "lock_timeout_ms" ? &opts.lock.timeout_ms
                 : key == "lock_retry_ms" ? &opts.lock.retry_ms
                 : key == "stale_lock_ms" ? &opts.lock.stale_ms
-                : key == "mutation_timeout_ms" ? &opts.mutation_timeout_ms : nullptr;
+                : key == "mutation_timeout_ms" ? &opts.mutation_timeout_ms
+                : key == "request_timeout_ms" ? &opts.transport.request_timeout_ms : nullptr;
     if (text != nullptr) {
       if (!value.is_string()) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a string"));
       *text = value.get<std::string>();
@@ -297,7 +305,7 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown store option \"", key,
           "\"; expected schema, table, endpoint, cluster, zookeeper_path, replica, lock_timeout_ms, lock_retry_ms, "
-          "stale_lock_ms, mutation_timeout_ms"));
+          "stale_lock_ms, mutation_timeout_ms, request_timeout_ms"));
     }
   }
   return opts;
@@ -333,6 +341,8 @@ json ResolveConfigJson(absl::string_view sources_json) {
                 {"schema", cfg->schema},
                 {"table", cfg->table},
                 {"ca_file", cfg->ca_file},
+                {"connect_timeout_ms", kDefaultConnectTimeoutMs},
+                {"request_timeout_ms", kDefaultRequestTimeoutMs},
                 {"cluster", cfg->cluster},
                 {"zookeeper_path", cfg->zookeeper_path},
                 {"replica", cfg->replica},

@@ -19,7 +19,9 @@
 //            "pattern_hex"), clear_all, copy/move ("src_hex","dst_hex"),
 //            acquire_lock, renew_lock, release_lock ("lock_id"); set, set_locked
 //            and update carry "state": {"completed": {...}, "partial": {...}}.
-//   request  {"request":{"sql":"...","url_params":[["k","v"],...],"purpose":"get_state","idempotent":true}}
+//   request  {"request":{"sql":"...","url_params":[["k","v"],...],"purpose":"get_state","idempotent":true,
+//                        "attempt":1,"timeout_ms":30000}}: send it once within timeout_ms; the core
+//            resends (a wait, then the same request with attempt + 1) when that is safe
 //   response {"response":{"transport_ok":true,"http_status":200,"exception_code_header":"",
 //                         "body_hex":"..."}} ("body" may replace "body_hex";
 //            "transport_ok":false comes with "transport_error" and "maybe_delivered")

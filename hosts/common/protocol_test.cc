@@ -73,13 +73,22 @@ TEST(OpDriver, AbsentStateIsNull) {
   EXPECT_TRUE(a["done"]["state"].is_null());
 }
 
-TEST(OpDriver, TransportFailureOfAReadIsUnavailable) {
+TEST(OpDriver, TransportFailureOfAReadIsResentThenUnavailable) {
   auto store = MakeStore();
   OpDriver d(store.get());
-  d.Start(R"({"op":"get","state_id_hex":"6161"})", kIn);
-  json a = d.Feed(R"j({"response":{"transport_ok":false,"transport_error":"connection refused (h:1)",
-                                   "maybe_delivered":false}})j",
-                  kIn);
+  json a = d.Start(R"({"op":"get","state_id_hex":"6161"})", kIn);
+  ASSERT_EQ(a["request"]["attempt"], 1) << a;
+  const char* refused = R"j({"response":{"transport_ok":false,"transport_error":"connection refused (h:1)",
+                                         "maybe_delivered":false}})j";
+  // The core, not the host, resends: a wait, then the same request again.
+  for (int attempt = 2; attempt <= 3; ++attempt) {
+    a = d.Feed(refused, kIn);
+    ASSERT_EQ(a, json({{"wait_ms", 100 << (attempt - 2)}}));
+    a = d.Feed(R"({"timer":true})", kIn);
+    ASSERT_EQ(a["request"]["purpose"], "select_version") << a;
+    ASSERT_EQ(a["request"]["attempt"], attempt) << a;
+  }
+  a = d.Feed(refused, kIn);
   ASSERT_TRUE(a.contains("failed")) << a;
   EXPECT_EQ(a["failed"]["code"], "UNAVAILABLE");
   EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("connection refused"));
@@ -297,9 +306,11 @@ TEST(Documents, RequestJsonCarriesEveryField) {
   r.url_params = {{"param_id", "a\\tb"}, {"wait_end_of_query", "1"}};
   r.idempotent = false;
   r.purpose = "insert_state";
+  r.attempt = 2;
+  r.timeout_ms = 1500;
   EXPECT_EQ(Dump(RequestJson(r)),
-            R"({"request":{"idempotent":false,"purpose":"insert_state","sql":"SELECT 1",)"
-            R"("url_params":[["param_id","a\\tb"],["wait_end_of_query","1"]]}})");
+            R"({"request":{"attempt":2,"idempotent":false,"purpose":"insert_state","sql":"SELECT 1",)"
+            R"("timeout_ms":1500,"url_params":[["param_id","a\\tb"],["wait_end_of_query","1"]]}})");
 }
 
 TEST(Documents, DumpNeverThrowsOnInvalidUtf8) {

@@ -179,17 +179,9 @@ local function drive(rec, op)
   local kind, a, b, c = op:start(rec.now_ms())
   while true do
     if kind == "sql" then
-      local attempt = 0
-      while true do
-        local status, body, extra = send(rec, op, a)
-        -- Only requests that may run twice are retried after a lost answer.
-        if status ~= nil or not a.idempotent or attempt >= 2 then
-          kind, a, b, c = op:response(rec.now_ms(), status, body, extra)
-          break
-        end
-        rec.sleep_ms(100 << attempt)
-        attempt = attempt + 1
-      end
+      -- Sent once; the core decides whether a failed request goes again.
+      local status, body, extra = send(rec, op, a)
+      kind, a, b, c = op:response(rec.now_ms(), status, body, extra)
     elseif kind == "wait" then
       rec.sleep_ms(a)
       kind, a, b, c = op:timer(rec.now_ms())
@@ -385,13 +377,15 @@ end
 local OPTIONS = {env = true, transport = true, sleep = true, now = true, lock_timeout = true, lock_retry = true,
                  stale_lock = true, connect_timeout = true, timeout = true}
 
-local function seconds(opts, env, key, env_name, default, zero_ok)
+-- Milliseconds from an option or its variable; nil when neither is given
+-- (the core's default applies: core/defaults.h).
+local function seconds(opts, env, key, env_name, zero_ok)
   local v, origin = opts[key], "option '" .. key .. "'"
   if v == nil and env_name and env[env_name] and env[env_name] ~= "" then
     v, origin = tonumber(env[env_name]), env_name
     if v == nil then argerror("open", 1, env_name .. " is not a number of seconds") end
   end
-  if v == nil then v = default end
+  if v == nil then return nil end
   if type(v) ~= "number" or v ~= v or v > 1e9 or v < 0 or (v == 0 and not zero_ok) then
     argerror("open", 1, origin .. " must be a number of seconds " .. (zero_ok and "(0 or more)" or "(more than 0)"))
   end
@@ -445,11 +439,11 @@ function M.open(opts)
   end
   local native = {
     native = opts.transport == nil,
-    lock_timeout_ms = seconds(opts, env, "lock_timeout", "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS", 10, true),
-    lock_retry_ms = seconds(opts, env, "lock_retry", "MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS", 1, false),
-    stale_ms = seconds(opts, env, "stale_lock", nil, 300, false),
-    connect_timeout_ms = seconds(opts, env, "connect_timeout", nil, 5, false),
-    timeout_ms = seconds(opts, env, "timeout", nil, 30, false),
+    lock_timeout_ms = seconds(opts, env, "lock_timeout", "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS", true),
+    lock_retry_ms = seconds(opts, env, "lock_retry", "MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS", false),
+    stale_ms = seconds(opts, env, "stale_lock", nil, false),
+    connect_timeout_ms = seconds(opts, env, "connect_timeout", nil, false),
+    timeout_ms = seconds(opts, env, "timeout", nil, false),
   }
   local ud, info = C.new_store(flags, env, native)
   if ud == nil then raise("INVALID_ARGUMENT", "open", info) end
@@ -462,7 +456,7 @@ function M.open(opts)
     native_run = opts.transport == nil and now == nil and sleep == nil,
     now_ms = now and function() return math.floor(now() * 1000) end or C.monotonic_ms,
     sleep_ms = sleep and function(ms) sleep(ms / 1000) end or C.sleep_ms,
-    renew_every_ms = math.max(native.stale_ms // 3, 50),
+    renew_every_ms = math.max(info.stale_ms // 3, 50),
     held = {},
     busy = false,
     closed = false,

@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
+#include "core/defaults.h"
 #include "core/lock.h"
 #include "core/state.h"
 #include "core/store.h"
@@ -498,11 +499,11 @@ int NewStore(lua_State* L) {
   lua_getfield(L, 3, "native");
   const bool native = lua_toboolean(L, -1);
   lua_pop(L, 1);
-  const int64_t lock_timeout = IntField(L, 3, "lock_timeout_ms", 10000);
-  const int64_t lock_retry = IntField(L, 3, "lock_retry_ms", 1000);
-  const int64_t stale = IntField(L, 3, "stale_ms", 300000);
-  const int64_t connect_timeout = IntField(L, 3, "connect_timeout_ms", 5000);
-  const int64_t timeout = IntField(L, 3, "timeout_ms", 30000);
+  const int64_t lock_timeout = IntField(L, 3, "lock_timeout_ms", kDefaultLockTimeoutMs);
+  const int64_t lock_retry = IntField(L, 3, "lock_retry_ms", kDefaultLockRetryMs);
+  const int64_t stale = IntField(L, 3, "stale_ms", kDefaultStaleLockMs);
+  const int64_t connect_timeout = IntField(L, 3, "connect_timeout_ms", kDefaultConnectTimeoutMs);
+  const int64_t timeout = IntField(L, 3, "timeout_ms", kDefaultRequestTimeoutMs);
   StoreBox* ud = static_cast<StoreBox*>(lua_newuserdatauv(L, sizeof(StoreBox), 0));
   ud->open = nullptr;
   luaL_setmetatable(L, kStoreMeta);
@@ -528,6 +529,7 @@ int NewStore(lua_State* L) {
       options.lock.timeout_ms = lock_timeout;
       options.lock.retry_ms = lock_retry;
       options.lock.stale_ms = stale;
+      options.transport.request_timeout_ms = timeout;
       options.cluster.name = config->cluster;
       options.cluster.zookeeper_path = config->zookeeper_path;
       options.cluster.replica = config->replica;
@@ -548,15 +550,15 @@ int NewStore(lua_State* L) {
       if (native) {
         native::ExecutorOptions eo;
         eo.connect_timeout_ms = connect_timeout;
-        eo.read_timeout_ms = timeout;
-        eo.write_timeout_ms = timeout;
         box->exec = std::make_unique<native::HttpExecutor>(box->config, eo);
       }
-      lua_createtable(L, 0, 10);
+      lua_createtable(L, 0, 11);
       SetField(L, "redacted_uri", box->config.RedactedUri());
       SetField(L, "host", box->config.host);
       lua_pushinteger(L, box->config.port);
       lua_setfield(L, -2, "port");
+      lua_pushinteger(L, box->store->options().lock.stale_ms);
+      lua_setfield(L, -2, "stale_ms");
       lua_pushboolean(L, box->config.secure);
       lua_setfield(L, -2, "secure");
       SetField(L, "user", box->config.user);
@@ -724,6 +726,10 @@ int PushAction(lua_State* L, HostOp& op, const Action& a) {
       SetField(L, "url", url);
       lua_pushboolean(L, r.idempotent);
       lua_setfield(L, -2, "idempotent");
+      lua_pushinteger(L, r.attempt);
+      lua_setfield(L, -2, "attempt");
+      lua_pushinteger(L, r.timeout_ms);
+      lua_setfield(L, -2, "timeout_ms");
       SetField(L, "purpose", r.purpose);
       return 2;
     }
@@ -982,8 +988,8 @@ void SleepMs(int64_t ms) {
 }
 
 // store:run(op) -> action (done or failed): the whole op in C, with the
-// native executor, the monotonic clock and real sleeps; idempotent requests
-// without an answer are retried twice, as the CLI does.
+// native executor, the monotonic clock and real sleeps (resends after
+// transport failures are the core's, as for every host).
 int StoreRun(lua_State* L) {
   OpenStore* box = CheckStore(L, 1);
   HostOp* op = CheckOp(L, 2);
@@ -991,12 +997,7 @@ int StoreRun(lua_State* L) {
   Action a = op->Start(InputsAt(native::MonotonicMs()));
   while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
     if (a.kind == Action::Kind::kRunSql) {
-      SqlResponse r = box->exec->Execute(a.request);
-      for (int attempt = 0; !r.transport_ok && a.request.idempotent && attempt < 2; ++attempt) {
-        SleepMs(100 << attempt);
-        r = box->exec->Execute(a.request);
-      }
-      a = op->OnResponse(r, InputsAt(native::MonotonicMs()));
+      a = op->OnResponse(box->exec->Execute(a.request), InputsAt(native::MonotonicMs()));
     } else {
       SleepMs(a.wait_ms);
       a = op->OnTimer(InputsAt(native::MonotonicMs()));

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "core/config.h"
+#include "core/defaults.h"
 #include "core/dialect.h"
 #include "core/state.h"
 #include "core/store.h"
@@ -48,6 +49,9 @@ struct OptionSpec {
   const char* metavar;  // nullptr: a switch (which also takes --name=true|false)
   const char* group;    // heading in `chstate --help`; nullptr: a command option
   const char* help;
+  // A duration option's default from core/defaults.h, which --help prints
+  // (in seconds) after the text; -1 for the others.
+  int64_t default_ms = -1;
 };
 
 constexpr char kConnection[] = "Connection";
@@ -73,12 +77,15 @@ constexpr OptionSpec kOptions[] = {
      "(default /clickhouse/tables/{shard})"},
     {"replica", 0, "NAME", kConnection, "cluster mode: replica name (default {replica})"},
     {"lock-timeout", 0, "SECONDS", kLocking,
-     "give up on a state id's lock after this long (default 10; MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS)"},
-    {"lock-retry", 0, "SECONDS", kLocking,
-     "wait between lock attempts (default 1; MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS)"},
-    {"stale-lock", 0, "SECONDS", kLocking, "take over a lock held longer than this (default 300)"},
-    {"connect-timeout", 0, "SECONDS", kLocking, "connect timeout (default 5)"},
-    {"timeout", 0, "SECONDS", kLocking, "timeout for each request (default 30); for `lock`, also how long to wait for the lock"},
+     "give up on a state id's lock after this long (MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS)",
+     kDefaultLockTimeoutMs},
+    {"lock-retry", 0, "SECONDS", kLocking, "wait between lock attempts (MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS)",
+     kDefaultLockRetryMs},
+    {"stale-lock", 0, "SECONDS", kLocking, "take over a lock held longer than this", kDefaultStaleLockMs},
+    {"connect-timeout", 0, "SECONDS", kLocking, "connect timeout", kDefaultConnectTimeoutMs},
+    {"timeout", 0, "SECONDS", kLocking,
+     "timeout for each request; for `lock`, also how long to wait for the lock",
+     kDefaultRequestTimeoutMs},
     {"json", 0, nullptr, kOutput, "print results, and errors, as one JSON object on stdout"},
     {"help", 'h', nullptr, kOutput, "show help; `chstate COMMAND --help` for one command"},
     {"version", 0, nullptr, kOutput, "print the version"},
@@ -442,11 +449,11 @@ absl::Status Connect(Session& s) {
     int64_t* target;
   };
   const Duration durations[] = {
-      {"lock-timeout", kLockTimeoutEnv, 10, /*zero_ok=*/true, &options.lock.timeout_ms},
-      {"lock-retry", kLockRetryEnv, 1, false, &options.lock.retry_ms},
-      {"stale-lock", nullptr, 300, false, &options.lock.stale_ms},
-      {"connect-timeout", nullptr, 5, false, &exec_options.connect_timeout_ms},
-      {"timeout", nullptr, 30, false, &request_timeout_ms},
+      {"lock-timeout", kLockTimeoutEnv, kDefaultLockTimeoutMs / 1000.0, /*zero_ok=*/true, &options.lock.timeout_ms},
+      {"lock-retry", kLockRetryEnv, kDefaultLockRetryMs / 1000.0, false, &options.lock.retry_ms},
+      {"stale-lock", nullptr, kDefaultStaleLockMs / 1000.0, false, &options.lock.stale_ms},
+      {"connect-timeout", nullptr, kDefaultConnectTimeoutMs / 1000.0, false, &exec_options.connect_timeout_ms},
+      {"timeout", nullptr, kDefaultRequestTimeoutMs / 1000.0, false, &request_timeout_ms},
   };
   for (const Duration& d : durations) {
     absl::StatusOr<int64_t> ms = Millis(s.inv, s.env, d.flag, d.env, d.default_seconds, d.zero_ok);
@@ -457,8 +464,7 @@ absl::Status Connect(Session& s) {
   if (s.inv.command != nullptr && std::string(s.inv.command->name) == "lock" && s.inv.Value("timeout") != nullptr) {
     options.lock.timeout_ms = request_timeout_ms;
   }
-  exec_options.read_timeout_ms = request_timeout_ms;
-  exec_options.write_timeout_ms = request_timeout_ms;
+  options.transport.request_timeout_ms = request_timeout_ms;
 
   s.exec = std::make_unique<native::HttpExecutor>(s.config, exec_options);
   options.endpoint = s.exec->endpoint();
@@ -764,6 +770,12 @@ void AppendRow(std::string* out, const std::string& label, absl::string_view hel
   AppendWrapped(out, help, kHelpColumn, kHelpColumn);
 }
 
+// The option's text, with its default from core/defaults.h.
+std::string OptionHelp(const OptionSpec& o) {
+  if (o.default_ms < 0) return o.help;
+  return absl::StrCat(o.help, " (default ", absl::SixDigits(o.default_ms / 1000.0), ")");
+}
+
 std::string GeneralHelp() {
   std::string out = absl::StrCat("chstate ", kVersion,
                                  ": Meltano state stored in ClickHouse\n\n"
@@ -774,7 +786,7 @@ std::string GeneralHelp() {
   for (const char* group : {kConnection, kLocking, kOutput}) {
     absl::StrAppend(&out, "\n", group, " options (before or after the command):\n");
     for (const OptionSpec& o : kOptions) {
-      if (o.group == group) AppendRow(&out, OptionLabel(o), o.help);
+      if (o.group == group) AppendRow(&out, OptionLabel(o), OptionHelp(o));
     }
   }
   out.push_back('\n');
@@ -798,7 +810,7 @@ std::string CommandHelp(const CommandSpec& c) {
     absl::StrAppend(&out, "\nOptions:\n");
     for (const char* name : c.options) {
       const OptionSpec* o = FindOption(name);
-      AppendRow(&out, OptionLabel(*o), o->help);
+      AppendRow(&out, OptionLabel(*o), OptionHelp(*o));
     }
   }
   absl::StrAppend(&out,

@@ -1,4 +1,4 @@
-// cpp-httplib transport for core SqlRequests, and the loop that drives Tasks.
+// cpp-httplib transport for core SqlRequests, and the pump that drives Tasks.
 #include "hosts/native/executor.h"
 
 #include <sys/random.h>
@@ -56,8 +56,6 @@ HttpExecutor::HttpExecutor(const ConnectionConfig& config, ExecutorOptions optio
   // server's delayed ACK: about 44 ms per request instead of 0.3 ms.
   c.set_tcp_nodelay(true);
   c.set_connection_timeout(options.connect_timeout_ms / 1000, (options.connect_timeout_ms % 1000) * 1000);
-  c.set_read_timeout(options.read_timeout_ms / 1000, (options.read_timeout_ms % 1000) * 1000);
-  c.set_write_timeout(options.write_timeout_ms / 1000, (options.write_timeout_ms % 1000) * 1000);
   if (config.secure) {
     // Verification stays on: there is deliberately no switch to turn it off.
     c.enable_server_certificate_verification(true);
@@ -77,6 +75,12 @@ SqlResponse HttpExecutor::Execute(const SqlRequest& request) {
                     httplib::detail::encode_query_param(value));
   }
   SqlResponse out;
+  if (request.timeout_ms > 0) {
+    const time_t sec = static_cast<time_t>(request.timeout_ms / 1000);
+    const time_t usec = static_cast<time_t>((request.timeout_ms % 1000) * 1000);
+    impl_->client->set_read_timeout(sec, usec);
+    impl_->client->set_write_timeout(sec, usec);
+  }
   httplib::Result res = impl_->client->Post(path, impl_->headers, request.sql, "text/plain; charset=UTF-8");
   if (!res) {
     out.transport_ok = false;
@@ -109,21 +113,14 @@ int64_t MonotonicMs() {
       .count();
 }
 
-absl::StatusOr<Result> RunTask(Task& task, HttpExecutor& exec, int retries) {
+absl::StatusOr<Result> RunTask(Task& task, HttpExecutor& exec) {
   auto inputs = [] { return Inputs{MonotonicMs(), OsRandomBytes()}; };
   Action a = task.Start(inputs());
   while (true) {
     switch (a.kind) {
-      case Action::Kind::kRunSql: {
-        SqlResponse r = exec.Execute(a.request);
-        for (int attempt = 0; !r.transport_ok && a.request.idempotent && attempt < retries; ++attempt) {
-          // Back off briefly: a restarting server refuses for a moment.
-          std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
-          r = exec.Execute(a.request);
-        }
-        a = task.OnResponse(r, inputs());
+      case Action::Kind::kRunSql:
+        a = task.OnResponse(exec.Execute(a.request), inputs());
         break;
-      }
       case Action::Kind::kWait:
         std::this_thread::sleep_for(std::chrono::milliseconds(a.wait_ms));
         a = task.OnTimer(inputs());

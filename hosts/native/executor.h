@@ -1,11 +1,14 @@
 // The native host's transport: runs SqlRequests against ClickHouse's HTTP(S)
-// interface with cpp-httplib, and drives core Tasks to completion.
+// interface with cpp-httplib, and pumps core Tasks to completion.
 //
-//   chstate::native::HttpExecutor exec(config, {.connect_timeout_ms = 3000});
+//   chstate::native::HttpExecutor exec(config);
 //   absl::StatusOr<chstate::Result> r = chstate::native::RunTask(*store->Get(id), exec);
 //
 // Credentials travel in X-ClickHouse-User / X-ClickHouse-Key headers, never in
-// the URL. One keep-alive connection is reused for every request.
+// the URL. One keep-alive connection is reused for every request. The pump
+// sends each request once, within the request's own timeout_ms, and sleeps
+// when told: whether and when a failed request is sent again is the core's
+// decision (core/task.h), the same for every host.
 #ifndef CHSTATE_HOSTS_NATIVE_EXECUTOR_H_
 #define CHSTATE_HOSTS_NATIVE_EXECUTOR_H_
 
@@ -16,15 +19,14 @@
 
 #include "absl/status/statusor.h"
 #include "core/config.h"
+#include "core/defaults.h"
 #include "core/sql_request.h"
 #include "core/task.h"
 
 namespace chstate::native {
 
 struct ExecutorOptions {
-  int64_t connect_timeout_ms = 5000;
-  int64_t read_timeout_ms = 30000;
-  int64_t write_timeout_ms = 30000;
+  int64_t connect_timeout_ms = kDefaultConnectTimeoutMs;
 };
 
 class HttpExecutor {
@@ -34,8 +36,10 @@ class HttpExecutor {
   HttpExecutor(const HttpExecutor&) = delete;
   HttpExecutor& operator=(const HttpExecutor&) = delete;
 
-  // Never throws. Transport failures come back with transport_ok = false and
-  // a message that names host:port and what to check (never the password).
+  // Sends `request` once, allowing it request.timeout_ms (when set) to be
+  // sent and answered. Never throws. Transport failures come back with
+  // transport_ok = false, whether the request may have been delivered, and a
+  // message that names host:port and what to check (never the password).
   SqlResponse Execute(const SqlRequest& request);
 
   // "host:port", for messages.
@@ -49,8 +53,7 @@ class HttpExecutor {
 
 // Drives `task` to its end: runs SQL through `exec`, sleeps for waits, feeds
 // the monotonic clock and fresh random bytes (from the OS) with every input.
-// Idempotent requests that got no answer are retried up to `retries` times.
-absl::StatusOr<Result> RunTask(Task& task, HttpExecutor& exec, int retries = 2);
+absl::StatusOr<Result> RunTask(Task& task, HttpExecutor& exec);
 
 // 32 bytes from the OS random source.
 std::string OsRandomBytes();

@@ -1,16 +1,18 @@
 // A Node host for the chstate WebAssembly module (hosts/wasi/module.cc): loads
 // the module under node:wasi with no arguments, environment or files, runs
-// the SQL it asks for with fetch, and passes it the clock and random bytes.
+// the SQL it asks for over HTTP(S), and passes it the clock and random bytes.
 // It is also the README's minimal example for plugin-runtime authors.
 //
-//   import { loadChstate, fetchTransport } from "./chstate_wasi.mjs";
+//   import { loadChstate, httpTransport } from "./chstate_wasi.mjs";
 //   const chstate = await loadChstate("bazel-bin/hosts/wasi/chstate.wasm");
 //   const { config } = chstate.resolveConfig({ flags: { uri: "clickhouse://default@127.0.0.1:8123/meltano" } });
-//   const store = chstate.openStore({ schema: config.schema, table: config.table }, fetchTransport(config));
+//   const store = chstate.openStore({ schema: config.schema, table: config.table }, httpTransport(config));
 //   await store.set("dev:tap-x", { completed: { bookmarks: {} }, partial: {} });
 //   console.log(await store.get("dev:tap-x"));
 //   store.close();
 import fs from "node:fs";
+import http from "node:http";
+import https from "node:https";
 import { webcrypto } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import { WASI } from "node:wasi";
@@ -120,35 +122,81 @@ export async function loadChstate(path) {
   return new ChstateModule(instance);
 }
 
-// The HTTP transport: one POST per request, credentials in headers (never in
-// the URL), the answer as the core wants it. Failures without an answer come
-// back as transport_ok=false; "maybe_delivered" is false only when the
-// connection was refused (the request never left).
-export function fetchTransport(config, { timeoutMs = 30000 } = {}) {
-  const host = config.host.includes(":") ? `[${config.host}]` : config.host;
-  const base = `${config.secure ? "https" : "http"}://${host}:${config.port}/?database=${encodeURIComponent(config.database)}`;
+// The HTTP(S) transport: one POST per request over a keep-alive connection,
+// credentials in headers (never in the URL), the answer as the core wants it.
+// TLS verification is always on; config.ca_file (when set) is the trust
+// anchor. Each request is given its own timeout_ms. Failures without an
+// answer come back as transport_ok=false; "maybe_delivered" is false only
+// when no connection was made (refused, unreachable, TLS failure), so the
+// request never left. A failed request is not sent again here: the core
+// decides that.
+export function httpTransport(config) {
+  const secure = Boolean(config.secure);
+  const shown = config.host.includes(":") ? `[${config.host}]` : config.host;
+  const base = `/?database=${encodeURIComponent(config.database)}`;
   const headers = { "X-ClickHouse-User": config.user, "Content-Type": "text/plain; charset=UTF-8" };
   if (config.password) headers["X-ClickHouse-Key"] = config.password;
-  return async (request) => {
-    const url = base + request.url_params.map(([k, v]) => `&${encodeURIComponent(k)}=${encodeURIComponent(v)}`).join("");
-    try {
-      const res = await fetch(url, { method: "POST", headers, body: request.sql, signal: AbortSignal.timeout(timeoutMs) });
-      const body = Buffer.from(await res.arrayBuffer());
-      return {
-        transport_ok: true,
-        http_status: res.status,
-        exception_code_header: res.headers.get("x-clickhouse-exception-code") ?? "",
-        body_hex: body.toString("hex"),
+  const connectTimeoutMs = Number(config.connect_timeout_ms);
+  const agentOptions = { keepAlive: true, maxSockets: 1 };
+  if (secure) {
+    agentOptions.rejectUnauthorized = true;
+    if (config.ca_file) agentOptions.ca = fs.readFileSync(config.ca_file);
+  }
+  const agent = secure ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
+  const transport = (request) =>
+    new Promise((resolve) => {
+      const path = base + request.url_params.map(([k, v]) => `&${encodeURIComponent(k)}=${encodeURIComponent(v)}`).join("");
+      const body = Buffer.from(request.sql, "utf8");
+      let connected = false;
+      let settled = false;
+      const fail = (e) => {
+        if (settled) return;
+        settled = true;
+        req.destroy();
+        resolve({
+          transport_ok: false,
+          maybe_delivered: connected,
+          transport_error: `${e?.code ?? e?.name ?? "error"}: ${e?.message ?? e} (${shown}:${config.port}); check that ClickHouse is running there and that host, port and secure are right`,
+        });
       };
-    } catch (e) {
-      const refused = e?.cause?.code === "ECONNREFUSED";
-      return {
-        transport_ok: false,
-        maybe_delivered: !refused,
-        transport_error: `${e?.cause?.code ?? e.name}: no answer from ClickHouse at ${host}:${config.port}; check that it runs there`,
-      };
-    }
-  };
+      const req = (secure ? https : http).request(
+        { host: config.host, port: config.port, path, method: "POST", agent, setHost: true,
+          headers: { ...headers, "Content-Length": body.length } },
+        (res) => {
+          const chunks = [];
+          res.on("data", (c) => chunks.push(c));
+          res.on("error", fail);
+          res.on("end", () => {
+            if (settled) return;
+            settled = true;
+            clearTimeout(timer);
+            resolve({
+              transport_ok: true,
+              http_status: res.statusCode,
+              exception_code_header: res.headers["x-clickhouse-exception-code"] ?? "",
+              body_hex: Buffer.concat(chunks).toString("hex"),
+            });
+          });
+        });
+      const timeoutMs = Number(request.timeout_ms) > 0 ? Number(request.timeout_ms) : connectTimeoutMs;
+      const timer = setTimeout(() => fail(Object.assign(new Error(`no answer within ${timeoutMs} ms`), { code: "ETIMEDOUT" })), timeoutMs);
+      req.on("socket", (socket) => {
+        // A reused keep-alive socket is connected already.
+        const ready = () => { connected = true; };
+        if (!socket.connecting) ready();
+        else socket.once(secure ? "secureConnect" : "connect", ready);
+        if (socket.connecting && connectTimeoutMs > 0) {
+          socket.setTimeout(connectTimeoutMs, () => {
+            if (!connected) fail(Object.assign(new Error(`connect timed out after ${connectTimeoutMs} ms`), { code: "ETIMEDOUT" }));
+          });
+          socket.once("connect", () => socket.setTimeout(0));
+        }
+      });
+      req.on("error", (e) => { clearTimeout(timer); fail(e); });
+      req.end(body);
+    });
+  transport.close = () => agent.destroy();
+  return transport;
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -174,12 +222,8 @@ export class Store {
     let action = this.mod.step("chstate_op_start", this.handle, JSON.stringify(op));
     for (;;) {
       if (action.request) {
-        let response = await this.transport(action.request);
-        // Resend only what cannot do harm twice.
-        for (let i = 0; i < 3 && !response.transport_ok && (action.request.idempotent || !response.maybe_delivered); i++) {
-          await sleep(100 * 2 ** i);
-          response = await this.transport(action.request);
-        }
+        // Sent once: whether a failed request goes again is the core's call.
+        const response = await this.transport(action.request);
         action = this.mod.step("chstate_op_feed", this.handle, JSON.stringify({ response }));
       } else if (action.wait_ms !== undefined) {
         await sleep(action.wait_ms);
@@ -224,5 +268,6 @@ export class Store {
   close() {
     if (this.handle !== null) this.mod.x.chstate_store_free(this.handle);
     this.handle = null;
+    this.transport.close?.();
   }
 }

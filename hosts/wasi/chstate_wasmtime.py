@@ -202,10 +202,10 @@ class ChstateModule:
 class HttpTransport:
     """POSTs each request to ClickHouse; credentials in headers only."""
 
-    def __init__(self, config: Mapping[str, Any], timeout: float = 30.0):
+    def __init__(self, config: Mapping[str, Any]):
         self.host, self.port, self.secure = str(config["host"]), int(config["port"]), bool(config.get("secure"))
         self.ca_file = config.get("ca_file") or None
-        self.timeout = timeout
+        self.connect_timeout = int(config["connect_timeout_ms"]) / 1000  # the core's default
         self.headers = {"X-ClickHouse-User": str(config["user"]), "Content-Type": "text/plain; charset=UTF-8"}
         if config.get("password"):
             self.headers["X-ClickHouse-Key"] = str(config["password"])
@@ -219,10 +219,10 @@ class HttpTransport:
                                    for k, v in request.get("url_params", []))
         if self.secure:
             ctx = ssl.create_default_context(cafile=self.ca_file)
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
-                                                                           context=ctx)
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                self.host, self.port, timeout=self.connect_timeout, context=ctx)
         else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
         try:
             try:
                 conn.connect()
@@ -230,6 +230,8 @@ class HttpTransport:
                 return {"transport_ok": False, "maybe_delivered": False,
                         "transport_error": f"cannot connect to {self.host}:{self.port}: {e.strerror or e}"}
             try:
+                if request.get("timeout_ms"):
+                    conn.sock.settimeout(int(request["timeout_ms"]) / 1000)
                 conn.request("POST", path, body=str(request["sql"]).encode(), headers=self.headers)
                 res = conn.getresponse()
                 body = res.read()
@@ -256,12 +258,7 @@ class Store:
         while True:
             if "request" in action:
                 request = action["request"]
-                response = self.transport(request)
-                for attempt in range(3):  # resend only what cannot do harm twice
-                    if response["transport_ok"] or not (request["idempotent"] or not response["maybe_delivered"]):
-                        break
-                    time.sleep(0.1 * 2 ** attempt)
-                    response = self.transport(request)
+                response = self.transport(request)  # once: resending is the core's decision
                 action = self.mod.step("chstate_op_feed", self.handle, json.dumps({"response": response}).encode())
             elif "wait_ms" in action:
                 time.sleep(max(0, int(action["wait_ms"])) / 1000)

@@ -76,10 +76,10 @@ OPS = {
 def make_store(cli, port: int) -> _native.Store:
     server = cli.server
     transport = _http.HttpTransport({"host": server.host, "port": port, "user": server.user,
-                                     "password": server.password, "database": "default"},
-                                    connect_timeout=1.0, read_timeout=1.0)
+                                     "password": server.password, "database": "default",
+                                     "connect_timeout_ms": 1000})
     return _native.Store({"schema": cli.schema, "endpoint": f"{server.host}:{port}", "lock_timeout_ms": 3000,
-                          "lock_retry_ms": 100}, transport)
+                          "lock_retry_ms": 100, "request_timeout_ms": 1000}, transport)
 
 
 def run(cli, port: int, op: str):

@@ -42,9 +42,9 @@ def python_store(server, schema: str, *, host: str | None = None, port: int | No
     if ca_file:
         flags["ca_file"] = ca_file
     config = _native.resolve_config(flags, env={})
-    transport = _http.HttpTransport(config, connect_timeout=timeout, read_timeout=timeout)
-    store = _native.Store({"schema": config["schema"], "table": config["table"], "endpoint": transport.endpoint},
-                          transport)
+    transport = _http.HttpTransport(dict(config, connect_timeout_ms=int(timeout * 1000)))
+    store = _native.Store({"schema": config["schema"], "table": config["table"], "endpoint": transport.endpoint,
+                           "request_timeout_ms": int(timeout * 1000)}, transport)
     return store, transport
 
 

@@ -20,7 +20,7 @@ from chstate_meltano import _native  # noqa: E402
 from chstate_meltano._http import HttpTransport  # noqa: E402
 
 CONFIG = {"host": "127.0.0.1", "port": 0, "secure": False, "user": "meltano user", "password": "pa ss&word",
-          "database": "my db/x", "ca_file": ""}
+          "database": "my db/x", "ca_file": "", "connect_timeout_ms": 5000}
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):
@@ -130,7 +130,7 @@ def test_transport_failures_say_whether_the_request_may_have_arrived(fake):
 
     Recorder.mode = "slow"
     started = time.monotonic()
-    r = transport(fake, read_timeout=0.3)(REQUEST)
+    r = transport(fake)(dict(REQUEST, timeout_ms=300))  # the request's own timeout, set by the core
     assert time.monotonic() - started < 0.9
     assert r["transport_ok"] is False and r["maybe_delivered"] is True
     assert "timed out waiting for the answer" in r["transport_error"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the conformance vectors tests/vectors/{config,sql,lock}.json.
+"""Writes the conformance vectors tests/vectors/{config,sql,lock,policy}.json.
 
 The vectors are the source of truth every build of the core replays through
 its C ABI (native: tests/vectors/vectors_test.cc; WebAssembly: tests/wasi, in
@@ -154,31 +154,40 @@ def script(lib, name: str, op: dict, answers: list, store: dict | None = None, s
         raise SystemExit(f"{name}: store_new failed: {take(lib, err.value)}")
     steps = []
     now = start_ms
-    doc = op
-    call = "start"
     fed: dict = {}
+    # `op` is one op document, or a list of them run one after another on the
+    # same store, each optionally {"after_ms": N, "op": {...}} (N ms after
+    # the previous op ended) or {"abandon_after": K, "op": {...}} (the op is
+    # left unfinished after K actions: the next start abandons it).
+    ops = op if isinstance(op, list) else [op]
     try:
-        for _ in range(MAX_STEPS):
-            fn = lib.chstate_op_start if call == "start" else lib.chstate_op_feed
-            out = take(lib, fn(handle, dumps(doc).encode(), now, RANDOM, len(RANDOM)))
-            steps.append({"call": call, "now_ms": now, "doc": doc, "expect": out})
-            action = json.loads(out)
-            if "request" in action:
-                key = action["request"]["purpose"] if isinstance(answers, dict) else ""
-                if isinstance(answers, dict) and key not in answers:
-                    raise SystemExit(f"{name}: no scripted answer for a {key} request")
-                queue = answers[key] if isinstance(answers, dict) else answers
-                answer = queue[min(fed.get(key, 0), len(queue) - 1)]
-                fed[key] = fed.get(key, 0) + 1
-                now += step_ms
-                doc, call = {"response": answer}, "feed"
-            elif "wait_ms" in action:
-                now += action["wait_ms"] if timer_ms is None else timer_ms
-                doc, call = {"timer": True}, "feed"
+        for entry in ops:
+            doc = entry.get("op", entry) if "after_ms" in entry or "abandon_after" in entry else entry
+            now += entry.get("after_ms", 0) if doc is not entry else 0
+            limit = entry.get("abandon_after", MAX_STEPS) if doc is not entry else MAX_STEPS
+            call = "start"
+            for _ in range(limit):
+                fn = lib.chstate_op_start if call == "start" else lib.chstate_op_feed
+                out = take(lib, fn(handle, dumps(doc).encode(), now, RANDOM, len(RANDOM)))
+                steps.append({"call": call, "now_ms": now, "doc": doc, "expect": out})
+                action = json.loads(out)
+                if "request" in action:
+                    key = action["request"]["purpose"] if isinstance(answers, dict) else ""
+                    if isinstance(answers, dict) and key not in answers:
+                        raise SystemExit(f"{name}: no scripted answer for a {key} request")
+                    queue = answers[key] if isinstance(answers, dict) else answers
+                    answer = queue[min(fed.get(key, 0), len(queue) - 1)]
+                    fed[key] = fed.get(key, 0) + 1
+                    now += step_ms
+                    doc, call = {"response": answer}, "feed"
+                elif "wait_ms" in action:
+                    now += action["wait_ms"] if timer_ms is None else timer_ms
+                    doc, call = {"timer": True}, "feed"
+                else:
+                    break
             else:
-                break
-        else:
-            raise SystemExit(f"{name}: more than {MAX_STEPS} steps")
+                if limit == MAX_STEPS:
+                    raise SystemExit(f"{name}: more than {MAX_STEPS} steps")
     finally:
         lib.chstate_store_free(handle)
     return {"name": name, "store": store_options, "steps": steps}
@@ -274,11 +283,61 @@ def lock_file(lib) -> dict:
             "random_hex": RANDOM.hex(), "cases": cases}
 
 
+def policy_file(lib) -> dict:
+    """The core's transport and timer policy, which every host must follow by
+    pumping alone: which failures are resent (idempotent requests, and any
+    request that provably never left), after which back-off, how often;
+    renewal of a held lock across long waits; lease expiry; cancellation."""
+    sid = hexid("dev:tap-users")
+    lock_id = "000102030405060708090a0b0c0d0e0f"
+    ours = ok(f"{lock_id}\t0\t1000000\t1000001\t30\n\t255\t1000000\t1000001\t0\n")
+    renewed = ok(f"{lock_id}\t0\t1000012\t1000012\t30\n\t255\t1000000\t1000012\t0\n")
+    other = ok("ffffffffffffffffffffffffffffffff\t0\t999990\t1000000\t30\n\t255\t999990\t1000000\t0\n")
+    exists = ch_error(57, "Table meltano.state_lock_x already exists.")
+    state = {"completed": {"singer_state": {"x": 1}}, "partial": {}}
+    cases = []
+
+    def add(name, op, answers, **kw):
+        answers = {"select_version": [version("18.16.1")], **answers}
+        cases.append(script(lib, name, op, answers, **kw))
+
+    get = {"op": "get", "state_id_hex": sid}
+    put = {"op": "set", "state_id_hex": sid, "state": state}
+    # Reads: resent after any transport failure, 100 ms then 200 ms, three sends in all.
+    add("read_refused_every_attempt", get, {"get_state": [REFUSED]})
+    add("read_answer_lost_then_answered", get, {"get_state": [LOST, ok(ROW)]})
+    add("read_refused_twice_then_answered", get, {"get_state": [REFUSED, REFUSED, ok("")]})
+    add("server_error_is_not_a_transport_failure", get, {"get_state": [ch_error(202, "Too many queries")]})
+    # Writes: resent only when they provably never left.
+    add("write_answer_lost_is_not_resent", put, {"insert_state": [LOST]})
+    add("write_refused_is_resent", put, {"insert_state": [REFUSED, ok("")]})
+    add("write_refused_every_attempt", put, {"insert_state": [REFUSED]})
+    # The lock: a CREATE whose answer was lost is resolved by looking, never resent.
+    add("lock_create_lost_is_inspected", {"op": "acquire_lock", "state_id_hex": sid},
+        {"create_lock": [LOST], "inspect_lock": [ours]})
+    add("lock_create_refused_is_resent", {"op": "acquire_lock", "state_id_hex": sid},
+        {"create_lock": [REFUSED, ok("")]})
+    # Renewal of a held lock after a long wait, then the lease's end.
+    acquire = {"op": "acquire_lock", "state_id_hex": sid}
+    add("renewal_after_a_long_wait", [acquire, {"after_ms": 12000, "op": {"op": "renew_lock", "state_id_hex": sid}},
+                                      {"after_ms": 12000, "op": put}],
+        {"create_lock": [ok("")], "renew_lock": [ok("")], "inspect_lock": [renewed], "insert_state": [ok("")]})
+    add("renewal_finds_another_holder", [acquire, {"after_ms": 12000, "op": {"op": "renew_lock", "state_id_hex": sid}}],
+        {"create_lock": [ok("")], "renew_lock": [ok("")], "inspect_lock": [other]})
+    add("write_after_the_lease_ran_out_is_refused", [acquire, {"after_ms": 40000, "op": put}],
+        {"create_lock": [ok("")]})
+    # Cancellation: a new op abandons one that waits for a held lock.
+    add("waiting_acquire_abandoned_by_a_new_op", [{"abandon_after": 4, "op": acquire}, get],
+        {"create_lock": [exists], "inspect_lock": [other], "get_state": [ok("")]})
+    return {"what": "Transport and timer policy: resends, back-off, renewal, lease expiry, cancellation",
+            "random_hex": RANDOM.hex(), "cases": cases}
+
+
 def main() -> int:
     check = "--check" in sys.argv[1:]
     lib = library()
     changed = []
-    for name, make in (("config", config_file), ("sql", sql_file), ("lock", lock_file)):
+    for name, make in (("config", config_file), ("sql", sql_file), ("lock", lock_file), ("policy", policy_file)):
         doc = make(lib)
         doc.setdefault("random_hex", RANDOM.hex())
         text = json.dumps(doc, ensure_ascii=False, indent=1) + "\n"

@@ -18,7 +18,7 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr const char* kFiles[] = {"config", "sql", "lock"};
+constexpr const char* kFiles[] = {"config", "sql", "lock", "policy"};
 
 struct Case {
   std::string file;

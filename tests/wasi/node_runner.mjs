@@ -8,7 +8,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { loadChstate, fetchTransport, ChstateError } from "../../hosts/wasi/chstate_wasi.mjs";
+import { loadChstate, httpTransport, ChstateError } from "../../hosts/wasi/chstate_wasi.mjs";
 
 const [mode, wasmPath] = process.argv.slice(2);
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
@@ -17,7 +17,7 @@ const report = (name, ok, detail = "") => console.log(JSON.stringify({ name, ok,
 
 async function vectors() {
   const mod = await loadChstate(wasmPath);
-  for (const file of ["config", "sql", "lock"]) {
+  for (const file of ["config", "sql", "lock", "policy"]) {
     const doc = JSON.parse(fs.readFileSync(path.join(repo, "tests/vectors", `${file}.json`), "utf8"));
     const random = Buffer.from(doc.random_hex ?? "", "hex");
     for (const c of doc.cases) {
@@ -58,7 +58,7 @@ async function server() {
              password: env.CHSTATE_TEST_PASSWORD ?? "", database: "default", schema },
   });
   if (failed) return report("resolve_config", false, JSON.stringify(failed));
-  const transport = fetchTransport(config);
+  const transport = httpTransport(config);
   const store = mod.openStore({ schema: config.schema, table: config.table, lock_timeout_ms: 1500, lock_retry_ms: 100 }, transport);
   const id = "dev:node-\u00e9\u0000'`%_*";  // a NUL, quotes and LIKE/glob characters cross unchanged
   const cases = [
@@ -107,7 +107,7 @@ async function server() {
       if ((await store.list()).length !== 0) throw new Error("states left after clear_all");
     }],
     ["closed_port_is_unavailable", async () => {
-      const dead = mod.openStore({ schema }, fetchTransport({ ...config, port: 1 }));
+      const dead = mod.openStore({ schema }, httpTransport({ ...config, port: 1 }));
       const e = await dead.get("x").then(() => null, (err) => err);
       if (!(e instanceof ChstateError) || e.code !== "UNAVAILABLE") throw new Error(`got ${e}`);
       dead.close();
@@ -190,7 +190,7 @@ async function bare() {
     instance.exports._initialize();
     const v = instance.exports.chstate_abi_version();
     const bad = instance.exports.chstate_free(12345);
-    report("bare_instance", v === 1 && bad === -1, `abi ${v}, free(12345) = ${bad}`);
+    report("bare_instance", v === 2 && bad === -1, `abi ${v}, free(12345) = ${bad}`);
   } catch (e) {
     report("bare_instance", false, e.stack);
   }

@@ -21,7 +21,7 @@ def test_module_imports_nothing(compiled):
     instance = wasmtime.Instance(store, module, [])
     exports = instance.exports(store)
     exports["_initialize"](store)
-    assert exports["chstate_abi_version"](store) == 1
+    assert exports["chstate_abi_version"](store) == 2
     assert exports["chstate_wasm_abi_version"](store) == 1
 
 

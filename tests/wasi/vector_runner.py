@@ -12,7 +12,7 @@ VECTORS = Path(__file__).resolve().parents[1] / "vectors"
 def vector_cases() -> list[tuple[str, dict, bytes]]:
     """(file_case, case, random bytes) for every case of the shared vectors."""
     out = []
-    for name in ("config", "sql", "lock"):
+    for name in ("config", "sql", "lock", "policy"):
         doc = json.loads((VECTORS / f"{name}.json").read_text())
         random = bytes.fromhex(doc.get("random_hex", ""))
         out += [(f"{name}_{c['name']}", c, random) for c in doc["cases"]]

@@ -56,8 +56,7 @@ def _describe(error: BaseException, *, connecting: bool) -> str:
 
 
 class HttpTransport:
-    def __init__(self, config: Mapping[str, Any], *, connect_timeout: float = 5.0, read_timeout: float = 30.0,
-                 max_idle: float = 2.0):
+    def __init__(self, config: Mapping[str, Any], *, max_idle: float = 2.0):
         self._host = str(config["host"])
         self._port = int(config["port"])
         self._secure = bool(config.get("secure"))
@@ -66,8 +65,9 @@ class HttpTransport:
         if config.get("password"):
             self._headers["X-ClickHouse-Key"] = str(config["password"])
         self._base = "/?database=" + quote(str(config["database"]), safe="")
-        self._connect_timeout = connect_timeout
-        self._read_timeout = read_timeout
+        # The core's defaults (core/defaults.h), from the resolved config;
+        # each request then carries its own timeout_ms.
+        self._connect_timeout = int(config["connect_timeout_ms"]) / 1000
         self._max_idle = max_idle
         self._conn: Optional[http.client.HTTPConnection] = None
         self._last_used = 0.0
@@ -120,7 +120,6 @@ class HttpTransport:
                 conn = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
             try:
                 conn.connect()
-                conn.sock.settimeout(self._read_timeout)
             except BaseException:
                 conn.close()
                 raise
@@ -145,6 +144,8 @@ class HttpTransport:
         except (OSError, ssl.SSLError, http.client.HTTPException) as e:
             return self._failure(e, connecting=True, maybe_delivered=False)
         try:
+            if request.get("timeout_ms"):
+                conn.sock.settimeout(int(request["timeout_ms"]) / 1000)
             conn.request("POST", path, body=body, headers=self._headers)
         except (OSError, http.client.HTTPException) as e:
             return self._failure(e, connecting=False, maybe_delivered=True)

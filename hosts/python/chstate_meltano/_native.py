@@ -1,8 +1,9 @@
 """The chstate core through its C ABI (hosts/common/chstate.h), with ctypes.
 
 The library is sans-IO: it says which SQL to run and how long to wait, and this
-module runs the loop around it, supplying the time and fresh random bytes with
-every call. Nothing here imports Meltano, so it can be used and tested alone.
+module pumps it: it sends each request once, sleeps when told, and supplies the
+time and fresh random bytes with every call. Resends after transport failures,
+timeouts and every other rule are the library's. Nothing here imports Meltano, so it can be used and tested alone.
 
     from chstate_meltano import _native
     config = _native.resolve_config({"uri": "clickhouse://me@db:8123/default"})
@@ -32,14 +33,9 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIBRARY_NAME = "libchstate.so"
 LIBRARY_ENV = "CHSTATE_LIBRARY"
-
-# Transport failures of requests that are safe to resend are retried this
-# often, after 100 ms, then 200 ms: a restarting server refuses for a moment.
-TRANSPORT_RETRIES = 2
-
 
 class ChstateError(Exception):
     """An operation failed. `code` is an absl status code name (NOT_FOUND,
@@ -187,19 +183,6 @@ class Store:
         random = self._random(32)
         return _take(self._lib, fn(self._handle, _encode(doc), now_ms, random, len(random)))
 
-    def _execute(self, request: dict) -> dict:
-        response = self._transport(request)
-        for attempt in range(TRANSPORT_RETRIES):
-            if response.get("transport_ok", True):
-                break
-            # Resend only what cannot do harm twice: idempotent requests, and
-            # any request that certainly never reached the server.
-            if not (request.get("idempotent") or not response.get("maybe_delivered", True)):
-                break
-            self._sleep(0.1 * (2 ** attempt))
-            response = self._transport(request)
-        return response
-
     def run(self, op: Mapping[str, Any]) -> dict:
         """Runs one operation to its end; returns its "done" document or
         raises ChstateError."""
@@ -209,7 +192,9 @@ class Store:
             action = self._call(self._lib.chstate_op_start, op)
             while True:
                 if "request" in action:
-                    response = self._execute(action["request"])
+                    # Sent once: whether a failed request goes again, and
+                    # when, is the core's decision (it answers with a wait).
+                    response = self._transport(action["request"])
                     action = self._call(self._lib.chstate_op_feed, {"response": response})
                 elif "wait_ms" in action:
                     self._sleep(max(0, int(action["wait_ms"])) / 1000.0)

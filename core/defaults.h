@@ -1,0 +1,63 @@
+// Every default chstate applies, in one table: timeouts, the lock's timing
+// and the transport retry policy. Hosts take these from the core (through
+// StoreOptions, LockOptions, the resolved config, and chstate_defaults() in
+// the C ABI) instead of keeping their own, and README's "Defaults" table and
+// the CLI's --help are checked against kDefaults by core/defaults_test.cc.
+//
+//   int64_t ms = chstate::kDefaultRequestTimeoutMs;
+//   for (const chstate::DefaultSetting& d : chstate::kDefaults) { ... d.name, d.value ... }
+#ifndef CHSTATE_CORE_DEFAULTS_H_
+#define CHSTATE_CORE_DEFAULTS_H_
+
+#include <cstdint>
+
+namespace chstate {
+
+// TCP (and TLS) connection set-up.
+inline constexpr int64_t kDefaultConnectTimeoutMs = 5000;
+// One request: sending it and reading its whole answer.
+inline constexpr int64_t kDefaultRequestTimeoutMs = 30000;
+// How long acquiring a lock waits for another holder (Meltano's
+// state_backend.lock_timeout_seconds).
+inline constexpr int64_t kDefaultLockTimeoutMs = 10000;
+// Between two attempts at a held lock (Meltano's lock_retry_seconds).
+inline constexpr int64_t kDefaultLockRetryMs = 1000;
+// A lock whose holder has not renewed it for this long is taken over.
+inline constexpr int64_t kDefaultStaleLockMs = 300000;
+// A 18.x ALTER ... DELETE may take this long to finish its mutation.
+inline constexpr int64_t kDefaultMutationTimeoutMs = 60000;
+// Cluster mode: how long a quorum write waits for the other replicas (code
+// 319 after), and how long one that meets another in flight (code 286) keeps
+// retrying.
+inline constexpr int64_t kDefaultQuorumTimeoutMs = 10000;
+// Cluster mode: how long ON CLUSTER DDL waits for every host (code 159 after).
+inline constexpr int64_t kDefaultDdlTimeoutS = 10;
+// Transport failures: a request is sent at most this many times in all
+// (resent only when that cannot do harm: idempotent, or provably never sent).
+inline constexpr int kDefaultTransportAttempts = 3;
+// Wait before the first resend; doubled before each further one.
+inline constexpr int64_t kDefaultTransportBackoffMs = 100;
+
+struct DefaultSetting {
+  const char* name;     // the key in store options / the protocol's documents
+  int64_t value;
+  const char* unit;     // "ms", "s" or "count"
+  const char* meaning;
+};
+
+inline constexpr DefaultSetting kDefaults[] = {
+    {"connect_timeout_ms", kDefaultConnectTimeoutMs, "ms", "TCP/TLS connection set-up"},
+    {"request_timeout_ms", kDefaultRequestTimeoutMs, "ms", "one request, sent and answered"},
+    {"lock_timeout_ms", kDefaultLockTimeoutMs, "ms", "how long acquiring waits for another holder"},
+    {"lock_retry_ms", kDefaultLockRetryMs, "ms", "between attempts at a held lock"},
+    {"stale_lock_ms", kDefaultStaleLockMs, "ms", "a lock not renewed for this long is taken over"},
+    {"mutation_timeout_ms", kDefaultMutationTimeoutMs, "ms", "18.x: a delete's mutation may run this long"},
+    {"quorum_timeout_ms", kDefaultQuorumTimeoutMs, "ms", "cluster: a write waits this long for its quorum"},
+    {"ddl_timeout_s", kDefaultDdlTimeoutS, "s", "cluster: ON CLUSTER DDL waits this long for every host"},
+    {"transport_attempts", kDefaultTransportAttempts, "count", "sends of one request in all, after transport failures"},
+    {"transport_backoff_ms", kDefaultTransportBackoffMs, "ms", "before the first resend, doubled after"},
+};
+
+}  // namespace chstate
+
+#endif  // CHSTATE_CORE_DEFAULTS_H_
