@@ -149,7 +149,7 @@ class StoreSteps {
 
   // Writes a whole state row, creating the schema once if it is missing.
   Step WriteState(const MeltanoState& state, Then then, OnFailure fail, bool schema_made = false) {
-    if (absl::Status lease = LeaseCheck(); !lease.ok()) return fail(lease);
+    if (absl::Status lease = LeaseCheck(state.state_id); !lease.ok()) return fail(lease);
     absl::StatusOr<std::string> token = Token();
     if (!token.ok()) return fail(token.status());
     SqlRequest req =
@@ -241,7 +241,7 @@ class StoreSteps {
   }
 
   Step DeleteState(const std::string& id, Then then, OnFailure fail) {
-    if (absl::Status lease = LeaseCheck(); !lease.ok()) return fail(lease);
+    if (absl::Status lease = LeaseCheck(id); !lease.ok()) return fail(lease);
     if (st().cluster().enabled()) {
       return QuorumWrite(st().DeleteState(id), "deleting state",
                          in_->now_ms + s_->options_.cluster.quorum_timeout_ms, 5, then,
@@ -334,13 +334,19 @@ class StoreSteps {
     });
   }
 
-  // Writes under a lock are sent only while its lease is valid.
-  absl::Status LeaseCheck() const {
-    if (current_lock_ && !current_lock_->LeaseValid(in_->now_ms)) {
-      return absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(current_lock_->state_id()),
-                                             "\" expired before the write; nothing was written"));
+  // Writes under a lock are sent only while its lease is valid: the lock
+  // this task took (WithLock), or one this store holds on `id`.
+  absl::Status LeaseCheck(const std::string& id) const {
+    const LockMachine* lock = current_lock_.get();
+    if (lock == nullptr || lock->state_id() != id) {
+      auto it = s_->held_.find(id);
+      lock = it == s_->held_.end() ? nullptr : it->second.machine.get();
     }
-    return absl::OkStatus();
+    if (lock == nullptr || lock->LeaseValid(in_->now_ms)) return absl::OkStatus();
+    return absl::AbortedError(absl::StrCat(
+        "the lock on state id \"", Printable(id), "\" ran out before the write (its lease ends ",
+        s_->options_.lock.stale_ms / 1000, " s, less a safety margin, after it was taken or last renewed; the store "
+        "renews it when used or ticked after a third of that); nothing was written: release it and start again"));
   }
 
   // Runs `body` under the lock for `id` and releases on every exit path. The
@@ -373,7 +379,53 @@ class StoreSteps {
     Result r;
     r.server_version = s_->server_version_;
     if (s_->statements_) r.dialect = s_->statements_->dialect();
+    r.next_timeout_ms = s_->NextTimeoutMs();
     return r;
+  }
+
+  // ---- held locks' renewal (Store::Tick) ----
+
+  // Renews the lock this store holds on `id` when its renewal is due. A lock
+  // found lost stays known (writes to the id are refused by LeaseCheck until
+  // it is released), and the operation goes on: reading is harmless.
+  Step RenewIfDue(const std::string& id, Then then, OnFailure fail) {
+    auto it = s_->held_.find(id);
+    if (it == s_->held_.end() || !it->second.Live() || in_->now_ms < it->second.renew_at_ms) return then();
+    return Renew(id, then, [then](absl::Status) { return then(); }, std::move(fail));
+  }
+
+  // Renews the lock this store holds on `id` now. `lost` gets the status
+  // when the lock turned out not ours any more; `fail` any other failure.
+  Step Renew(const std::string& id, Then then, OnFailure lost, OnFailure fail) {
+    std::shared_ptr<LockMachine> m = s_->held_.at(id).machine;
+    if (m->state() != LockState::kHeld) return lost(LostLock(id));
+    m->OnTimer(*in_);
+    return DriveLock(m, [this, m, id, then, lost, fail](const LockAction& a) -> Step {
+      if (a.kind == LockAction::Kind::kArmTimer) {
+        // Confirmed (or inconclusive, to be tried again soon): the machine
+        // names when the next renewal is due.
+        s_->held_[id].renew_at_ms = in_->now_ms + a.delay_ms;
+        return then();
+      }
+      if (m->state() == LockState::kLost) return lost(a.status.ok() ? LostLock(id) : a.status);
+      return fail(a.status);
+    });
+  }
+
+  static absl::Status LostLock(const std::string& id) {
+    return absl::AbortedError(
+        absl::StrCat("the lock on state id \"", Printable(id), "\" was lost: stop acting under it and release it"));
+  }
+
+  // Renews, one after another, every held lock whose renewal is due; a lost
+  // one ends the task with kAborted naming it.
+  Step RenewAllDue(Then then, OnFailure fail) {
+    for (const auto& [id, held] : s_->held_) {
+      if (held.Live() && in_->now_ms >= held.renew_at_ms) {
+        return Renew(id, [this, then, fail] { return RenewAllDue(then, fail); }, fail, fail);
+      }
+    }
+    return then();
   }
 
   // For messages: ids are user data and may hold anything.
@@ -422,16 +474,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
 
 bool Store::LeaseValid(const std::string& state_id, int64_t now_ms) const {
   auto it = held_.find(state_id);
-  return it != held_.end() && it->second->LeaseValid(now_ms);
-}
-
-absl::Status Store::HeldLeaseCheck(const std::string& state_id, int64_t now_ms) const {
-  auto it = held_.find(state_id);
-  if (it == held_.end() || it->second->LeaseValid(now_ms)) return absl::OkStatus();
-  return absl::AbortedError(absl::StrCat(
-      "the lock this process holds on state id \"", StoreSteps::Printable(state_id),
-      "\" ran out before the write (renew it at least every ", options_.lock.stale_ms / 3000,
-      " s while holding it); nothing was written: release it and start again"));
+  return it != held_.end() && it->second.machine->LeaseValid(now_ms);
 }
 
 std::optional<Dialect> Store::dialect() const {
@@ -496,12 +539,17 @@ std::unique_ptr<Task> Store::Get(std::string state_id) {
   return MakeTask(this, [state_id](StoreSteps& s) {
     return s.Connected(
         [&s, state_id] {
-          return s.ReadState(
+          return s.RenewIfDue(
               state_id,
-              [&s](std::optional<MeltanoState> state) {
-                Result r = s.Base();
-                r.state = std::move(state);
-                return Step::Done(std::move(r));
+              [&s, state_id] {
+                return s.ReadState(
+                    state_id,
+                    [&s](std::optional<MeltanoState> state) {
+                      Result r = s.Base();
+                      r.state = std::move(state);
+                      return Step::Done(std::move(r));
+                    },
+                    StoreSteps::Failed);
               },
               StoreSteps::Failed);
         },
@@ -511,13 +559,13 @@ std::unique_ptr<Task> Store::Get(std::string state_id) {
 
 std::unique_ptr<Task> Store::Set(MeltanoState state) {
   if (absl::Status st = ValidateStateId(state.state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [this, state](StoreSteps& s) {
+  return MakeTask(this, [state](StoreSteps& s) {
     return s.Connected(
-        [this, &s, state] {
-          if (absl::Status lease = HeldLeaseCheck(state.state_id, s.inputs().now_ms); !lease.ok()) {
-            return StoreSteps::Failed(lease);
-          }
-          return s.WriteState(state, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
+        [&s, state] {
+          return s.RenewIfDue(
+              state.state_id,
+              [&s, state] { return s.WriteState(state, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed); },
+              StoreSteps::Failed);
         },
         StoreSteps::Failed);
   });
@@ -536,27 +584,47 @@ std::unique_ptr<Task> Store::SetLocked(MeltanoState state) {
   });
 }
 
+namespace {
+
+// Reads the id's state, merges `incoming` into it and writes the result;
+// `finish` gets the outcome. The caller holds the id's lock.
+Step ReadMergeWrite(StoreSteps& s, const MeltanoState& incoming, StoreSteps::Finish finish) {
+  return s.ReadState(
+      incoming.state_id,
+      [&s, incoming, finish](std::optional<MeltanoState> current) {
+        MeltanoState next = ApplyUpdate(current, incoming);
+        return s.WriteState(
+            next,
+            [&s, next, finish] {
+              Result r = s.Base();
+              r.state = next;
+              return finish(std::move(r));
+            },
+            finish);
+      },
+      finish);
+}
+
+}  // namespace
+
 std::unique_ptr<Task> Store::Update(MeltanoState incoming) {
   if (absl::Status st = ValidateStateId(incoming.state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [incoming](StoreSteps& s) {
+  return MakeTask(this, [this, incoming](StoreSteps& s) {
     return s.Connected(
-        [&s, incoming] {
-          return s.WithLock(incoming.state_id, [&s, incoming](StoreSteps::Finish finish) {
-            return s.ReadState(
-                incoming.state_id,
-                [&s, incoming, finish](std::optional<MeltanoState> current) {
-                  MeltanoState next = ApplyUpdate(current, incoming);
-                  return s.WriteState(
-                      next,
-                      [&s, next, finish] {
-                        Result r = s.Base();
-                        r.state = next;
-                        return finish(std::move(r));
-                      },
-                      finish);
-                },
-                finish);
-          });
+        [this, &s, incoming] {
+          if (held_.count(incoming.state_id) == 0) {
+            return s.WithLock(incoming.state_id, [&s, incoming](StoreSteps::Finish finish) {
+              return ReadMergeWrite(s, incoming, finish);
+            });
+          }
+          // Held by this store already: under that lock, renewed when due,
+          // the write sent only within its lease.
+          return s.RenewIfDue(
+              incoming.state_id,
+              [&s, incoming] {
+                return ReadMergeWrite(s, incoming, StoreSteps::Terminal);
+              },
+              StoreSteps::Failed);
         },
         StoreSteps::Failed);
   });
@@ -564,13 +632,15 @@ std::unique_ptr<Task> Store::Update(MeltanoState incoming) {
 
 std::unique_ptr<Task> Store::Delete(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [this, state_id](StoreSteps& s) {
+  return MakeTask(this, [state_id](StoreSteps& s) {
     return s.Connected(
-        [this, &s, state_id] {
-          if (absl::Status lease = HeldLeaseCheck(state_id, s.inputs().now_ms); !lease.ok()) {
-            return StoreSteps::Failed(lease);
-          }
-          return s.DeleteState(state_id, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
+        [&s, state_id] {
+          return s.RenewIfDue(
+              state_id,
+              [&s, state_id] {
+                return s.DeleteState(state_id, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
+              },
+              StoreSteps::Failed);
         },
         StoreSteps::Failed);
   });
@@ -706,7 +776,12 @@ std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
           return s.Acquire(
               state_id,
               [this, &s, state_id, started_ms](std::shared_ptr<LockMachine> m) {
-                held_[state_id] = m;
+                // The machine's renewal timer, armed as it became the holder.
+                int64_t renew_in_ms = options_.lock.stale_ms / 3;
+                while (std::optional<LockAction> a = m->Poll()) {
+                  if (a->kind == LockAction::Kind::kArmTimer) renew_in_ms = a->delay_ms;
+                }
+                held_[state_id] = HeldLock{m, s.inputs().now_ms + renew_in_ms};
                 Result r = s.Base();
                 r.lock_id = m->lock_id();
                 r.waited_ms = s.inputs().now_ms - started_ms;
@@ -724,33 +799,50 @@ std::unique_ptr<Task> Store::RenewLock(std::string state_id) {
     return Invalid(absl::FailedPreconditionError(absl::StrCat(
         "cannot renew the lock on state id \"", StoreSteps::Printable(state_id), "\": this store does not hold it")));
   }
-  std::shared_ptr<LockMachine> m = it->second;
-  return MakeTask(this, [this, m, state_id](StoreSteps& s) {
-    m->OnTimer(s.inputs());
-    return s.DriveLock(m, [this, m, &s, state_id](const LockAction& a) -> Step {
-      if (a.kind == LockAction::Kind::kLost || a.kind == LockAction::Kind::kFailed) {
-        held_.erase(state_id);
-        return Step::Fail(a.status);
-      }
-      Result r = s.Base();
-      r.lock_id = m->lock_id();
-      return Step::Done(std::move(r));
-    });
+  std::string lock_id = it->second.machine->lock_id();
+  return MakeTask(this, [state_id, lock_id](StoreSteps& s) {
+    return s.Renew(
+        state_id,
+        [&s, lock_id] {
+          Result r = s.Base();
+          r.lock_id = lock_id;
+          return Step::Done(std::move(r));
+        },
+        StoreSteps::Failed, StoreSteps::Failed);
   });
+}
+
+std::unique_ptr<Task> Store::Tick() {
+  return MakeTask(this, [](StoreSteps& s) {
+    return s.RenewAllDue([&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
+  });
+}
+
+std::optional<int64_t> Store::NextTimeoutMs() const {
+  std::optional<int64_t> next;
+  for (const auto& [id, held] : held_) {
+    if (held.Live() && (!next || held.renew_at_ms < *next)) next = held.renew_at_ms;
+  }
+  return next;
 }
 
 std::unique_ptr<Task> Store::ReleaseLock(std::string state_id, std::string lock_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
   auto it = held_.find(state_id);
-  if (it == held_.end() || it->second->lock_id() != lock_id) {
+  if (it == held_.end() || it->second.machine->lock_id() != lock_id) {
     // Releasing needs the machine that acquired: only the holder can release.
     return Invalid(absl::FailedPreconditionError(
         absl::StrCat("cannot release the lock on state id \"", StoreSteps::Printable(state_id),
                      "\": this store does not hold it with that lock id (only the process that acquired a lock "
                      "releases it)")));
   }
-  std::shared_ptr<LockMachine> m = it->second;
+  std::shared_ptr<LockMachine> m = it->second.machine;
   held_.erase(it);
+  if (m->state() != LockState::kHeld) {
+    // Lost earlier (a renewal found another holder or the lease ran out):
+    // it is not ours to drop; forgetting it is the whole release.
+    return MakeTask(this, [](StoreSteps& s) { return Step::Done(s.Base()); });
+  }
   return MakeTask(this, [m](StoreSteps& s) {
     return s.Release(m, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
   });

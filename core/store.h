@@ -63,6 +63,9 @@ class Store {
   // Overwrite under the per-id lock (`chstate set`).
   std::unique_ptr<Task> SetLocked(MeltanoState state);
   // Meltano's update(): under the lock, ApplyUpdate(current, incoming), set.
+  // When this store already holds the id's lock (AcquireLock), it reads,
+  // merges and writes under that lock (within its lease) without taking it
+  // again.
   std::unique_ptr<Task> Update(MeltanoState incoming);
   // Like Set: lease-checked when this store holds the id's lock.
   std::unique_ptr<Task> Delete(std::string state_id);
@@ -88,6 +91,17 @@ class Store {
   // True while this store holds the lock and its lease is valid at now_ms.
   bool LeaseValid(const std::string& state_id, int64_t now_ms) const;
 
+  // The store's timers. A lock this store holds is renewed a third of the
+  // stale window after it was taken or last renewed; any operation on that
+  // id renews it first when due, and a host that holds a lock without using
+  // it (waiting on a child process, a long computation) calls Tick at
+  // NextTimeoutMs(), which every Result also carries as next_timeout_ms.
+  // Tick renews every held lock that is due; kAborted, naming the id, when
+  // one turned out lost (it is then no longer held: stop acting under it).
+  std::unique_ptr<Task> Tick();
+  // The earliest time (on the host's clock) Tick has work, or nullopt.
+  std::optional<int64_t> NextTimeoutMs() const;
+
   const StoreOptions& options() const { return options_; }
   // Known after the first task connected.
   std::optional<Dialect> dialect() const;
@@ -96,12 +110,19 @@ class Store {
  private:
   explicit Store(StoreOptions options) : options_(std::move(options)) {}
   friend class StoreSteps;
-  // OK unless this store holds `state_id`'s lock and its lease ran out.
-  absl::Status HeldLeaseCheck(const std::string& state_id, int64_t now_ms) const;
 
   StoreOptions options_;
   std::optional<Statements> statements_;
-  std::map<std::string, std::shared_ptr<LockMachine>> held_;
+  // Locks taken by AcquireLock and not yet released, with when each needs
+  // its next renewal (the lock machine's own timer, on the host's clock).
+  struct HeldLock {
+    std::shared_ptr<LockMachine> machine;
+    int64_t renew_at_ms = 0;
+    // False once the lock was found lost: kept until ReleaseLock so that
+    // writes to the id stay refused, but never renewed again.
+    bool Live() const { return machine->state() == LockState::kHeld; }
+  };
+  std::map<std::string, HeldLock> held_;
   std::string server_version_;
   uint64_t writes_ = 0;
 };

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/lock.h"
 #include "core/response.h"
 #include "core/testing/status_matchers.h"
@@ -819,6 +820,108 @@ TEST(TransportPolicy, WaitsAndResendsAreRefusedOutOfOrder) {
   a = t->OnResponse(Ok("18.16.1\t1\n"), {2, kRandom});
   EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("misuse")));
   EXPECT_TRUE(t->finished());
+}
+
+// ---- the store's timers (Store::Tick, next_timeout_ms) ----
+
+// A store holding "id" (stale window 30 s: renewal due 10 s after taking it).
+std::unique_ptr<Store> HoldingStore(int64_t* clock) {
+  LockOptions lock;
+  lock.stale_ms = 30000;
+  auto store = MakeStore(lock);
+  auto acquire = store->AcquireLock("id");
+  Outcome o = Drive(*acquire, {kVersion18, Q("create_lock", Ok())}, clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.next_timeout_ms, std::optional<int64_t>(*clock + 10000));
+  return store;
+}
+
+// The holder's row as the renewal's confirmation reads it.
+SqlResponse MineRenewed(int64_t now_s) {
+  return Ok(absl::StrCat(kLockId, "\t0\t", now_s, "\t", now_s, "\t30\n\t255\t100\t", now_s, "\t0\n"));
+}
+
+TEST(StoreTimers, TickBeforeTheRenewalIsDueSendsNothing) {
+  int64_t clock = 0;
+  auto store = HoldingStore(&clock);
+  clock += 9000;
+  auto tick = store->Tick();
+  Action a = tick->Start({clock, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kDone) << a.status;
+  EXPECT_EQ(a.result.next_timeout_ms, store->NextTimeoutMs());
+  EXPECT_GT(*a.result.next_timeout_ms, clock);
+}
+
+TEST(StoreTimers, TickRenewsWhenDueAndNamesTheNextRenewal) {
+  int64_t clock = 0;
+  auto store = HoldingStore(&clock);
+  clock = *store->NextTimeoutMs();
+  auto tick = store->Tick();
+  Outcome o = Drive(*tick, {Q("renew_lock", Ok()), Q("inspect_lock", MineRenewed(110))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  ASSERT_TRUE(o.last.result.next_timeout_ms.has_value());
+  EXPECT_EQ(*o.last.result.next_timeout_ms, clock + 10000);
+  EXPECT_TRUE(store->LeaseValid("id", clock + 20000));
+}
+
+TEST(StoreTimers, UsingAHeldIdRenewsItFirstWhenDue) {
+  int64_t clock = 0;
+  auto store = HoldingStore(&clock);
+  clock += 15000;
+  MeltanoState state{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")};
+  auto set = store->Set(state);
+  Outcome o = Drive(*set, {Q("renew_lock", Ok()), Q("inspect_lock", MineRenewed(115)), Q("insert_state", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.purposes, (std::vector<std::string>{"renew_lock", "inspect_lock", "insert_state"}));
+}
+
+TEST(StoreTimers, ALostLockEndsTheTickAndRefusesWritesUntilReleased) {
+  int64_t clock = 0;
+  auto store = HoldingStore(&clock);
+  clock += 10000;
+  auto tick = store->Tick();
+  Outcome o = Drive(*tick, {Q("renew_lock", Ok()), Q("inspect_lock", Held("other", 100, 110))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("\"id\"")));
+  EXPECT_FALSE(store->NextTimeoutMs().has_value());  // a lost lock is never renewed again
+  // Neither a write nor a delete of the id goes out while the lost lock is known.
+  MeltanoState state{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")};
+  auto set = store->Set(state);
+  Action a = set->Start({clock, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("nothing was written")));
+  // Releasing it sends nothing (it is not ours to drop) and forgets it.
+  auto release = store->ReleaseLock("id", kLockId);
+  a = release->Start({clock, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kDone) << a.status;
+  auto plain = store->Set(state);
+  EXPECT_EQ(Drive(*plain, {Q("insert_state", Ok())}, &clock).last.kind, Action::Kind::kDone);
+}
+
+TEST(StoreTimers, UpdateOfAHeldIdUsesThatLock) {
+  int64_t clock = 0;
+  auto store = HoldingStore(&clock);
+  MeltanoState incoming{"id", nlohmann::json::parse(R"({"p":2})"), nlohmann::json::object()};
+  auto update = store->Update(incoming);
+  Outcome o = Drive(*update, {Q("get_state", Ok("{\"p\":1}\t{}\n")), Q("insert_state", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // No lock taken or dropped: the held one serves, and stays held.
+  EXPECT_EQ(o.purposes, (std::vector<std::string>{"get_state", "insert_state"}));
+  EXPECT_TRUE(store->LeaseValid("id", clock));
+  ASSERT_TRUE(o.last.result.state.has_value());
+  EXPECT_EQ(o.last.result.state->partial, nlohmann::json::parse(R"({"p":2})"));
+}
+
+TEST(StoreTimers, UpdateOfAHeldIdAfterItsLeaseWritesNothing) {
+  int64_t clock = 0;
+  auto store = HoldingStore(&clock);
+  clock += 31000;
+  MeltanoState incoming{"id", nlohmann::json::parse(R"({"p":2})"), nlohmann::json::object()};
+  auto update = store->Update(incoming);
+  Outcome o = Drive(*update, {Q("get_state", Ok("{\"p\":1}\t{}\n"))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("nothing was written")));
 }
 
 TEST(Store, InvalidInputIsRejectedBeforeAnyRequest) {

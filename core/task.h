@@ -62,6 +62,9 @@ struct Result {
   std::optional<Dialect> dialect;
   std::string lock_id;                  // AcquireLock
   int64_t waited_ms = 0;                // AcquireLock: time from start to acquired
+  // When the store next needs Store::Tick (a held lock's renewal), on the
+  // host's clock; nullopt when it holds no lock.
+  std::optional<int64_t> next_timeout_ms;
 };
 
 // What a task does after a transport failure (see the file comment).

@@ -140,6 +140,7 @@ json ResultJson(const Result& r) {
   out["dialect"] = r.dialect ? json(DialectName(*r.dialect)) : json(nullptr);
   out["lock_id"] = r.lock_id;
   out["waited_ms"] = r.waited_ms;
+  out["next_timeout_ms"] = r.next_timeout_ms ? json(*r.next_timeout_ms) : json(nullptr);
   return json{{"done", std::move(out)}};
 }
 
@@ -223,6 +224,7 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const json& op_lin
 
   if (*op == "ping") return store.Ping();
   if (*op == "init") return store.Init();
+  if (*op == "tick") return store.Tick();
   if (*op == "clear_all") return store.ClearAll();
   if (*op == "get" || *op == "delete" || *op == "delete_locked" || *op == "acquire_lock") {
     absl::StatusOr<std::string> sid = id();
@@ -276,7 +278,7 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const json& op_lin
   return absl::InvalidArgumentError(absl::StrCat("unknown op \"", *op,
                                                  "\"; expected ping, init, get, set, set_locked, update, delete, "
                                                  "delete_locked, list, clear_all, copy, move, acquire_lock, "
-                                                 "renew_lock, release_lock"));
+                                                 "renew_lock, release_lock, tick"));
 }
 
 absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {

@@ -17,7 +17,8 @@
 //   op       {"op":"get","state_id_hex":"..."}; ops: ping, init, get, set, set_locked,
 //            update, delete, delete_locked, list ("pattern": string|null, or
 //            "pattern_hex"), clear_all, copy/move ("src_hex","dst_hex"),
-//            acquire_lock, renew_lock, release_lock ("lock_id"); set, set_locked
+//            acquire_lock, renew_lock, release_lock ("lock_id"), tick (renews every
+//            held lock that is due: call it at "next_timeout_ms"); set, set_locked
 //            and update carry "state": {"completed": {...}, "partial": {...}}.
 //   request  {"request":{"sql":"...","url_params":[["k","v"],...],"purpose":"get_state","idempotent":true,
 //                        "attempt":1,"timeout_ms":30000}}: send it once within timeout_ms; the core
@@ -28,7 +29,9 @@
 //   wait     {"wait_ms":1000}, answered by {"timer":true}
 //   done     {"done":{"state":{"state_id_hex":..,"completed":{..},"partial":{..}}|null,
 //                     "state_ids_hex":[..],"count":0,"server_version":"26.9.2.1",
-//                     "dialect":"modern","lock_id":"","waited_ms":0}}
+//                     "dialect":"modern","lock_id":"","waited_ms":0,"next_timeout_ms":N|null}}
+//            next_timeout_ms: when the store next needs a tick (a held lock's
+//            renewal), on the host's clock; null when it holds no lock
 //   failed   {"failed":{"code":"NOT_FOUND","message":"..."}} (code: absl::StatusCode name)
 //
 // Any op or answer document may also carry "now_ms" (integer) and

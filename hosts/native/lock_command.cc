@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -98,25 +99,27 @@ absl::Status RunLocked(Store& store, HttpExecutor& exec, const std::string& stat
                                                    r.ok() ? "" : absl::StrCat(" (and: ", r.message(), ")")));
   }
 
-  const int64_t renew_every = std::max<int64_t>(store.options().lock.stale_ms / 3, 50);
-  int64_t next_renew = MonotonicMs() + renew_every;
+  // The core names when it next needs a tick (the lock's renewal); this
+  // loop only waits for the child until then.
+  std::optional<int64_t> wake = acquired->next_timeout_ms;
   int forwarded = 0;
   int status = 0;
   while (true) {
-    if (WaitChild(child, std::min<int64_t>(200, std::max<int64_t>(next_renew - MonotonicMs(), 0)), &status)) break;
+    const int64_t until_wake = wake ? std::max<int64_t>(*wake - MonotonicMs(), 0) : 200;
+    if (WaitChild(child, std::min<int64_t>(200, until_wake), &status)) break;
     if (g_signal != 0 && forwarded != g_signal) {
       forwarded = g_signal;
       kill(child, forwarded);  // the command decides how to end; we release after it does
     }
-    if (MonotonicMs() >= next_renew) {
-      absl::StatusOr<Result> renewed = RunTask(*store.RenewLock(state_id), exec);
-      if (!renewed.ok()) {
-        err << "chstate: " << renewed.status().message() << "; stopping the command\n";
+    if (wake && MonotonicMs() >= *wake) {
+      absl::StatusOr<Result> ticked = RunTask(*store.Tick(), exec);
+      if (!ticked.ok()) {
+        err << "chstate: " << ticked.status().message() << "; stopping the command\n";
         StopChild(child, &status);
         return absl::FailedPreconditionError(
-            absl::StrCat("the command was stopped because the lock was lost: ", renewed.status().message()));
+            absl::StrCat("the command was stopped because the lock was lost: ", ticked.status().message()));
       }
-      next_renew = MonotonicMs() + renew_every;
+      wake = ticked->next_timeout_ms;
     }
   }
   *exit_code = ExitCodeOf(status);

@@ -322,6 +322,16 @@ def policy_file(lib) -> dict:
     add("renewal_after_a_long_wait", [acquire, {"after_ms": 12000, "op": {"op": "renew_lock", "state_id_hex": sid}},
                                       {"after_ms": 12000, "op": put}],
         {"create_lock": [ok("")], "renew_lock": [ok("")], "inspect_lock": [renewed], "insert_state": [ok("")]})
+    tick = {"op": "tick"}
+    add("tick_before_due_sends_nothing_then_renews_when_due",
+        [acquire, {"after_ms": 5000, "op": tick}, {"after_ms": 5000, "op": tick}],
+        {"create_lock": [ok("")], "renew_lock": [ok("")], "inspect_lock": [renewed]})
+    add("tick_finds_the_lock_lost_then_writes_are_refused",
+        [acquire, {"after_ms": 10000, "op": tick}, put, {"op": "release_lock", "state_id_hex": sid, "lock_id": lock_id}],
+        {"create_lock": [ok("")], "renew_lock": [ok("")], "inspect_lock": [other]})
+    add("update_of_a_held_id_uses_that_lock",
+        [acquire, {"op": "update", "state_id_hex": sid, "state": {"completed": {}, "partial": {"x": 2}}}],
+        {"create_lock": [ok("")], "get_state": [ok(ROW)], "insert_state": [ok("")]})
     add("renewal_finds_another_holder", [acquire, {"after_ms": 12000, "op": {"op": "renew_lock", "state_id_hex": sid}}],
         {"create_lock": [ok("")], "renew_lock": [ok("")], "inspect_lock": [other]})
     add("write_after_the_lease_ran_out_is_refused", [acquire, {"after_ms": 40000, "op": put}],

@@ -166,6 +166,9 @@ class Store:
         self._random = random_bytes
         self._sleep = sleep
         self._mutex = threading.Lock()
+        # When the core next wants a tick (a held lock's renewal), on the
+        # clock below; from the last "done" document.
+        self._next_tick_ms: Optional[int] = None
         err = ctypes.c_void_p()
         handle = self._lib.chstate_store_new(_encode(options), ctypes.byref(err))
         if not handle:
@@ -185,21 +188,30 @@ class Store:
 
     def run(self, op: Mapping[str, Any]) -> dict:
         """Runs one operation to its end; returns its "done" document or
-        raises ChstateError."""
+        raises ChstateError. When the core's timer is due (a held lock needs
+        renewing), a tick runs first; a lock found lost raises (ABORTED)."""
         with self._mutex:
             if self._handle is None:
                 raise ChstateError("FAILED_PRECONDITION", "the store was closed")
-            action = self._call(self._lib.chstate_op_start, op)
-            while True:
-                if "request" in action:
-                    # Sent once: whether a failed request goes again, and
-                    # when, is the core's decision (it answers with a wait).
-                    response = self._transport(action["request"])
-                    action = self._call(self._lib.chstate_op_feed, {"response": response})
-                elif "wait_ms" in action:
-                    self._sleep(max(0, int(action["wait_ms"])) / 1000.0)
-                    action = self._call(self._lib.chstate_op_feed, {"timer": True})
-                elif "done" in action:
-                    return action["done"]
-                else:
-                    raise _failed(action)
+            if self._next_tick_ms is not None and self._clock_ns() // 1_000_000 >= self._next_tick_ms:
+                self._drive({"op": "tick"})
+            return self._drive(op)
+
+    def _drive(self, op: Mapping[str, Any]) -> dict:
+        action = self._call(self._lib.chstate_op_start, op)
+        while True:
+            if "request" in action:
+                # Sent once: whether a failed request goes again, and when,
+                # is the core's decision (it answers with a wait).
+                response = self._transport(action["request"])
+                action = self._call(self._lib.chstate_op_feed, {"response": response})
+            elif "wait_ms" in action:
+                self._sleep(max(0, int(action["wait_ms"])) / 1000.0)
+                action = self._call(self._lib.chstate_op_feed, {"timer": True})
+            elif "done" in action:
+                self._next_tick_ms = action["done"].get("next_timeout_ms")
+                return action["done"]
+            else:
+                # A failed op leaves the timer as it was: a tick that could
+                # not renew is tried again before the next op.
+                raise _failed(action)

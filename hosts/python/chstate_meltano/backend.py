@@ -32,7 +32,6 @@ if t.TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_STALE_LOCK_SECONDS = 300
 
 # What a user can do about each kind of failure.
 _INSTRUCTIONS = {
@@ -60,9 +59,11 @@ class ChstateSettingsError(ChstateStateBackendError):
     """The state backend settings are incomplete or invalid."""
 
 
-def _seconds(value: t.Any, default: float, name: str) -> float:
+def _millis(value: t.Any, name: str) -> int | None:
+    """A setting in seconds as the core's milliseconds; None when not given
+    (the core's default then applies: core/defaults.h)."""
     if value is None or value == "":
-        return default
+        return None
     try:
         seconds = float(value)
     except (TypeError, ValueError):
@@ -71,7 +72,7 @@ def _seconds(value: t.Any, default: float, name: str) -> float:
     if seconds < 0:
         raise ChstateSettingsError(f"reading {name}", ChstateError("INVALID_ARGUMENT",
                                    f"{name} is {value!r}; it must not be negative"))
-    return seconds
+    return int(seconds * 1000)
 
 
 def _meltano_names(message: str) -> str:
@@ -93,13 +94,12 @@ class ChstateStateStoreManager(StateStoreManager):
                  **kwargs: t.Any) -> None:
         super().__init__()
         self.uri = uri
-        self.lock_timeout_seconds = _seconds(lock_timeout_seconds, 10.0, "state_backend.lock_timeout_seconds")
-        self.lock_retry_seconds = _seconds(lock_retry_seconds, 1.0, "state_backend.lock_retry_seconds")
-        self.stale_lock_seconds = DEFAULT_STALE_LOCK_SECONDS
+        # Meltano's settings; not given, the core's defaults apply.
+        self._lock_options = {k: v for k, v in (
+            ("lock_timeout_ms", _millis(lock_timeout_seconds, "state_backend.lock_timeout_seconds")),
+            ("lock_retry_ms", _millis(lock_retry_seconds, "state_backend.lock_retry_seconds"))) if v is not None}
         self._store: _native.Store | None = None
         self._transport: t.Any = None
-        # state id -> [lock id, monotonic ns of the last acquire/renewal]
-        self._held: dict[str, list] = {}
         try:
             _native.library()  # fail early, and without I/O, when the library is missing
         except ChstateError as e:
@@ -122,31 +122,13 @@ class ChstateStateStoreManager(StateStoreManager):
                 "schema": self.schema,
                 "table": self.table,
                 "endpoint": self.endpoint,
-                "lock_timeout_ms": int(self.lock_timeout_seconds * 1000),
-                "lock_retry_ms": int(self.lock_retry_seconds * 1000),
-                "stale_lock_ms": int(self.stale_lock_seconds * 1000),
+                **self._lock_options,
                 **self._cluster_options,
             }
             self._store = _native.Store(options, self._transport)
         return self._store
 
-    def _renew_held_locks(self) -> None:
-        """A lock held across several operations (Meltano's update() is get +
-        set under acquire_lock) is renewed when a third of the stale window
-        has passed, so a long hold is never taken over as stale."""
-        due = time.monotonic_ns() - self.stale_lock_seconds * 1_000_000_000 // 3
-        for state_id, held in list(self._held.items()):
-            if held[1] <= due:
-                try:
-                    self._store_handle().run({"op": "renew_lock", "state_id_hex": id_hex(state_id)})
-                except ChstateError as e:
-                    self._held.pop(state_id, None)
-                    raise ChstateStateBackendError(f"renewing the lock on state id {state_id!r}", e) from None
-                held[1] = time.monotonic_ns()
-
     def _run(self, what: str, op: dict) -> dict:
-        if self._held:
-            self._renew_held_locks()
         try:
             return self._store_handle().run(op)
         except ChstateError as e:
@@ -206,7 +188,6 @@ class ChstateStateStoreManager(StateStoreManager):
         if self._store is not None:
             self._store.close()
             self._store = None
-            self._held.clear()
         if self._transport is not None:
             self._transport.close()
             self._transport = None
@@ -226,13 +207,11 @@ class ChstateStateStoreManager(StateStoreManager):
                 raise StateIDLockedError(e.message) from None
             raise
         lock_id = done["lock_id"]
-        self._held[state_id] = [lock_id, time.monotonic_ns()]
         body_ok = False
         try:
             yield
             body_ok = True
         finally:
-            self._held.pop(state_id, None)
             try:
                 self._run(f"releasing the lock on state id {state_id!r}",
                           {"op": "release_lock", "state_id_hex": sid, "lock_id": lock_id})
