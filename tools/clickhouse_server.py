@@ -34,6 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 SERVER_BIN = os.environ.get("CHSTATE_CLICKHOUSE_SERVER", "/usr/sbin/clickhouse-server")
 SYSTEM_CONFIG = Path("/etc/clickhouse-server/config.xml")
@@ -111,6 +112,9 @@ USERS_TEMPLATE = """<?xml version="1.0"?>
 """
 
 
+# ---- instances recorded in DIR/instance.json: free ports, pid checks, waiting,
+# stopping, the start/stop/ensure/run command line. tools/chdb_http.py uses them too.
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -125,12 +129,21 @@ def ping(port: int, scheme: str = "http", timeout: float = 1.0) -> bool:
         return False
 
 
-def _pid_is_ours(pid: int, config: Path) -> bool:
+def cmdline(pid: int) -> list[bytes]:
+    """The process's command line, split at NULs; [] if there is no such process."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return False
-    return any(str(config).encode() in part for part in cmdline)
+        return []
+
+
+def _pid_is_ours(pid: int, config: Path) -> bool:
+    return any(str(config).encode() in part for part in cmdline(pid))
+
+
+def _server_is_ours(inst: dict) -> bool:
+    """The recorded pid is still the process started with the recorded config."""
+    return _pid_is_ours(inst["pid"], Path(inst["config"]))
 
 
 def load_instance(d: Path) -> dict | None:
@@ -138,6 +151,34 @@ def load_instance(d: Path) -> dict | None:
     if not f.exists():
         return None
     return json.loads(f.read_text())
+
+
+def write_record(f: Path, record: dict) -> None:
+    """Writes a record that holds a password (mode 0600)."""
+    f.write_text(json.dumps(record))
+    os.chmod(f, 0o600)
+
+
+def spawn(argv: list[str], cwd: Path, log: Path) -> subprocess.Popen:
+    """Starts a process in a session of its own, stdout and stderr appended to `log`."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_ready(proc: subprocess.Popen, ready: Callable[[], bool], wait_seconds: float) -> bool:
+    """Waits until ready() while `proc` runs; kills `proc` if that does not come in time."""
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        if ready():
+            return True
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    return False
 
 
 def env_lines(inst: dict) -> dict[str, str]:
@@ -176,50 +217,30 @@ def start(d: Path, *, tls_cert: str | None = None, tls_key: str | None = None,
         users = d / "users.xml"
         users.write_text(USERS_TEMPLATE.format(password=password))
         os.chmod(users, 0o600)
-        out = open(d / "log" / "stdout.log", "ab")
-        proc = subprocess.Popen([SERVER_BIN, f"--config-file={config}"], cwd=d,
-                                stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = spawn([SERVER_BIN, f"--config-file={config}"], d, d / "log" / "stdout.log")
         inst = {"pid": proc.pid, "dir": str(d), "config": str(config), "user": "chstate",
                 "password": password, **ports}
-        f = d / "instance.json"
-        f.write_text(json.dumps(inst))
-        os.chmod(f, 0o600)
-        deadline = time.monotonic() + wait_seconds
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            if ping(ports["http_port"]):
-                return inst
-            time.sleep(0.1)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        last_err = _tail(d / "log" / "server.err.log") or _tail(d / "log" / "stdout.log")
+        write_record(d / "instance.json", inst)
+        if wait_ready(proc, lambda: ping(ports["http_port"]), wait_seconds):
+            return inst
+        last_err = tail(d / "log" / "server.err.log") or tail(d / "log" / "stdout.log")
     sys.exit(f"clickhouse_server: the server did not answer /ping; last log lines:\n{last_err}")
 
 
-def _tail(p: Path, n: int = 15) -> str:
+def tail(p: Path, n: int = 15) -> str:
     try:
         return "\n".join(p.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return ""
 
 
-def stop(d: Path, *, remove: bool = False) -> None:
+def stop(d: Path, *, remove: bool = False, is_ours: Callable[[dict], bool] = _server_is_ours) -> None:
+    """Stops the process recorded in d, if is_ours(record) says it is still the one started there;
+    with remove, deletes d afterwards. Nothing recorded in d: nothing at all."""
     inst = load_instance(d)
     if inst is None:
         return
-    pid = inst["pid"]
-    if _pid_is_ours(pid, Path(inst["config"])):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and _pid_is_ours(pid, Path(inst["config"])):
-            _reap(pid)
-            time.sleep(0.05)
-        if _pid_is_ours(pid, Path(inst["config"])):
-            os.kill(pid, signal.SIGKILL)
-            _reap(pid)
+    stop_pid(inst["pid"], lambda: is_ours(inst))
     if remove:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -231,11 +252,78 @@ def _reap(pid: int) -> None:
         pass
 
 
-def running(d: Path) -> dict | None:
+def stop_pid(pid: int, is_ours: Callable[[], bool], sig: int = signal.SIGTERM) -> None:
+    """Sends `sig` to `pid` if is_ours(), waits up to 20 s for it to go, then SIGKILLs it.
+    is_ours() is asked again before every signal: a recycled pid is never touched."""
+    if not is_ours():
+        return
+    os.kill(pid, sig)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and is_ours():
+        _reap(pid)
+        time.sleep(0.05)
+    if is_ours():
+        os.kill(pid, signal.SIGKILL)
+        _reap(pid)
+
+
+def running(d: Path, is_ours: Callable[[dict], bool] = _server_is_ours) -> dict | None:
+    """The record of d's instance if its process is ours and answers /ping, else None."""
     inst = load_instance(d)
-    if inst and _pid_is_ours(inst["pid"], Path(inst["config"])) and ping(inst["http_port"]):
+    if inst and is_ours(inst) and ping(inst["http_port"]):
         return inst
     return None
+
+
+def instance_parser(description: str, commands: tuple[str, ...] = ("start", "stop", "ensure"),
+                    options: Callable[[str, argparse.ArgumentParser], None] = lambda name, p: None,
+                    ) -> argparse.ArgumentParser:
+    """The command line instance_commands serves: each of `commands` takes DIR (and
+    `stop` --remove), `run` takes the command; options(name, p) adds a tool's own."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in commands:
+        p = sub.add_parser(name)
+        p.add_argument("dir", type=Path)
+        if name == "stop":
+            p.add_argument("--remove", action="store_true", help="delete the folder afterwards")
+        options(name, p)
+    r = sub.add_parser("run")
+    options("run", r)
+    r.add_argument("command", nargs=argparse.REMAINDER)
+    return ap
+
+
+def instance_commands(args, *, start: Callable[[Path], dict], stop: Callable[..., None],
+                      running: Callable[[Path], dict | None], env_lines: Callable[[dict], dict[str, str]],
+                      prefix: str, usage_error: Callable[[str], None], stop_failed_start: bool = False) -> int:
+    """The commands `start DIR`, `ensure DIR` (start unless running), `stop [--remove] DIR`
+    and `run -- CMD` (CMD with a temporary instance's env lines, removed after it;
+    stop_failed_start: also stopped and removed when starting it fails)."""
+    if args.cmd in ("start", "ensure"):
+        inst = running(args.dir) if args.cmd == "ensure" else None
+        if inst is None:
+            inst = start(args.dir)
+        for k, v in env_lines(inst).items():
+            print(f"{k}={v}")
+        return 0
+    if args.cmd == "stop":
+        stop(args.dir, remove=args.remove)
+        return 0
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not cmd:
+        usage_error("run needs a command after --")
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        inst = start(d)
+    except BaseException:
+        if stop_failed_start:
+            stop(d, remove=True)
+        raise
+    try:
+        return subprocess.call(cmd, env=dict(os.environ, **env_lines(inst)))
+    finally:
+        stop(d, remove=True)
 
 
 # ---- cluster: ZooKeeper plus two replicas (README "Cluster mode") ----------
@@ -285,24 +373,13 @@ def start_zookeeper(d: Path, port: int | None = None, wait_seconds: float = 60.0
     port = port or free_port()
     cfg = d / "zoo.cfg"
     cfg.write_text(ZOO_CFG.format(dir=d, port=port))
-    log = open(d / "zk.log", "ab")
-    proc = subprocess.Popen(["java", "-Xmx256m", "-cp", ZOOKEEPER_CLASSPATH,
-                             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
-                            cwd=d, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = spawn(["java", "-Xmx256m", "-cp", ZOOKEEPER_CLASSPATH,
+                  "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)], d, d / "zk.log")
     rec = {"pid": proc.pid, "port": port, "config": str(cfg), "dir": str(d)}
     (d / "zookeeper.json").write_text(json.dumps(rec))
-    deadline = time.monotonic() + wait_seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        if zk_ok(port):
-            return rec
-        time.sleep(0.1)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    sys.exit(f"clickhouse_server: ZooKeeper did not start serving; last log lines:\n{_tail(d / 'zk.log')}")
+    if wait_ready(proc, lambda: zk_ok(port), wait_seconds):
+        return rec
+    sys.exit(f"clickhouse_server: ZooKeeper did not start serving; last log lines:\n{tail(d / 'zk.log')}")
 
 
 def stop_zookeeper(d: Path, *, kill: bool = False) -> None:
@@ -310,17 +387,7 @@ def stop_zookeeper(d: Path, *, kill: bool = False) -> None:
     if not f.exists():
         return
     rec = json.loads(f.read_text())
-    pid, cfg = rec["pid"], Path(rec["config"])
-    if not _pid_is_ours(pid, cfg):
-        return
-    os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and _pid_is_ours(pid, cfg):
-        _reap(pid)
-        time.sleep(0.05)
-    if _pid_is_ours(pid, cfg):
-        os.kill(pid, signal.SIGKILL)
-        _reap(pid)
+    stop_pid(rec["pid"], lambda: _server_is_ours(rec), signal.SIGKILL if kill else signal.SIGTERM)
 
 
 def load_cluster(d: Path) -> dict | None:
@@ -347,9 +414,7 @@ def start_cluster(d: Path) -> dict:
         cluster = {"name": CLUSTER_NAME, "dir": str(d), "zk_port": free_port(), "password": secrets.token_hex(16),
                    "ports": {r: {"http_port": free_port(), "tcp_port": free_port(), "interserver_port": free_port()}
                              for r in REPLICAS}}
-        f = d / "cluster.json"
-        f.write_text(json.dumps(cluster))
-        os.chmod(f, 0o600)
+        write_record(d / "cluster.json", cluster)
     if not zk_ok(cluster["zk_port"]):
         start_zookeeper(d / "zookeeper", cluster["zk_port"])
     for r in REPLICAS:
@@ -408,65 +473,34 @@ def cluster_env_lines(cluster: dict) -> dict[str, str]:
 
 
 def cluster_main(args) -> int:
-    if args.cmd in ("start", "ensure"):
-        for k, v in cluster_env_lines(start_cluster(args.dir)).items():
-            print(f"{k}={v}")
-        return 0
-    if args.cmd == "stop":
-        stop_cluster(args.dir, remove=args.remove)
-        return 0
-    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not cmd:
-        sys.exit("run needs a command after --")
-    d = Path(tempfile.mkdtemp(prefix="chstate-cluster-"))
-    try:
-        env = dict(os.environ, **cluster_env_lines(start_cluster(d)))
-        return subprocess.call(cmd, env=env)
-    finally:
-        stop_cluster(d, remove=True)
+    # `ensure` is `start`: start_cluster starts only what is not running.
+    return instance_commands(args, start=start_cluster, stop=stop_cluster, running=lambda d: None,
+                             env_lines=cluster_env_lines, prefix="chstate-cluster-", usage_error=sys.exit,
+                             stop_failed_start=True)
+
+
+def _options(name: str, p: argparse.ArgumentParser) -> None:
+    if name == "run":
+        p.add_argument("--cluster", action="store_true", help="run CMD with a two-replica cluster")
+        return
+    if name != "stop":
+        p.add_argument("--tls-cert")
+        p.add_argument("--tls-key")
+    p.add_argument("--cluster", action="store_true",
+                   help="ZooKeeper plus two replicas (cluster 'chstate') instead of one server")
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("start", "stop", "ensure"):
-        p = sub.add_parser(name)
-        p.add_argument("dir", type=Path)
-        if name == "stop":
-            p.add_argument("--remove", action="store_true", help="delete the folder afterwards")
-        else:
-            p.add_argument("--tls-cert")
-            p.add_argument("--tls-key")
-        p.add_argument("--cluster", action="store_true",
-                       help="ZooKeeper plus two replicas (cluster 'chstate') instead of one server")
-    r = sub.add_parser("run")
-    r.add_argument("--cluster", action="store_true", help="run CMD with a two-replica cluster")
-    r.add_argument("command", nargs=argparse.REMAINDER)
+    ap = instance_parser(__doc__, options=_options)
     args = ap.parse_args()
 
     if args.cluster:
         return cluster_main(args)
 
-    if args.cmd in ("start", "ensure"):
-        inst = running(args.dir) if args.cmd == "ensure" else None
-        if inst is None:
-            inst = start(args.dir, tls_cert=args.tls_cert, tls_key=args.tls_key)
-        for k, v in env_lines(inst).items():
-            print(f"{k}={v}")
-        return 0
-    if args.cmd == "stop":
-        stop(args.dir, remove=args.remove)
-        return 0
-    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not cmd:
-        ap.error("run needs a command after --")
-    d = Path(tempfile.mkdtemp(prefix="chstate-ch-"))
-    inst = start(d)
-    try:
-        env = dict(os.environ, **env_lines(inst))
-        return subprocess.call(cmd, env=env)
-    finally:
-        stop(d, remove=True)
+    # `run` has no --tls-* options: its server is a plain start(d).
+    return instance_commands(
+        args, start=lambda d: start(d, tls_cert=getattr(args, "tls_cert", None), tls_key=getattr(args, "tls_key", None)),
+        stop=stop, running=running, env_lines=env_lines, prefix="chstate-ch-", usage_error=ap.error)
 
 
 if __name__ == "__main__":
