@@ -76,6 +76,8 @@ int64_t LeaseMarginMs(const LockOptions& options) {
   return std::max<int64_t>(options.stale_ms / 10, 100);
 }
 
+int64_t LockMachine::MarginMs() const { return defects_.zero_margin ? 0 : LeaseMarginMs(options_); }
+
 absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body) {
   absl::StatusOr<Rows> rows = ParseTabSeparated(body, 5);
   if (!rows.ok()) return rows.status();
@@ -341,7 +343,7 @@ void LockMachine::BecomeHolder(int64_t sent_at_ms, const Inputs& in) {
   create_unresolved_ = false;
   state_ = LockState::kHeld;
   acquired_at_ms_ = in.now_ms;
-  lease_deadline_ms_ = sent_at_ms + options_.stale_ms - LeaseMarginMs(options_);
+  lease_deadline_ms_ = sent_at_ms + options_.stale_ms - MarginMs();
   out_.push_back(LockAction{LockAction::Kind::kAcquired});
   if (release_wanted_) {
     StartRelease(nullptr, in);
@@ -395,7 +397,7 @@ void LockMachine::Decide(const SqlResponse* r, const Inputs& in) {
   // The holder's lease was computed from its own window: never judge it by a
   // shorter one.
   LockOptions judged = options_;
-  judged.stale_ms = std::max(options_.stale_ms, insp->stale_s * 1000);
+  if (!defects_.ignore_holder_window) judged.stale_ms = std::max(options_.stale_ms, insp->stale_s * 1000);
   if (insp->holder.empty()) judged.stale_ms *= 2;
   switch (DecideOnHeldLock(true, insp->age_s, in.now_ms, deadline_ms_, judged)) {
     case LockVerdict::kRetryNow:  // unreachable: exists is true
@@ -466,12 +468,20 @@ void LockMachine::ConfirmRenewal(const SqlResponse*, const Inputs& in) {
 
 void LockMachine::Confirmed(const SqlResponse* r, const Inputs& in) {
   absl::StatusOr<LockInspection> insp = ParseLockInspection(r->body);
-  if (!insp.ok() || !insp->exists || insp->holder != lock_id_) {
+  if (!insp.ok() || !insp->exists || (insp->holder != lock_id_ && !defects_.renewal_accepts_any_holder)) {
     Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
                                          "\" was taken over by another process while held")));
     return;
   }
-  lease_deadline_ms_ = std::max(lease_deadline_ms_, renew_sent_at_ms_ + options_.stale_ms - LeaseMarginMs(options_));
+  if (!LeaseValid(in.now_ms) && !defects_.revive_expired_lease) {
+    // The lease ran out while the renewal was in flight: from then on a taker
+    // may have judged the lock stale and acted (a renewal row that landed
+    // late, beyond the margin, cannot undo that). Never revive it.
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+                                         "\" ran out while its renewal was in flight")));
+    return;
+  }
+  lease_deadline_ms_ = std::max(lease_deadline_ms_, renew_sent_at_ms_ + options_.stale_ms - MarginMs());
   state_ = LockState::kHeld;
   if (release_wanted_) {
     StartRelease(nullptr, in);

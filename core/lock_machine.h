@@ -100,9 +100,22 @@ struct LockInspection {
 // Decodes the 5-column answer of Statements::InspectLock.
 absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body);
 
+// Test-only: deliberately removes one defence, so that the simulation's
+// negative controls (tests/sim) can show they would catch its absence. Never
+// set outside tests; the default (all false) is the production machine.
+struct LockDefectsForTesting {
+  bool zero_margin = false;                 // lease = stale window, no margin
+  bool renewal_accepts_any_holder = false;  // a renewal confirms whoever holds L
+  bool ignore_holder_window = false;        // judge staleness by our window only
+  bool revive_expired_lease = false;        // a renewal confirmed after the lease ran out revives it
+};
+
 class LockMachine {
  public:
   LockMachine(const Statements& statements, std::string state_id, LockOptions options);
+
+  // Test-only (see LockDefectsForTesting); call before Acquire.
+  void SetDefectsForTesting(const LockDefectsForTesting& defects) { defects_ = defects; }
 
   // Inputs. Each may queue actions; drain them with Poll() after every input.
   void Acquire(const Inputs& in);
@@ -164,6 +177,7 @@ class LockMachine {
 
   void BackOff(const Inputs& in);
   int64_t StaleSeconds() const;
+  int64_t MarginMs() const;
   void BecomeHolder(int64_t sent_at_ms, const Inputs& in);
   void Misuse(Event e);
 
@@ -191,6 +205,7 @@ class LockMachine {
   bool create_unresolved_ = false;  // our CREATE may have landed unseen
   bool drop_uncertain_ = false;     // our DROP may have landed unseen
   int64_t last_age_s_ = 0;
+  LockDefectsForTesting defects_;
 };
 
 // Safety margin subtracted from the lease (drift, request delay, and the

@@ -353,34 +353,96 @@ def test_server_killed_and_restarted(own_server, chstate_bin, tmp_path):
     print(f"{len(acked)} writes acknowledged, {down_acked} before the kill; state holds write {last}")
 
 
+# For the crash test: the command records its section, and whether it ended
+# by itself ("end") or was stopped with SIGTERM ("term"); `sleep & wait` lets
+# the trap run at once instead of after the sleep.
+HOLD_SIGNALLED = """trap 'echo "term $$ $(date +%s%N)" >> {log}; exit 143' TERM
+echo "start $$ $(date +%s%N)" >> {log}
+sleep {hold} &
+wait $!
+echo "end $$ $(date +%s%N)" >> {log}
+"""
+
+
+def sections(log: Path) -> list[tuple[str, int, int, str]]:
+    """(pid, start, end, how) of each section in order of start; how is "end" or "term"."""
+    open_at, out = {}, []
+    for line in log.read_text().splitlines():
+        kind, pid, t = line.split()
+        if kind == "start":
+            open_at[pid] = int(t)
+        else:
+            out.append((pid, open_at.pop(pid), int(t), kind))
+    assert not open_at, f"sections without an end: {open_at}"
+    return sorted(out, key=lambda s: s[1])
+
+
+def wait_until(predicate, what: str, timeout: float = 60) -> None:
+    """Waits for an event (polling a condition), failing after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
 def test_lock_across_a_server_crash(own_server, chstate_bin, tmp_path):
-    """A holder renewing its lease while the server is killed and restarted:
-    it either keeps the lock or is told it lost it (exit 7, its command got
-    SIGTERM); a contender waiting meanwhile never overlaps with it."""
+    """A holder renewing its lease while the server is killed and restarted,
+    and a second locker that started waiting while the first held the lock.
+    The holder either keeps the lock (exit 0, its command ran to the end) or
+    is told it lost it (exit 7, its command got SIGTERM); the waiter really
+    waited (its CREATE was refused while the holder held), then held the lock
+    itself, after the holder's section ended."""
     k = own_server
     cli = k.cli(chstate_bin, "killed_lock")
     prepare(cli)
     log = tmp_path / "sections.log"
     log.touch()
 
-    def hold(seconds):
+    def hold(seconds, *options):
         argv = [str(chstate_bin), "--uri", f"clickhouse://{k.server.user}@127.0.0.1:{k.proxy.port}/default",
-                "--timeout", "20", "--connect-timeout", "1", "lock", "src", "--stale-lock", "3", "--lock-retry", "0.1",
-                "--", "sh", "-c", HOLD.format(log=log, hold=seconds)]
+                "--timeout", "20", "--connect-timeout", "1", "lock", "src", "--stale-lock", "3", *options,
+                "--", "sh", "-c", HOLD_SIGNALLED.format(log=log, hold=seconds)]
         return subprocess.Popen(argv, env=cli.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    first = hold(4)
-    time.sleep(1.0)
-    second = hold(0.5)
+    def lock_creates() -> int:
+        return sum(1 for q in k.proxy.requests
+                   if q.sql.lstrip().startswith("CREATE TABLE") and "_lock_" in q.sql and "_dead_" not in q.sql)
+
+    first = hold(4, "--lock-retry", "0.1")
+    # Event: the first locker's command runs, so it holds the lock.
+    wait_until(lambda: "start" in log.read_text() or first.poll() is not None, "the first locker to hold the lock")
+    assert first.poll() is None, first.communicate()
+    creates = lock_creates()
+    # The waiter polls every 5 s, longer than the outage below, so that the
+    # outage costs it one failed attempt, not three in a row (which would end
+    # it with exit 5, "unreachable").
+    second = hold(0.5, "--lock-retry", "5", "--lock-timeout", "60")
+    # Event: the waiter's CREATE went out while the holder's command still ran:
+    # the lock was taken, so it was refused and the waiter waits.
+    wait_until(lambda: lock_creates() > creates or second.poll() is not None, "the second locker to try the lock")
+    assert second.poll() is None, second.communicate()
+    assert [line.split()[0] for line in log.read_text().splitlines()] == ["start"], \
+        "the holder's section ended before the waiter tried: it did not have to wait"
     k.kill()
-    time.sleep(1.5)
+    time.sleep(1.5)  # the length of the outage (a fault, not a synchronisation)
     k.restart()
-    outs = [p.communicate(timeout=60) for p in (first, second)]
+    outs = [p.communicate(timeout=90) for p in (first, second)]
     codes = [first.returncode, second.returncode]
-    print("exits", codes, [o[1].decode()[:200] for o in outs])
-    for code, (_, err) in zip(codes, outs):
-        assert code in (0, 4, 5, 7), err.decode()
-        if code:
-            assert b"ClickHouse" in err or b"lock" in err, err
-    assert_no_overlap(intervals(log))
+    errs = [o[1].decode(errors="replace") for o in outs]
+    print("exits", codes, [e[:300] for e in errs])
+    spans = sections(log)
+    assert len(spans) == 2, f"both lockers must have held the lock once: {spans}"
+    (pid1, start1, end1, how1), (pid2, start2, end2, how2) = spans
+    assert pid1 != pid2
+    # The holder: kept the lock to the end, or lost it and its command was stopped.
+    if codes[0] == 0:
+        assert how1 == "end", (how1, errs[0])
+    else:
+        assert codes[0] == 7, errs[0]
+        assert how1 == "term", "exit 7 but the command was not stopped"
+        assert "lock" in errs[0] and ("lost" in errs[0] or "expired" in errs[0] or "taken over" in errs[0]), errs[0]
+    # The waiter: held it after the holder's section, ran to the end, released.
+    assert codes[1] == 0, errs[1]
+    assert how2 == "end"
+    assert start2 >= end1, f"two holders at once: {start1}-{end1} and {start2}-{end2}"
     assert cli.snapshot() == BEFORE

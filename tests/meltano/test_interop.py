@@ -4,6 +4,7 @@ other reads, and each waits for (or gives up on) the other's lock."""
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import time
 
@@ -24,6 +25,32 @@ def chstate(project, binary, *args: str, expect: int = 0, env=None) -> subproces
     for secret in project.secrets:
         assert secret not in proc.stdout + proc.stderr
     return proc
+
+
+def hold_lock(project, binary, script: str) -> subprocess.Popen:
+    """`chstate lock A -- sh -c SCRIPT`; the script prints "held" first thing,
+    which it can only do while chstate holds the lock."""
+    env = dict(project.base_env, MELTANO_STATE_BACKEND_URI=project.server.uri())
+    return subprocess.Popen([str(binary), "lock", A, "--", "sh", "-c", "echo held; " + script], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_line(proc: subprocess.Popen, expected: str, timeout: float = 60) -> None:
+    """Reads proc's stdout until the line `expected` (the event), failing if it
+    ends first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no {expected!r} from {proc.args} within {timeout} s"
+        ready, _, _ = select.select([proc.stdout], [], [], remaining)
+        if not ready:
+            continue
+        line = proc.stdout.readline()
+        if not line:
+            out, err = proc.communicate(timeout=60)
+            raise AssertionError(f"{proc.args} ended (exit {proc.returncode}) before {expected!r}: {out}\n{err}")
+        if line.strip() == expected:
+            return
 
 
 def test_chstate_writes_meltano_reads(project, chstate_bin):
@@ -49,22 +76,24 @@ def test_meltano_writes_chstate_reads(project, chstate_bin):
     assert rows(p.server, p.schema) == {}
 
 
-def test_meltano_gives_up_on_a_lock_chstate_holds(project, chstate_bin):
+def test_meltano_gives_up_on_a_lock_chstate_holds(project, chstate_bin, tmp_path):
     p = project
     p.run("state", "set", "--force", A, json.dumps(S1))
-    env = dict(p.base_env, MELTANO_STATE_BACKEND_URI=p.server.uri())
-    holder = subprocess.Popen([str(chstate_bin), "lock", A, "--", "sleep", "6"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    release = tmp_path / "release"
+    # Holds the lock until the test creates `release`.
+    holder = hold_lock(p, chstate_bin, f"while [ ! -e '{release}' ]; do sleep 0.05; done")
     try:
-        time.sleep(1.5)  # the lock is taken at once; leave room for a slow start
-        assert holder.poll() is None
+        wait_for_line(holder, "held")
         started = time.monotonic()
         out = p.run("state", "merge", A, json.dumps(S2),
                     env=p.env(MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS="1"), expect=1)
         assert time.monotonic() - started < 30
         assert "is locked by another process" in out.stderr, out.stderr[-4000:]
+        # The lock was held all the while Meltano tried.
+        assert holder.poll() is None
         assert json.loads(p.run("state", "get", A).stdout) == S1  # nothing was merged
     finally:
+        release.touch()
         holder.communicate(timeout=60)
     assert holder.returncode == 0
     # Released: the merge goes through now.
@@ -72,17 +101,19 @@ def test_meltano_gives_up_on_a_lock_chstate_holds(project, chstate_bin):
     assert json.loads(chstate(p, chstate_bin, "get", A, "--json").stdout)["partial"] == S2
 
 
-def test_meltano_waits_for_a_short_chstate_lock(project, chstate_bin):
+def test_meltano_waits_for_a_short_chstate_lock(project, chstate_bin, tmp_path):
     p = project
-    env = dict(p.base_env, MELTANO_STATE_BACKEND_URI=p.server.uri())
-    holder = subprocess.Popen([str(chstate_bin), "lock", A, "--", "sleep", "2"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = tmp_path / "holder-done"
+    holder = hold_lock(p, chstate_bin, f"sleep 2; touch '{done}'")
     try:
-        time.sleep(0.5)
+        wait_for_line(holder, "held")
         # Default timeout 10 s, retry 1 s: the merge waits and then succeeds.
         p.run("state", "merge", A, json.dumps(S2))
+        # It could only get the lock once the holder's command had finished.
+        assert done.exists(), "the merge went through while chstate held the lock"
     finally:
         holder.communicate(timeout=60)
+    assert holder.returncode == 0
     assert json.loads(p.run("state", "get", A).stdout) == S2
 
 

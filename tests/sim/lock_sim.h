@@ -14,16 +14,26 @@
 //     std::cout << chstate::sim::RunSchedule(config, 42, traced).Report();
 //   }
 //
+// Time the core does not control: every one-way network delay, and so the
+// moment each request lands on the simulated server, is drawn from the seed,
+// up to the configuration's max_delay_ms (D_max), whatever the lock's own
+// constants are. The stated assumption under which the lock must be exclusive
+// is "no one-way delay exceeds D_max, and D_max is below every contender's
+// lease margin"; the "stress" configuration breaks it on purpose and must be
+// caught.
+//
 // What is checked (ScheduleResult::violations):
-// - Mutual exclusion: each contender "may act under the lock" from the moment
-//   it observes kAcquired until the earliest of: it calls Release, it
-//   crashes, LeaseValid(now) turns false (true time = lease_deadline_ms minus
-//   its clock offset). If a confirmed renewal makes the lease valid again, a
-//   new interval opens (the store checks LeaseValid before every write, so it
-//   would act then). No two contenders' intervals may overlap.
-// - Acting only under a valid lease: the machine's DROP and renewal INSERT
-//   are sent only before its lease deadline; a holder that ignores its lease
-//   (negative control) is caught acting past it.
+// - Mutual exclusion, on the server: a holder's writes under the lock (the
+//   user's state writes, sent only while LeaseValid like the store's, and the
+//   machine's renewal INSERTs and release DROP) are requests that land on the
+//   server after their delay. Each lock instance occupies the server from the
+//   moment its CREATE ran there until the LAST of its writes landed; no write
+//   of one lock instance may land while another instance occupies the server
+//   (after the other's CREATE ran, before the other's last write landed).
+//   The machine's own lease deadline plays no part in this check.
+// - Acting only under a valid lease: the machine's DROP and renewal INSERT,
+//   and the user's writes, are sent only before its lease deadline; a holder
+//   that ignores its lease (negative control) is caught writing past it.
 // - Stale takeover: a lock table is renamed to a tombstone only when its
 //   holder's newest row is more than stale_ms old by the server's (true) clock.
 // - Progress: every contender that did not crash completes its rounds before
@@ -87,10 +97,16 @@ struct SimConfig {
   // different settings would); otherwise they share one draw.
   bool per_contender_settings = false;
 
-  // Network: each direction takes a delay up to this fraction of the lease
-  // margin (LeaseMarginMs), mostly much less. The lease argument assumes a
-  // request arrives within the margin, so honest configurations stay below 1.
-  double max_delay_of_margin = 0;
+  // Network: each direction of each request takes a delay drawn from the
+  // seed, up to max_delay_ms (D_max), mostly much less. It is a property of
+  // the simulated network, not derived from the lock's constants. The lease
+  // argument assumes D_max below the lease margin of every contender; honest
+  // configurations state a D_max that meets it, "stress" one that does not.
+  int64_t max_delay_ms = 0;
+  // The draw: with quick_delay_prob up to D_max / quick_delay_divisor, else
+  // up to D_max.
+  double quick_delay_prob = 0.75;
+  int64_t quick_delay_divisor = 4;
   // A request's answer is lost with this probability: the statement either
   // never arrived or ran and its answer vanished (the client gets a transport
   // failure with maybe_delivered either way).
@@ -123,11 +139,30 @@ struct SimConfig {
   // while it is still being acquired) at a random moment.
   double cancel_prob = 0;
 
-  // Negative control: the holder ignores its lease (keeps acting until it
+  // While holding, the user writes state every 1..write_every_max_ms (each
+  // write checked against LeaseValid first, as the store does, and landing on
+  // the server after a network delay).
+  int64_t write_every_max_ms = 150;
+
+  // Each hold runs no renewals with this probability, as a store task does
+  // (its writes check the lease instead): the lease then runs out while
+  // the holder may still be writing, and a taker moves the lock.
+  double withhold_renewals_prob = 0;
+  // Renewal INSERTs that stall: with this probability a renewal lands
+  // slow_renewal_min_ms..slow_renewal_max_ms after it was sent, beyond D_max
+  // (negative control (b) only: it breaks the assumption for renewals).
+  double slow_renewal_prob = 0;
+  int64_t slow_renewal_min_ms = 0;
+  int64_t slow_renewal_max_ms = 0;
+
+  // Negative control: the holder ignores its lease (keeps writing until it
   // releases) and renewal timers are not delivered while it holds.
   bool ignore_lease = false;
+  // Negative controls: the machine with one defence removed (test-only hook).
+  LockDefectsForTesting defects;
 
   // Expectations.
+  bool expect_violations = false;    // a negative control or the stress config
   bool expect_no_failures = false;   // no kFailed, kLost, or takeover at all
   bool check_progress = true;
 
@@ -155,6 +190,12 @@ struct ScheduleResult {
   int revivals = 0;            // a lease that ran out became valid again
   int crashed = 0;
   int expired_on_acquire = 0;  // kAcquired with the lease already run out
+  int64_t max_delay_ms = 0;    // D_max of this schedule
+  int64_t longest_delay_ms = 0;  // the longest one-way delay actually drawn
+  int writes_sent = 0;         // the user's state writes sent under the lock
+  int writes_landed = 0;       // writes under the lock (state, renewal, DROP) that ran on the server
+  int overlaps = 0;            // exclusion violations (also in violations)
+  int renewal_row_overlaps = 0;  // of which the late write was a renewal INSERT (a lock row, not state)
   std::vector<std::string> violations;
   std::vector<std::string> trace;
 
@@ -168,9 +209,12 @@ ScheduleResult RunSchedule(const SimConfig& config, uint64_t seed, const RunOpti
 // The configurations the test runs, by name: "no-faults",
 // "delays-and-losses", "visibility", "visibility-renewals", "cancels",
 // "crashes", "clock-offsets", "long-holds", "many-contenders",
-// "mixed-settings", "odd-stale", "everything", "extreme-visibility" (beyond
-// realistic bounds; not in the test); and the negative controls "naive-rmt"
-// and "ignore-lease".
+// "mixed-settings", "odd-stale", "everything", "store-holds",
+// "extreme-visibility" (beyond
+// realistic bounds; not in the test); the negative controls "naive-rmt",
+// "ignore-lease", "zero-margin", "renewal-accepts-any-holder" and
+// "ignore-holder-window"; and "stress" (delays beyond D_max's assumption).
+// The last six have expect_violations set.
 std::vector<SimConfig> Configs();
 std::optional<SimConfig> ConfigByName(const std::string& name);
 
@@ -186,6 +230,10 @@ struct Summary {
   int64_t losses = 0;
   int64_t crashed = 0;
   int64_t revivals = 0;
+  int64_t writes_landed = 0;
+  int64_t overlaps = 0;
+  int64_t renewal_row_overlaps = 0;
+  int64_t longest_delay_ms = 0;
   int max_contenders = 0;
   int64_t violations = 0;
   std::vector<uint64_t> failing_seeds;  // the first few

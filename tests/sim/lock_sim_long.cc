@@ -8,7 +8,8 @@
 // first seed, default 1), --contenders K (fix K for every schedule; default:
 // each configuration's range), --config NAME (only that one; default every
 // configuration that must pass), --trace (print the trace of every failing
-// schedule, or of the single schedule when N is 1). Prints one summary line
+// schedule, or of the single schedule when N is 1), --without-defects (run
+// the configuration with the production machine: a negative control's twin). Prints one summary line
 // per configuration and the failing seeds; exits 1 when any schedule failed.
 #include <cstdint>
 #include <cstdio>
@@ -24,7 +25,9 @@
 namespace {
 
 [[noreturn]] void Usage(const std::string& why) {
-  std::cerr << why << "\nusage: lock_sim_long [--schedules N] [--seed S] [--contenders K] [--config NAME] [--trace]\n";
+  std::cerr << why
+            << "\nusage: lock_sim_long [--schedules N] [--seed S] [--contenders K] [--config NAME] [--trace]"
+               " [--without-defects]\n";
   std::exit(2);
 }
 
@@ -37,6 +40,7 @@ int main(int argc, char** argv) {
   int contenders = 0;
   std::string only;
   bool trace = false;
+  bool without_defects = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -53,6 +57,8 @@ int main(int argc, char** argv) {
       only = value();
     } else if (a == "--trace") {
       trace = true;
+    } else if (a == "--without-defects") {
+      without_defects = true;
     } else {
       Usage("unknown flag " + a);
     }
@@ -60,8 +66,10 @@ int main(int argc, char** argv) {
 
   std::vector<SimConfig> configs;
   for (const SimConfig& c : Configs()) {
-    bool negative = c.lock == LockKind::kNaive || c.ignore_lease;
-    if (only.empty() ? !negative : c.name == only) configs.push_back(c);
+    if (only.empty() ? !c.expect_violations : c.name == only) configs.push_back(c);
+  }
+  for (SimConfig& c : configs) {
+    if (without_defects) c.defects = chstate::LockDefectsForTesting{};
   }
   if (configs.empty()) Usage("no configuration named " + only);
 
