@@ -135,6 +135,20 @@ local function check_id(op, id)
   end
 end
 
+-- State ids and patterns travel as hex in op documents, so any bytes cross.
+local function hex(s)
+  return (s:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
+
+local function unhex(h)
+  return (h:gsub("%x%x", function(x) return string.char(tonumber(x, 16)) end))
+end
+
+-- A query parameter as a URL carries it (RFC 3986 unreserved bytes stay).
+local function urlencode(s)
+  return (s:gsub("[^A-Za-z0-9%-._~]", function(c) return ("%%%02X"):format(c:byte()) end))
+end
+
 local function header(headers, wanted)
   if type(headers) ~= "table" then return nil end
   for k, v in pairs(headers) do
@@ -143,18 +157,20 @@ local function header(headers, wanted)
   return nil
 end
 
--- One request through the store's transport: status, body, exception code,
--- or nil, message, maybe_delivered.
-local function send(rec, op, req)
-  if rec.transport == nil then return rec.ud:execute(op) end
+-- Sends a request document once through the store's transport: status, body,
+-- exception code, or nil, message, maybe_delivered.
+local function send(rec, req)
+  if rec.transport == nil then return rec.ud:execute() end
   local conn = rec.conn
+  local url = {conn.url}
+  for _, kv in ipairs(req.url_params) do url[#url + 1] = "&" .. urlencode(kv[1]) .. "=" .. urlencode(kv[2]) end
+  req.url, req.body, req.settings, req.connection = table.concat(url), req.sql, req.url_params, conn
   req.headers = {
     ["X-ClickHouse-User"] = conn.user,
     ["X-ClickHouse-Key"] = conn.password ~= "" and conn.password or nil,
     ["Content-Type"] = "text/plain; charset=UTF-8",
     ["Content-Length"] = tostring(#req.body),
   }
-  req.connection = conn
   local ok, status, headers, body = pcall(rec.transport, req)
   if not ok then
     return nil, "the transport function raised an error: " .. tostring(status), true
@@ -173,45 +189,57 @@ local function send(rec, op, req)
   return code, body or "", header(headers, "x-clickhouse-exception-code")
 end
 
--- Drives one native op to its end; returns "done", ... or "failed", code, message.
-local function drive(rec, op)
-  if rec.native_run then return rec.ud:run(op) end
-  local kind, a, b, c = op:start(rec.now_ms())
+-- Pumps one op document to its end: sends each request once and sleeps when
+-- told (resends are the core's). Returns the "done" or "failed" document, or
+-- nil, message when a value in it cannot become JSON.
+local function pump(rec, doc, side, state)
+  local a, err = rec.ud:start(rec.now_ms(), doc, side, state)
+  if a == nil then return nil, err end
   while true do
-    if kind == "sql" then
-      -- Sent once; the core decides whether a failed request goes again.
-      local status, body, extra = send(rec, op, a)
-      kind, a, b, c = op:response(rec.now_ms(), status, body, extra)
-    elseif kind == "wait" then
-      rec.sleep_ms(a)
-      kind, a, b, c = op:timer(rec.now_ms())
+    if a.request then
+      local status, body, extra = send(rec, a.request)
+      a = rec.ud:response(rec.now_ms(), status, body, extra)
+    elseif a.wait_ms then
+      rec.sleep_ms(a.wait_ms)
+      a = rec.ud:timer(rec.now_ms())
     else
-      return kind, a, b, c
+      return a
     end
   end
 end
 
-local function run(rec, opname, kind, ...)
-  local op, err = rec.ud:op(kind, ...)
-  if op == nil then argerror(opname, 2, err) end
-  rec.busy = true
-  local ok, k, a, b, c = pcall(drive, rec, op)
-  rec.busy = false
-  if not ok then error(k, 0) end
-  if k == "failed" then raise(a, opname, b) end
-  return a, b, c
+-- Runs one op: first, when the core's timer is due, a tick (renewals of held
+-- locks); its failure is the caller's (a lock it holds may be lost). A
+-- release goes without: its own outcome says what became of its lock.
+local function drive(rec, opname, doc, side, state)
+  if doc.op ~= "release_lock" and rec.next_tick ~= nil and rec.now_ms() >= rec.next_tick then
+    local t = pump(rec, {op = "tick"})
+    if t.failed then
+      for _, h in pairs(rec.held) do h.suspect = true end  -- one of them may be lost: with_lock asks
+      raise(t.failed.code, opname, t.failed.message)
+    end
+    rec.next_tick = math.tointeger(t.done.next_timeout_ms)
+  end
+  local a, err = pump(rec, doc, side, state)
+  if a == nil then argerror(opname, 2, err) end
+  if a.failed then raise(a.failed.code, opname, a.failed.message) end
+  rec.next_tick = math.tointeger(a.done.next_timeout_ms)  -- null (no lock held) becomes nil
+  return a.done
 end
 
--- Inside with_lock, renews the lease when a third of the window has passed.
-local function keep_lease(rec, opname, id)
-  local h = rec.held[id]
-  if h == nil or rec.now_ms() < h.renew_at then return end
-  local ok, err = pcall(run, rec, opname, "renew", id)
-  if not ok then
-    h.lost = true
-    error(err, 0)
-  end
-  h.renew_at = rec.now_ms() + rec.renew_every_ms
+local function run(rec, opname, doc, side, state)
+  rec.busy = true
+  local ok, done = pcall(drive, rec, opname, doc, side, state)
+  rec.busy = false
+  if not ok then error(done, 0) end
+  return done
+end
+
+-- The merged view and the whole state of a "done" document; nil when absent.
+local function views(done)
+  local s = done.state
+  if s == C.null then return nil end
+  return s.merged, {completed = s.completed, partial = s.partial}
 end
 
 Store.__tostring = function(self)
@@ -230,10 +258,7 @@ end
 function Store:get(id)
   local rec = check(self, "get")
   check_id("get", id)
-  keep_lease(rec, "get", id)
-  local merged, whole = run(rec, "get", "get", id)
-  if merged == nil then return nil end
-  return merged, whole
+  return views(run(rec, "get", {op = "get", state_id_hex = hex(id)}))
 end
 
 --- Writes a complete state (completed = state, partial = {}), as Meltano's
@@ -242,14 +267,13 @@ function Store:set(id, state)
   local rec = check(self, "set")
   check_id("set", id)
   if type(state) ~= "table" then argerror("set", 2, "state expected: a table, got " .. describe(state)) end
-  keep_lease(rec, "set", id)
-  run(rec, "set", "set", id, state, rec.held[id] ~= nil)
+  run(rec, "set", {op = rec.held[id] and "set" or "set_locked", state_id_hex = hex(id)}, "completed", state)
   return true
 end
 
 --- Merges a partial state as Meltano's update() does (objects merge
--- recursively, lists and scalars replace), under the id's lock. Returns the
--- new merged view and whole state.
+-- recursively, lists and scalars replace), under the id's lock (the one
+-- with_lock holds, or its own). Returns the new merged view and whole state.
 function Store:merge(id, partial)
   local rec = check(self, "merge")
   check_id("merge", id)
@@ -257,9 +281,7 @@ function Store:merge(id, partial)
   if next(partial) == nil then
     argerror("merge", 2, "nothing to merge: the partial state is empty (use set to write a state)")
   end
-  keep_lease(rec, "merge", id)
-  local merged, whole = run(rec, "merge", "merge", id, partial, rec.held[id] ~= nil)
-  return merged, whole
+  return views(run(rec, "merge", {op = "update", state_id_hex = hex(id)}, "partial", partial))
 end
 
 --- State ids, sorted; `pattern` uses Meltano's `*` and `?` (nil: all).
@@ -268,50 +290,51 @@ function Store:list(pattern)
   if pattern ~= nil and type(pattern) ~= "string" then
     argerror("list", 1, "pattern expected: a string or nil, got " .. type(pattern))
   end
-  return (run(rec, "list", "list", pattern))
+  local done = run(rec, "list", {op = "list", pattern_hex = pattern and hex(pattern)})
+  local ids = M.array()
+  for i, h in ipairs(done.state_ids_hex) do ids[i] = unhex(h) end
+  return ids
 end
 
 --- Removes one state (under its lock unless held). Absent ids are fine.
 function Store:delete(id)
   local rec = check(self, "delete")
   check_id("delete", id)
-  keep_lease(rec, "delete", id)
-  run(rec, "delete", "delete", id, nil, rec.held[id] ~= nil)
+  run(rec, "delete", {op = rec.held[id] and "delete" or "delete_locked", state_id_hex = hex(id)})
   return true
 end
 
 --- Removes every state; returns how many.
 function Store:clear_all()
   local rec = check(self, "clear_all")
-  return (run(rec, "clear_all", "clear_all"))
+  return run(rec, "clear_all", {op = "clear_all"}).count
 end
 
 --- Creates the database and tables (writes also do it when missing).
 function Store:init()
   local rec = check(self, "init")
-  run(rec, "init", "init")
+  run(rec, "init", {op = "init"})
   return true
 end
 
 --- The server's version and the SQL dialect chstate uses with it.
 function Store:ping()
   local rec = check(self, "ping")
-  local version, dialect = run(rec, "ping", "ping")
-  return version, dialect
+  local done = run(rec, "ping", {op = "ping"})
+  return done.server_version, done.dialect
 end
 
---- Renews the lease of a lock held by with_lock now (operations on the id
--- renew by themselves; a function that works long without the store calls
--- this at least every third of the stale-lock window).
+--- Renews the lease of a lock held by with_lock now (every operation first
+-- renews held locks that are due; a function that works long without the
+-- store calls this at least every third of the stale-lock window).
 function Store:renew(id)
   local rec = check(self, "renew")
   check_id("renew", id)
-  local h = rec.held[id]
-  if h == nil then
-    raise("FAILED_PRECONDITION", "renew", "this store does not hold the lock on this state id (take it with with_lock)")
+  local ok, err = pcall(run, rec, "renew", {op = "renew_lock", state_id_hex = hex(id)})
+  if not ok then
+    if rec.held[id] and M.is_error(err) and err.code == "ABORTED" then rec.held[id].lost = true end
+    error(err, 0)
   end
-  h.renew_at = -math.huge
-  keep_lease(rec, "renew", id)
   return true
 end
 
@@ -326,19 +349,26 @@ function Store:with_lock(id, fn, ...)
     raise("FAILED_PRECONDITION", "with_lock",
           "this store already holds the lock on this state id (with_lock calls on one id do not nest)")
   end
-  local lock_id = run(rec, "with_lock", "acquire", id)
-  local h = {lock_id = lock_id, renew_at = rec.now_ms() + rec.renew_every_ms}
+  local release = {op = "release_lock", state_id_hex = hex(id)}
+  release.lock_id = run(rec, "with_lock", {op = "acquire_lock", state_id_hex = release.state_id_hex}).lock_id
+  local h = {lock_id = release.lock_id}
   rec.held[id] = h
   local results = table.pack(pcall(fn, ...))
   if rec.held[id] == h then rec.held[id] = nil end
   local released, release_error = true, nil
+  if not rec.closed and not h.released then
+    if h.suspect and not h.lost then
+      -- A tick failed while fn ran: the core answers a renewal of a lost lock at once.
+      local ok, err = pcall(run, rec, "with_lock", {op = "renew_lock", state_id_hex = release.state_id_hex})
+      h.lost = not ok and M.is_error(err) and err.code == "ABORTED"
+    end
+    released, release_error = pcall(run, rec, "with_lock", release)  -- a lost lock is forgotten, nothing sent
+  end
   if h.lost then
     -- A renewal failed while fn ran (and fn carried on): the lock is gone.
     released, release_error = pcall(raise, "ABORTED", "with_lock",
       "the lock on this state id was lost while the function ran (its lease could not be renewed); " ..
       "what the function did was not necessarily exclusive")
-  elseif not rec.closed and not h.released then
-    released, release_error = pcall(run, rec, "with_lock", "release", id, lock_id)
   end
   if not results[1] then error(results[2], 0) end  -- fn's error matters more
   if not released then error(release_error, 0) end
@@ -352,7 +382,8 @@ function Store:close()
   if rec.closed then return true end
   if rec.busy then raise("FAILED_PRECONDITION", "close", "an operation is still running on this store") end
   for id, h in pairs(rec.held) do
-    pcall(run, rec, "close", "release", id, h.lock_id)  -- best effort: a lost lock goes stale anyway
+    -- best effort: a lock whose release fails goes stale anyway
+    pcall(run, rec, "close", {op = "release_lock", state_id_hex = hex(id), lock_id = h.lock_id})
     h.released = true
   end
   rec.held = {}
@@ -448,16 +479,19 @@ function M.open(opts)
   local ud, info = C.new_store(flags, env, native)
   if ud == nil then raise("INVALID_ARGUMENT", "open", info) end
   local now, sleep = opts.now, opts.sleep
+  local conn = opts.transport and ud:connection() or nil
+  if conn then
+    conn.url = (conn.secure and "https://" or "http://") .. info.endpoint .. "/?database=" .. urlencode(conn.database)
+  end
   local rec = {
     ud = ud,
     info = info,
     transport = opts.transport,
-    conn = opts.transport and ud:connection() or nil,
-    native_run = opts.transport == nil and now == nil and sleep == nil,
+    conn = conn,
     now_ms = now and function() return math.floor(now() * 1000) end or C.monotonic_ms,
     sleep_ms = sleep and function(ms) sleep(ms / 1000) end or C.sleep_ms,
-    renew_every_ms = math.max(info.stale_ms // 3, 50),
-    held = {},
+    next_tick = nil,  -- when the core next needs a tick (its next_timeout_ms)
+    held = {},        -- id -> {lock_id=} for the locks with_lock holds
     busy = false,
     closed = false,
   }

@@ -1,39 +1,26 @@
-// The native half of the Lua 5.4 module `chstate`: the core's Store and the
-// native HTTP executor behind a small Lua C API, and the conversion between
-// Lua values and JSON. The idiomatic API (chstate.open, store:get, ...,
-// chstate.safe) is chstate.lua, compiled into this library and run by
-// luaopen_chstate with the table built here as its argument.
+// The native half of the Lua 5.4 module `chstate`: a core Store driven
+// through the JSON protocol every host speaks (hosts/common/protocol.h), and
+// the native HTTP executor. The idiomatic API (chstate.open, store:get, ...,
+// chstate.safe) and the loop that pumps operations are chstate.lua, compiled
+// into this library and run by luaopen_chstate with the table built here as
+// its argument. Lua values become JSON and back in lua_json.cc.
 //
 //   local chstate = require "chstate"          -- loads chstate.so
 //   local store = chstate.open{uri = "clickhouse://meltano@localhost:8123/default"}
 //
-// Rules kept here:
-// - lua_error longjmps over C++ frames, so no function raises while a C++
-//   object with a destructor is alive: work happens in a scope that pushes an
-//   error message, and the function raises after the scope ends. Expected
-//   failures (bad values, failed operations) are returned as values instead.
-// - Operations are driven one input at a time (op:start / op:response /
-//   op:timer), so chstate.lua can run a Lua transport and Lua sleep (which may
-//   yield a coroutine); store:run(op) drives an op entirely in C with the
-//   native executor when no Lua hook is given.
+// What is here, per store: start an op document, answer its request or wait,
+// and send a request with the native executor; every rule (SQL, resends, the
+// lock and its renewal, Meltano's merge) is the core's.
 //
-// JSON <-> Lua (README "Using it from Lua" documents it for users):
-//   object  <-> table with string keys (an empty table is an object: {})
-//   array   <-> table with keys 1..n, or any table with the chstate.array
-//               metatable (chstate.array{} is the empty array []); decoded
-//               arrays carry that metatable, so [] round-trips
-//   integer <-> Lua integer (math.type "integer"); float <-> Lua float (1.0
-//               stays 1.0); NaN and infinities are refused
-//   null    <-> chstate.null (a light userdata NULL, like cjson.null)
-//   strings must be valid UTF-8; other key types, sparse or mixed tables,
-//   functions, coroutines and userdata are refused with the path of the value.
+// lua_error longjmps over C++ frames, so no function raises while a C++
+// object with a destructor is alive: work happens in a scope that pushes its
+// results, and failures are returned as values.
 #include <time.h>
 
 #include <cerrno>
-#include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -42,10 +29,12 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/defaults.h"
-#include "core/lock.h"
+#include "core/quoting.h"
 #include "core/state.h"
 #include "core/store.h"
 #include "core/task.h"
+#include "hosts/common/protocol.h"
+#include "hosts/lua/lua_json.h"
 #include "hosts/native/executor.h"
 #include "lua.hpp"
 #include <nlohmann/json.hpp>
@@ -59,367 +48,17 @@ namespace chstate::lua {
 namespace {
 
 constexpr char kStoreMeta[] = "chstate.native_store";
-constexpr char kOpMeta[] = "chstate.native_op";
-constexpr char kArrayMeta[] = "chstate.array";
-constexpr int kMaxDepth = 512;
 
 using nlohmann::json;
-
-// ---------------------------------------------------------------- JSON
-
-bool ValidUtf8(const char* s, size_t n) {
-  size_t i = 0;
-  while (i < n) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len = 0;
-    uint32_t cp = 0;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + len > n) return false;
-    for (int k = 1; k < len; ++k) {
-      unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-        (cp >= 0xD800 && cp <= 0xDFFF)) {
-      return false;
-    }
-    i += len;
-  }
-  return true;
-}
-
-bool IsIdentifier(const std::string& k) {
-  if (k.empty() || k.size() > 40) return false;
-  for (size_t i = 0; i < k.size(); ++i) {
-    char c = k[i];
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (i > 0 && c >= '0' && c <= '9');
-    if (!ok) return false;
-  }
-  return true;
-}
-
-std::string KeyPath(const std::string& path, const std::string& key) {
-  if (IsIdentifier(key)) return absl::StrCat(path, ".", key);
-  std::string shown;
-  for (char c : key.substr(0, 40)) shown += (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') ? c : '?';
-  return absl::StrCat(path, "[\"", shown, key.size() > 40 ? "...\"]" : "\"]");
-}
-
-bool IsArrayMarked(lua_State* L, int idx) {
-  if (!lua_getmetatable(L, idx)) return false;
-  luaL_getmetatable(L, kArrayMeta);
-  bool marked = lua_rawequal(L, -1, -2);
-  lua_pop(L, 2);
-  return marked;
-}
-
-const char* Describe(lua_State* L, int idx) {
-  switch (lua_type(L, idx)) {
-    case LUA_TFUNCTION: return "a function";
-    case LUA_TTHREAD: return "a coroutine";
-    case LUA_TUSERDATA: return "a userdata";
-    case LUA_TLIGHTUSERDATA: return "a light userdata other than chstate.null";
-    case LUA_TNIL: return "nil";
-    default: return lua_typename(L, lua_type(L, idx));
-  }
-}
-
-// Lua value at `idx` -> JSON. On failure returns false with `err` set (the
-// path of the offending value and the rule it breaks).
-bool ToJson(lua_State* L, int idx, const std::string& path, int depth, json& out, std::string& err) {
-  idx = lua_absindex(L, idx);
-  switch (lua_type(L, idx)) {
-    case LUA_TBOOLEAN:
-      out = static_cast<bool>(lua_toboolean(L, idx));
-      return true;
-    case LUA_TNUMBER:
-      if (lua_isinteger(L, idx)) {
-        out = static_cast<int64_t>(lua_tointeger(L, idx));
-        return true;
-      } else {
-        double d = lua_tonumber(L, idx);
-        if (!std::isfinite(d)) {
-          err = absl::StrCat(path, " is ", std::isnan(d) ? "NaN" : "an infinity",
-                             ", which JSON cannot hold (store a string or null instead)");
-          return false;
-        }
-        out = d;
-        return true;
-      }
-    case LUA_TSTRING: {
-      size_t n = 0;
-      const char* s = lua_tolstring(L, idx, &n);
-      if (!ValidUtf8(s, n)) {
-        err = absl::StrCat(path, " is not valid UTF-8, which JSON strings must be (encode binary data, e.g. as hex)");
-        return false;
-      }
-      out = std::string(s, n);
-      return true;
-    }
-    case LUA_TLIGHTUSERDATA:
-      if (lua_touserdata(L, idx) == nullptr) {
-        out = nullptr;
-        return true;
-      }
-      break;
-    case LUA_TTABLE: {
-      if (depth >= kMaxDepth) {
-        err = absl::StrCat(path, " is nested more than ", kMaxDepth, " levels deep (or the table contains itself)");
-        return false;
-      }
-      if (!lua_checkstack(L, 4)) {
-        err = absl::StrCat(path, ": out of Lua stack space");
-        return false;
-      }
-      const bool marked = IsArrayMarked(L, idx);
-      // One pass over the keys decides object or array.
-      int64_t count = 0, max_int = 0;
-      bool all_int = true, all_str = true;
-      std::string bad_key;
-      lua_pushnil(L);
-      while (lua_next(L, idx) != 0) {
-        ++count;
-        int kt = lua_type(L, -2);
-        if (kt == LUA_TSTRING) {
-          all_int = false;
-        } else if (kt == LUA_TNUMBER && lua_isinteger(L, -2) && lua_tointeger(L, -2) >= 1) {
-          all_str = false;
-          max_int = std::max<int64_t>(max_int, lua_tointeger(L, -2));
-        } else {
-          all_int = all_str = false;
-          if (kt == LUA_TNUMBER) {
-            lua_pushvalue(L, -2);  // tostring on a copy: lua_next needs the key unchanged
-            bad_key = absl::StrCat("the key ", lua_tostring(L, -1));
-            lua_pop(L, 1);
-          } else {
-            bad_key = absl::StrCat("a ", luaL_typename(L, -2), " key");
-          }
-        }
-        lua_pop(L, 1);
-      }
-      if (!bad_key.empty()) {
-        err = absl::StrCat(path, " has ", bad_key,
-                           ": JSON objects need string keys and arrays need the keys 1..n (convert the key "
-                           "with tostring, or use a sequence)");
-        return false;
-      }
-      const bool as_array = marked ? true : (count > 0 && all_int);
-      if (as_array) {
-        if (!all_int && count > 0) {
-          err = absl::StrCat(path, " is marked as an array (chstate.array) but has string keys");
-          return false;
-        }
-        if (max_int != count) {
-          err = absl::StrCat(path, " has integer keys that are not 1..n (a sparse or holed array, highest key ",
-                             max_int, ", ", count, " values): JSON arrays have no holes (fill them with chstate.null)");
-          return false;
-        }
-        out = json::array();
-        for (int64_t i = 1; i <= count; ++i) {
-          lua_rawgeti(L, idx, i);
-          json item;
-          bool ok = ToJson(L, -1, absl::StrCat(path, "[", i, "]"), depth + 1, item, err);
-          lua_pop(L, 1);
-          if (!ok) return false;
-          out.push_back(std::move(item));
-        }
-        return true;
-      }
-      if (!all_str && count > 0) {
-        err = absl::StrCat(path,
-                           " mixes integer and string keys: a JSON value is either an object (string keys) or "
-                           "an array (keys 1..n); convert the integer keys with tostring");
-        return false;
-      }
-      out = json::object();
-      lua_pushnil(L);
-      while (lua_next(L, idx) != 0) {
-        size_t n = 0;
-        const char* k = lua_tolstring(L, -2, &n);  // a string key: no conversion happens
-        std::string key(k, n);
-        if (!ValidUtf8(k, n)) {
-          err = absl::StrCat(KeyPath(path, key), ": the key is not valid UTF-8, which JSON keys must be");
-          lua_pop(L, 2);
-          return false;
-        }
-        json item;
-        bool ok = ToJson(L, -1, KeyPath(path, key), depth + 1, item, err);
-        lua_pop(L, 1);
-        if (!ok) {
-          lua_pop(L, 1);
-          return false;
-        }
-        out[key] = std::move(item);
-      }
-      return true;
-    }
-    default:
-      break;
-  }
-  err = absl::StrCat(path, " is ", Describe(L, idx), ", which JSON cannot hold");
-  return false;
-}
-
-// JSON -> a Lua value on top of the stack. Depth is bounded by the encoder
-// and by the core's parser (512).
-bool PushJson(lua_State* L, const json& j) {
-  if (!lua_checkstack(L, 4)) return false;
-  switch (j.type()) {
-    case json::value_t::null:
-      lua_pushlightuserdata(L, nullptr);
-      return true;
-    case json::value_t::boolean:
-      lua_pushboolean(L, j.get<bool>());
-      return true;
-    case json::value_t::number_integer:
-      lua_pushinteger(L, static_cast<lua_Integer>(j.get<int64_t>()));
-      return true;
-    case json::value_t::number_unsigned: {
-      uint64_t u = j.get<uint64_t>();
-      // Above 2^63-1 a Lua integer cannot hold it: it becomes a float.
-      if (u <= static_cast<uint64_t>(INT64_MAX)) {
-        lua_pushinteger(L, static_cast<lua_Integer>(u));
-      } else {
-        lua_pushnumber(L, static_cast<lua_Number>(u));
-      }
-      return true;
-    }
-    case json::value_t::number_float:
-      lua_pushnumber(L, j.get<double>());
-      return true;
-    case json::value_t::string: {
-      const std::string& s = j.get_ref<const std::string&>();
-      lua_pushlstring(L, s.data(), s.size());
-      return true;
-    }
-    case json::value_t::array: {
-      lua_createtable(L, static_cast<int>(j.size()), 0);
-      lua_Integer i = 0;
-      for (const json& item : j) {
-        if (!PushJson(L, item)) return false;
-        lua_rawseti(L, -2, ++i);
-      }
-      luaL_setmetatable(L, kArrayMeta);
-      return true;
-    }
-    case json::value_t::object: {
-      lua_createtable(L, 0, static_cast<int>(j.size()));
-      for (auto it = j.begin(); it != j.end(); ++it) {
-        lua_pushlstring(L, it.key().data(), it.key().size());
-        if (!PushJson(L, it.value())) return false;
-        lua_rawset(L, -3);
-      }
-      return true;
-    }
-    default:
-      lua_pushnil(L);  // binary / discarded: never produced by the core
-      return true;
-  }
-}
-
-// chstate.to_json(value) -> text | nil, message
-int LuaToJson(lua_State* L) {
-  luaL_checkany(L, 1);
-  bool ok = false;
-  {
-    json j;
-    std::string err;
-    ok = ToJson(L, 1, "value", 0, j, err);
-    if (ok) {
-      std::string text = DumpJson(j);
-      lua_pushlstring(L, text.data(), text.size());
-    } else {
-      lua_pushnil(L);
-      lua_pushlstring(L, err.data(), err.size());
-    }
-  }
-  return ok ? 1 : 2;
-}
-
-// Deepest nesting of arrays and objects in a JSON text (strings skipped), so
-// that neither the parser nor PushJson recurses without bound.
-int NestingDepth(absl::string_view s) {
-  int depth = 0, deepest = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
-// chstate.from_json(text) -> value | nil, message. Any JSON value is accepted
-// (states themselves must be objects).
-int LuaFromJson(lua_State* L) {
-  size_t n = 0;
-  const char* s = luaL_checklstring(L, 1, &n);
-  int results = 2;
-  {
-    absl::string_view text(s, n);
-    size_t first = text.find_first_not_of(" \t\r\n");
-    std::string err;
-    json value;
-    if (first == absl::string_view::npos) {
-      err = "empty input: no JSON value";
-    } else if (NestingDepth(text) > kMaxDepth) {
-      err = absl::StrCat("JSON nested more than ", kMaxDepth, " levels deep");
-    } else if (text[first] == '{') {
-      // The core's object parser gives positioned messages.
-      absl::StatusOr<json> parsed = ParseStateJson(text);
-      if (parsed.ok()) value = *std::move(parsed);
-      else err = std::string(parsed.status().message());
-    } else if (!ValidUtf8(s, n)) {
-      err = "invalid JSON: the text is not valid UTF-8";
-    } else {
-      value = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-      if (value.is_discarded()) err = "invalid JSON (not a JSON value)";
-    }
-    if (!err.empty()) {
-      lua_pushnil(L);
-      lua_pushlstring(L, err.data(), err.size());
-    } else if (!PushJson(L, value)) {
-      lua_pushnil(L);
-      lua_pushstring(L, "the JSON value is nested too deeply for the Lua stack");
-    } else {
-      results = 1;
-    }
-  }
-  return results;
-}
 
 // ---------------------------------------------------------------- stores
 
 struct OpenStore {
-  std::unique_ptr<Store> store;
-  std::unique_ptr<native::HttpExecutor> exec;  // null when Lua supplies the transport
   ConnectionConfig config;
-  std::string base_url;  // scheme://host:port/?database=...
+  std::unique_ptr<Store> store;
+  std::unique_ptr<protocol::OpDriver> driver;  // declared after the store: destroyed first
+  std::unique_ptr<native::HttpExecutor> exec;  // null when Lua supplies the transport
+  SqlRequest pending;                          // the last request, for store:execute
 };
 
 // The userdata holds one pointer, so that a closed store owns nothing (Lua
@@ -427,22 +66,6 @@ struct OpenStore {
 struct StoreBox {
   OpenStore* open;  // null once closed
 };
-
-std::string PercentEncode(absl::string_view s) {
-  static const char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
-        c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
-}
 
 OpenStore* CheckStore(lua_State* L, int idx) {
   StoreBox* box = static_cast<StoreBox*>(luaL_checkudata(L, idx, kStoreMeta));
@@ -545,20 +168,17 @@ int NewStore(lua_State* L) {
       ud->open = box;
       box->config = *std::move(config);
       box->store = *std::move(store);
-      box->base_url = absl::StrCat(box->config.secure ? "https://" : "http://", box->store->options().endpoint,
-                                   "/?database=", PercentEncode(box->config.database));
+      box->driver = std::make_unique<protocol::OpDriver>(box->store.get());
       if (native) {
         native::ExecutorOptions eo;
         eo.connect_timeout_ms = connect_timeout;
         box->exec = std::make_unique<native::HttpExecutor>(box->config, eo);
       }
-      lua_createtable(L, 0, 11);
+      lua_createtable(L, 0, 10);
       SetField(L, "redacted_uri", box->config.RedactedUri());
       SetField(L, "host", box->config.host);
       lua_pushinteger(L, box->config.port);
       lua_setfield(L, -2, "port");
-      lua_pushinteger(L, box->store->options().lock.stale_ms);
-      lua_setfield(L, -2, "stale_ms");
       lua_pushboolean(L, box->config.secure);
       lua_setfield(L, -2, "secure");
       SetField(L, "user", box->config.user);
@@ -577,7 +197,7 @@ int NewStore(lua_State* L) {
 // store:connection() -> the settings a Lua transport needs, password included.
 int StoreConnection(lua_State* L) {
   OpenStore* box = CheckStore(L, 1);
-  lua_createtable(L, 0, 8);
+  lua_createtable(L, 0, 7);
   SetField(L, "host", box->config.host);
   lua_pushinteger(L, box->config.port);
   lua_setfield(L, -2, "port");
@@ -587,7 +207,6 @@ int StoreConnection(lua_State* L) {
   SetField(L, "password", box->config.password);
   SetField(L, "database", box->config.database);
   SetField(L, "ca_file", box->config.ca_file);
-  SetField(L, "url", box->base_url);
   return 1;
 }
 
@@ -602,381 +221,133 @@ int StoreIsClosed(lua_State* L) {
   return 1;
 }
 
-// store:lease_valid(id, now_ms) -> bool
-int StoreLeaseValid(lua_State* L) {
-  OpenStore* box = CheckStore(L, 1);
-  size_t n = 0;
-  const char* id = luaL_checklstring(L, 2, &n);
-  lua_Integer now = luaL_checkinteger(L, 3);
-  bool valid = box->store->LeaseValid(std::string(id, n), now);
-  lua_pushboolean(L, valid);
-  return 1;
-}
-
 // ---------------------------------------------------------------- operations
-
-enum class Shape { kNone, kState, kStateAfter, kIds, kCount, kLockId, kPing };
-
-using TaskMaker = std::function<absl::StatusOr<std::unique_ptr<Task>>(const Inputs&)>;
-using NextMaker = std::function<absl::StatusOr<std::unique_ptr<Task>>(const Result&, const Inputs&)>;
-
-// One operation of the Lua API: one core task, or two in a row (a merge
-// under a lock the caller already holds reads, then writes).
-struct HostOp {
-  StoreBox* box = nullptr;  // the store's userdata (box->open is null once closed)
-  Shape shape = Shape::kNone;
-  TaskMaker first;
-  NextMaker then;
-  std::shared_ptr<std::optional<MeltanoState>> produced;  // the state a two-step merge wrote
-  std::unique_ptr<Task> task;
-  SqlRequest pending;  // the request in flight
-  bool started = false;
-  bool ended = false;
-
-  Action Fail(absl::Status st) {
-    ended = true;
-    Action a;
-    a.kind = Action::Kind::kFailed;
-    a.status = std::move(st);
-    return a;
-  }
-
-  Action Advance(Action a, const Inputs& in) {
-    while (a.kind == Action::Kind::kDone && then) {
-      NextMaker next = std::move(then);
-      then = nullptr;
-      absl::StatusOr<std::unique_ptr<Task>> t = next(a.result, in);
-      if (!t.ok()) return Fail(t.status());
-      task = *std::move(t);
-      a = task->Start(in);
-    }
-    if (a.kind == Action::Kind::kRunSql) pending = a.request;
-    if (a.kind == Action::Kind::kDone || a.kind == Action::Kind::kFailed) ended = true;
-    return a;
-  }
-
-  Action Start(const Inputs& in) {
-    if (started) return Fail(absl::FailedPreconditionError("the operation was already started"));
-    started = true;
-    absl::StatusOr<std::unique_ptr<Task>> t = first(in);
-    if (!t.ok()) return Fail(t.status());
-    task = *std::move(t);
-    return Advance(task->Start(in), in);
-  }
-  Action OnResponse(const SqlResponse& r, const Inputs& in) {
-    if (!task || ended) return Fail(absl::FailedPreconditionError("the operation is not waiting for an answer"));
-    return Advance(task->OnResponse(r, in), in);
-  }
-  Action OnTimer(const Inputs& in) {
-    if (!task || ended) return Fail(absl::FailedPreconditionError("the operation is not waiting for a timer"));
-    return Advance(task->OnTimer(in), in);
-  }
-};
-
-struct OpBox {
-  HostOp* op;
-};
-
-HostOp* CheckOp(lua_State* L, int idx) {
-  OpBox* ob = static_cast<OpBox*>(luaL_checkudata(L, idx, kOpMeta));
-  if (ob->op == nullptr || ob->op->box->open == nullptr) luaL_error(L, "the store is closed");
-  return ob->op;
-}
-
-int OpGc(lua_State* L) {
-  OpBox* ob = static_cast<OpBox*>(luaL_checkudata(L, 1, kOpMeta));
-  delete ob->op;
-  ob->op = nullptr;
-  return 0;
-}
 
 Inputs InputsAt(int64_t now_ms) { return Inputs{now_ms, native::OsRandomBytes()}; }
 
-void PushStateViews(lua_State* L, const MeltanoState& s) {
-  PushJson(L, s.Merged());
-  lua_createtable(L, 0, 2);
-  PushJson(L, s.completed);
-  lua_setfield(L, -2, "completed");
-  PushJson(L, s.partial);
-  lua_setfield(L, -2, "partial");
+// The request document as the native executor takes it (the inverse of
+// protocol::RequestJson; the executor reads the SQL, the settings and the
+// timeout).
+SqlRequest RequestFromJson(const json& r) {
+  SqlRequest out;
+  if (auto it = r.find("sql"); it != r.end() && it->is_string()) out.sql = it->get<std::string>();
+  if (auto it = r.find("url_params"); it != r.end() && it->is_array()) {
+    for (const json& p : *it) {
+      if (p.is_array() && p.size() == 2 && p[0].is_string() && p[1].is_string()) {
+        out.url_params.emplace_back(p[0].get<std::string>(), p[1].get<std::string>());
+      }
+    }
+  }
+  if (auto it = r.find("timeout_ms"); it != r.end() && it->is_number_integer()) out.timeout_ms = it->get<int64_t>();
+  return out;
 }
 
-// Pushes an action: "sql", request | "wait", ms | "done", values... |
-// "failed", code, message. Returns the number of values.
-int PushAction(lua_State* L, HostOp& op, const Action& a) {
-  switch (a.kind) {
-    case Action::Kind::kRunSql: {
-      lua_pushliteral(L, "sql");
-      const SqlRequest& r = a.request;
-      std::string url = op.box->open->base_url;
-      lua_createtable(L, 0, 8);
-      SetField(L, "sql", r.sql);
-      SetField(L, "body", r.sql);
-      lua_createtable(L, static_cast<int>(r.url_params.size()), 0);
-      for (size_t i = 0; i < r.url_params.size(); ++i) {
-        absl::StrAppend(&url, "&", PercentEncode(r.url_params[i].first), "=", PercentEncode(r.url_params[i].second));
-        lua_createtable(L, 2, 0);
-        lua_pushlstring(L, r.url_params[i].first.data(), r.url_params[i].first.size());
-        lua_rawseti(L, -2, 1);
-        lua_pushlstring(L, r.url_params[i].second.data(), r.url_params[i].second.size());
-        lua_rawseti(L, -2, 2);
-        lua_rawseti(L, -2, static_cast<lua_Integer>(i + 1));
-      }
-      lua_setfield(L, -2, "settings");
-      SetField(L, "url", url);
-      lua_pushboolean(L, r.idempotent);
-      lua_setfield(L, -2, "idempotent");
-      lua_pushinteger(L, r.attempt);
-      lua_setfield(L, -2, "attempt");
-      lua_pushinteger(L, r.timeout_ms);
-      lua_setfield(L, -2, "timeout_ms");
-      SetField(L, "purpose", r.purpose);
-      return 2;
+// Pushes the next action document as one Lua table ({request=}, {wait_ms=},
+// {done=} or {failed=}). A request is kept for store:execute; a state in
+// "done" also gets its merged view (the core's DeepMerge: partial over
+// completed).
+int PushAction(lua_State* L, OpenStore* box, json action) {
+  if (auto r = action.find("request"); r != action.end()) {
+    if (box->exec) box->pending = RequestFromJson(*r);
+  } else if (auto d = action.find("done"); d != action.end()) {
+    if (auto s = d->find("state"); s != d->end() && s->is_object()) {
+      (*s)["merged"] = DeepMerge(s->value("completed", json::object()), s->value("partial", json::object()));
     }
-    case Action::Kind::kWait:
-      lua_pushliteral(L, "wait");
-      lua_pushinteger(L, a.wait_ms);
-      return 2;
-    case Action::Kind::kFailed: {
-      lua_pushliteral(L, "failed");
-      std::string code = absl::StatusCodeToString(a.status.code());
-      lua_pushlstring(L, code.data(), code.size());
-      lua_pushlstring(L, a.status.message().data(), a.status.message().size());
-      return 3;
-    }
-    case Action::Kind::kDone:
-      break;
   }
-  lua_pushliteral(L, "done");
-  const Result& r = a.result;
-  switch (op.shape) {
-    case Shape::kNone:
-      lua_pushboolean(L, 1);
-      return 2;
-    case Shape::kState:
-      if (!r.state) {
-        lua_pushnil(L);
-        return 2;
-      }
-      PushStateViews(L, *r.state);
-      return 3;
-    case Shape::kStateAfter: {
-      const std::optional<MeltanoState>* s = op.produced && *op.produced ? op.produced.get() : nullptr;
-      if (s == nullptr && r.state) s = &r.state;
-      if (s == nullptr) {
-        lua_pushnil(L);
-        return 2;
-      }
-      PushStateViews(L, **s);
-      return 3;
-    }
-    case Shape::kIds: {
-      lua_createtable(L, static_cast<int>(r.state_ids.size()), 0);
-      for (size_t i = 0; i < r.state_ids.size(); ++i) {
-        lua_pushlstring(L, r.state_ids[i].data(), r.state_ids[i].size());
-        lua_rawseti(L, -2, static_cast<lua_Integer>(i + 1));
-      }
-      luaL_setmetatable(L, kArrayMeta);
-      return 2;
-    }
-    case Shape::kCount:
-      lua_pushinteger(L, r.count);
-      return 2;
-    case Shape::kLockId:
-      lua_pushlstring(L, r.lock_id.data(), r.lock_id.size());
-      lua_pushinteger(L, r.waited_ms);
-      return 3;
-    case Shape::kPing: {
-      lua_pushlstring(L, r.server_version.data(), r.server_version.size());
-      std::string dialect = r.dialect ? (*r.dialect == Dialect::kModern ? "modern" : "clickhouse18") : "";
-      lua_pushlstring(L, dialect.data(), dialect.size());
-      return 3;
-    }
+  if (!PushJson(L, action)) {
+    PushJson(L, protocol::FailedJson(absl::InternalError("the result is nested too deeply for the Lua stack")));
   }
   return 1;
 }
 
-absl::Status LeaseCheck(Store& store, const std::string& id, const Inputs& in) {
-  if (store.LeaseValid(id, in.now_ms)) return absl::OkStatus();
-  return absl::AbortedError(
-      "the lock on this state id expired (or was lost) before the write; nothing was written. A with_lock "
-      "function that runs longer than a third of the stale-lock window without using the store must call "
-      "store:renew(id)");
+// Feeds one answer document to the running op and pushes the next action.
+int Feed(lua_State* L, OpenStore* box, const json& answer, int64_t now_ms) {
+  return PushAction(L, box, box->driver->Feed(protocol::Dump(answer), InputsAt(now_ms)));
 }
 
-// store:op(kind, ...) -> op | nil, message (a value that cannot become JSON)
-//   "ping" | "init" | "get", id | "set", id, state, held | "merge", id,
-//   partial, held | "delete", id, held | "list", pattern? | "clear_all" |
-//   "acquire", id | "renew", id | "release", id, lock_id
-int StoreOp(lua_State* L) {
+// store:start(now_ms, op[, side, state]) -> action | nil, message
+// `op` is an op document as a Lua table; `state`, when given, becomes its
+// "state" member {[side] = state} (converted here so that a value JSON cannot
+// hold is named by its path below "state").
+int StoreStart(lua_State* L) {
   OpenStore* box = CheckStore(L, 1);
-  const std::string kind = luaL_checkstring(L, 2);
-  lua_settop(L, 5);
-  std::string id;
-  if (lua_type(L, 3) == LUA_TSTRING) id.assign(lua_tostring(L, 3), lua_rawlen(L, 3));
-  const bool held = lua_toboolean(L, 5);
-  auto* op = new HostOp();
-  op->box = static_cast<StoreBox*>(lua_touserdata(L, 1));
-  Store* store = box->store.get();
-  bool ok = true;
+  const int64_t now = luaL_checkinteger(L, 2);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  const bool has_state = !lua_isnoneornil(L, 5);
+  if (has_state) luaL_checkstring(L, 4);
+  int results = 2;
   {
+    json op, state;
     std::string err;
-    json value;
-    if ((kind == "set" || kind == "merge")) {
-      if (!ToJson(L, 4, "state", 0, value, err)) {
-        ok = false;
-      } else if (!value.is_object()) {
-        err = "state must be a table with string keys (a JSON object), not an array";
-        ok = false;
-      }
+    if (!ToJson(L, 3, "op", op, err) || (has_state && !ToJson(L, 5, "state", state, err))) {
+      // err names the value
+    } else if (has_state && !state.is_object()) {
+      err = "state must be a table with string keys (a JSON object), not an array";
+    } else {
+      if (has_state) op["state"] = json::object({{lua_tostring(L, 4), std::move(state)}});
+      results = PushAction(L, box, box->driver->Start(protocol::Dump(op), InputsAt(now)));
     }
-    if (ok) {
-      if (kind == "ping") {
-        op->shape = Shape::kPing;
-        op->first = [store](const Inputs&) { return store->Ping(); };
-      } else if (kind == "init") {
-        op->shape = Shape::kCount;
-        op->first = [store](const Inputs&) { return store->Init(); };
-      } else if (kind == "get") {
-        op->shape = Shape::kState;
-        op->first = [store, id](const Inputs&) { return store->Get(id); };
-      } else if (kind == "set") {
-        MeltanoState s;
-        s.state_id = id;
-        s.completed = std::move(value);
-        if (held) {
-          op->first = [store, s](const Inputs& in) -> absl::StatusOr<std::unique_ptr<Task>> {
-            if (absl::Status st = LeaseCheck(*store, s.state_id, in); !st.ok()) return st;
-            return store->Set(s);
-          };
-        } else {
-          op->first = [store, s](const Inputs&) { return store->SetLocked(s); };
-        }
-      } else if (kind == "merge") {
-        MeltanoState incoming;
-        incoming.state_id = id;
-        incoming.partial = std::move(value);
-        op->shape = Shape::kStateAfter;
-        if (held) {
-          // Meltano's update() with the lock already taken: read, merge, write.
-          auto produced = std::make_shared<std::optional<MeltanoState>>();
-          op->produced = produced;
-          op->first = [store, id](const Inputs&) { return store->Get(id); };
-          op->then = [store, incoming, produced](const Result& got,
-                                                 const Inputs& in) -> absl::StatusOr<std::unique_ptr<Task>> {
-            MeltanoState next = ApplyUpdate(got.state, incoming);
-            if (absl::Status st = LeaseCheck(*store, incoming.state_id, in); !st.ok()) return st;
-            *produced = next;
-            return store->Set(next);
-          };
-        } else {
-          op->first = [store, incoming](const Inputs&) { return store->Update(incoming); };
-        }
-      } else if (kind == "delete") {
-        if (held) {
-          op->first = [store, id](const Inputs& in) -> absl::StatusOr<std::unique_ptr<Task>> {
-            if (absl::Status st = LeaseCheck(*store, id, in); !st.ok()) return st;
-            return store->Delete(id);
-          };
-        } else {
-          op->first = [store, id](const Inputs&) { return store->DeleteLocked(id); };
-        }
-      } else if (kind == "list") {
-        std::optional<std::string> pattern;
-        if (lua_type(L, 3) == LUA_TSTRING) pattern = id;
-        op->shape = Shape::kIds;
-        op->first = [store, pattern](const Inputs&) { return store->List(pattern); };
-      } else if (kind == "clear_all") {
-        op->shape = Shape::kCount;
-        op->first = [store](const Inputs&) { return store->ClearAll(); };
-      } else if (kind == "acquire") {
-        op->shape = Shape::kLockId;
-        op->first = [store, id](const Inputs&) { return store->AcquireLock(id); };
-      } else if (kind == "renew") {
-        op->shape = Shape::kLockId;
-        op->first = [store, id](const Inputs&) { return store->RenewLock(id); };
-      } else if (kind == "release") {
-        std::string lock_id = lua_type(L, 4) == LUA_TSTRING ? lua_tostring(L, 4) : "";
-        op->first = [store, id, lock_id](const Inputs&) { return store->ReleaseLock(id, lock_id); };
-      } else {
-        err = absl::StrCat("unknown operation \"", kind, "\"");
-        ok = false;
-      }
-    }
-    if (!ok) {
+    if (!err.empty()) {
       lua_pushnil(L);
       lua_pushlstring(L, err.data(), err.size());
     }
   }
-  if (!ok) {
-    delete op;
-    return 2;
+  return results;
+}
+
+// store:response(now_ms, status, body, exception_code) -> action
+// store:response(now_ms, nil, message, maybe_delivered) -> action (no answer)
+int StoreResponse(lua_State* L) {
+  OpenStore* box = CheckStore(L, 1);
+  const int64_t now = luaL_checkinteger(L, 2);
+  size_t n = 0;
+  const char* text = luaL_optlstring(L, 4, "", &n);
+  int results = 0;
+  {
+    json r;
+    if (lua_isnil(L, 3)) {
+      r = {{"transport_ok", false},
+           {"transport_error", n > 0 ? std::string(text, n) : "the transport gave no answer"},
+           {"maybe_delivered", lua_isnoneornil(L, 5) ? true : static_cast<bool>(lua_toboolean(L, 5))}};
+    } else {
+      r = {{"transport_ok", true},
+           {"http_status", static_cast<int64_t>(lua_tointeger(L, 3))},
+           {"body_hex", HexEncode(absl::string_view(text, n))}};  // any bytes
+      if (lua_type(L, 5) == LUA_TSTRING) r["exception_code_header"] = lua_tostring(L, 5);
+    }
+    results = Feed(L, box, json{{"response", std::move(r)}}, now);
   }
-  OpBox* ob = static_cast<OpBox*>(lua_newuserdatauv(L, sizeof(OpBox), 1));
-  ob->op = op;
-  luaL_setmetatable(L, kOpMeta);
-  lua_pushvalue(L, 1);
-  lua_setiuservalue(L, -2, 1);  // the op keeps its store alive
-  return 1;
+  return results;
 }
 
-// op:start(now_ms) / op:timer(now_ms) -> action
-int OpStart(lua_State* L) {
-  HostOp* op = CheckOp(L, 1);
-  int64_t now = luaL_checkinteger(L, 2);
-  Action a = op->Start(InputsAt(now));
-  int n = PushAction(L, *op, a);
-  return n;  // `a` is destroyed on return, after all pushes; nothing raised meanwhile but OOM
+// store:timer(now_ms) -> action, after a wait.
+int StoreTimer(lua_State* L) {
+  OpenStore* box = CheckStore(L, 1);
+  const int64_t now = luaL_checkinteger(L, 2);
+  return Feed(L, box, json{{"timer", true}}, now);
 }
 
-int OpTimer(lua_State* L) {
-  HostOp* op = CheckOp(L, 1);
-  int64_t now = luaL_checkinteger(L, 2);
-  Action a = op->OnTimer(InputsAt(now));
-  return PushAction(L, *op, a);
-}
-
-// op:response(now_ms, status, body, exception_code) -> action
-// op:response(now_ms, nil, message, maybe_delivered) -> action (no answer)
-int OpResponse(lua_State* L) {
-  HostOp* op = CheckOp(L, 1);
-  int64_t now = luaL_checkinteger(L, 2);
-  SqlResponse r;
-  if (lua_isnil(L, 3)) {
-    r.transport_ok = false;
-    size_t n = 0;
-    const char* msg = luaL_optlstring(L, 4, "the transport gave no answer", &n);
-    r.transport_error.assign(msg, n);
-    r.maybe_delivered = lua_isnoneornil(L, 5) ? true : lua_toboolean(L, 5);
-  } else {
-    r.http_status = static_cast<int>(luaL_checkinteger(L, 3));
-    size_t n = 0;
-    const char* body = luaL_optlstring(L, 4, "", &n);
-    r.body.assign(body, n);
-    if (lua_type(L, 5) == LUA_TSTRING) r.exception_code_header = lua_tostring(L, 5);
-  }
-  Action a = op->OnResponse(r, InputsAt(now));
-  return PushAction(L, *op, a);
-}
-
-// store:execute(op) -> status, body, exception_code | nil, message, maybe_delivered
-// Runs the op's pending request once with the native executor.
+// store:execute() -> status, body, exception_code | nil, message, maybe_delivered
+// Sends the last request once with the native executor.
 int StoreExecute(lua_State* L) {
   OpenStore* box = CheckStore(L, 1);
-  HostOp* op = CheckOp(L, 2);
   if (!box->exec) return luaL_error(L, "this store has no native transport");
-  SqlResponse r = box->exec->Execute(op->pending);
-  if (!r.transport_ok) {
-    lua_pushnil(L);
-    lua_pushlstring(L, r.transport_error.data(), r.transport_error.size());
-    lua_pushboolean(L, r.maybe_delivered);
-  } else {
-    lua_pushinteger(L, r.http_status);
-    lua_pushlstring(L, r.body.data(), r.body.size());
-    lua_pushlstring(L, r.exception_code_header.data(), r.exception_code_header.size());
+  {
+    SqlResponse r = box->exec->Execute(box->pending);
+    if (!r.transport_ok) {
+      lua_pushnil(L);
+      lua_pushlstring(L, r.transport_error.data(), r.transport_error.size());
+      lua_pushboolean(L, r.maybe_delivered);
+    } else {
+      lua_pushinteger(L, r.http_status);
+      lua_pushlstring(L, r.body.data(), r.body.size());
+      lua_pushlstring(L, r.exception_code_header.data(), r.exception_code_header.size());
+    }
   }
   return 3;
 }
+
+// ---------------------------------------------------------------- helpers
 
 void SleepMs(int64_t ms) {
   if (ms <= 0) return;
@@ -986,27 +357,6 @@ void SleepMs(int64_t ms) {
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
 }
-
-// store:run(op) -> action (done or failed): the whole op in C, with the
-// native executor, the monotonic clock and real sleeps (resends after
-// transport failures are the core's, as for every host).
-int StoreRun(lua_State* L) {
-  OpenStore* box = CheckStore(L, 1);
-  HostOp* op = CheckOp(L, 2);
-  if (!box->exec) return luaL_error(L, "this store has no native transport");
-  Action a = op->Start(InputsAt(native::MonotonicMs()));
-  while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
-    if (a.kind == Action::Kind::kRunSql) {
-      a = op->OnResponse(box->exec->Execute(a.request), InputsAt(native::MonotonicMs()));
-    } else {
-      SleepMs(a.wait_ms);
-      a = op->OnTimer(InputsAt(native::MonotonicMs()));
-    }
-  }
-  return PushAction(L, *op, a);
-}
-
-// ---------------------------------------------------------------- helpers
 
 int LuaMonotonicMs(lua_State* L) {
   lua_pushinteger(L, native::MonotonicMs());
@@ -1033,13 +383,9 @@ int LuaEnviron(lua_State* L) {
 }
 
 const luaL_Reg kStoreMethods[] = {
-    {"op", StoreOp},           {"run", StoreRun},         {"execute", StoreExecute},
-    {"connection", StoreConnection}, {"close", StoreClose}, {"is_closed", StoreIsClosed},
-    {"lease_valid", StoreLeaseValid}, {nullptr, nullptr},
-};
-
-const luaL_Reg kOpMethods[] = {
-    {"start", OpStart}, {"response", OpResponse}, {"timer", OpTimer}, {nullptr, nullptr},
+    {"start", StoreStart},           {"response", StoreResponse}, {"timer", StoreTimer},
+    {"execute", StoreExecute},       {"connection", StoreConnection}, {"close", StoreClose},
+    {"is_closed", StoreIsClosed},    {nullptr, nullptr},
 };
 
 const luaL_Reg kFunctions[] = {
@@ -1058,14 +404,6 @@ extern "C" __attribute__((visibility("default"))) int luaopen_chstate(lua_State*
     luaL_setfuncs(L, kStoreMethods, 0);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, StoreGc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
-  if (luaL_newmetatable(L, kOpMeta)) {
-    lua_newtable(L);
-    luaL_setfuncs(L, kOpMethods, 0);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, OpGc);
     lua_setfield(L, -2, "__gc");
   }
   lua_pop(L, 1);
