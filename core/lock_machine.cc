@@ -132,67 +132,88 @@ struct LockMachine::Transition {
   LockState from;
   Event event;
   void (LockMachine::*handle)(const SqlResponse*, const Inputs&);
+  uint32_t to;  // the states the row may lead to (Dispatch checks it)
 };
 
+namespace {
+
+template <typename... S>
+constexpr uint32_t To(S... states) {
+  return ((1u << static_cast<int>(states)) | ...);
+}
+
+using S = LockState;
+// Where the shared outcomes lead.
+constexpr uint32_t kCreateAgain = To(S::kCreating, S::kFailed);                  // StartCreate (or cancelled)
+constexpr uint32_t kBecomeHolder = To(S::kHeld, S::kReleaseInspect, S::kLost);   // held (or released at once)
+constexpr uint32_t kBackOff = To(S::kBackingOff, S::kFailed);                    // wait (or time is up)
+
+}  // namespace
+
+// One row per (state, event) the machine accepts: its handler, and every
+// state it may lead to. Rows whose handler consults release_requested_ (a
+// release asked for while a request was in flight) list where that leads:
+// an acquisition cancelled (kFailed), or a release started (kReleaseInspect).
 // clang-format off
 const LockMachine::Transition LockMachine::kTable[] = {
     // acquiring
-    {LockState::kIdle,           Event::kAcquire, &LockMachine::StartCreate},
-    {LockState::kCreating,       Event::kOk,      &LockMachine::OnCreated},
-    {LockState::kCreating,       Event::kExists,  &LockMachine::Inspect},
-    {LockState::kCreating,       Event::kMissing, &LockMachine::CreateSchema},
-    {LockState::kCreating,       Event::kError,   &LockMachine::CreateUncertain},
-    {LockState::kCreating,       Event::kRelease, &LockMachine::NoteRelease},
-    {LockState::kCreatingSchema, Event::kOk,      &LockMachine::StartCreate},
-    {LockState::kCreatingSchema, Event::kExists,  &LockMachine::FailWithResponse},
-    {LockState::kCreatingSchema, Event::kMissing, &LockMachine::FailWithResponse},
-    {LockState::kCreatingSchema, Event::kError,   &LockMachine::FailWithResponse},
-    {LockState::kCreatingSchema, Event::kRelease, &LockMachine::NoteRelease},
-    {LockState::kInspecting,     Event::kOk,      &LockMachine::Decide},
-    {LockState::kInspecting,     Event::kMissing, &LockMachine::NoLock},
-    {LockState::kInspecting,     Event::kExists,  &LockMachine::FailWithResponse},
-    {LockState::kInspecting,     Event::kError,   &LockMachine::InspectFailed},
-    {LockState::kInspecting,     Event::kRelease, &LockMachine::NoteRelease},
-    {LockState::kBackingOff,     Event::kTimer,   &LockMachine::StartCreate},
-    {LockState::kBackingOff,     Event::kRelease, &LockMachine::Cancel},
-    {LockState::kEntombing,      Event::kOk,      &LockMachine::StartCreate},
-    {LockState::kEntombing,      Event::kMissing, &LockMachine::StartCreate},
-    {LockState::kEntombing,      Event::kExists,  &LockMachine::Inspect},
-    {LockState::kEntombing,      Event::kError,   &LockMachine::InspectFailed},
-    {LockState::kEntombing,      Event::kRelease, &LockMachine::NoteRelease},
+    {S::kIdle,           Event::kAcquire, &LockMachine::StartCreate,       kCreateAgain},
+    {S::kCreating,       Event::kOk,      &LockMachine::OnCreated,         kBecomeHolder},
+    {S::kCreating,       Event::kExists,  &LockMachine::Inspect,           To(S::kInspecting)},
+    {S::kCreating,       Event::kMissing, &LockMachine::CreateSchema,      To(S::kCreatingSchema, S::kFailed)},
+    {S::kCreating,       Event::kError,   &LockMachine::CreateUncertain,   To(S::kInspecting, S::kFailed)},
+    {S::kCreating,       Event::kRelease, &LockMachine::NoteRelease,       To(S::kCreating)},
+    {S::kCreatingSchema, Event::kOk,      &LockMachine::StartCreate,       kCreateAgain},
+    {S::kCreatingSchema, Event::kExists,  &LockMachine::FailWithResponse,  To(S::kFailed)},
+    {S::kCreatingSchema, Event::kMissing, &LockMachine::FailWithResponse,  To(S::kFailed)},
+    {S::kCreatingSchema, Event::kError,   &LockMachine::FailWithResponse,  To(S::kFailed)},
+    {S::kCreatingSchema, Event::kRelease, &LockMachine::NoteRelease,       To(S::kCreatingSchema)},
+    {S::kInspecting,     Event::kOk,      &LockMachine::Decide,            kBecomeHolder | kCreateAgain | kBackOff |
+                                                                           To(S::kEntombing)},
+    {S::kInspecting,     Event::kMissing, &LockMachine::NoLock,            kCreateAgain | kBackOff},
+    {S::kInspecting,     Event::kExists,  &LockMachine::FailWithResponse,  To(S::kFailed)},
+    {S::kInspecting,     Event::kError,   &LockMachine::InspectFailed,     kBackOff},
+    {S::kInspecting,     Event::kRelease, &LockMachine::NoteRelease,       To(S::kInspecting)},
+    {S::kBackingOff,     Event::kTimer,   &LockMachine::StartCreate,       kCreateAgain},
+    {S::kBackingOff,     Event::kRelease, &LockMachine::Cancel,            To(S::kFailed)},
+    {S::kEntombing,      Event::kOk,      &LockMachine::StartCreate,       kCreateAgain},
+    {S::kEntombing,      Event::kMissing, &LockMachine::StartCreate,       kCreateAgain},
+    {S::kEntombing,      Event::kExists,  &LockMachine::Inspect,           To(S::kInspecting)},
+    {S::kEntombing,      Event::kError,   &LockMachine::InspectFailed,     kBackOff},
+    {S::kEntombing,      Event::kRelease, &LockMachine::NoteRelease,       To(S::kEntombing)},
     // holding
-    {LockState::kHeld,           Event::kTimer,   &LockMachine::Renew},
-    {LockState::kHeld,           Event::kRelease, &LockMachine::StartRelease},
-    {LockState::kRenewing,       Event::kOk,      &LockMachine::ConfirmRenewal},
-    {LockState::kRenewing,       Event::kError,   &LockMachine::RenewalInconclusive},
-    {LockState::kRenewing,       Event::kMissing, &LockMachine::LoseTable},
-    {LockState::kRenewing,       Event::kExists,  &LockMachine::FailWithResponse},
-    {LockState::kRenewing,       Event::kRelease, &LockMachine::NoteRelease},
-    {LockState::kRenewing,       Event::kTimer,   &LockMachine::Ignore},
-    {LockState::kConfirming,     Event::kOk,      &LockMachine::Confirmed},
-    {LockState::kConfirming,     Event::kMissing, &LockMachine::LoseTable},
-    {LockState::kConfirming,     Event::kError,   &LockMachine::RenewalInconclusive},
-    {LockState::kConfirming,     Event::kExists,  &LockMachine::FailWithResponse},
-    {LockState::kConfirming,     Event::kRelease, &LockMachine::NoteRelease},
-    {LockState::kConfirming,     Event::kTimer,   &LockMachine::Ignore},
+    {S::kHeld,           Event::kTimer,   &LockMachine::Renew,             To(S::kRenewing, S::kLost)},
+    {S::kHeld,           Event::kRelease, &LockMachine::StartRelease,      To(S::kReleaseInspect, S::kLost)},
+    {S::kRenewing,       Event::kOk,      &LockMachine::ConfirmRenewal,    To(S::kConfirming)},
+    {S::kRenewing,       Event::kError,   &LockMachine::RenewalInconclusive, kBecomeHolder},
+    {S::kRenewing,       Event::kMissing, &LockMachine::LoseTable,         To(S::kLost)},
+    {S::kRenewing,       Event::kExists,  &LockMachine::FailWithResponse,  To(S::kFailed)},
+    {S::kRenewing,       Event::kRelease, &LockMachine::NoteRelease,       To(S::kRenewing)},
+    {S::kRenewing,       Event::kTimer,   &LockMachine::Ignore,            To(S::kRenewing)},
+    {S::kConfirming,     Event::kOk,      &LockMachine::Confirmed,         kBecomeHolder},
+    {S::kConfirming,     Event::kMissing, &LockMachine::LoseTable,         To(S::kLost)},
+    {S::kConfirming,     Event::kError,   &LockMachine::RenewalInconclusive, kBecomeHolder},
+    {S::kConfirming,     Event::kExists,  &LockMachine::FailWithResponse,  To(S::kFailed)},
+    {S::kConfirming,     Event::kRelease, &LockMachine::NoteRelease,       To(S::kConfirming)},
+    {S::kConfirming,     Event::kTimer,   &LockMachine::Ignore,            To(S::kConfirming)},
     // releasing
-    {LockState::kReleaseInspect, Event::kOk,      &LockMachine::CheckBeforeDrop},
-    {LockState::kReleaseInspect, Event::kMissing, &LockMachine::ReleaseInspectMissing},
-    {LockState::kReleaseInspect, Event::kError,   &LockMachine::RetryReleaseInspect},
-    {LockState::kReleaseInspect, Event::kExists,  &LockMachine::ReleaseFailed},
-    {LockState::kReleaseInspect, Event::kTimer,   &LockMachine::Ignore},
-    {LockState::kReleaseInspect, Event::kRelease, &LockMachine::Ignore},
-    {LockState::kDropping,       Event::kOk,      &LockMachine::Dropped},
-    {LockState::kDropping,       Event::kMissing, &LockMachine::Dropped},
-    {LockState::kDropping,       Event::kError,   &LockMachine::RetryDrop},
-    {LockState::kDropping,       Event::kExists,  &LockMachine::ReleaseFailed},
-    {LockState::kDropping,       Event::kTimer,   &LockMachine::Ignore},
-    {LockState::kDropping,       Event::kRelease, &LockMachine::Ignore},
+    {S::kReleaseInspect, Event::kOk,      &LockMachine::CheckBeforeDrop,   To(S::kDropping, S::kReleased, S::kLost)},
+    {S::kReleaseInspect, Event::kMissing, &LockMachine::ReleaseInspectMissing, To(S::kReleased, S::kLost)},
+    {S::kReleaseInspect, Event::kError,   &LockMachine::RetryReleaseInspect, To(S::kReleaseInspect, S::kLost)},
+    {S::kReleaseInspect, Event::kExists,  &LockMachine::ReleaseFailed,     To(S::kLost)},
+    {S::kReleaseInspect, Event::kTimer,   &LockMachine::Ignore,            To(S::kReleaseInspect)},
+    {S::kReleaseInspect, Event::kRelease, &LockMachine::Ignore,            To(S::kReleaseInspect)},
+    {S::kDropping,       Event::kOk,      &LockMachine::Dropped,           To(S::kReleased)},
+    {S::kDropping,       Event::kMissing, &LockMachine::Dropped,           To(S::kReleased)},
+    {S::kDropping,       Event::kError,   &LockMachine::RetryDrop,         To(S::kReleaseInspect, S::kLost)},
+    {S::kDropping,       Event::kExists,  &LockMachine::ReleaseFailed,     To(S::kLost)},
+    {S::kDropping,       Event::kTimer,   &LockMachine::Ignore,            To(S::kDropping)},
+    {S::kDropping,       Event::kRelease, &LockMachine::Ignore,            To(S::kDropping)},
     // a renewal timer armed while held may still fire after the end
-    {LockState::kReleased,       Event::kTimer,   &LockMachine::Ignore},
-    {LockState::kLost,           Event::kTimer,   &LockMachine::Ignore},
-    {LockState::kFailed,         Event::kTimer,   &LockMachine::Ignore},
-    {LockState::kReleased,       Event::kRelease, &LockMachine::Ignore},
+    {S::kReleased,       Event::kTimer,   &LockMachine::Ignore,            To(S::kReleased)},
+    {S::kLost,           Event::kTimer,   &LockMachine::Ignore,            To(S::kLost)},
+    {S::kFailed,         Event::kTimer,   &LockMachine::Ignore,            To(S::kFailed)},
+    {S::kReleased,       Event::kRelease, &LockMachine::Ignore,            To(S::kReleased)},
 };
 // clang-format on
 
@@ -225,6 +246,18 @@ void LockMachine::Dispatch(Event e, const SqlResponse* r, const Inputs& in) {
   for (const Transition& t : kTable) {
     if (t.from == state_ && t.event == e) {
       (this->*t.handle)(r, in);
+      if ((t.to & (1u << static_cast<int>(state_))) == 0) {
+        // A handler went somewhere its row does not say: a bug here, never
+        // the peer's doing. Stop acting under the lock.
+        absl::Status bug = absl::InternalError(absl::StrCat("lock machine: event \"", EventName(e), "\" in state \"",
+                                                            LockStateName(t.from), "\" led to \"",
+                                                            LockStateName(state_), "\", which its row does not list"));
+        if (state_ == LockState::kHeld || state_ == LockState::kRenewing || state_ == LockState::kConfirming) {
+          Lose(bug);
+        } else {
+          Fail(bug);
+        }
+      }
       return;
     }
   }
@@ -242,8 +275,7 @@ void LockMachine::Misuse(Event e) {
   }
 }
 
-void LockMachine::Send(SqlRequest r, const Inputs& in) {
-  sent_at_ms_ = in.now_ms;
+void LockMachine::Send(SqlRequest r, const Inputs&) {
   LockAction a{LockAction::Kind::kRunSql};
   a.request = std::move(r);
   out_.push_back(std::move(a));
@@ -272,7 +304,7 @@ void LockMachine::StartCreate(const SqlResponse*, const Inputs& in) {
     start_ms_ = in.now_ms;
     deadline_ms_ = in.now_ms + options_.timeout_ms;
   }
-  if (release_wanted_) {
+  if (release_requested_) {
     Cancel(nullptr, in);
     return;
   }
@@ -333,7 +365,7 @@ void LockMachine::Inspect(const SqlResponse*, const Inputs& in) {
   Send(st_.InspectLock(state_id_), in);
 }
 
-void LockMachine::NoteRelease(const SqlResponse*, const Inputs&) { release_wanted_ = true; }
+void LockMachine::NoteRelease(const SqlResponse*, const Inputs&) { release_requested_ = true; }
 
 void LockMachine::Ignore(const SqlResponse*, const Inputs&) {}
 
@@ -345,7 +377,7 @@ void LockMachine::BecomeHolder(int64_t sent_at_ms, const Inputs& in) {
   acquired_at_ms_ = in.now_ms;
   lease_deadline_ms_ = sent_at_ms + options_.stale_ms - MarginMs();
   out_.push_back(LockAction{LockAction::Kind::kAcquired});
-  if (release_wanted_) {
+  if (release_requested_) {
     StartRelease(nullptr, in);
     return;
   }
@@ -381,7 +413,6 @@ void LockMachine::Decide(const SqlResponse* r, const Inputs& in) {
     NoLock(nullptr, in);
     return;
   }
-  last_age_s_ = insp->age_s;
   if (insp->holder == lock_id_) {
     // A CREATE of ours landed though its answer was lost.
     BecomeHolder(create_unresolved_ ? earliest_unresolved_create_ms_ : create_sent_at_ms_, in);
@@ -390,7 +421,7 @@ void LockMachine::Decide(const SqlResponse* r, const Inputs& in) {
   // Another holder, or none visible yet: ours may still be the one whose
   // creation row is not visible, so only a known other holder settles it.
   if (!insp->holder.empty()) create_unresolved_ = false;
-  if (release_wanted_) {
+  if (release_requested_) {
     Cancel(nullptr, in);
     return;
   }
@@ -483,7 +514,7 @@ void LockMachine::Confirmed(const SqlResponse* r, const Inputs& in) {
   }
   lease_deadline_ms_ = std::max(lease_deadline_ms_, renew_sent_at_ms_ + options_.stale_ms - MarginMs());
   state_ = LockState::kHeld;
-  if (release_wanted_) {
+  if (release_requested_) {
     StartRelease(nullptr, in);
     return;
   }
@@ -493,7 +524,7 @@ void LockMachine::Confirmed(const SqlResponse* r, const Inputs& in) {
 void LockMachine::RenewalInconclusive(const SqlResponse*, const Inputs& in) {
   // The lease stands as it was; try again soon.
   state_ = LockState::kHeld;
-  if (release_wanted_) {
+  if (release_requested_) {
     StartRelease(nullptr, in);
     return;
   }
@@ -513,7 +544,7 @@ void LockMachine::LoseTable(const SqlResponse*, const Inputs&) {
 // ---- releasing ----
 
 void LockMachine::StartRelease(const SqlResponse*, const Inputs& in) {
-  release_wanted_ = false;
+  release_requested_ = false;
   if (!LeaseValid(in.now_ms)) {
     // Past the lease another process may hold the lock: dropping could remove
     // theirs. Leave ours to expire.

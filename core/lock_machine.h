@@ -189,7 +189,6 @@ class LockMachine {
   std::string lock_id_;
   int64_t start_ms_ = 0;
   int64_t deadline_ms_ = 0;
-  int64_t sent_at_ms_ = 0;          // when the request in flight was sent
   int64_t create_sent_at_ms_ = 0;   // when our last CREATE was sent
   int64_t renew_sent_at_ms_ = 0;    // when the renewal in flight was sent
   int64_t earliest_unresolved_create_ms_ = 0;  // first CREATE whose outcome is unknown
@@ -201,10 +200,12 @@ class LockMachine {
   static constexpr int kUnreachableLimit = 3;
   int release_retries_ = 0;
   bool schema_made_ = false;
-  bool release_wanted_ = false;
+  // A release asked for while a request was in flight: when it answers, an
+  // acquisition is cancelled and a held lock released (the table's rows
+  // list both outcomes).
+  bool release_requested_ = false;
   bool create_unresolved_ = false;  // our CREATE may have landed unseen
   bool drop_uncertain_ = false;     // our DROP may have landed unseen
-  int64_t last_age_s_ = 0;
   LockDefectsForTesting defects_;
 };
 
