@@ -3,7 +3,7 @@ certificate made by openssl for this test run.
 
 The server certificate names IP 127.0.0.1 and DNS chstate-tls.invalid (not
 "localhost"), so connecting to "localhost" - the same server - is a host
-name mismatch. For the CLI and the Python adapter:
+name mismatch. For the CLI, the Python adapter and the Wasm module's Node host:
 - secure=true with the right CA (URI ca_file, --ca-file flag, setting) works;
 - a wrong CA, the system store (which does not know the test CA), or a wrong
   host name fail closed: exit 5 / UNAVAILABLE, a message naming the
@@ -204,3 +204,43 @@ def test_python_adapter_tls(tls):
         assert s.password not in str(e.value)
         store.close()
         transport.close()
+
+
+def test_node_wasm_host_tls(tls):
+    """The Wasm module's Node transport honours ca_file and verifies the
+    certificate and host name (it used global fetch before, which ignored
+    ca_file)."""
+    import importlib.util
+    # tests/wasi's build_wasm ($CHSTATE_WASM, else the Bazel build); every
+    # conftest is module "conftest" to pytest, so load it by path.
+    spec = importlib.util.spec_from_file_location("wasi_conftest", REPO / "tests" / "wasi" / "conftest.py")
+    wasi_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wasi_conftest)
+    build_wasm = wasi_conftest.build_wasm
+
+    s, port = tls["server"], tls["https_port"]
+    wasm = build_wasm()
+    env = dict(os.environ, CHSTATE_TLS_PASSWORD=s.password)
+
+    def run(host, ca):
+        r = subprocess.run(["node", "--no-warnings", str(REPO / "tests" / "tls" / "node_tls.mjs"), str(wasm), host,
+                            str(port), s.user, str(ca) if ca else "", "tls"],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert s.password not in r.stdout + r.stderr
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    s.sql("DROP TABLE IF EXISTS tls.state")  # nothing left from an earlier run
+    got = run("127.0.0.1", tls["ca"])
+    assert got["ok"] is True, got
+    assert got["state"]["completed"] == {"singer_state": {"tls": "node"}}
+    assert json.loads(s.sql("SELECT completed_state FROM tls.state FINAL WHERE state_id = 'tls:node'")) == \
+        {"singer_state": {"tls": "node"}}
+    s.sql("TRUNCATE TABLE tls.state")
+    for case, host, ca in (("wrong CA", "127.0.0.1", tls["wrong_ca"]), ("system store", "127.0.0.1", None),
+                           ("wrong host name", "localhost", tls["ca"])):
+        got = run(host, ca)
+        assert got["ok"] is False and got["code"] == "UNAVAILABLE", (case, got)
+        assert "cert" in got["message"].lower() or "altnames" in got["message"].lower(), (case, got)
+    # Fail closed: none of the refused runs wrote anything.
+    assert s.sql("SELECT count() FROM tls.state").strip() == "0"
