@@ -1,7 +1,11 @@
 // cpp-httplib transport for core SqlRequests, and the pump that drives Tasks.
 #include "hosts/native/executor.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <sys/random.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <thread>
@@ -32,6 +36,42 @@ std::string Describe(httplib::Error e) {
     default: return httplib::to_string(e);
   }
 }
+
+// A server that closes the connection while the request is still being
+// sent makes the next write raise SIGPIPE, which kills the process (the CLI,
+// a lua5.4 interpreter) without a word. cpp-httplib does not send with
+// MSG_NOSIGNAL, and a library must not change the process's signal
+// disposition, so for the duration of one request SIGPIPE is blocked on the
+// calling thread and one raised meanwhile is discarded: the write fails with
+// EPIPE instead, reported as a transport failure.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~ScopedSigpipeBlock() {
+    sigset_t pending;
+    sigpending(&pending);
+    if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+      const struct timespec zero {};
+      while (sigtimedwait(&pipe_, nullptr, &zero) == -1 && errno == EINTR) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+  bool was_pending_ = false;
+};
 
 // After these errors the request may have reached the server.
 bool MaybeDelivered(httplib::Error e) {
@@ -81,6 +121,7 @@ SqlResponse HttpExecutor::Execute(const SqlRequest& request) {
     impl_->client->set_read_timeout(sec, usec);
     impl_->client->set_write_timeout(sec, usec);
   }
+  ScopedSigpipeBlock no_sigpipe;
   httplib::Result res = impl_->client->Post(path, impl_->headers, request.sql, "text/plain; charset=UTF-8");
   if (!res) {
     out.transport_ok = false;
