@@ -1,0 +1,59 @@
+"""The core library through its C ABI (ctypes), only to ask it which request
+it emits for an op: the same calls tests/vectors/generate.py makes."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from pathlib import Path
+
+RANDOM = bytes(range(32))
+STORE = {"schema": "meltano", "table": "state", "endpoint": "127.0.0.1:8123", "lock_timeout_ms": 3000,
+         "lock_retry_ms": 1000, "stale_lock_ms": 30000}
+
+
+def _dumps(doc) -> bytes:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class Core:
+    def __init__(self, path: Path):
+        lib = ctypes.CDLL(str(path))
+        lib.chstate_store_new.restype = ctypes.c_void_p
+        lib.chstate_store_new.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+        lib.chstate_store_free.argtypes = [ctypes.c_void_p]
+        for fn in (lib.chstate_op_start, lib.chstate_op_feed):
+            fn.restype = ctypes.c_void_p
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t]
+        lib.chstate_string_free.argtypes = [ctypes.c_void_p]
+        self.lib = lib
+
+    def _take(self, ptr) -> dict:
+        text = ctypes.string_at(ptr).decode("utf-8")
+        self.lib.chstate_string_free(ptr)
+        return json.loads(text)
+
+    def requests_for(self, op: dict, version: str, answers: list[dict] = ()) -> list[dict]:
+        """Starts `op` on a new store, answers select_version with `version`,
+        then each further request with the next of `answers` (default: an
+        empty 200); returns every request the core emitted."""
+        err = ctypes.c_void_p()
+        handle = self.lib.chstate_store_new(_dumps(STORE), ctypes.byref(err))
+        assert handle, f"store_new failed: {ctypes.string_at(err.value)!r}"
+        try:
+            now = 1_000_000
+            action = self._take(self.lib.chstate_op_start(handle, _dumps(op), now, RANDOM, len(RANDOM)))
+            requests, queue = [], list(answers)
+            while "request" in action:
+                requests.append(action["request"])
+                if action["request"]["purpose"] == "select_version":
+                    body = f"{version}\t1\n"
+                else:
+                    body = queue.pop(0)["body"] if queue else ""
+                doc = {"response": {"transport_ok": True, "http_status": 200, "exception_code_header": "",
+                                    "body": body}}
+                now += 3
+                action = self._take(self.lib.chstate_op_feed(handle, _dumps(doc), now, RANDOM, len(RANDOM)))
+            return requests
+        finally:
+            self.lib.chstate_store_free(handle)
