@@ -9,6 +9,45 @@
 // The store remembers the server's dialect after the first task asks for
 // `SELECT version()`. It must outlive its tasks; tasks of one store run one at
 // a time (the store is not thread-safe).
+//
+// The error contract. Every task ends in kDone or kFailed with one of these
+// codes (abseil's guide for what the caller does); the message names the
+// cause, the endpoint or state id, and the fix, never the password.
+//   kInvalidArgument     bad input: a state id (empty, too long, ...), store
+//                        options, a glob, a malformed document. Fix the input;
+//                        nothing was sent. Also: an unknown cluster name.
+//   kUnavailable         no answer from ClickHouse, or a server-side condition
+//                        that passes (overloaded, code 159/202/209/210/425, no
+//                        ZooKeeper, too few live replicas). The core already
+//                        resent what was safe to resend (core/task.h); retry
+//                        the operation later. For a write whose answer was
+//                        lost (or code 319) the outcome is unknown: writing
+//                        the same state again is safe (a state is one row).
+//   kUnauthenticated     wrong user or password: fix the settings.
+//   kPermissionDenied    the user lacks a grant on the state schema.
+//   kNotFound            Copy/Move: the source id has no state. (A missing
+//                        table reads as "absent", never as this.)
+//   kAborted             retry at a higher level: AcquireLock and every locked
+//                        operation (SetLocked, Update, DeleteLocked, Copy,
+//                        Move) when another holder kept the lock past the lock
+//                        timeout; a write, Tick or RenewLock when this store's
+//                        lock ran out or was taken over (nothing was written
+//                        under it): release it and start again.
+//   kCancelled           AcquireLock: released before it was acquired.
+//   kFailedPrecondition  don't retry until fixed: ReleaseLock/RenewLock of a
+//                        lock this store does not hold; a server older than
+//                        18.16; cluster mode over a state table that is not
+//                        replicated; a host calling a task out of order.
+//   kDeadlineExceeded    Delete/DeleteLocked/Move on 18.x: the delete's
+//                        mutation was accepted but still runs after
+//                        mutation_timeout_ms (it finishes on the server).
+//   kDataLoss            ClickHouse sent a truncated or malformed answer, or a
+//                        stored row is not valid JSON; nothing was changed by
+//                        reading it. Retry; a corrupt row needs `chstate set`.
+//   kInternal            any other ClickHouse exception (its code and text are
+//                        in the message), or a bug in the lock machine.
+//                        (kAlreadyExists and kUnknown only reach a caller for
+//                        an answer the lock did not expect: treat as kInternal.)
 #ifndef CHSTATE_CORE_STORE_H_
 #define CHSTATE_CORE_STORE_H_
 
