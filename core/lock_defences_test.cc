@@ -11,6 +11,7 @@
 #include "core/lock_machine.h"
 #include "core/response.h"
 #include "core/statements.h"
+#include "core/testing/responses.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -18,6 +19,9 @@
 namespace chstate {
 namespace {
 
+using ::chstate::testing::Err;
+using ::chstate::testing::Lost;
+using ::chstate::testing::Ok;
 using ::chstate::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -25,28 +29,8 @@ const std::string kRandom(32, '\x22');
 const std::string kOurs = MakeLockId(kRandom);
 constexpr char kId[] = "dev:tap-a-to-target-b";
 
-SqlResponse Ok(std::string body = "") {
-  SqlResponse r;
-  r.http_status = 200;
-  r.body = std::move(body);
-  return r;
-}
 
-SqlResponse Err(int status, int code, const std::string& text) {
-  SqlResponse r;
-  r.http_status = status;
-  r.body = "Code: " + std::to_string(code) + ", e.displayText() = DB::Exception: " + text + ", e.what() = x\n";
-  return r;
-}
 
-// Sent, then the connection broke: the statement may have run.
-SqlResponse Lost() {
-  SqlResponse r;
-  r.transport_ok = false;
-  r.maybe_delivered = true;
-  r.transport_error = "connection reset by peer";
-  return r;
-}
 
 // An inspection answer (Statements::InspectLock's five columns), times in
 // server seconds.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/lock.h"
 #include "core/response.h"
+#include "core/testing/responses.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -16,6 +17,10 @@ namespace chstate {
 namespace {
 
 using ::chstate::testing::IsOk;
+using ::chstate::testing::Err;
+using ::chstate::testing::Lost;
+using ::chstate::testing::Ok;
+using ::chstate::testing::Refused;
 using ::chstate::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -23,26 +28,8 @@ using ::testing::Not;
 const std::string kRandom(32, '\x11');
 const std::string kLockId = MakeLockId(kRandom);
 
-SqlResponse Ok(std::string body = "") {
-  SqlResponse r;
-  r.http_status = 200;
-  r.body = std::move(body);
-  return r;
-}
 
-SqlResponse Err(int status, int code, const std::string& text) {
-  SqlResponse r;
-  r.http_status = status;
-  r.body = "Code: " + std::to_string(code) + ", e.displayText() = DB::Exception: " + text + ", e.what() = x\n";
-  return r;
-}
 
-SqlResponse Refused() {
-  SqlResponse r;
-  r.transport_ok = false;
-  r.transport_error = "connection refused (127.0.0.1:1)";
-  return r;
-}
 
 // One expected request (by purpose, optionally checking the SQL) and the
 // answer to give, or a timer to fire after advancing the fake clock.
@@ -715,13 +702,6 @@ TEST(Store, ErrorsNameTheCause) {
 
 // ---- the transport policy (core/task.h): resends are the core's, not the host's ----
 
-SqlResponse Lost() {
-  SqlResponse r;
-  r.transport_ok = false;
-  r.maybe_delivered = true;
-  r.transport_error = "connection reset while reading the answer (127.0.0.1:1)";
-  return r;
-}
 
 TEST(TransportPolicy, AReadIsResentWithBackOffThenReportedUnavailable) {
   auto store = MakeStore();

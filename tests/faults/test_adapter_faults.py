@@ -28,6 +28,8 @@ from test_faults import (A, B, BEFORE, BODY_FAULTS, TRANSPORT_FAULTS, P, full, i
                          non_idempotent, prepare)
 
 from chstate_meltano import _http, _native  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import native_library  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -35,15 +37,8 @@ def library():
     subprocess.run(["bazel", "build", "//hosts/python:libchstate.so"], cwd=REPO, check=True, capture_output=True)
     path = REPO / "bazel-out" / "k8-fastbuild" / "bin" / "hosts" / "python" / "libchstate.so"
     assert path.exists(), f"{path} is missing after the build"
-    before = os.environ.get("CHSTATE_LIBRARY")
-    os.environ["CHSTATE_LIBRARY"] = str(path)
-    _native.library.cache_clear()
-    yield _native.library()
-    if before is None:
-        os.environ.pop("CHSTATE_LIBRARY", None)
-    else:
-        os.environ["CHSTATE_LIBRARY"] = before
-    _native.library.cache_clear()
+    with native_library.loaded(path) as lib:
+        yield lib
 
 
 def hexid(s: str) -> str:

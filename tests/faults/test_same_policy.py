@@ -56,6 +56,8 @@ sys.path.insert(0, str(REPO / "hosts" / "python"))
 sys.path.insert(0, str(REPO / "hosts" / "wasi"))
 
 from chstate_meltano import _http, _native  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import native_library  # noqa: E402
 
 A = {"singer_state": {"a": 1}}
 B = {"singer_state": {"b": 2}}
@@ -247,15 +249,8 @@ def artifacts(chstate_bin) -> dict:
 
 @pytest.fixture(scope="session")
 def python_library(artifacts):
-    before = os.environ.get("CHSTATE_LIBRARY")
-    os.environ["CHSTATE_LIBRARY"] = str(artifacts["CHSTATE_LIBRARY"])
-    _native.library.cache_clear()
-    yield _native.library()
-    if before is None:
-        os.environ.pop("CHSTATE_LIBRARY", None)
-    else:
-        os.environ["CHSTATE_LIBRARY"] = before
-    _native.library.cache_clear()
+    with native_library.loaded(artifacts["CHSTATE_LIBRARY"]) as lib:
+        yield lib
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hosts" / "python")
 
 from chstate_meltano import _native  # noqa: E402
 from chstate_meltano._http import HttpTransport  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import native_library  # noqa: E402
 
 CONFIG = {"host": "127.0.0.1", "port": 0, "secure": False, "user": "meltano user", "password": "pa ss&word",
           "database": "my db/x", "ca_file": "", "connect_timeout_ms": 5000}
@@ -36,7 +38,7 @@ class Recorder(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             return
         if Recorder.mode == "slow":
-            time.sleep(1.0)
+            time.sleep(1.0)  # the fault itself: answers after the client's 0.3 s timeout
         if Recorder.mode == "error":
             payload = b"Code: 60, e.displayText() = DB::Exception: Table x doesn't exist\n"
             self.send_response(404)
@@ -94,7 +96,7 @@ def test_keep_alive_is_reused_while_fresh_and_replaced_when_idle(fake):
     t(REQUEST)
     t(REQUEST)
     assert Recorder.log[0]["peer"] == Recorder.log[1]["peer"]
-    time.sleep(0.5)
+    time.sleep(0.5)  # time must pass (by design): the connection idles past max_idle
     t(REQUEST)
     assert Recorder.log[2]["peer"] != Recorder.log[1]["peer"]
 
@@ -147,14 +149,8 @@ def test_missing_ca_file_is_a_transport_error():
 
 @pytest.fixture(scope="module")
 def lib(library):
-    before = os.environ.get("CHSTATE_LIBRARY")
-    os.environ["CHSTATE_LIBRARY"] = str(library)
-    _native.library.cache_clear()
-    yield _native.library()
-    if before is None:
-        os.environ.pop("CHSTATE_LIBRARY", None)
-    else:
-        os.environ["CHSTATE_LIBRARY"] = before
+    with native_library.loaded(library) as loaded_lib:
+        yield loaded_lib
 
 
 class Script:

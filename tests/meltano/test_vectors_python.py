@@ -20,6 +20,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hosts" / "python"))
 from chstate_meltano import _native  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import native_library  # noqa: E402
 
 FILES = ("config", "sql", "lock", "policy")
 
@@ -36,15 +38,8 @@ def load_cases():
 
 @pytest.fixture(scope="module")
 def lib(library):
-    before = os.environ.get("CHSTATE_LIBRARY")
-    os.environ["CHSTATE_LIBRARY"] = str(library)
-    _native.library.cache_clear()
-    yield _native.library()
-    if before is None:
-        os.environ.pop("CHSTATE_LIBRARY", None)
-    else:
-        os.environ["CHSTATE_LIBRARY"] = before
-    _native.library.cache_clear()
+    with native_library.loaded(library) as loaded_lib:
+        yield loaded_lib
 
 
 def compact(doc) -> bytes:
