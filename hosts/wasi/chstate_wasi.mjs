@@ -4,7 +4,7 @@
 // It is also the README's minimal example for plugin-runtime authors.
 //
 //   import { loadChstate, httpTransport } from "./chstate_wasi.mjs";
-//   const chstate = await loadChstate("bazel-bin/hosts/wasi/chstate.wasm");
+//   const chstate = await loadChstate("bazel-bin/hosts/wasi/chstate.wasm");  // npm package: loadChstate()
 //   const { config } = chstate.resolveConfig({ flags: { uri: "clickhouse://default@127.0.0.1:8123/meltano" } });
 //   const store = chstate.openStore({ schema: config.schema, table: config.table }, httpTransport(config));
 //   await store.set("dev:tap-x", { completed: { bookmarks: {} }, partial: {} });
@@ -15,6 +15,7 @@ import http from "node:http";
 import https from "node:https";
 import { webcrypto } from "node:crypto";
 import { performance } from "node:perf_hooks";
+import { fileURLToPath } from "node:url";
 import { WASI } from "node:wasi";
 
 const enc = new TextEncoder();
@@ -111,13 +112,28 @@ export class ChstateModule {
   }
 }
 
+// Where loadChstate() looks when given no path: chstate.wasm beside this file,
+// which is where the npm package (hosts/wasi/pack.sh) puts it.
+export const defaultWasmUrl = new URL("./chstate.wasm", import.meta.url);
+
 // Loads and initialises the module (a WASI reactor). It imports nothing;
 // node:wasi is given no arguments, environment or directories anyway, so the
 // module runs with no authority even if a later build imported something.
-export async function loadChstate(path) {
+export async function loadChstate(path = defaultWasmUrl) {
+  let bytes;
+  try {
+    bytes = fs.readFileSync(path);
+  } catch (e) {
+    if (path !== defaultWasmUrl || e?.code !== "ENOENT") throw e;
+    throw new ChstateError("NOT_FOUND", `no chstate.wasm beside chstate_wasi.mjs (${fileURLToPath(defaultWasmUrl)}):`
+      + " pass the module's path (in a checkout: bazel build --config=wasi //hosts/wasi:chstate.wasm),"
+      + " or install the npm package (hosts/wasi/pack.sh)");
+  }
   const wasi = new WASI({ version: "preview1", args: [], env: {}, preopens: {}, returnOnExit: true });
-  const module = await WebAssembly.compile(fs.readFileSync(path));
-  const instance = await WebAssembly.instantiate(module, wasi.getImportObject());
+  const module = await WebAssembly.compile(bytes);
+  // getImportObject() appeared in Node 19.8; before it, wasiImport is the same thing.
+  const imports = wasi.getImportObject ? wasi.getImportObject() : { wasi_snapshot_preview1: wasi.wasiImport };
+  const instance = await WebAssembly.instantiate(module, imports);
   wasi.initialize(instance);
   return new ChstateModule(instance);
 }
