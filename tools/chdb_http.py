@@ -328,6 +328,36 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - never print request lines (URLs may hold secrets)
         pass
 
+    # A modern server accepts a request line up to http_max_uri_size (1 MiB
+    # by default); http.server stops at 64 KiB. Ids travel as param_* URL
+    # parameters in the modern dialect, so a 100 KB id must get through.
+    MAX_URI = 1 << 20
+
+    def handle_one_request(self):
+        try:
+            self.raw_requestline = self.rfile.readline(self.MAX_URI + 1)
+        except TimeoutError:
+            self.close_connection = True
+            return
+        if len(self.raw_requestline) > self.MAX_URI:
+            self.requestline, self.request_version, self.command = "", "", ""
+            self.send_error(414)
+            return
+        if not self.raw_requestline:
+            self.close_connection = True
+            return
+        if not self.parse_request():
+            return
+        method = getattr(self, "do_" + self.command, None)
+        if method is None:
+            self.send_error(501, f"Unsupported method ({self.command!r})")
+            return
+        try:
+            method()
+            self.wfile.flush()
+        except TimeoutError:
+            self.close_connection = True
+
     # -- plumbing --
     def _read_body(self) -> bytes:
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():

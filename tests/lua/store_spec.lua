@@ -19,8 +19,7 @@ describe("a store", function()
 
   it("pings the server and names the dialect", function()
     local version, dialect = store:ping()
-    assert.matches("^18%.16", version)
-    assert.are.equal("clickhouse18", dialect)
+    assert.are.equal(T.dialect_of(version), dialect)
     assert.is_true(store:init())
   end)
 
@@ -169,7 +168,7 @@ describe("configuration", function()
     }}
     assert.matches("schema=lua_env_uri", tostring(s))
     assert.matches(T.host, tostring(s))
-    assert.matches("^18", (s:ping()))
+    assert.matches("^%d+%.%d+%.", (s:ping()))
     s:close()
     local over = chstate.open{schema = "lua_flag_schema", env = {
       MELTANO_STATE_BACKEND_URI = ("clickhouse://%s@%s:%s/default?schema=lua_env_uri"):format(T.user, T.host, T.port),
@@ -182,7 +181,7 @@ describe("configuration", function()
   it("takes a URI with the password in it and never shows the password", function()
     local uri = ("clickhouse://%s:%s@%s:%s/default?schema=lua_uri"):format(T.user, T.password, T.host, T.port)
     local s = chstate.open{uri = uri, env = false}
-    assert.matches("^18", (s:ping()))
+    assert.matches("^%d+%.%d+%.", (s:ping()))
     assert.is_nil(tostring(s):find(T.password, 1, true))
     assert.matches(":%*%*%*@", tostring(s))
     s:close()

@@ -15,6 +15,14 @@ end
 M.host = need("CHSTATE_TEST_HOST")
 M.port = need("CHSTATE_TEST_PORT")
 M.user = need("CHSTATE_TEST_USER")
+
+-- The dialect a server version means: 18.16 (the Debian server) speaks
+-- clickhouse18; the modern engine (chDB behind tools/chdb_http.py) speaks modern.
+-- Specs check that ping's version and dialect agree with this.
+function M.dialect_of(version)
+  assert(type(version) == "string" and version:match("^%d+%.%d+%.%d+"), "not a server version: " .. tostring(version))
+  return version:match("^18%.") and "clickhouse18" or "modern"
+end
 M.password = os.getenv("CHSTATE_TEST_PASSWORD") or ""
 
 -- A schema per spec file, so files do not see each other's states.
