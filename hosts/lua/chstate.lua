@@ -553,4 +553,12 @@ function M.safe.from_json(text)
   return soften(pcall(M.from_json, text))
 end
 
+--- The core's JSON protocol itself (hosts/common/protocol.h), for an
+-- orchestrator that drives it on its own: `chstate.protocol.store(options_json)`
+-- gives a store with `:start(op_json, now_ms, random)` and `:feed(answer_json,
+-- now_ms, random)` returning the next action document (strings in and out;
+-- `random` is 16 or more fresh random bytes), and `:free()`;
+-- `chstate.protocol.resolve_config(sources_json)` resolves settings.
+M.protocol = {store = C.protocol_store, resolve_config = C.resolve_config}
+
 return M

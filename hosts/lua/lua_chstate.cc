@@ -382,6 +382,90 @@ int LuaEnviron(lua_State* L) {
   return 1;
 }
 
+// ------------------------------------------------- the protocol, as documents
+//
+// chstate.protocol: the core's JSON protocol itself (hosts/common/protocol.h),
+// documents in and out as strings, with the time and random bytes given by
+// the caller. For orchestrators that drive the protocol on their own, and for
+// the conformance vectors, which every host replays byte for byte.
+
+constexpr char kProtocolMeta[] = "chstate.protocol_store";
+
+struct ProtocolStore {
+  std::unique_ptr<Store> store;
+  std::unique_ptr<protocol::OpDriver> driver;  // destroyed before the store
+};
+
+ProtocolStore* CheckProtocolStore(lua_State* L) {
+  auto** box = static_cast<ProtocolStore**>(luaL_checkudata(L, 1, kProtocolMeta));
+  if (*box == nullptr) luaL_argerror(L, 1, "the protocol store was freed");
+  return *box;
+}
+
+void PushString(lua_State* L, const std::string& s) { lua_pushlstring(L, s.data(), s.size()); }
+
+// C.protocol_store(options_json) -> store | nil, failed_json
+int ProtocolStoreNew(lua_State* L) {
+  size_t n = 0;
+  const char* text = luaL_checklstring(L, 1, &n);
+  absl::StatusOr<json> doc = protocol::ParseDocument(absl::string_view(text, n));
+  absl::StatusOr<StoreOptions> options =
+      doc.ok() ? protocol::StoreOptionsFromJson(*doc) : absl::StatusOr<StoreOptions>(doc.status());
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      options.ok() ? Store::Create(*std::move(options)) : absl::StatusOr<std::unique_ptr<Store>>(options.status());
+  if (!store.ok()) {
+    lua_pushnil(L);
+    PushString(L, protocol::Dump(protocol::FailedJson(store.status())));
+    return 2;
+  }
+  auto** box = static_cast<ProtocolStore**>(lua_newuserdatauv(L, sizeof(ProtocolStore*), 0));
+  *box = new ProtocolStore();
+  (*box)->store = *std::move(store);
+  (*box)->driver = std::make_unique<protocol::OpDriver>((*box)->store.get());
+  luaL_setmetatable(L, kProtocolMeta);
+  return 1;
+}
+
+// store:start(op_json, now_ms, random) / store:feed(answer_json, now_ms, random) -> action_json
+int ProtocolCall(lua_State* L, bool start) {
+  ProtocolStore* ps = CheckProtocolStore(L);
+  size_t n = 0, rn = 0;
+  const char* text = luaL_checklstring(L, 2, &n);
+  const int64_t now = luaL_checkinteger(L, 3);
+  const char* random = luaL_checklstring(L, 4, &rn);
+  const Inputs in{now, std::string(random, rn)};
+  std::string out;
+  {
+    json action = start ? ps->driver->Start(absl::string_view(text, n), in)
+                        : ps->driver->Feed(absl::string_view(text, n), in);
+    out = protocol::Dump(action);
+  }
+  PushString(L, out);
+  return 1;
+}
+int ProtocolStart(lua_State* L) { return ProtocolCall(L, true); }
+int ProtocolFeed(lua_State* L) { return ProtocolCall(L, false); }
+
+int ProtocolStoreFree(lua_State* L) {
+  auto** box = static_cast<ProtocolStore**>(luaL_checkudata(L, 1, kProtocolMeta));
+  delete *box;
+  *box = nullptr;
+  return 0;
+}
+
+// C.resolve_config(sources_json) -> config_or_failed_json
+int ProtocolResolveConfig(lua_State* L) {
+  size_t n = 0;
+  const char* text = luaL_checklstring(L, 1, &n);
+  std::string out = protocol::Dump(protocol::ResolveConfigJson(absl::string_view(text, n)));
+  PushString(L, out);
+  return 1;
+}
+
+const luaL_Reg kProtocolMethods[] = {
+    {"start", ProtocolStart}, {"feed", ProtocolFeed}, {"free", ProtocolStoreFree}, {nullptr, nullptr},
+};
+
 const luaL_Reg kStoreMethods[] = {
     {"start", StoreStart},           {"response", StoreResponse}, {"timer", StoreTimer},
     {"execute", StoreExecute},       {"connection", StoreConnection}, {"close", StoreClose},
@@ -391,6 +475,7 @@ const luaL_Reg kStoreMethods[] = {
 const luaL_Reg kFunctions[] = {
     {"new_store", NewStore},  {"to_json", LuaToJson},         {"from_json", LuaFromJson},
     {"environ", LuaEnviron},  {"monotonic_ms", LuaMonotonicMs}, {"sleep_ms", LuaSleepMs},
+    {"protocol_store", ProtocolStoreNew}, {"resolve_config", ProtocolResolveConfig},
     {nullptr, nullptr},
 };
 
@@ -404,6 +489,14 @@ extern "C" __attribute__((visibility("default"))) int luaopen_chstate(lua_State*
     luaL_setfuncs(L, kStoreMethods, 0);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, StoreGc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  if (luaL_newmetatable(L, kProtocolMeta)) {
+    lua_newtable(L);
+    luaL_setfuncs(L, kProtocolMethods, 0);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, ProtocolStoreFree);
     lua_setfield(L, -2, "__gc");
   }
   lua_pop(L, 1);
