@@ -228,7 +228,13 @@ def test_dead_holder_on_one_replica_is_taken_over_through_the_other(healthy, sch
     for replica in ("r1", "r2"):
         assert len(c.sql(replica, dead).split()) == 1, replica
     # `init` removes tombstones older than twice the stale window, ON CLUSTER: from both replicas.
-    time.sleep(2.5)
+    # Time must pass (by design): waited for on the servers' clocks, with init's own test
+    # (the tombstone's metadata older than 2 s, counted in whole seconds) on both replicas.
+    aged = dead.replace("SELECT name", "SELECT count()") + " AND metadata_modification_time < now() - 2"
+    deadline = time.monotonic() + 30
+    while not all(c.sql(replica, aged).strip() == "1" for replica in ("r1", "r2")):
+        assert time.monotonic() < deadline, "the tombstone never got older than 2 s on both replicas"
+        time.sleep(0.1)
     r = c.cli("r2", schema, "init", "--stale-lock", "1")
     assert r.code == 0, r
     for replica in ("r1", "r2"):
@@ -272,7 +278,7 @@ def test_replica_killed_gives_unknown_status_and_a_retry_neither_duplicates_nor_
     deadline = time.monotonic() + 60
     while read(c, "r1", schema, "dev:k") != "v1" and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert read(c, "r1", schema, "dev:k") == "v1"
+    assert read(c, "r1", schema, "dev:k") == "v1", "the write was not confirmed within 60 s of the restart"
     assert read(c, "r2", schema, "dev:k") == "v1"
     # The retry the error asked for: succeeds, the state stays one state with that value.
     r = c.cli("r2", schema, "set", "dev:k", state("v1"))

@@ -63,6 +63,12 @@ class Captured:
     path: str
     headers: dict
     fault: str  # "" when passed through
+    # The server's HTTP status for this request, once it answered (None: not
+    # forwarded, or no answer); `upstream_done` is set when the proxy is done
+    # with the server for this request (answered or not): the event a test
+    # waits for to know whether a late (slow_before) statement landed.
+    upstream_status: int | None = None
+    upstream_done: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False, compare=False)
 
 
 class FaultProxy:
@@ -191,7 +197,11 @@ class FaultProxy:
                 captured = Captured(sql, path, headers, fault)
                 with self._lock:
                     self.requests.append(captured)
-                if not self._exchange(conn, method, path, headers, body, rule, captured):
+                try:
+                    keep = self._exchange(conn, method, path, headers, body, rule, captured)
+                finally:
+                    captured.upstream_done.set()  # also when it was never forwarded
+                if not keep:
                     return
         except OSError:
             return
@@ -231,18 +241,21 @@ class FaultProxy:
             conn.sendall(_response(200, "OK", [("Content-Type", "text/tab-separated-values")], EXCEPTION_BODY))
             return True
         if fault == "slow_before":
-            time.sleep(rule.delay)
+            time.sleep(rule.delay)  # the fault itself: the statement reaches the server late
         try:
             status, reason, hdrs, data = self._forward(method, path, headers, body)
+            captured.upstream_status = status
         except (OSError, http.client.HTTPException):
             # The server is down: the client sees the connection fail, as it would.
             _reset(conn)
             return False
+        finally:
+            captured.upstream_done.set()
         if fault == "reset_response":
             _reset(conn)
             return False
         if fault == "slow":
-            time.sleep(rule.delay)
+            time.sleep(rule.delay)  # the fault itself: the answer arrives after the client's timeout
         if fault == "exception_after":
             data = data + EXCEPTION_BODY
         if fault in ("truncate", "reset_mid_body") and not data:

@@ -132,7 +132,12 @@ def test_every_request_of_every_operation_under_every_fault(op, cli_factory, pro
             proxy.fault_nth(n, fault, delay=2.5)
             r = cli.run(proxy.port, *OPS[op][0], timeout=1.0)
             if fault == "slow_before":
-                time.sleep(2.7)  # let the late statement land before looking
+                # Event: the held statement reached the server, after the
+                # client gave up, and the server answered it; only then look.
+                late = [q for q in proxy.requests if q.fault == "slow_before"]
+                for q in late:
+                    assert q.upstream_done.wait(30), f"{op}: the held statement never reached the server"
+                    assert q.upstream_status is not None, f"{op}: the held statement got no answer: {q.sql[:120]}"
             check_outcome(cli, proxy, op, fault, n, r)
             outcomes.setdefault(fault, {}).setdefault(r.returncode, 0)
             outcomes[fault][r.returncode] += 1
@@ -178,6 +183,9 @@ def test_json_errors_under_faults(cli_factory, proxy):
     assert cli.snapshot()["dst"] in (full(B), full(C))
 
 
+# A critical section that records its start and end; `sleep {hold}` is time
+# that must pass by design (the section's length: a second holder inside it
+# would show as an overlap of the intervals).
 HOLD = """trap 'echo "end $$ $(date +%s%N)" >> {log}; exit 143' TERM
 echo "start $$ $(date +%s%N)" >> {log}
 sleep {hold}
@@ -201,6 +209,14 @@ def intervals(log: Path) -> list[tuple[int, int]]:
 def assert_no_overlap(spans) -> None:
     for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
         assert s2 >= e1, f"two holders at once: {s1}-{e1} and {s2}-{e2}"
+
+
+def wait_until(predicate, what: str, timeout: float = 60) -> None:
+    """Waits for an event (polling a condition), failing after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
 
 
 def test_lock_never_held_by_two_under_random_faults(cli_factory, proxy, tmp_path):
@@ -324,7 +340,8 @@ def test_server_killed_and_restarted(own_server, chstate_bin, tmp_path):
 
     t = threading.Thread(target=writer)
     t.start()
-    time.sleep(1.0)
+    # Event: the run of writes is under way (some acknowledged) when the server dies.
+    wait_until(lambda: len(acked) >= 3, "three writes acknowledged before the kill")
     k.kill()
     # 2. While it is down: every operation fails clearly, nothing hangs.
     for argv in [v[0] for v in OPS.values()] + [["ping"]]:
@@ -332,14 +349,19 @@ def test_server_killed_and_restarted(own_server, chstate_bin, tmp_path):
         err = r.stderr.decode()
         assert r.returncode == 5, (argv, r.returncode, err)
         assert "no answer from ClickHouse" in err or "connection refused" in err, err
-    down_acked = len(acked)
-    time.sleep(0.5)
+    down_acked, down_failed = len(acked), len(failed)
+    # Event: a write started after this point failed (the writer tried while
+    # the server was down; the one in flight may be the first failure).
+    wait_until(lambda: len(failed) >= down_failed + 2, "the writer to fail twice while the server is down")
     assert len(acked) == down_acked, "a write was acknowledged while the server was down"
+    mark = len(k.proxy.requests)
     k.restart()
-    time.sleep(1.0)
+    # Event: the restarted server answered one of the writer's requests (the
+    # write may still fail: a `set` cut off by the kill can leave its lock).
+    wait_until(lambda: any(q.upstream_status is not None for q in k.proxy.requests[mark:]),
+               "the restarted server to answer the writer")
     stop.set()
     t.join()
-    assert acked, "no write got through"
     for code, err in failed:
         # 5: the server was down (naming the address). 4: a `set` cut off by the
         # kill left its lock behind, which expires after the stale window.
@@ -350,7 +372,8 @@ def test_server_killed_and_restarted(own_server, chstate_bin, tmp_path):
     assert got["src"] == full(A) and got["dst"] == full(B)
     last = got["w"]["completed"]["singer_state"]["i"]
     assert last >= acked[-1], f"acknowledged write {acked[-1]} lost; the state holds {last}"
-    print(f"{len(acked)} writes acknowledged, {down_acked} before the kill; state holds write {last}")
+    print(f"{len(acked)} writes acknowledged, {down_acked} before the kill, {len(failed)} failed; "
+          f"state holds write {last}")
 
 
 # For the crash test: the command records its section, and whether it ended
@@ -375,14 +398,6 @@ def sections(log: Path) -> list[tuple[str, int, int, str]]:
             out.append((pid, open_at.pop(pid), int(t), kind))
     assert not open_at, f"sections without an end: {open_at}"
     return sorted(out, key=lambda s: s[1])
-
-
-def wait_until(predicate, what: str, timeout: float = 60) -> None:
-    """Waits for an event (polling a condition), failing after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def test_lock_across_a_server_crash(own_server, chstate_bin, tmp_path):

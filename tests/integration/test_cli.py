@@ -432,13 +432,22 @@ def test_id_beginning_with_dash_after_double_dash(cli):
 
 # ---- locks --------------------------------------------------------------------------------------------
 
+def fnv1a64(text: str) -> int:
+    h = 0xcbf29ce484222325
+    for byte in text.encode():
+        h = ((h ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
 def lock_table(state_id: str) -> str:
     """The lock table core/statements.cc uses for `state_id` on the default
     state table: state_lock_<FNV-1a 64 of the id>."""
-    h = 0xcbf29ce484222325
-    for byte in state_id.encode():
-        h = ((h ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
-    return f"state_lock_{h:016x}"
+    return f"state_lock_{fnv1a64(state_id):016x}"
+
+
+def tombstone(state_id: str, holder: str) -> str:
+    """The name a takeover renames `holder`'s lock table to (Statements::TombstoneName)."""
+    return f"{lock_table(state_id)}_dead_{fnv1a64('holder:' + holder):016x}"
 
 
 def hold_lock(cli, state_id: str, stale_seconds: int = 300) -> None:
@@ -471,9 +480,21 @@ def test_held_lock_exits_4(cli):
 def test_stale_lock_is_taken_over(cli):
     cli.set("stale", STATE_A)
     hold_lock(cli, "stale", stale_seconds=1)
-    time.sleep(2.5)  # the age is counted in whole seconds and must exceed the window
+    # While it is fresh, the lock is honoured.
+    r = cli.run("set", "stale", json.dumps(STATE_B), "--stale-lock", "1", "--lock-timeout", "0", expect=4)
+    assert "locked by another process" in r.err
+    # Time must pass (by design): the server counts the lock's age in whole
+    # seconds, and it must exceed the 1 s window. Waited for on the server's clock.
+    age = f"SELECT toInt64(now()) - toInt64(max(locked_at)) FROM `{cli.schema}`.`{lock_table('stale')}`"
+    deadline = time.monotonic() + 10
+    while int(cli.sql(age)) <= 1:
+        assert time.monotonic() < deadline, "the lock's age never exceeded 1 s on the server's clock"
+        time.sleep(0.05)
     cli.set("stale", STATE_B, "--stale-lock", "1", "--lock-timeout", "5")
     assert cli.get("stale") == STATE_B
+    # It was a takeover: the test's lock table was renamed to its tombstone.
+    assert cli.sql(f"SELECT lock_id FROM `{cli.schema}`.`{tombstone('stale', 'held-by-test')}`").split() == \
+        ["held-by-test"]
 
 
 # ---- configuration and connection failures ---------------------------------------------------------------

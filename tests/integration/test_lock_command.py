@@ -14,12 +14,19 @@ def spawn(cli, *args) -> subprocess.Popen:
 
 
 def wait_for(path, timeout=20.0) -> None:
+    """Waits for a marker file (an event), failing after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists():
             return
         time.sleep(0.02)
     raise AssertionError(f"{path} never appeared")
+
+
+def held_until(started, release) -> str:
+    """A command that marks it runs (so holds the lock), then holds it until
+    the test creates `release`: no guessed duration to outlast the contender."""
+    return f"touch {started}; while [ ! -e {release} ]; do sleep 0.02; done"
 
 
 def test_exit_code_passes_through(cli):
@@ -29,27 +36,33 @@ def test_exit_code_passes_through(cli):
 
 
 def test_busy_lock_exits_4_without_running_the_command(cli, tmp_path):
-    started, marker = tmp_path / "started", tmp_path / "ran"
-    holder = spawn(cli, "lock", "busy", "--", "sh", "-c", f"touch {started}; sleep 3")
+    started, release, marker = tmp_path / "started", tmp_path / "release", tmp_path / "ran"
+    holder = spawn(cli, "lock", "busy", "--", "sh", "-c", held_until(started, release))
     try:
         wait_for(started)
+        t0 = time.monotonic()
         r = cli.run("lock", "busy", "--timeout", "1", "--", "touch", str(marker), expect=4)
+        assert time.monotonic() - t0 >= 0.9, "gave up without waiting for the lock"
         assert "locked by another process" in r.err
         assert not marker.exists()
+        assert holder.poll() is None, "the holder ended before the contender gave up"
     finally:
+        release.touch()
         assert holder.wait(timeout=30) == 0
     cli.run("lock", "busy", "--timeout", "1", "--", "true")
 
 
 def test_json_error_for_a_busy_lock(cli, tmp_path):
-    started = tmp_path / "started"
-    holder = spawn(cli, "lock", "busy-json", "--", "sh", "-c", f"touch {started}; sleep 2")
+    started, release = tmp_path / "started", tmp_path / "release"
+    holder = spawn(cli, "lock", "busy-json", "--", "sh", "-c", held_until(started, release))
     try:
         wait_for(started)
         r = cli.run("--json", "lock", "busy-json", "--timeout", "0.5", "--", "true", expect=4)
         assert r.json()["error"]["code"] == "ABORTED"
+        assert holder.poll() is None, "the holder ended before the contender gave up"
     finally:
-        holder.wait(timeout=30)
+        release.touch()
+        assert holder.wait(timeout=30) == 0
 
 
 def test_signals_reach_the_command_and_the_lock_is_released(cli, tmp_path):
@@ -83,8 +96,9 @@ def test_unknown_command_is_a_usage_error_and_releases(cli):
 
 
 def test_long_hold_is_renewed_not_taken_over(cli, tmp_path):
-    # Stale window 2 s, command runs 5 s: without renewal the lock would be
-    # taken over by the waiting contender at about 2 s.
+    # Time must pass (by design): stale window 2 s, command runs 5 s; without
+    # renewal the lock would be taken over by the waiting contender at about
+    # 2 s. The contender's command checks that the holder's ran to its end.
     started, done = tmp_path / "started", tmp_path / "done"
     holder = spawn(cli, "--stale-lock", "2", "lock", "long", "--", "sh", "-c", f"touch {started}; sleep 5; touch {done}")
     try:

@@ -130,43 +130,51 @@ describe("with_lock", function()
 
   it("lets an event loop run the holder while a contender waits (sleep hook yields)", function()
     -- A tiny scheduler: coroutines yield a wake-up time; the loop resumes
-    -- the earliest. chstate's sleep hook yields instead of blocking.
+    -- the earliest. chstate's sleep hook yields instead of blocking. No step
+    -- waits for a guessed time: b starts once a recorded that it holds the
+    -- lock, and a leaves once b's lock attempt has waited (yielded) 3 times.
     local tasks, order = {}, {}
     local function loop_sleep(seconds) coroutine.yield(T.gettime() + seconds) end
     local function spawn(name, fn) tasks[#tasks + 1] = {name = name, co = coroutine.create(fn), wake = 0} end
     local hooks = {sleep = loop_sleep, now = T.gettime, lock_retry = 0.05, lock_timeout = 20}
+    local b_waits = 0  -- times b's store called its sleep hook: its retries while a held the lock
     local a = T.open(SCHEMA, hooks)
-    local b = T.open(SCHEMA, hooks)
+    local b = T.open(SCHEMA, {sleep = function(s) b_waits = b_waits + 1 loop_sleep(s) end, now = T.gettime,
+                              lock_retry = 0.05, lock_timeout = 20})
     spawn("a", function()
       a:with_lock("dev:loop", function()
         order[#order + 1] = "a in"
-        loop_sleep(0.6)
+        -- Event: b tried and is waiting. The deadline only bounds a broken
+        -- build (b never waits); the order assertion below then fails.
+        local deadline = T.gettime() + 10
+        while b_waits < 3 and T.gettime() < deadline do loop_sleep(0.01) end
         order[#order + 1] = "a out"
       end)
     end)
     spawn("b", function()
-      loop_sleep(0.1)  -- start after a holds the lock
+      -- Event: a holds the lock (the two tasks start in either order).
+      local deadline = T.gettime() + 10
+      while order[1] ~= "a in" and T.gettime() < deadline do loop_sleep(0.01) end
+      order[#order + 1] = "b tries"
       b:with_lock("dev:loop", function() order[#order + 1] = "b in" end)
       order[#order + 1] = "b done"
     end)
-    local yields = {a = 0, b = 0}
     while #tasks > 0 do
       table.sort(tasks, function(x, y) return x.wake < y.wake end)
       local t = table.remove(tasks, 1)
       local delay = t.wake - T.gettime()
-      if delay > 0 then T.sleep(delay) end
+      if delay > 0 then T.sleep(delay) end  -- the loop idles until the earliest wake-up
       local ok, wake = coroutine.resume(t.co)
       assert.is_true(ok, tostring(wake))
       if coroutine.status(t.co) ~= "dead" then
-        yields[t.name] = yields[t.name] + 1
         t.wake = wake
         tasks[#tasks + 1] = t
       end
     end
-    -- b waited for the lock by yielding to the loop (its first yield is its
-    -- own 0.1 s start delay), so a could finish and release meanwhile
-    assert.is_true(yields.b >= 3, "b yielded " .. yields.b .. " times")
-    assert.are.same({"a in", "a out", "b in", "b done"}, order)
+    -- b tried while a held the lock, waited by yielding to the loop (so a
+    -- could run, finish and release meanwhile), and got in only after a left
+    assert.are.same({"a in", "b tries", "a out", "b in", "b done"}, order)
+    assert.is_true(b_waits >= 3, "b waited " .. b_waits .. " times")
     a:close()
     b:close()
   end)
@@ -212,7 +220,9 @@ describe("with_lock", function()
     local s = T.open(SCHEMA, {stale_lock = 3})
     s:with_lock("dev:lease", function()
       local started = T.gettime()
-      while T.gettime() - started < 4.5 do  -- longer than the 3 s stale window
+      -- Time must pass (by design): longer than the 3 s stale window, so that
+      -- only the renewals done by these calls keep the lock from going stale.
+      while T.gettime() - started < 4.5 do
         s:get("dev:lease")
         T.sleep(0.5)
       end
@@ -227,9 +237,11 @@ describe("with_lock", function()
   end)
 
   it("refuses writes once the lease expired unrenewed, and says so", function()
+    -- Each T.sleep(2.2) below is time that must pass (by design): the lease
+    -- (2 s minus the margin) runs out without the store being touched.
     local s = T.open(SCHEMA, {stale_lock = 2})
     local err = T.error_of(s.with_lock, s, "dev:expired", function()
-      T.sleep(2.2)  -- past the lease (2 s minus the margin) without touching the store
+      T.sleep(2.2)
       s:set("dev:expired", {late = true})
     end)
     assert.is_true(chstate.is_error(err))

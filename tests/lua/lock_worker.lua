@@ -22,6 +22,8 @@ for _ = 1, iterations do
   store:with_lock(id, function()
     note("enter " .. tag)
     local current = store:get(id)
+    -- Time must pass (by design): widens the read-modify-write window, so
+    -- that a second holder inside it would show as an overlap or a lost update.
     socket.sleep(0.003)
     store:set(id, {count = (current and current.count or 0) + 1})
     note("leave " .. tag)

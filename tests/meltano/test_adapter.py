@@ -147,7 +147,9 @@ def test_lock_times_out_with_state_id_locked_error_and_is_released_on_errors(pro
 
 def test_long_hold_is_renewed_and_not_taken_over(project):
     # A 4 s stale window: held 6 s with operations in between, the lock is
-    # renewed (every stale/3) and a contender must still give up.
+    # renewed (every stale/3) and a contender must still give up. The sleeps
+    # are time that must pass (by design): past the window, only renewal
+    # keeps the lock; without it the contender would print "taken over".
     lines = run(project, """
         holder, contender = make(), make(lock_timeout_seconds=1, lock_retry_seconds=0.25)
         holder.stale_lock_seconds = contender.stale_lock_seconds = 4

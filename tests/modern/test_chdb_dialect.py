@@ -166,6 +166,33 @@ def tombstones(session, schema: str = SCHEMA) -> list:
     return sorted(n for n in tables(session, schema) if re.fullmatch(rf"{TABLE}_lock_[0-9a-f]{{16}}_dead_[0-9a-f]{{16}}", n))
 
 
+def lock_table(state_id: str) -> str:
+    """The lock table the core uses for `state_id` (Statements::LockTableName)."""
+    h = 0xCBF29CE484222325
+    for byte in state_id.encode():
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{TABLE}_lock_{h:016x}"
+
+
+def wait_on_engine_clock(session, sql: str, what: str, timeout: float = 10.0) -> None:
+    """Time that must pass by design, waited for on the engine's own clock
+    (the one the core's age tests read, in whole seconds): polls `sql`, a
+    query answering 1 or 0, until it answers 1; fails after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while scalar(session, sql) != "1":
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def wait_lock_older_than(session, state_id: str, seconds: int) -> None:
+    """Waits until the lock on `state_id` was last renewed more than `seconds` ago by the engine's clock."""
+    wait_on_engine_clock(
+        session,
+        f"SELECT toInt64(now()) - toInt64(max(locked_at)) > {seconds} FROM `{SCHEMA}`.`{lock_table(state_id)}`",
+        f"the lock on {state_id} to be older than {seconds} s",
+    )
+
+
 def executed(executor: ChdbExecutor, since: int, purpose: str) -> list:
     return [e for e in executor.log[since:] if e.purpose == purpose]
 
@@ -533,9 +560,10 @@ def test_lock_waits_until_released(host, make_host):
     released = []
 
     def on_wait(ms):
+        # The contender's first wait is the event: it found the lock held.
         if not released:
             released.append(host.release_lock("lock:wait", held.lock_id))
-        time.sleep(ms / 1000.0)
+        time.sleep(ms / 1000.0)  # the wait the core asked for (this host's sleep hook)
 
     patient = make_host(SCHEMA, TABLE, "--lock-timeout-ms", "5000", "--lock-retry-ms", "100", on_wait=on_wait)
     out = patient.acquire_lock("lock:wait")
@@ -569,7 +597,9 @@ def test_renewal_keeps_a_long_hold_from_going_stale(make_host, session):
     held = holder.acquire_lock("lock:renew")
     assert held.ok
     taker = make_host(SCHEMA, TABLE, "--stale-lock-ms", "2000", "--lock-timeout-ms", "0")
-    for _ in range(4):  # 4 x 0.7 s: longer than the window, renewed every third of it
+    # Time must pass (by design): 4 x 0.7 s is longer than the window; only the
+    # renewals (every third of it) keep the taker out.
+    for _ in range(4):
         time.sleep(0.7)
         renewed = holder.renew_lock("lock:renew")
         assert renewed.ok, renewed.raw
@@ -586,17 +616,27 @@ def test_init_removes_old_tombstones(make_host, session):
     assert out.ok and "entomb_lock" in out.purposes(), out.raw
     assert taker.release_lock("lock:tomb", out.lock_id).ok
     assert tombstones(session)
-    time.sleep(2.2)  # older than twice the 1 s window
+    # Time must pass (by design): init drops tombstones older than twice the
+    # 1 s window; waited for with init's own test, on the engine's clock,
+    # until every tombstone (earlier tests' too) passes it.
+    wait_on_engine_clock(
+        session,
+        f"SELECT count() > 0 AND countIf(metadata_modification_time >= now() - 2) = 0 FROM system.tables "
+        f"WHERE database = '{SCHEMA}' AND position(name, '_dead_') > 0",
+        "every tombstone to be older than 2 s",
+    )
     cleaned = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000").run({"op": "init"})
     assert cleaned.ok, cleaned.raw
     assert "drop_table" in cleaned.purposes()
     assert tombstones(session) == []
 
 
-def test_taker_respects_the_holders_longer_window(host, make_host):
+def test_taker_respects_the_holders_longer_window(host, make_host, session):
     held = host.acquire_lock("lock:long")  # default 300 s window, written into the lock
     assert held.ok
-    time.sleep(2.2)
+    # Time must pass (by design): the lock is stale for the impatient 1 s
+    # window, not for the holder's own 300 s.
+    wait_lock_older_than(session, "lock:long", 1)
     impatient = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "500", "--lock-retry-ms", "100")
     out = impatient.acquire_lock("lock:long")
     assert out.code == "ABORTED", out.raw
@@ -607,7 +647,7 @@ def test_taker_respects_the_holders_longer_window(host, make_host):
 def test_late_taker_cannot_entomb_a_newer_lock(make_host, executor, session):
     dead = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000")
     assert dead.acquire_lock("lock:race").ok
-    time.sleep(2.2)  # stale now for a 1 s window
+    wait_lock_older_than(session, "lock:race", 1)  # time must pass (by design): stale for a 1 s window
     first = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "5000")
     late = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "300", "--lock-retry-ms", "100")
     raced = {}

@@ -124,7 +124,8 @@ def test_cli_fails_closed(tls, chstate_bin, case):
 
 
 class RawListener:
-    """Accepts connections and records every byte received; answers nothing."""
+    """Accepts connections and records every byte received; answers nothing.
+    drain() waits until everything sent to it so far has been read."""
 
     def __init__(self):
         self.sock = socket.socket()
@@ -133,26 +134,49 @@ class RawListener:
         self.port = self.sock.getsockname()[1]
         self.received = b""
         self.connections = 0
+        self.ended = 0  # connections read to their end
+        self.peers = set()
+        self._lock = threading.Lock()
         threading.Thread(target=self._loop, daemon=True).start()
 
     def _loop(self):
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
                 return
-            self.connections += 1
+            with self._lock:
+                self.connections += 1
+                self.peers.add(peer)
             threading.Thread(target=self._read, args=(conn,), daemon=True).start()
 
     def _read(self, conn):
         conn.settimeout(1)  # then hang up: the client fails fast
         try:
             while chunk := conn.recv(65536):
-                self.received += chunk
+                with self._lock:
+                    self.received += chunk
         except OSError:
             pass
         finally:
             conn.close()
+            with self._lock:
+                self.ended += 1
+
+    def drain(self, timeout: float = 10.0) -> int:
+        """Waits until every connection made before the call was accepted and
+        read to its end (the client hung up, or the read timed out); returns
+        how many there were. A last connection of our own marks the point:
+        the listener accepts connections in the order they came."""
+        with socket.create_connection(("127.0.0.1", self.port)) as marker:
+            me = marker.getsockname()
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if me in self.peers and self.ended == self.connections:
+                    return self.connections - 1
+            assert time.monotonic() < deadline, "the raw listener did not read every connection to its end"
+            time.sleep(0.01)
 
     def close(self):
         self.sock.close()
@@ -165,12 +189,14 @@ def test_never_falls_back_to_plain_http(tls, chstate_bin):
         uri = f"clickhouse://{s.user}@127.0.0.1:{raw.port}/default?secure=true&ca_file={tls['ca']}"
         r = cli(chstate_bin, s, "get", "tls:cli", uri=uri)
         assert r.returncode == 5, r.stderr
-        store, _ = python_store(s, "tls", port=raw.port, secure=True, ca_file=str(tls["ca"]), timeout=2)
+        store, transport = python_store(s, "tls", port=raw.port, secure=True, ca_file=str(tls["ca"]), timeout=2)
         _native, _ = modules()
         with pytest.raises(_native.ChstateError):
             store.run({"op": "get", "state_id_hex": b"tls:cli".hex()})
-        time.sleep(0.3)
-        assert raw.connections >= 2
+        store.close()
+        transport.close()
+        # Event: every byte both clients sent has been read (not a guessed pause).
+        assert raw.drain() >= 2
         # A TLS ClientHello (record type 22, version 3.x), never HTTP or the password.
         assert raw.received[:2] == b"\x16\x03", raw.received[:40]
         for plain in (b"POST", b"HTTP/1.1", b"X-ClickHouse", s.password.encode(), b"SELECT"):
