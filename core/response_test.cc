@@ -116,6 +116,21 @@ TEST(ParseTabSeparated, TruncatedOrMalformedIsAnError) {
   EXPECT_EQ(ClickHouseCode(mid.status()), 241);
 }
 
+// A row is never taken for an exception: a state id may well read
+// "Code: 60, x", but a row has tabs and an exception line has none.
+TEST(CheckResponse, ARowThatLooksLikeAnExceptionIsARow) {
+  EXPECT_THAT(CheckResponse(Http(200, "a\t1\nCode: 60, x\t1\n"), "x"), IsOk());
+  EXPECT_THAT(CheckResponse(Http(200, "Code: 60, x\t1\n"), "x"), IsOk());
+  absl::StatusOr<Rows> rows = ParseTabSeparated("Code: 60, x\t1\n", 2);
+  ASSERT_THAT(rows, IsOk());
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0][0], std::optional<std::string>("Code: 60, x"));
+}
+
+TEST(ParseTabSeparated, ExtraFieldsAreAnError) {
+  EXPECT_THAT(ParseTabSeparated("a\tb\tc\n", 2), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("expected 2")));
+}
+
 TEST(ParseExceptionCode, BothFormats) {
   EXPECT_EQ(ParseExceptionCode("Code: 60, e.displayText() = x"), 60);
   EXPECT_EQ(ParseExceptionCode("Code: 81. DB::Exception: x"), 81);
