@@ -112,11 +112,10 @@ class FaultProxy:
         with self._lock:
             return [r.sql for r in self.requests]
 
-    def refuse(self) -> None:
-        """Stop listening and drop every connection: clients get ECONNREFUSED."""
+    def stop_listening(self) -> None:
+        """Stop accepting: new connections are refused; open ones go on."""
         with self._lock:
             listener, self._listener = self._listener, None
-            conns = list(self._conns)
         if listener is not None:
             # shutdown() wakes the thread blocked in accept(); close() alone
             # would leave the socket listening until then.
@@ -125,6 +124,12 @@ class FaultProxy:
             except OSError:
                 pass
             listener.close()
+
+    def refuse(self) -> None:
+        """Stop listening and drop every connection: clients get ECONNREFUSED."""
+        self.stop_listening()
+        with self._lock:
+            conns = list(self._conns)
         for c in conns:
             _reset(c)
 

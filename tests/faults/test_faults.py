@@ -195,15 +195,7 @@ echo "end $$ $(date +%s%N)" >> {log}
 
 def intervals(log: Path) -> list[tuple[int, int]]:
     """(start, end) of each critical section in the log; fails on a section that never ended."""
-    open_at, out = {}, []
-    for line in log.read_text().splitlines():
-        kind, pid, t = line.split()
-        if kind == "start":
-            open_at[pid] = int(t)
-        else:
-            out.append((open_at.pop(pid), int(t)))
-    assert not open_at, f"sections without an end: {open_at}"
-    return sorted(out)
+    return sorted((start, end) for _, start, end, _ in sections(log))
 
 
 def assert_no_overlap(spans) -> None:

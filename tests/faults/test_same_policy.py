@@ -115,16 +115,6 @@ class PolicyProxy(FaultProxy):
         super().__init__(host, port)
         self.requests = _TimedLog()
 
-    def stop_listening(self) -> None:
-        with self._lock:
-            listener, self._listener = self._listener, None
-        if listener is not None:
-            try:
-                listener.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            listener.close()
-
     def listening(self) -> bool:
         return self._listener is not None
 

@@ -60,4 +60,8 @@ def schema() -> str:
 @pytest.fixture(scope="session")
 def core(bazel_binary):
     from core_lib import Core
-    return Core(bazel_binary("CHSTATE_LIBRARY", "hosts/python/libchstate.so", "//hosts/python:libchstate.so"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import native_library
+    path = bazel_binary("CHSTATE_LIBRARY", "hosts/python/libchstate.so", "//hosts/python:libchstate.so")
+    with native_library.loaded(path) as lib:
+        yield Core(lib)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-from pathlib import Path
 
 RANDOM = bytes(range(32))
 STORE = {"schema": "meltano", "table": "state", "endpoint": "127.0.0.1:8123", "lock_timeout_ms": 3000,
@@ -17,15 +16,9 @@ def _dumps(doc) -> bytes:
 
 
 class Core:
-    def __init__(self, path: Path):
-        lib = ctypes.CDLL(str(path))
-        lib.chstate_store_new.restype = ctypes.c_void_p
-        lib.chstate_store_new.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
-        lib.chstate_store_free.argtypes = [ctypes.c_void_p]
-        for fn in (lib.chstate_op_start, lib.chstate_op_feed):
-            fn.restype = ctypes.c_void_p
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t]
-        lib.chstate_string_free.argtypes = [ctypes.c_void_p]
+    def __init__(self, lib: ctypes.CDLL):
+        # The Python adapter's handle on the library (tests/native_library.py):
+        # its ctypes signatures are the ABI's.
         self.lib = lib
 
     def _take(self, ptr) -> dict:

@@ -16,7 +16,6 @@ on the first operation, and the tables are created by the first write.
 from __future__ import annotations
 
 import logging
-import time
 import typing as t
 from contextlib import contextmanager
 from urllib.parse import parse_qsl, unquote, urlparse
