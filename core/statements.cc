@@ -331,7 +331,11 @@ SqlRequest Statements::RenewLock(absl::string_view state_id, absl::string_view l
 }
 
 SqlRequest Statements::DropLock(absl::string_view state_id) const {
-  SqlRequest r = Ddl("drop_lock", true);
+  // Not resendable: if the first DROP landed, another process may have
+  // created a fresh lock under the same name before a resend would arrive,
+  // and the resend would drop theirs. After a lost answer the lock machine
+  // looks first (RetryDrop) and drops again only if the lock is still ours.
+  SqlRequest r = Ddl("drop_lock", false);
   r.sql = absl::StrCat("DROP TABLE IF EXISTS `", schema_, "`.`", LockTableName(state_id), "`", OnCluster());
   return r;
 }

@@ -774,6 +774,37 @@ TEST(TransportPolicy, ALockCreateThatMayHaveLandedIsInspectedNotResent) {
   EXPECT_EQ(o.last.result.lock_id, kLockId);
 }
 
+// Found by tests/faults (two holders at once): a DROP whose answer was lost
+// had been resent by the transport policy. If the first DROP landed, B may
+// have created its lock since; a resend would drop B's lock and let C in
+// beside B. The release looks instead, and leaves a lock that is not ours.
+TEST(TransportPolicy, ALockDropThatMayHaveLandedIsInspectedNotResent) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto acquire = store->AcquireLock("a");
+  Outcome o = Drive(*acquire, {kVersion18, Q("create_lock", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  auto release = store->ReleaseLock("a", kLockId);
+  o = Drive(*release,
+            {Q("inspect_lock", Mine()), Q("drop_lock", Lost()), Q("inspect_lock", Held("someone-else", 101, 101))},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.purposes, (std::vector<std::string>{"inspect_lock", "drop_lock", "inspect_lock"}));
+}
+
+// A DROP that never left (connection refused) cannot have landed: resending
+// it is safe, and the release completes.
+TEST(TransportPolicy, ALockDropThatNeverLeftIsResent) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto acquire = store->AcquireLock("a");
+  Outcome o = Drive(*acquire, {kVersion18, Q("create_lock", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  auto release = store->ReleaseLock("a", kLockId);
+  o = Drive(*release, {Q("inspect_lock", Mine()), Q("drop_lock", Refused()), W(100), Q("drop_lock", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
 TEST(TransportPolicy, AnUnreachableServerFailsTheLockAfterEveryResend) {
   auto store = MakeStore();
   int64_t clock = 0;

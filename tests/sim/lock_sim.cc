@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "core/response.h"
 #include "core/statements.h"
+#include "core/task.h"
 #include "tests/sim/naive_lock.h"
 #include "tests/sim/sim_server.h"
 
@@ -75,7 +76,7 @@ class Sim {
   ScheduleResult Run();
 
  private:
-  enum class Ev { kStart, kArrive, kRespond, kTimer, kHoldEnd, kCancel, kCrash, kMerge, kWrite, kWriteLands,
+  enum class Ev { kStart, kArrive, kRespond, kResend, kTimer, kHoldEnd, kCancel, kCrash, kMerge, kWrite, kWriteLands,
                   kWriteAnswer };
   struct Event {
     int64_t t;
@@ -98,6 +99,7 @@ class Sim {
     int attempt = 0;
     SqlRequest req;
     bool lose_answer = false;  // the client gets a transport failure instead
+    int sends = 1;             // of this request, counting resends by the transport policy
     SqlResponse answer;
     std::string lock_id;  // the sender's lock id when it was sent
   };
@@ -187,7 +189,7 @@ class Sim {
   template <typename F>
   void Deliver(Contender& c, int64_t t, const char* what, F input);
   void Drain(Contender& c, int64_t t, int64_t now);
-  void Send(Contender& c, int64_t t, SqlRequest req);
+  void Send(Contender& c, int64_t t, SqlRequest req, int sends = 1);
   void EndRound(Contender& c, int64_t t);
   void UpdateInterval(Contender& c, int64_t t, int64_t now);
   void CloseInterval(Contender& c, int64_t end);
@@ -201,6 +203,7 @@ class Sim {
   LockOptions DrawOptions();
 
   const SimConfig& cfg_;
+  const TransportPolicy policy_;  // the production defaults
   RunOptions run_;
   std::mt19937_64 rng_;
   ScheduleResult result_;
@@ -379,9 +382,26 @@ void Sim::Handle(const Event& e) {
         what = r.answer.transport_ok ? absl::StrCat(r.req.purpose, " answer HTTP ", r.answer.http_status)
                                      : absl::StrCat(r.req.purpose, " transport failure");
       }
+      if (MayResend(r.req, r.answer) && r.sends < policy_.attempts) {
+        // The transport policy (core/task.h) resends it below the machine,
+        // as every host's Task does: the machine never sees this failure.
+        TRACE(e.t, Name(c.index), ": ", r.req.purpose, " transport failure; resent by the policy");
+        Push(e.t + (policy_.backoff_ms << (r.sends - 1)), Ev::kResend, r.c, e.a, r.attempt);
+        return;
+      }
       // Deliver may add requests (and move requests_): copy the answer first.
       const SqlResponse answer = r.answer;
       Deliver(c, e.t, what.c_str(), [&](const Inputs& in) { c.lock->OnResponse(answer, in); });
+      return;
+    }
+    case Ev::kResend: {
+      Contender& c = cs_[e.c];
+      if (c.crashed || e.attempt != c.attempt) return;
+      // Send may move requests_: copy what it needs first.
+      SqlRequest again = requests_[e.a].req;
+      const int sends = requests_[e.a].sends + 1;
+      ++again.attempt;
+      Send(c, e.t, std::move(again), sends);
       return;
     }
     case Ev::kTimer: {
@@ -543,9 +563,10 @@ void Sim::Drain(Contender& c, int64_t t, int64_t now) {
   }
 }
 
-void Sim::Send(Contender& c, int64_t t, SqlRequest req) {
+void Sim::Send(Contender& c, int64_t t, SqlRequest req, int sends) {
   uint64_t id = requests_.size();
   Request r;
+  r.sends = sends;
   r.c = c.index;
   r.attempt = c.attempt;
   r.lock_id = c.lock->lock_id();
