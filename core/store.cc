@@ -397,14 +397,17 @@ class StoreSteps {
   // Renews the lock this store holds on `id` now. `lost` gets the status
   // when the lock turned out not ours any more; `fail` any other failure.
   Step Renew(const std::string& id, Then then, OnFailure lost, OnFailure fail) {
-    std::shared_ptr<LockMachine> m = s_->held_.at(id).machine;
+    auto it = s_->held_.find(id);
+    if (it == s_->held_.end()) return lost(LostLock(id));
+    std::shared_ptr<LockMachine> m = it->second.machine;
     if (m->state() != LockState::kHeld) return lost(LostLock(id));
     m->OnTimer(*in_);
     return DriveLock(m, [this, m, id, then, lost, fail](const LockAction& a) -> Step {
       if (a.kind == LockAction::Kind::kArmTimer) {
         // Confirmed (or inconclusive, to be tried again soon): the machine
         // names when the next renewal is due.
-        s_->held_[id].renew_at_ms = in_->now_ms + a.delay_ms;
+        auto it = s_->held_.find(id);
+        if (it != s_->held_.end() && it->second.machine == m) it->second.renew_at_ms = in_->now_ms + a.delay_ms;
         return then();
       }
       if (m->state() == LockState::kLost) return lost(a.status.ok() ? LostLock(id) : a.status);
@@ -475,6 +478,11 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
 bool Store::LeaseValid(const std::string& state_id, int64_t now_ms) const {
   auto it = held_.find(state_id);
   return it != held_.end() && it->second.machine->LeaseValid(now_ms);
+}
+
+int64_t Store::LeaseDeadlineMs(const std::string& state_id) const {
+  auto it = held_.find(state_id);
+  return it == held_.end() ? 0 : it->second.machine->lease_deadline_ms();
 }
 
 std::optional<Dialect> Store::dialect() const {
@@ -794,13 +802,16 @@ std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
 }
 
 std::unique_ptr<Task> Store::RenewLock(std::string state_id) {
-  auto it = held_.find(state_id);
-  if (it == held_.end()) {
-    return Invalid(absl::FailedPreconditionError(absl::StrCat(
-        "cannot renew the lock on state id \"", StoreSteps::Printable(state_id), "\": this store does not hold it")));
-  }
-  std::string lock_id = it->second.machine->lock_id();
-  return MakeTask(this, [state_id, lock_id](StoreSteps& s) {
+  // What the store holds is looked at when the task starts, not when it is
+  // built: a host may queue tasks (core/connection.h) and the ones before
+  // this may take or release locks.
+  return MakeTask(this, [this, state_id](StoreSteps& s) {
+    auto it = held_.find(state_id);
+    if (it == held_.end()) {
+      return Step::Fail(absl::FailedPreconditionError(absl::StrCat(
+          "cannot renew the lock on state id \"", StoreSteps::Printable(state_id), "\": this store does not hold it")));
+    }
+    std::string lock_id = it->second.machine->lock_id();
     return s.Renew(
         state_id,
         [&s, lock_id] {
@@ -828,23 +839,40 @@ std::optional<int64_t> Store::NextTimeoutMs() const {
 
 std::unique_ptr<Task> Store::ReleaseLock(std::string state_id, std::string lock_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  auto it = held_.find(state_id);
-  if (it == held_.end() || it->second.machine->lock_id() != lock_id) {
-    // Releasing needs the machine that acquired: only the holder can release.
-    return Invalid(absl::FailedPreconditionError(
-        absl::StrCat("cannot release the lock on state id \"", StoreSteps::Printable(state_id),
-                     "\": this store does not hold it with that lock id (only the process that acquired a lock "
-                     "releases it)")));
-  }
-  std::shared_ptr<LockMachine> m = it->second.machine;
-  held_.erase(it);
-  if (m->state() != LockState::kHeld) {
-    // Lost earlier (a renewal found another holder or the lease ran out):
-    // it is not ours to drop; forgetting it is the whole release.
-    return MakeTask(this, [](StoreSteps& s) { return Step::Done(s.Base()); });
-  }
-  return MakeTask(this, [m](StoreSteps& s) {
-    return s.Release(m, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
+  // Looked up when the task starts (see RenewLock).
+  return MakeTask(this, [this, state_id, lock_id](StoreSteps& s) {
+    auto it = held_.find(state_id);
+    if (it == held_.end() || it->second.machine->lock_id() != lock_id) {
+      // Releasing needs the machine that acquired: only the holder can release.
+      return Step::Fail(absl::FailedPreconditionError(
+          absl::StrCat("cannot release the lock on state id \"", StoreSteps::Printable(state_id),
+                       "\": this store does not hold it with that lock id (only the process that acquired a lock "
+                       "releases it)")));
+    }
+    std::shared_ptr<LockMachine> m = it->second.machine;
+    if (m->state() != LockState::kHeld) {
+      // Lost earlier (a renewal found another holder or the lease ran out):
+      // it is not ours to drop; forgetting it is the whole release.
+      held_.erase(it);
+      return Step::Done(s.Base());
+    }
+    // Known until the release ends (its machine, no longer holding, is
+    // neither renewed nor valid for writes meanwhile), so that its lease
+    // deadline stays visible (LeaseDeadlineMs) while the DROP is decided.
+    auto forget = [this, state_id, m] {
+      auto held = held_.find(state_id);
+      if (held != held_.end() && held->second.machine == m) held_.erase(held);
+    };
+    return s.Release(
+        m,
+        [&s, forget] {
+          forget();
+          return Step::Done(s.Base());
+        },
+        [forget](absl::Status st) {
+          forget();
+          return StoreSteps::Failed(std::move(st));
+        });
   });
 }
 

@@ -129,6 +129,9 @@ class Store {
   std::unique_ptr<Task> RenewLock(std::string state_id);
   // True while this store holds the lock and its lease is valid at now_ms.
   bool LeaseValid(const std::string& state_id, int64_t now_ms) const;
+  // The held lock's lease deadline on the host's clock, also while it is
+  // being released (0 when not held).
+  int64_t LeaseDeadlineMs(const std::string& state_id) const;
 
   // The store's timers. A lock this store holds is renewed a third of the
   // stale window after it was taken or last renewed; any operation on that

@@ -8,6 +8,7 @@
 #include "tests/sim/lock_sim.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <map>
 #include <queue>
@@ -18,7 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/response.h"
+#include "core/connection.h"
 #include "core/statements.h"
+#include "core/store.h"
 #include "core/task.h"
 #include "tests/sim/naive_lock.h"
 #include "tests/sim/sim_server.h"
@@ -53,6 +56,106 @@ class MachineLock : public SimLock {
 
  private:
   LockMachine m_;
+};
+
+// The lock through a whole store, as a host uses it: AcquireLock and
+// ReleaseLock operations on a Connection, which resends per the transport
+// policy and renews the held lock when called back at its PollTimeout. Its
+// outputs become the machine's actions the simulation understands.
+class StoreLock : public SimLock {
+ public:
+  StoreLock(LockOptions options, std::string random) : random_(std::move(random)) {
+    StoreOptions o;
+    o.lock = options;
+    conn_ = std::make_unique<Connection>(*Store::Create(o));
+    lock_id_ = MakeLockId(random_);  // every input carries the same bytes
+  }
+  void Acquire(const Inputs& in) override {
+    phase_ = Phase::kAcquiring;
+    op_ = conn_->Start(conn_->store().AcquireLock(kStateId), In(in));
+    Pump(in);
+  }
+  void Release(const Inputs& in) override {
+    if (phase_ == Phase::kAcquiring) {
+      // The user gave up waiting: the store forgets the acquisition.
+      conn_->Abandon(op_, In(in));
+      phase_ = Phase::kOver;
+      out_.push_back(LockAction{LockAction::Kind::kFailed, {}, 0, absl::CancelledError("cancelled")});
+      return;
+    }
+    if (phase_ != Phase::kHeld) return;
+    phase_ = Phase::kReleasing;
+    op_ = conn_->Start(conn_->store().ReleaseLock(kStateId, lock_id_), In(in));
+    Pump(in);
+  }
+  void OnResponse(const SqlResponse& response, const Inputs& in) override {
+    if (!conn_->HandleResponse(sent_op_, response, In(in)).ok()) return;  // an abandoned op's answer
+    Pump(in);
+  }
+  void OnTimer(const Inputs& in) override {
+    conn_->HandleTimeout(In(in));
+    Pump(in);
+  }
+  std::optional<LockAction> Poll() override {
+    if (out_.empty()) return std::nullopt;
+    LockAction a = std::move(out_.front());
+    out_.pop_front();
+    return a;
+  }
+  bool LeaseValid(int64_t now_ms) const override { return conn_->store().LeaseValid(kStateId, now_ms); }
+  int64_t lease_deadline_ms() const override { return conn_->store().LeaseDeadlineMs(kStateId); }
+  std::string lock_id() const override { return lock_id_; }
+  std::string StateName() const override {
+    switch (phase_) {
+      case Phase::kIdle: return "store:idle";
+      case Phase::kAcquiring: return "store:acquiring";
+      case Phase::kHeld: return "store:held";
+      case Phase::kReleasing: return "store:releasing";
+      case Phase::kOver: return "store:over";
+    }
+    return "?";
+  }
+  bool Held() const override { return phase_ == Phase::kHeld; }
+
+ private:
+  enum class Phase { kIdle, kAcquiring, kHeld, kReleasing, kOver };
+
+  Inputs In(const Inputs& in) const { return Inputs{in.now_ms, random_}; }
+
+  // The connection's outputs as lock actions.
+  void Pump(const Inputs& in) {
+    while (std::optional<Transmit> t = conn_->PollTransmit()) {
+      sent_op_ = t->op;
+      LockAction a{LockAction::Kind::kRunSql};
+      a.request = std::move(t->request);
+      out_.push_back(std::move(a));
+    }
+    while (std::optional<OpEvent> e = conn_->PollEvent()) {
+      if (e->renewal) {
+        phase_ = Phase::kOver;
+        out_.push_back(LockAction{LockAction::Kind::kLost, {}, 0, e->status});
+      } else if (phase_ == Phase::kAcquiring && e->op == op_) {
+        phase_ = e->ok ? Phase::kHeld : Phase::kOver;
+        out_.push_back(e->ok ? LockAction{LockAction::Kind::kAcquired}
+                             : LockAction{LockAction::Kind::kFailed, {}, 0, e->status});
+      } else if (phase_ == Phase::kReleasing && e->op == op_) {
+        phase_ = Phase::kOver;
+        out_.push_back(e->ok ? LockAction{LockAction::Kind::kReleased}
+                             : LockAction{LockAction::Kind::kLost, {}, 0, e->status});
+      }
+    }
+    if (std::optional<int64_t> at = conn_->PollTimeout()) {
+      out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, std::max<int64_t>(*at - in.now_ms, 0)});
+    }
+  }
+
+  std::string random_;
+  std::unique_ptr<Connection> conn_;
+  std::string lock_id_;
+  Phase phase_ = Phase::kIdle;
+  uint64_t op_ = 0;       // the acquisition or release
+  uint64_t sent_op_ = 0;  // the op of the request in flight
+  std::deque<LockAction> out_;
 };
 
 std::string Short(const std::string& lock_id) { return lock_id.empty() ? "\"\"" : lock_id.substr(0, 6); }
@@ -223,6 +326,7 @@ class Sim {
 
 std::unique_ptr<SimLock> Sim::MakeLock(const Contender& c) {
   if (cfg_.lock == LockKind::kNaive) return std::make_unique<NaiveLock>(*st_, kStateId, c.options, 1000);
+  if (cfg_.lock == LockKind::kStore) return std::make_unique<StoreLock>(c.options, Bytes(16));
   return std::make_unique<MachineLock>(*st_, c.options, cfg_.defects);
 }
 
@@ -382,7 +486,7 @@ void Sim::Handle(const Event& e) {
         what = r.answer.transport_ok ? absl::StrCat(r.req.purpose, " answer HTTP ", r.answer.http_status)
                                      : absl::StrCat(r.req.purpose, " transport failure");
       }
-      if (MayResend(r.req, r.answer) && r.sends < policy_.attempts) {
+      if (cfg_.lock == LockKind::kMachine && MayResend(r.req, r.answer) && r.sends < policy_.attempts) {
         // The transport policy (core/task.h) resends it below the machine,
         // as every host's Task does: the machine never sees this failure.
         TRACE(e.t, Name(c.index), ": ", r.req.purpose, " transport failure; resent by the policy");
@@ -923,6 +1027,26 @@ std::vector<SimConfig> Configs() {
     c.long_hold_prob = 0.3;
     c.max_contenders = 4;
     out.push_back(c);
+  }
+  // ---- the same lock through a whole store (LockKind::kStore) ----
+  // Each configuration again, driven as a host drives a chstate::Connection:
+  // the transport policy's resends, renewals when called back at
+  // PollTimeout, release and cancellation by the store. This is where a
+  // resend the lock machine never sees (a DROP sent twice) shows.
+  {
+    const std::vector<std::string> through_store = {"no-faults", "delays-and-losses", "visibility-renewals",
+                                                    "crashes",   "cancels",           "clock-offsets",
+                                                    "long-holds", "everything"};
+    const size_t machine_configs = out.size();
+    for (size_t i = 0; i < machine_configs; ++i) {
+      for (const std::string& name : through_store) {
+        if (out[i].name != name) continue;
+        SimConfig c = out[i];
+        c.name = "store/" + name;
+        c.lock = LockKind::kStore;
+        out.push_back(c);
+      }
+    }
   }
   // ---- negative controls: the checker must catch these ----
   {

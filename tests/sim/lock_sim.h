@@ -74,6 +74,8 @@ class SimLock {
 
 enum class LockKind {
   kMachine,  // chstate::LockMachine: the lock under test
+  kStore,    // the same lock through a whole chstate::Store, pumped as a
+             // chstate::Connection (its resends, renewals by timeout, release)
   kNaive,    // negative control: tests/sim/naive_lock.h
 };
 

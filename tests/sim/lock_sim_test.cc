@@ -37,6 +37,10 @@ constexpr Budget kBudgets[] = {
     {"visibility-renewals", 3000}, {"no-faults", 12000}, {"visibility", 12000},    {"odd-stale", 5000},
     {"crashes", 12000},        {"cancels", 8000},    {"delays-and-losses", 12000}, {"clock-offsets", 12000},
     {"store-holds", 5000},
+    // The same lock through a whole store pumped as a Connection.
+    {"store/no-faults", 3000}, {"store/delays-and-losses", 4000}, {"store/visibility-renewals", 1500},
+    {"store/crashes", 4000},   {"store/cancels", 3000},           {"store/clock-offsets", 4000},
+    {"store/long-holds", 3000}, {"store/everything", 2000},
 };
 
 void PrintTo(const Budget& b, std::ostream* os) { *os << b.config << " x" << b.schedules; }
@@ -99,7 +103,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, LockSim, ::testing::ValuesIn(kBudgets),
                          [](const ::testing::TestParamInfo<Budget>& info) {
                            std::string n = info.param.config;
                            for (char& ch : n) {
-                             if (ch == '-') ch = '_';
+                             if (ch == '-' || ch == '/') ch = '_';
                            }
                            return n;
                          });

@@ -1,0 +1,114 @@
+// The connection's queue of operations and its timers (see connection.h).
+#include "core/connection.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace chstate {
+
+uint64_t Connection::Start(std::unique_ptr<Task> task, const Inputs& in) {
+  const uint64_t id = next_id_++;
+  queue_.push_back(Op{id, std::move(task), false});
+  StartNext(in);
+  return id;
+}
+
+void Connection::StartNext(const Inputs& in) {
+  // A task may end at once (bad input, a release of a lock not held): keep
+  // going until one waits for something or the queue is empty.
+  while (!current_ && !queue_.empty()) {
+    current_ = std::move(queue_.front());
+    queue_.pop_front();
+    Take(current_->task->Start(in), in);
+  }
+}
+
+void Connection::Take(const Action& action, const Inputs& in) {
+  switch (action.kind) {
+    case Action::Kind::kRunSql:
+      phase_ = Phase::kAwaitingAnswer;
+      transmits_.push_back(Transmit{current_->id, action.request, in.now_ms + action.request.timeout_ms});
+      return;
+    case Action::Kind::kWait:
+      phase_ = Phase::kWaiting;
+      wake_at_ms_ = in.now_ms + std::max<int64_t>(action.wait_ms, 0);
+      return;
+    case Action::Kind::kDone:
+    case Action::Kind::kFailed: {
+      const bool ok = action.kind == Action::Kind::kDone;
+      // A renewal that went well is nobody's business; a lock it found lost is.
+      if (!current_->renewal || !ok) {
+        events_.push_back(OpEvent{current_->id, ok, ok ? action.result : Result{}, action.status, current_->renewal});
+      }
+      current_.reset();
+      phase_ = Phase::kNone;
+      return;
+    }
+  }
+}
+
+absl::Status Connection::HandleResponse(uint64_t op, const SqlResponse& response, const Inputs& in) {
+  if (!current_ || current_->id != op || phase_ != Phase::kAwaitingAnswer) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("an answer for operation ", op, ", which is not waiting for one (abandoned, or answered twice)"));
+  }
+  // Should the host answer before polling the request, it is sent no more.
+  transmits_.erase(std::remove_if(transmits_.begin(), transmits_.end(),
+                                  [op](const Transmit& t) { return t.op == op; }),
+                   transmits_.end());
+  phase_ = Phase::kNone;
+  Take(current_->task->OnResponse(response, in), in);
+  StartNext(in);
+  return absl::OkStatus();
+}
+
+void Connection::HandleTimeout(const Inputs& in) {
+  if (current_ && phase_ == Phase::kWaiting && in.now_ms >= wake_at_ms_) {
+    phase_ = Phase::kNone;
+    Take(current_->task->OnTimer(in), in);
+    StartNext(in);
+    return;
+  }
+  if (!idle()) return;
+  std::optional<int64_t> renew_at = store_->NextTimeoutMs();
+  if (renew_at && in.now_ms >= *renew_at) {
+    queue_.push_back(Op{next_id_++, store_->Tick(), true});
+    StartNext(in);
+  }
+}
+
+void Connection::Abandon(uint64_t op, const Inputs& in) {
+  queue_.erase(std::remove_if(queue_.begin(), queue_.end(), [op](const Op& o) { return o.id == op; }), queue_.end());
+  transmits_.erase(std::remove_if(transmits_.begin(), transmits_.end(),
+                                  [op](const Transmit& t) { return t.op == op; }),
+                   transmits_.end());
+  if (current_ && current_->id == op) {
+    current_.reset();
+    phase_ = Phase::kNone;
+    StartNext(in);
+  }
+}
+
+std::optional<Transmit> Connection::PollTransmit() {
+  if (transmits_.empty()) return std::nullopt;
+  Transmit t = std::move(transmits_.front());
+  transmits_.pop_front();
+  return t;
+}
+
+std::optional<int64_t> Connection::PollTimeout() const {
+  if (current_) return phase_ == Phase::kWaiting ? std::optional<int64_t>(wake_at_ms_) : std::nullopt;
+  if (!queue_.empty()) return std::nullopt;
+  return store_->NextTimeoutMs();
+}
+
+std::optional<OpEvent> Connection::PollEvent() {
+  if (events_.empty()) return std::nullopt;
+  OpEvent e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+}  // namespace chstate
