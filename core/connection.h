@@ -61,7 +61,9 @@ struct OpEvent {
 
 class Connection {
  public:
-  explicit Connection(std::unique_ptr<Store> store) : store_(std::move(store)) {}
+  explicit Connection(std::unique_ptr<Store> store) : owned_(std::move(store)), store_(owned_.get()) {}
+  // Borrows `store`, which must outlive the connection.
+  explicit Connection(Store* store) : store_(store) {}
 
   // The store, for building tasks (Get, Update, AcquireLock, ...) and its
   // read-only questions (LeaseValid). Tasks must run through Start.
@@ -99,7 +101,8 @@ class Connection {
   void Take(const Action& action, const Inputs& in);
   void StartNext(const Inputs& in);
 
-  std::unique_ptr<Store> store_;
+  std::unique_ptr<Store> owned_;
+  Store* store_;
   std::deque<Op> queue_;
   std::optional<Op> current_;
   Phase phase_ = Phase::kNone;

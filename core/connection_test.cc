@@ -172,6 +172,41 @@ TEST(Connection, AReleaseQueuedBehindARenewalRunsAfterIt) {
   EXPECT_FALSE(c->store().LeaseValid("id", 10015));
 }
 
+// Found by tests/fuzz/connection_fuzzer: an op abandoned while it renewed
+// the lock left the lock waiting for an answer that never came, neither
+// renewed nor reported, its lease running out unseen.
+TEST(Connection, ARenewalAbandonedMidRequestIsRenewedAgain) {
+  auto c = MakeConnection(30000);
+  uint64_t op = c->Start(c->store().AcquireLock("id"), {0, kRandom});
+  Answer(*c, op, "select_version", kVersion, 1);
+  Answer(*c, op, "create_lock", Ok(), 2);
+  ASSERT_TRUE(c->PollEvent().has_value());
+  // Reading the held id when its renewal is due renews it first; the host
+  // then abandons that read mid-renewal.
+  uint64_t get = c->Start(c->store().Get("id"), {10002, kRandom});
+  std::optional<Transmit> t = c->PollTransmit();
+  ASSERT_TRUE(t.has_value());
+  ASSERT_EQ(t->request.purpose, "renew_lock");
+  c->Abandon(get, {10003, kRandom});
+  EXPECT_TRUE(c->store().LeaseValid("id", 10004));
+  // The host is asked to call back at once, and the lock is renewed again.
+  std::optional<int64_t> at = c->PollTimeout();
+  ASSERT_TRUE(at.has_value());
+  EXPECT_LE(*at, 10004);
+  c->HandleTimeout({10004, kRandom});
+  at = c->PollTimeout();
+  ASSERT_TRUE(at.has_value());
+  EXPECT_GT(*at, 10004);
+  c->HandleTimeout({*at, kRandom});
+  t = c->PollTransmit();
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->request.purpose, "renew_lock");
+  ASSERT_TRUE(c->HandleResponse(t->op, Ok(), {*at + 1, kRandom}).ok());
+  Answer(*c, t->op, "inspect_lock", Held(kLockId, 10, 20), *at + 2);
+  EXPECT_FALSE(c->PollEvent().has_value());
+  EXPECT_TRUE(c->store().LeaseValid("id", *at + 20000));
+}
+
 TEST(Connection, AnAnswerForAnOperationNotWaitingIsRefused) {
   auto c = MakeConnection();
   uint64_t first = c->Start(c->store().Get("a"), {0, kRandom});

@@ -420,6 +420,26 @@ class StoreSteps {
         absl::StrCat("the lock on state id \"", Printable(id), "\" was lost: stop acting under it and release it"));
   }
 
+  // Tasks of one store run one at a time, so when one starts, a held lock
+  // still waiting for a renewal's answer belongs to a task that was
+  // abandoned (a host that lost interest): that answer will never come.
+  // Such a renewal counts as inconclusive, as a lost answer would: the lease
+  // stands as last confirmed, and the lock is renewed again when due.
+  void SettleAbandonedRenewals() {
+    for (auto& [id, held] : s_->held_) {
+      LockState st = held.machine->state();
+      if (st != LockState::kRenewing && st != LockState::kConfirming) continue;
+      SqlResponse never;
+      never.transport_ok = false;
+      never.maybe_delivered = true;
+      never.transport_error = "the renewal's task was abandoned before its answer came";
+      held.machine->OnResponse(never, *in_);
+      while (std::optional<LockAction> a = held.machine->Poll()) {
+        if (a->kind == LockAction::Kind::kArmTimer) held.renew_at_ms = in_->now_ms + a->delay_ms;
+      }
+    }
+  }
+
   // Renews, one after another, every held lock whose renewal is due; a lost
   // one ends the task with kAborted naming it.
   Step RenewAllDue(Then then, OnFailure fail) {
@@ -451,7 +471,10 @@ std::unique_ptr<Task> MakeTask(Store* store, std::function<Step(StoreSteps&)> bo
   return std::make_unique<Task>(
       [store, body = std::move(body)](const Inputs* in) -> Task::Body {
         auto steps = std::make_shared<StoreSteps>(store, in);
-        return [steps, body] { return body(*steps); };
+        return [steps, body] {
+          steps->SettleAbandonedRenewals();
+          return body(*steps);
+        };
       },
       store->options().transport);
 }
@@ -832,7 +855,11 @@ std::unique_ptr<Task> Store::Tick() {
 std::optional<int64_t> Store::NextTimeoutMs() const {
   std::optional<int64_t> next;
   for (const auto& [id, held] : held_) {
-    if (held.Live() && (!next || held.renew_at_ms < *next)) next = held.renew_at_ms;
+    // A renewal left waiting by an abandoned task is due at once (the next
+    // task settles it; see SettleAbandonedRenewals).
+    if (held.Live() || held.AbandonedRenewal()) {
+      if (!next || held.renew_at_ms < *next) next = held.renew_at_ms;
+    }
   }
   return next;
 }

@@ -163,6 +163,10 @@ class Store {
     // False once the lock was found lost: kept until ReleaseLock so that
     // writes to the id stay refused, but never renewed again.
     bool Live() const { return machine->state() == LockState::kHeld; }
+    // Between tasks: a renewal whose task was abandoned mid-request.
+    bool AbandonedRenewal() const {
+      return machine->state() == LockState::kRenewing || machine->state() == LockState::kConfirming;
+    }
   };
   std::map<std::string, HeldLock> held_;
   std::string server_version_;

@@ -149,16 +149,6 @@ json FailedJson(const absl::Status& status) {
                {{"code", absl::StatusCodeToString(status.code())}, {"message", std::string(status.message())}}}};
 }
 
-json ActionJson(const Action& a) {
-  switch (a.kind) {
-    case Action::Kind::kRunSql: return RequestJson(a.request);
-    case Action::Kind::kWait: return json{{"wait_ms", a.wait_ms}};
-    case Action::Kind::kDone: return ResultJson(a.result);
-    case Action::Kind::kFailed: return FailedJson(a.status);
-  }
-  return FailedJson(absl::InternalError("unknown action kind"));
-}
-
 absl::StatusOr<SqlResponse> ResponseFromJson(const json& line) {
   auto it = line.find("response");
   if (it == line.end() || !it->is_object()) {
@@ -360,50 +350,63 @@ std::string Dump(const json& doc) {
 
 // ---- OpDriver ----
 
-json OpDriver::Abort(const absl::Status& status) {
-  task_.reset();
+json OpDriver::Abort(const absl::Status& status, const Inputs& in) {
+  if (op_ != 0) conn_.Abandon(op_, in);
+  op_ = 0;
   return FailedJson(status);
 }
 
-json OpDriver::Take(Action a) {
-  if (a.kind == Action::Kind::kDone || a.kind == Action::Kind::kFailed) {
-    task_.reset();
-  } else {
-    awaiting_sql_ = a.kind == Action::Kind::kRunSql;
+json OpDriver::Next(const Inputs& in) {
+  if (std::optional<OpEvent> e = conn_.PollEvent()) {
+    // One op at a time and no renewals of its own (this driver never calls
+    // back while idle): the event is the running op's.
+    op_ = 0;
+    return e->ok ? ResultJson(e->result) : FailedJson(e->status);
   }
-  return ActionJson(a);
+  if (std::optional<Transmit> t = conn_.PollTransmit()) {
+    awaiting_sql_ = true;
+    return RequestJson(t->request);
+  }
+  if (std::optional<int64_t> at = conn_.PollTimeout()) {
+    awaiting_sql_ = false;
+    return json{{"wait_ms", std::max<int64_t>(*at - in.now_ms, 0)}};
+  }
+  return Abort(absl::InternalError("the operation neither finished nor asked for anything"), in);
 }
 
 json OpDriver::Start(absl::string_view op_document, const Inputs& defaults) {
-  task_.reset();
+  if (op_ != 0) conn_.Abandon(op_, defaults);
+  op_ = 0;
   absl::StatusOr<json> op = ParseDocument(op_document);
-  if (!op.ok()) return Abort(op.status());
-  absl::StatusOr<std::unique_ptr<Task>> task = TaskForOp(*store_, *op);
-  if (!task.ok()) return Abort(task.status());
+  if (!op.ok()) return Abort(op.status(), defaults);
+  absl::StatusOr<std::unique_ptr<Task>> task = TaskForOp(conn_.store(), *op);
+  if (!task.ok()) return Abort(task.status(), defaults);
   absl::StatusOr<Inputs> in = InputsFromJson(*op, defaults);
-  if (!in.ok()) return Abort(in.status());
-  task_ = *std::move(task);
-  return Take(task_->Start(*in));
+  if (!in.ok()) return Abort(in.status(), defaults);
+  op_ = conn_.Start(*std::move(task), *in);
+  return Next(*in);
 }
 
 json OpDriver::Feed(absl::string_view answer_document, const Inputs& defaults) {
-  if (task_ == nullptr) {
+  if (op_ == 0) {
     return FailedJson(absl::FailedPreconditionError(
         "no operation is waiting for an answer: start one first (it may have finished or failed already)"));
   }
   absl::StatusOr<json> answer = ParseDocument(answer_document);
-  if (!answer.ok()) return Abort(answer.status());
+  if (!answer.ok()) return Abort(answer.status(), defaults);
   absl::StatusOr<Inputs> in = InputsFromJson(*answer, defaults);
-  if (!in.ok()) return Abort(in.status());
+  if (!in.ok()) return Abort(in.status(), defaults);
   if (awaiting_sql_) {
     absl::StatusOr<SqlResponse> resp = ResponseFromJson(*answer);
-    if (!resp.ok()) return Abort(resp.status());
-    return Take(task_->OnResponse(*resp, *in));
+    if (!resp.ok()) return Abort(resp.status(), *in);
+    if (absl::Status st = conn_.HandleResponse(op_, *resp, *in); !st.ok()) return Abort(st, *in);
+    return Next(*in);
   }
   if (!answer->contains("timer")) {
-    return Abort(absl::InvalidArgumentError("expected a {\"timer\": true} line after the wait"));
+    return Abort(absl::InvalidArgumentError("expected a {\"timer\": true} line after the wait"), *in);
   }
-  return Take(task_->OnTimer(*in));
+  conn_.HandleTimeout(*in);
+  return Next(*in);
 }
 
 }  // namespace chstate::protocol

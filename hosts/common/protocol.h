@@ -52,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/config.h"
+#include "core/connection.h"
 #include "core/sql_request.h"
 #include "core/store.h"
 #include "core/task.h"
@@ -73,8 +74,6 @@ nlohmann::json RequestJson(const SqlRequest& request);
 nlohmann::json ResultJson(const Result& result);
 // {"failed": {"code": ..., "message": ...}}.
 nlohmann::json FailedJson(const absl::Status& status);
-// request / {"wait_ms": N} / done / failed.
-nlohmann::json ActionJson(const Action& action);
 
 // Reads the "response" member of an answer document.
 absl::StatusOr<SqlResponse> ResponseFromJson(const nlohmann::json& answer);
@@ -104,29 +103,33 @@ std::string Dump(const nlohmann::json& doc);
 
 // ---- driving one operation at a time ----
 
-// Runs the operations of one Store one after another, turning each input
-// document into the next action document ("after every input, take the next
-// action"). Starting an op while another is unfinished abandons the old one
-// (a host that lost interest, e.g. after an exception, need not drain it).
+// The protocol's view of a chstate::Connection (core/connection.h): one op at
+// a time, each input document turned into the next action document ("after
+// every input, take the next action"): "request" is the connection's
+// PollTransmit, "wait_ms" its PollTimeout (from now), "done"/"failed" its
+// PollEvent. Starting an op while another is unfinished abandons the old
+// one (a host that lost interest, e.g. after an exception, need not drain it).
 class OpDriver {
  public:
-  explicit OpDriver(Store* store) : store_(store) {}
+  explicit OpDriver(Store* store) : conn_(store) {}
 
   // Starts the op in `op_document`; returns its first action.
   nlohmann::json Start(absl::string_view op_document, const Inputs& inputs);
   // Answers the last request ({"response": ...}) or wait ({"timer": true});
   // returns the next action. A malformed answer ends the op with "failed".
+  // A timer answered before the wait is over gives a wait for the rest.
   nlohmann::json Feed(absl::string_view answer_document, const Inputs& inputs);
 
   // True while an op waits for an answer.
-  bool busy() const { return task_ != nullptr; }
+  bool busy() const { return op_ != 0; }
 
  private:
-  nlohmann::json Take(Action action);
-  nlohmann::json Abort(const absl::Status& status);
+  // The connection's next output for the running op, as a document.
+  nlohmann::json Next(const Inputs& in);
+  nlohmann::json Abort(const absl::Status& status, const Inputs& in);
 
-  Store* store_;
-  std::unique_ptr<Task> task_;
+  Connection conn_;
+  uint64_t op_ = 0;  // the running op (0: none)
   bool awaiting_sql_ = false;
 };
 

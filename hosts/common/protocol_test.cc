@@ -81,14 +81,20 @@ TEST(OpDriver, TransportFailureOfAReadIsResentThenUnavailable) {
   const char* refused = R"j({"response":{"transport_ok":false,"transport_error":"connection refused (h:1)",
                                          "maybe_delivered":false}})j";
   // The core, not the host, resends: a wait, then the same request again.
+  Inputs in = kIn;
   for (int attempt = 2; attempt <= 3; ++attempt) {
-    a = d.Feed(refused, kIn);
+    a = d.Feed(refused, in);
     ASSERT_EQ(a, json({{"wait_ms", 100 << (attempt - 2)}}));
-    a = d.Feed(R"({"timer":true})", kIn);
+    // Woken a millisecond early (a coarse sleep): the rest of the wait.
+    in.now_ms += (100 << (attempt - 2)) - 1;
+    a = d.Feed(R"({"timer":true})", in);
+    ASSERT_EQ(a, json({{"wait_ms", 1}}));
+    in.now_ms += 1;
+    a = d.Feed(R"({"timer":true})", in);
     ASSERT_EQ(a["request"]["purpose"], "select_version") << a;
     ASSERT_EQ(a["request"]["attempt"], attempt) << a;
   }
-  a = d.Feed(refused, kIn);
+  a = d.Feed(refused, in);
   ASSERT_TRUE(a.contains("failed")) << a;
   EXPECT_EQ(a["failed"]["code"], "UNAVAILABLE");
   EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("connection refused"));
