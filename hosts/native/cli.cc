@@ -405,10 +405,11 @@ struct Session {
   ConnectionConfig config{};
   std::unique_ptr<native::HttpExecutor> exec{};
   std::unique_ptr<Store> store{};
+  std::unique_ptr<Connection> conn{};  // pumps `store`
 
   int exit_code = 0;  // set by commands whose exit code is not their status's (lock)
 
-  absl::StatusOr<Result> Run(std::unique_ptr<Task> task) { return native::RunTask(*task, *exec); }
+  absl::StatusOr<Result> Run(std::unique_ptr<Task> task) { return native::RunOp(*conn, std::move(task), *exec); }
   const std::string& arg(size_t i) const { return inv.args[i]; }
 };
 
@@ -471,6 +472,7 @@ absl::Status Connect(Session& s) {
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(std::move(options));
   if (!store.ok()) return store.status();
   s.store = *std::move(store);
+  s.conn = std::make_unique<Connection>(s.store.get());
   return absl::OkStatus();
 }
 
@@ -668,7 +670,7 @@ absl::Status Ping(Session& s) {
 
 absl::Status Lock(Session& s) {
   std::vector<std::string> command(s.inv.args.begin() + 1, s.inv.args.end());
-  return native::RunLocked(*s.store, *s.exec, s.arg(0), command, s.report.err(), &s.exit_code);
+  return native::RunLocked(*s.conn, *s.exec, s.arg(0), command, s.report.err(), &s.exit_code);
 }
 
 const std::vector<CommandSpec>& Commands() {

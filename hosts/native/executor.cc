@@ -154,17 +154,49 @@ int64_t MonotonicMs() {
       .count();
 }
 
+namespace {
+
+Inputs Now() { return Inputs{MonotonicMs(), OsRandomBytes()}; }
+
+}  // namespace
+
+// The whole pump: send what the connection asks, sleep until it wants to be
+// called back, pass the clock and random bytes. Everything else is the core's.
+std::optional<OpEvent> Pump(Connection& conn, HttpExecutor& exec, uint64_t op) {
+  while (true) {
+    while (std::optional<Transmit> t = conn.PollTransmit()) {
+      SqlResponse answer = exec.Execute(t->request);
+      (void)conn.HandleResponse(t->op, answer, Now());  // refused only for an op no one waits for
+    }
+    if (std::optional<OpEvent> e = conn.PollEvent()) return e;
+    if (op == 0 || !conn.PollTimeout()) return std::nullopt;  // only what was due, or nothing left to do
+    std::optional<int64_t> at = conn.PollTimeout();
+    int64_t ms = *at - MonotonicMs();
+    if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    conn.HandleTimeout(Now());
+  }
+}
+
+absl::StatusOr<Result> RunOp(Connection& conn, std::unique_ptr<Task> task, HttpExecutor& exec) {
+  const uint64_t op = conn.Start(std::move(task), Now());
+  while (std::optional<OpEvent> e = Pump(conn, exec, op)) {
+    if (e->op != op) continue;  // a renewal's lost lock: the next op on that id reports it
+    if (!e->ok) return e->status;
+    return std::move(e->result);
+  }
+  return absl::InternalError("the operation ended without an outcome");
+}
+
 absl::StatusOr<Result> RunTask(Task& task, HttpExecutor& exec) {
-  auto inputs = [] { return Inputs{MonotonicMs(), OsRandomBytes()}; };
-  Action a = task.Start(inputs());
+  Action a = task.Start(Now());
   while (true) {
     switch (a.kind) {
       case Action::Kind::kRunSql:
-        a = task.OnResponse(exec.Execute(a.request), inputs());
+        a = task.OnResponse(exec.Execute(a.request), Now());
         break;
       case Action::Kind::kWait:
         std::this_thread::sleep_for(std::chrono::milliseconds(a.wait_ms));
-        a = task.OnTimer(inputs());
+        a = task.OnTimer(Now());
         break;
       case Action::Kind::kDone:
         return std::move(a.result);
@@ -172,6 +204,17 @@ absl::StatusOr<Result> RunTask(Task& task, HttpExecutor& exec) {
         return a.status;
     }
   }
+}
+
+absl::Status RunTimers(Connection& conn, HttpExecutor& exec) {
+  std::optional<int64_t> at = conn.PollTimeout();
+  if (!at || *at > MonotonicMs()) return absl::OkStatus();
+  conn.HandleTimeout(Now());
+  absl::Status lost = absl::OkStatus();
+  while (std::optional<OpEvent> e = Pump(conn, exec, 0)) {
+    if (!e->ok && lost.ok()) lost = e->status;
+  }
+  return lost;
 }
 
 }  // namespace chstate::native

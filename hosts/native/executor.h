@@ -1,8 +1,8 @@
 // The native host's transport: runs SqlRequests against ClickHouse's HTTP(S)
-// interface with cpp-httplib, and pumps core Tasks to completion.
+// interface with cpp-httplib, and pumps the core's Connection.
 //
 //   chstate::native::HttpExecutor exec(config);
-//   absl::StatusOr<chstate::Result> r = chstate::native::RunTask(*store->Get(id), exec);
+//   absl::StatusOr<chstate::Result> r = chstate::native::RunOp(conn, conn.store().Get(id), exec);
 //
 // Credentials travel in X-ClickHouse-User / X-ClickHouse-Key headers, never in
 // the URL. One keep-alive connection is reused for every request. The pump
@@ -15,10 +15,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "core/config.h"
+#include "core/connection.h"
 #include "core/defaults.h"
 #include "core/sql_request.h"
 #include "core/task.h"
@@ -51,8 +53,23 @@ class HttpExecutor {
   std::string endpoint_;
 };
 
-// Drives `task` to its end: runs SQL through `exec`, sleeps for waits, feeds
-// the monotonic clock and fresh random bytes (from the OS) with every input.
+// The host as a pump of a chstate::Connection (core/connection.h): each
+// request the connection transmits goes through `exec`, the thread sleeps
+// until the connection's timeout, and every input carries the monotonic
+// clock and fresh random bytes from the OS.
+//
+// Pump serves the connection until it has an event (returned), or, with
+// op = 0, until no request is left and no timer is due. RunOp starts `task`
+// and pumps until its outcome. RunTimers fires the timers that are due (the
+// renewal of held locks) and returns kAborted naming the id of a lock found
+// lost.
+std::optional<OpEvent> Pump(Connection& conn, HttpExecutor& exec, uint64_t op);
+absl::StatusOr<Result> RunOp(Connection& conn, std::unique_ptr<Task> task, HttpExecutor& exec);
+absl::Status RunTimers(Connection& conn, HttpExecutor& exec);
+
+// One task by itself, for tools and tests that drive a store's tasks one by
+// one and renew held locks explicitly (RenewLock); the chstate tool pumps a
+// Connection instead.
 absl::StatusOr<Result> RunTask(Task& task, HttpExecutor& exec);
 
 // 32 bytes from the OS random source.

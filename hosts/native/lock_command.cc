@@ -71,14 +71,16 @@ void StopChild(pid_t child, int* status) {
 
 }  // namespace
 
-absl::Status RunLocked(Store& store, HttpExecutor& exec, const std::string& state_id,
+absl::Status RunLocked(Connection& conn, HttpExecutor& exec, const std::string& state_id,
                        const std::vector<std::string>& command, std::ostream& err, int* exit_code) {
   SignalGuard guard;
   g_signal = 0;
-  absl::StatusOr<Result> acquired = RunTask(*store.AcquireLock(state_id), exec);
+  absl::StatusOr<Result> acquired = RunOp(conn, conn.store().AcquireLock(state_id), exec);
   if (!acquired.ok()) return acquired.status();
   const std::string lock_id = acquired->lock_id;
-  auto release = [&]() -> absl::Status { return RunTask(*store.ReleaseLock(state_id, lock_id), exec).status(); };
+  auto release = [&]() -> absl::Status {
+    return RunOp(conn, conn.store().ReleaseLock(state_id, lock_id), exec).status();
+  };
 
   if (g_signal != 0) {
     // Interrupted while waiting for the lock: do not start the command.
@@ -99,27 +101,23 @@ absl::Status RunLocked(Store& store, HttpExecutor& exec, const std::string& stat
                                                    r.ok() ? "" : absl::StrCat(" (and: ", r.message(), ")")));
   }
 
-  // The core names when it next needs a tick (the lock's renewal); this
+  // The connection renews the lock when called back at its timeout; this
   // loop only waits for the child until then.
-  std::optional<int64_t> wake = acquired->next_timeout_ms;
   int forwarded = 0;
   int status = 0;
   while (true) {
+    std::optional<int64_t> wake = conn.PollTimeout();
     const int64_t until_wake = wake ? std::max<int64_t>(*wake - MonotonicMs(), 0) : 200;
     if (WaitChild(child, std::min<int64_t>(200, until_wake), &status)) break;
     if (g_signal != 0 && forwarded != g_signal) {
       forwarded = g_signal;
       kill(child, forwarded);  // the command decides how to end; we release after it does
     }
-    if (wake && MonotonicMs() >= *wake) {
-      absl::StatusOr<Result> ticked = RunTask(*store.Tick(), exec);
-      if (!ticked.ok()) {
-        err << "chstate: " << ticked.status().message() << "; stopping the command\n";
-        StopChild(child, &status);
-        return absl::FailedPreconditionError(
-            absl::StrCat("the command was stopped because the lock was lost: ", ticked.status().message()));
-      }
-      wake = ticked->next_timeout_ms;
+    if (absl::Status lost = RunTimers(conn, exec); !lost.ok()) {
+      err << "chstate: " << lost.message() << "; stopping the command\n";
+      StopChild(child, &status);
+      return absl::FailedPreconditionError(
+          absl::StrCat("the command was stopped because the lock was lost: ", lost.message()));
     }
   }
   *exit_code = ExitCodeOf(status);

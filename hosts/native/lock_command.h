@@ -2,7 +2,7 @@
 // per-state-id lock, like flock(1).
 //
 //   int code = 0;
-//   absl::Status s = chstate::native::RunLocked(store, exec, "dev:job", {"make", "load"}, std::cerr, &code);
+//   absl::Status s = chstate::native::RunLocked(conn, exec, "dev:job", {"make", "load"}, std::cerr, &code);
 //
 // The command's exit code passes through (128 + N when it died of signal N).
 // The lock is renewed every third of the stale window while the command runs
@@ -24,7 +24,7 @@
 
 namespace chstate::native {
 
-absl::Status RunLocked(Store& store, HttpExecutor& exec, const std::string& state_id,
+absl::Status RunLocked(Connection& conn, HttpExecutor& exec, const std::string& state_id,
                        const std::vector<std::string>& command, std::ostream& err, int* exit_code);
 
 }  // namespace chstate::native
