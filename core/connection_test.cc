@@ -51,6 +51,18 @@ void Answer(Connection& c, uint64_t op, const std::string& purpose, const SqlRes
   EXPECT_TRUE(c.HandleResponse(op, r, {now, kRandom}).ok());
 }
 
+// A connection whose store holds "id", taken at 2 ms (window 30 s: the
+// renewal is due at 10002 ms).
+std::unique_ptr<Connection> Holding() {
+  auto c = MakeConnection(30000);
+  uint64_t op = c->Start(c->store().AcquireLock("id"), {0, kRandom});
+  Answer(*c, op, "select_version", kVersion, 1);
+  Answer(*c, op, "create_lock", Ok(), 2);
+  std::optional<OpEvent> e = c->PollEvent();
+  EXPECT_TRUE(e.has_value() && e->ok && e->result.lock_id == kLockId);
+  return c;
+}
+
 TEST(Connection, AnOperationIsOneRequestAtATimeThenOneEvent) {
   auto c = MakeConnection();
   uint64_t op = c->Start(c->store().Get("a"), {1000, kRandom});
@@ -103,13 +115,7 @@ TEST(Connection, AResendWaitsForItsTimeout) {
 }
 
 TEST(Connection, AHeldLockIsRenewedByCallingBackAtPollTimeout) {
-  auto c = MakeConnection(30000);
-  uint64_t op = c->Start(c->store().AcquireLock("id"), {0, kRandom});
-  Answer(*c, op, "select_version", kVersion, 1);
-  Answer(*c, op, "create_lock", Ok(), 2);
-  std::optional<OpEvent> e = c->PollEvent();
-  ASSERT_TRUE(e.has_value() && e->ok);
-  EXPECT_EQ(e->result.lock_id, kLockId);
+  auto c = Holding();
   // A third of the window after taking it (at 2 ms), the renewal is due.
   ASSERT_EQ(c->PollTimeout(), std::optional<int64_t>(10002));
   c->HandleTimeout({10001, kRandom});
@@ -126,11 +132,7 @@ TEST(Connection, AHeldLockIsRenewedByCallingBackAtPollTimeout) {
 }
 
 TEST(Connection, ALockFoundLostWhileRenewingIsAnEvent) {
-  auto c = MakeConnection(30000);
-  uint64_t op = c->Start(c->store().AcquireLock("id"), {0, kRandom});
-  Answer(*c, op, "select_version", kVersion, 1);
-  Answer(*c, op, "create_lock", Ok(), 2);
-  ASSERT_TRUE(c->PollEvent().has_value());
+  auto c = Holding();
   c->HandleTimeout({10002, kRandom});
   std::optional<Transmit> t = c->PollTransmit();
   ASSERT_TRUE(t.has_value());
@@ -149,11 +151,7 @@ TEST(Connection, ALockFoundLostWhileRenewingIsAnEvent) {
 // running renewal. The store now looks at its held locks when a task
 // starts, not when it is built.
 TEST(Connection, AReleaseQueuedBehindARenewalRunsAfterIt) {
-  auto c = MakeConnection(30000);
-  uint64_t op = c->Start(c->store().AcquireLock("id"), {0, kRandom});
-  Answer(*c, op, "select_version", kVersion, 1);
-  Answer(*c, op, "create_lock", Ok(), 2);
-  ASSERT_TRUE(c->PollEvent().has_value());
+  auto c = Holding();
   c->HandleTimeout({10002, kRandom});
   std::optional<Transmit> renew = c->PollTransmit();
   ASSERT_TRUE(renew.has_value());
@@ -176,11 +174,7 @@ TEST(Connection, AReleaseQueuedBehindARenewalRunsAfterIt) {
 // the lock left the lock waiting for an answer that never came, neither
 // renewed nor reported, its lease running out unseen.
 TEST(Connection, ARenewalAbandonedMidRequestIsRenewedAgain) {
-  auto c = MakeConnection(30000);
-  uint64_t op = c->Start(c->store().AcquireLock("id"), {0, kRandom});
-  Answer(*c, op, "select_version", kVersion, 1);
-  Answer(*c, op, "create_lock", Ok(), 2);
-  ASSERT_TRUE(c->PollEvent().has_value());
+  auto c = Holding();
   // Reading the held id when its renewal is due renews it first; the host
   // then abandons that read mid-renewal.
   uint64_t get = c->Start(c->store().Get("id"), {10002, kRandom});

@@ -774,18 +774,24 @@ TEST(TransportPolicy, ALockCreateThatMayHaveLandedIsInspectedNotResent) {
   EXPECT_EQ(o.last.result.lock_id, kLockId);
 }
 
+// A store (default settings) that has taken the lock on "a".
+std::unique_ptr<Store> HoldingA(int64_t* clock) {
+  auto store = MakeStore();
+  auto acquire = store->AcquireLock("a");
+  Outcome o = Drive(*acquire, {kVersion18, Q("create_lock", Ok())}, clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  return store;
+}
+
 // Found by tests/faults (two holders at once): a DROP whose answer was lost
 // had been resent by the transport policy. If the first DROP landed, B may
 // have created its lock since; a resend would drop B's lock and let C in
 // beside B. The release looks instead, and leaves a lock that is not ours.
 TEST(TransportPolicy, ALockDropThatMayHaveLandedIsInspectedNotResent) {
-  auto store = MakeStore();
   int64_t clock = 0;
-  auto acquire = store->AcquireLock("a");
-  Outcome o = Drive(*acquire, {kVersion18, Q("create_lock", Ok())}, &clock);
-  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  auto store = HoldingA(&clock);
   auto release = store->ReleaseLock("a", kLockId);
-  o = Drive(*release,
+  Outcome o = Drive(*release,
             {Q("inspect_lock", Mine()), Q("drop_lock", Lost()), Q("inspect_lock", Held("someone-else", 101, 101))},
             &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
@@ -795,13 +801,10 @@ TEST(TransportPolicy, ALockDropThatMayHaveLandedIsInspectedNotResent) {
 // A DROP that never left (connection refused) cannot have landed: resending
 // it is safe, and the release completes.
 TEST(TransportPolicy, ALockDropThatNeverLeftIsResent) {
-  auto store = MakeStore();
   int64_t clock = 0;
-  auto acquire = store->AcquireLock("a");
-  Outcome o = Drive(*acquire, {kVersion18, Q("create_lock", Ok())}, &clock);
-  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  auto store = HoldingA(&clock);
   auto release = store->ReleaseLock("a", kLockId);
-  o = Drive(*release, {Q("inspect_lock", Mine()), Q("drop_lock", Refused()), W(100), Q("drop_lock", Ok())}, &clock);
+  Outcome o = Drive(*release, {Q("inspect_lock", Mine()), Q("drop_lock", Refused()), W(100), Q("drop_lock", Ok())}, &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 }
 
