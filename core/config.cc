@@ -290,9 +290,11 @@ class Layers {
     const std::string meltano = absl::StrCat(kMeltanoEnvPrefix, upper);
     if (const std::string* v = NonEmpty(sources_.env, meltano)) return Found{*v, meltano};
     if (const std::string* v = NonEmpty(env_uri_, key)) return Found{*v, std::string(kUriEnv)};
-    // The generic client variables exist only for connection settings; a
-    // CLICKHOUSE_TABLE meant for another tool must not move our state.
-    static constexpr absl::string_view kGeneric[] = {"host", "port", "user", "password", "database", "secure"};
+    // The generic variables of the settings table chstate was designed from
+    // (the connection, and where the state lives). The lowest level: any
+    // Meltano-scoped variable or URI part wins over them.
+    static constexpr absl::string_view kGeneric[] = {"host",   "port",   "user", "password",
+                                                     "database", "secure", "schema", "table"};
     if (std::find(std::begin(kGeneric), std::end(kGeneric), key) != std::end(kGeneric)) {
       const std::string generic = absl::StrCat("CLICKHOUSE_", upper);
       if (const std::string* v = NonEmpty(sources_.env, generic)) return Found{*v, generic};

@@ -15,8 +15,8 @@
 //   2. the component of the --uri flag (flags["uri"])
 //   3. MELTANO_STATE_BACKEND_CLICKHOUSE_<KEY> (what Meltano's granular settings map to)
 //   4. the component of MELTANO_STATE_BACKEND_URI
-//   5. CLICKHOUSE_<KEY> (HOST, PORT, USER, PASSWORD, DATABASE, SECURE), the
-//      generic ClickHouse client variables
+//   5. CLICKHOUSE_<KEY> (HOST, PORT, USER, PASSWORD, DATABASE, SECURE, SCHEMA,
+//      TABLE), the generic variables
 //   6. defaults: host localhost, port 8123 (8443 when secure), secure false,
 //      schema "meltano", table "state". user and database have no default.
 #ifndef CHSTATE_CORE_CONFIG_H_

@@ -530,6 +530,21 @@ def test_settings_from_flags_only(cli):
     assert cli.list() == []  # the default table is another table
 
 
+def test_generic_schema_and_table_variables_are_the_lowest_level(cli):
+    # CLICKHOUSE_TABLE moves where state lives (the settings table's generic level)...
+    env = cli.env(CLICKHOUSE_TABLE="generic_state")
+    cli.run("set", "generic", json.dumps(STATE_A), env=env)
+    assert cli.run("get", "generic", env=env).json() == STATE_A
+    assert "table=generic_state" in cli.run("ping", "--json", env=env).json()["uri"]
+    assert cli.list() == []  # not in the default table
+    # ...and CLICKHOUSE_SCHEMA too, below the Meltano-scoped variable.
+    env = cli.env(CLICKHOUSE_SCHEMA="elsewhere", CLICKHOUSE_TABLE="generic_state")
+    assert cli.run("get", "generic", env=env).json() == STATE_A  # MELTANO_..._SCHEMA (the test's) wins
+    env = cli.env(MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA=None, CLICKHOUSE_SCHEMA=cli.schema,
+                  CLICKHOUSE_TABLE="generic_state")
+    assert cli.run("get", "generic", env=env).json() == STATE_A
+
+
 def test_password_in_uri_environment_is_never_shown(cli):
     password = cli.server.password or "unused"
     uri = f"clickhouse://{cli.server.user}:{password}@{cli.server.host}:{cli.server.port}/default"

@@ -178,6 +178,23 @@ describe("configuration", function()
     over:close()
   end)
 
+  it("reads CLICKHOUSE_SCHEMA and CLICKHOUSE_TABLE below everything else", function()
+    local env = {
+      MELTANO_STATE_BACKEND_URI = ("clickhouse://%s@%s:%s/default"):format(T.user, T.host, T.port),
+      MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD = T.password,
+      CLICKHOUSE_SCHEMA = "lua_generic_schema",
+      CLICKHOUSE_TABLE = "lua_generic_table",
+    }
+    local s = chstate.open{env = env}
+    assert.matches("schema=lua_generic_schema", tostring(s))
+    assert.matches("table=lua_generic_table", tostring(s))
+    s:close()
+    local over = chstate.open{table = "lua_flag_table", env = env}
+    assert.matches("table=lua_flag_table", tostring(over))
+    assert.matches("schema=lua_generic_schema", tostring(over))
+    over:close()
+  end)
+
   it("takes a URI with the password in it and never shows the password", function()
     local uri = ("clickhouse://%s:%s@%s:%s/default?schema=lua_uri"):format(T.user, T.password, T.host, T.port)
     local s = chstate.open{uri = uri, env = false}
