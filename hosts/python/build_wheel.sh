@@ -61,7 +61,7 @@ fi
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 mkdir "$stage/src" "$stage/raw" "$stage/wheelhouse"
-cp -r "$here/pyproject.toml" "$here/README.md" "$here/chstate_meltano" "$stage/src/"
+cp -r "$here/pyproject.toml" "$here/README.md" "$here/build_backend" "$here/chstate_meltano" "$stage/src/"
 find "$stage/src" -name __pycache__ -prune -exec rm -rf {} +
 install -m 0755 "$lib" "$stage/src/chstate_meltano/libchstate.so"
 cat > "$stage/src/setup.cfg" <<CFG

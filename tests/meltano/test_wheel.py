@@ -169,3 +169,23 @@ def test_meltano_from_uv_and_pip_installs_keeps_state_in_clickhouse(tmp_path, wh
     assert json.loads(by_uv.run("state", "get", JOB).stdout) == done
     partial, completed = rows(clickhouse, schema)[JOB]
     assert partial is None and json.loads(completed) == done
+
+
+def test_source_install_leaves_the_tree_clean(tmp_path, tools):
+    """`pip install hosts/python` builds in the source folder; the package's
+    build backend (build_backend/chstate_build.py) works in a scratch copy,
+    so no build/, *.egg-info or __pycache__ is left behind."""
+    src = tmp_path / "python"
+    shutil.copytree(harness.ADAPTER_SRC, src, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    before = sorted(str(p.relative_to(src)) for p in src.rglob("*"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = tools_env(tools)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as on a user's machine
+    run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", src], env, cwd=tmp_path)
+    after = sorted(str(p.relative_to(src)) for p in src.rglob("*"))
+    assert after == before, f"left in the tree: {sorted(set(after) - set(before))}"
+    shown = run([venv / "bin" / "python", "-c",
+                 "import importlib.metadata as m; print(sorted(e.name for e in m.entry_points("
+                 "group='meltano.state_backends') if e.value.startswith('chstate_meltano')))"], env, cwd=tmp_path)
+    assert shown.stdout.split() == ["['chdb',", "'clickhouse']"]
