@@ -18,9 +18,10 @@ from setuptools import build_meta as _setuptools
 # holds nothing else); a source install must leave the tree as it found it.
 shutil.rmtree(os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__"), ignore_errors=True)
 
-get_requires_for_build_editable = _setuptools.get_requires_for_build_editable
-prepare_metadata_for_build_editable = _setuptools.prepare_metadata_for_build_editable
-build_editable = _setuptools.build_editable
+# Editable installs (setuptools 64 and later), in place.
+for _hook in ("get_requires_for_build_editable", "prepare_metadata_for_build_editable", "build_editable"):
+    if hasattr(_setuptools, _hook):
+        globals()[_hook] = getattr(_setuptools, _hook)
 
 
 @contextlib.contextmanager
