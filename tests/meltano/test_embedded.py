@@ -56,6 +56,22 @@ def test_state_commands(embedded):
     assert (p.data / "metadata").is_dir()  # the data lives where the URI says
 
 
+def test_chdb_settings_choose_the_table(embedded):
+    """state_backend.chdb.schema and .table (Meltano passes the namespace of
+    the URI's scheme), from meltano.yml's environment variables."""
+    p = embedded
+    env = p.env(MELTANO_STATE_BACKEND_CHDB_SCHEMA="embedded_schema", MELTANO_STATE_BACKEND_CHDB_TABLE="embedded_t")
+    p.run("state", "set", "--force", A, json.dumps(S1), env=env)
+    assert json.loads(p.run("state", "get", A, env=env).stdout) == S1
+    assert p.run("state", "list").stdout.splitlines() == []  # not in meltano.state
+    out = p.python(f"""
+from chdb import session
+s = session.Session({str(p.data)!r})
+print(s.query("SELECT state_id FROM embedded_schema.embedded_t FINAL", "TSV").bytes().decode())
+""")
+    assert out.stdout.split() == [A]
+
+
 def test_run_picks_up_state(embedded):
     p = embedded
     first = p.run("run", "tap-counter", "target-echo")

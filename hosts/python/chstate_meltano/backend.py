@@ -264,7 +264,8 @@ class ClickhouseStateStoreManager(ChstateStateStoreManager):
 
 class ChdbStateStoreManager(ChstateStateStoreManager):
     """`chdb:///absolute/dir` state backend: embedded ClickHouse in Meltano's
-    process. Optional query keys: ?schema=...&table=...
+    process. Optional query keys: ?schema=...&table=...; the settings
+    state_backend.chdb.schema and .table win over them.
     (`chdb:///${MELTANO_PROJECT_ROOT}/.meltano/chstate` keeps it in the project.)"""
 
     def __init__(self, uri: str, *, schema: t.Any = None, table: t.Any = None, **kwargs: t.Any) -> None:

@@ -46,3 +46,13 @@ CLICKHOUSE_ZOOKEEPER_PATH = _setting("zookeeper_path", "ClickHouse ZooKeeper Pat
                                      "chstate only", SettingKind.STRING)
 CLICKHOUSE_REPLICA = _setting("replica", "ClickHouse Replica", "Cluster mode: replica name of the replicated "
                               "tables (default {replica}); chstate only", SettingKind.STRING)
+
+# The chdb:// backend's settings (state_backend.chdb.<key>; Meltano passes the
+# namespace of the URI's scheme). They win over the URI's ?schema=&table=.
+CHDB_SCHEMA = SettingDefinition(name="state_backend.chdb.schema", label="chDB Database/Schema",
+                                description="Database of the embedded state table (default: meltano; the chdb:// "
+                                "URI's ?schema= is used when this is not set)", kind=SettingKind.STRING,
+                                env_specific=True)
+CHDB_TABLE = SettingDefinition(name="state_backend.chdb.table", label="chDB Table",
+                               description="Embedded state table (default: state; the chdb:// URI's ?table= is used "
+                               "when this is not set)", kind=SettingKind.STRING, env_specific=True)
