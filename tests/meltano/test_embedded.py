@@ -72,6 +72,29 @@ print(s.query("SELECT state_id FROM embedded_schema.embedded_t FINAL", "TSV").by
     assert out.stdout.split() == [A]
 
 
+def test_another_package_registering_the_scheme_is_named(embedded, tmp_path):
+    """With a second package registering clickhouse:// (as the Python
+    ClickHouse backend does), Meltano picks one arbitrarily; chstate says
+    which one is in use and how to remove the other."""
+    site = tmp_path / "other-site"
+    info = site / "meltano_state_backend_clickhouse-0.0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: meltano-state-backend-clickhouse\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text("[meltano.state_backends]\nclickhouse = other_clickhouse:Manager\n")
+    (site / "other_clickhouse.py").write_text("class Manager:\n    pass\n")
+    p = embedded
+    # PYTHONPATH comes before site-packages: the other package is found first.
+    out = p.run("state", "list", env=p.env(PYTHONPATH=str(site)))
+    text = out.stdout + out.stderr
+    assert "two installed packages register the clickhouse:// state backend" in text, text[-3000:]
+    assert "chstate-meltano, meltano-state-backend-clickhouse" in text
+    assert "here meltano-state-backend-clickhouse" in text
+    assert "pip uninstall chstate-meltano" in text
+    # Without it, nothing is said.
+    clean = p.run("state", "list")
+    assert "register the" not in clean.stdout + clean.stderr
+
+
 def test_run_picks_up_state(embedded):
     p = embedded
     first = p.run("run", "tap-counter", "target-echo")

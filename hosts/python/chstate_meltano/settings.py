@@ -16,6 +16,12 @@ from __future__ import annotations
 
 from meltano.core.setting_definition import SettingDefinition, SettingKind
 
+from ._conflicts import warn_once
+
+# Meltano loads these settings whichever package it then picks for the
+# scheme: the one place to say that two packages register it.
+warn_once()
+
 
 def _setting(key: str, label: str, description: str, kind: SettingKind, **extra) -> SettingDefinition:
     return SettingDefinition(name=f"state_backend.clickhouse.{key}", label=label, description=description,
