@@ -24,6 +24,11 @@ inline constexpr int64_t kDefaultLockTimeoutMs = 10000;
 inline constexpr int64_t kDefaultLockRetryMs = 1000;
 // A lock whose holder has not renewed it for this long is taken over.
 inline constexpr int64_t kDefaultStaleLockMs = 300000;
+// The shortest stale window (lock validity) a store accepts. The lease keeps
+// a tenth of the window, at least 100 ms, as margin for a request in flight;
+// the simulation proves exclusion from 1 s up with delays below that margin
+// (tests/sim "odd-stale"), and nothing below.
+inline constexpr int64_t kMinStaleLockMs = 1000;
 // A 18.x ALTER ... DELETE may take this long to finish its mutation.
 inline constexpr int64_t kDefaultMutationTimeoutMs = 60000;
 // Cluster mode: how long a quorum write waits for the other replicas (code

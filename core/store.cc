@@ -495,6 +495,13 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
         "lock settings must be positive (timeout may be 0 to try once): check the lock timeout, retry and "
         "stale-lock settings");
   }
+  if (options.lock.stale_ms < kMinStaleLockMs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the stale-lock window (how long a lock stays valid without renewal) is ", options.lock.stale_ms,
+        " ms; it must be at least ", kMinStaleLockMs / 1000,
+        " s: the holder keeps a tenth of it as margin for requests still in flight. Raise the stale-lock setting "
+        "(Meltano: state_backend.lock_timeout_seconds)"));
+  }
   return std::unique_ptr<Store>(new Store(std::move(options)));
 }
 

@@ -22,6 +22,7 @@ using ::chstate::testing::Lost;
 using ::chstate::testing::Ok;
 using ::chstate::testing::Refused;
 using ::chstate::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -94,6 +95,16 @@ SqlResponse Mine() { return Held(kLockId, 100, 100); }
 
 const Exchange kVersion18 = Q("select_version", Ok("18.16.1\t1\n"));
 const Exchange kVersionModern = Q("select_version", Ok("26.9.2.1\t1\n"));
+
+TEST(Store, RefusesAStaleWindowBelowTheFloor) {
+  StoreOptions o;
+  o.lock.stale_ms = kMinStaleLockMs - 1;
+  EXPECT_THAT(Store::Create(o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("999 ms"), HasSubstr("at least 1 s"), HasSubstr("lock_timeout_seconds"))));
+  o.lock.stale_ms = kMinStaleLockMs;
+  EXPECT_THAT(Store::Create(o), IsOk());
+}
 
 TEST(Store, GetReadsStateAndRemembersTheDialect) {
   auto store = MakeStore();

@@ -470,9 +470,11 @@ function M.open(opts)
   end
   local native = {
     native = opts.transport == nil,
-    lock_timeout_ms = seconds(opts, env, "lock_timeout", "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS", true),
+    -- Meltano's lock_timeout_seconds is the lock's validity (stale_lock);
+    -- the wait (lock_timeout) is state_backend.clickhouse.lock_wait_seconds.
+    lock_timeout_ms = seconds(opts, env, "lock_timeout", "MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS", true),
     lock_retry_ms = seconds(opts, env, "lock_retry", "MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS", false),
-    stale_ms = seconds(opts, env, "stale_lock", nil, false),
+    stale_ms = seconds(opts, env, "stale_lock", "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS", false),
     connect_timeout_ms = seconds(opts, env, "connect_timeout", nil, false),
     timeout_ms = seconds(opts, env, "timeout", nil, false),
   }

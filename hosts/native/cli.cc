@@ -37,8 +37,12 @@ using json = nlohmann::json;
 using Env = std::map<std::string, std::string>;
 
 constexpr char kVersion[] = "0.1.0";
-constexpr char kLockTimeoutEnv[] = "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS";
+// Meltano's lock settings mean what Meltano says: lock_timeout_seconds is how
+// long a lock stays valid (the stale window); the wait is chstate's own
+// state_backend.clickhouse.lock_wait_seconds.
+constexpr char kLockWaitEnv[] = "MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS";
 constexpr char kLockRetryEnv[] = "MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS";
+constexpr char kLockValidityEnv[] = "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS";
 
 // ---------------------------------------------------------------------------
 // Tables: every option and command, with the text `--help` prints.
@@ -77,11 +81,14 @@ constexpr OptionSpec kOptions[] = {
      "(default /clickhouse/tables/{shard})"},
     {"replica", 0, "NAME", kConnection, "cluster mode: replica name (default {replica})"},
     {"lock-timeout", 0, "SECONDS", kLocking,
-     "give up on a state id's lock after this long (MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS)",
+     "give up on a state id's lock after this long (MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS)",
      kDefaultLockTimeoutMs},
     {"lock-retry", 0, "SECONDS", kLocking, "wait between lock attempts (MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS)",
      kDefaultLockRetryMs},
-    {"stale-lock", 0, "SECONDS", kLocking, "take over a lock held longer than this", kDefaultStaleLockMs},
+    {"stale-lock", 0, "SECONDS", kLocking,
+     "a lock stays valid this long without renewal; older, it is taken over (at least 1; "
+     "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS, Meltano's lock validity)",
+     kDefaultStaleLockMs},
     {"connect-timeout", 0, "SECONDS", kLocking, "connect timeout", kDefaultConnectTimeoutMs},
     {"timeout", 0, "SECONDS", kLocking,
      "timeout for each request; for `lock`, also how long to wait for the lock",
@@ -450,9 +457,9 @@ absl::Status Connect(Session& s) {
     int64_t* target;
   };
   const Duration durations[] = {
-      {"lock-timeout", kLockTimeoutEnv, kDefaultLockTimeoutMs / 1000.0, /*zero_ok=*/true, &options.lock.timeout_ms},
+      {"lock-timeout", kLockWaitEnv, kDefaultLockTimeoutMs / 1000.0, /*zero_ok=*/true, &options.lock.timeout_ms},
       {"lock-retry", kLockRetryEnv, kDefaultLockRetryMs / 1000.0, false, &options.lock.retry_ms},
-      {"stale-lock", nullptr, kDefaultStaleLockMs / 1000.0, false, &options.lock.stale_ms},
+      {"stale-lock", kLockValidityEnv, kDefaultStaleLockMs / 1000.0, false, &options.lock.stale_ms},
       {"connect-timeout", nullptr, kDefaultConnectTimeoutMs / 1000.0, false, &exec_options.connect_timeout_ms},
       {"timeout", nullptr, kDefaultRequestTimeoutMs / 1000.0, false, &request_timeout_ms},
   };

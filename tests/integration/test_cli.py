@@ -460,12 +460,30 @@ def hold_lock(cli, state_id: str, stale_seconds: int = 300) -> None:
             f"toUInt32({stale_seconds}) AS stale_s")
 
 
+def test_meltano_lock_timeout_is_the_validity(cli):
+    # MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS means what Meltano says: how
+    # long a lock stays valid (--stale-lock), with a floor of 1 s.
+    env = cli.env(MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS="0.5")
+    r = cli.run("get", "x", env=env, expect=2)
+    assert "at least 1 s" in r.err and "lock_timeout_seconds" in r.err
+    cli.set("valid", STATE_A)
+    hold_lock(cli, "valid", stale_seconds=1)
+    env = cli.env(MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS="1",
+                  MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS="10",
+                  MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS="0.2")
+    started = time.monotonic()
+    cli.run("set", "valid", json.dumps(STATE_B), env=env)  # the 1 s lock is taken over, not waited out for 10 s
+    assert time.monotonic() - started < 8
+    assert cli.get("valid") == STATE_B
+
+
 def test_held_lock_exits_4(cli):
     cli.set("busy", STATE_A)
     hold_lock(cli, "busy")
     r = cli.run("set", "busy", json.dumps(STATE_B), "--lock-timeout", "0.3", "--lock-retry", "0.1", expect=4)
     assert "locked" in r.err
-    env = cli.env(MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS="0.2", MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS="0.1")
+    env = cli.env(MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS="0.2",
+                  MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS="0.1")
     error = cli.run("merge", "busy", json.dumps(STATE_B), "--json", env=env, expect=4).json()["error"]
     assert error["exit_code"] == 4 and error["code"] == "ABORTED"
     cli.run("clear", "busy", "--lock-timeout", "0", expect=4)

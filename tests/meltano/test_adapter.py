@@ -115,7 +115,9 @@ def test_get_set_delete_contract(project):
 
 def test_lock_times_out_with_state_id_locked_error_and_is_released_on_errors(project):
     lines = run(project, """
-        holder, contender = make(), make(lock_timeout_seconds=1.5, lock_retry_seconds=0.5)
+        # lock_timeout_seconds is the lock's validity (Meltano's meaning); the
+        # wait is lock_wait_seconds.
+        holder, contender = make(), make(lock_wait_seconds=1.5, lock_retry_seconds=0.5)
         with holder.acquire_lock("dev:l", retry_seconds=1):
             t0 = time.monotonic()
             try:
@@ -146,13 +148,13 @@ def test_lock_times_out_with_state_id_locked_error_and_is_released_on_errors(pro
 
 
 def test_long_hold_is_renewed_and_not_taken_over(project):
-    # A 4 s stale window: held 6 s with operations in between, the lock is
+    # A 4 s validity (lock_timeout_seconds): held 6 s with operations in between, the lock is
     # renewed (every stale/3) and a contender must still give up. The sleeps
     # are time that must pass (by design): past the window, only renewal
     # keeps the lock; without it the contender would print "taken over".
     lines = run(project, """
-        holder, contender = make(), make(lock_timeout_seconds=1, lock_retry_seconds=0.25)
-        holder.stale_lock_seconds = contender.stale_lock_seconds = 4
+        holder = make(lock_timeout_seconds=4)
+        contender = make(lock_timeout_seconds=4, lock_wait_seconds=1, lock_retry_seconds=0.25)
         with holder.acquire_lock("dev:long", retry_seconds=1):
             for _ in range(4):
                 time.sleep(1.5)
@@ -166,3 +168,16 @@ def test_long_hold_is_renewed_and_not_taken_over(project):
         print(">", json.dumps(contender.get("dev:long").completed_state))
     """)
     assert lines == ["still held", json.dumps({"singer_state": {"ok": True}})]
+
+
+def test_lock_validity_has_a_floor_named_at_construction(project):
+    lines = run(project, """
+        try:
+            make(lock_timeout_seconds=0.5)
+        except ChstateSettingsError as e:
+            print(">", e)
+        m = make(lock_timeout_seconds=1, lock_wait_seconds=0)
+        print(">", "ok")
+    """)
+    assert "500 ms" in lines[0] and "at least 1 s" in lines[0] and "lock_timeout_seconds" in lines[0], lines
+    assert lines[1] == "ok"

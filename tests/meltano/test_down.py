@@ -76,8 +76,9 @@ def test_server_dies_mid_run_and_the_next_run_resumes(tmp_path, venv, library, o
     folder, servers = own_server
     server = servers[0]
     p = make_project(tmp_path, venv, library, server)
-    # A short lock timeout: with the server gone, each update gives up after it.
-    env = p.env(TAP_COUNTER_TOTAL="40", TAP_COUNTER_SLEEP_MS="250", MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS="2")
+    # A short lock wait: with the server gone, each update gives up after it.
+    env = p.env(TAP_COUNTER_TOTAL="40", TAP_COUNTER_SLEEP_MS="250",
+                MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS="2")
     proc = subprocess.Popen([str(p.meltano), "run", "tap-counter", "target-echo"], cwd=p.root, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

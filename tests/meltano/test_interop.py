@@ -4,7 +4,9 @@ other reads, and each waits for (or gives up on) the other's lock."""
 from __future__ import annotations
 
 import json
+import os
 import select
+import signal
 import subprocess
 import time
 
@@ -86,7 +88,7 @@ def test_meltano_gives_up_on_a_lock_chstate_holds(project, chstate_bin, tmp_path
         wait_for_line(holder, "held")
         started = time.monotonic()
         out = p.run("state", "merge", A, json.dumps(S2),
-                    env=p.env(MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS="1"), expect=1)
+                    env=p.env(MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS="1"), expect=1)
         assert time.monotonic() - started < 30
         assert "is locked by another process" in out.stderr, out.stderr[-4000:]
         # The lock was held all the while Meltano tried.
@@ -99,6 +101,38 @@ def test_meltano_gives_up_on_a_lock_chstate_holds(project, chstate_bin, tmp_path
     # Released: the merge goes through now.
     p.run("state", "merge", A, json.dumps(S2))
     assert json.loads(chstate(p, chstate_bin, "get", A, "--json").stdout)["partial"] == S2
+
+
+def test_a_killed_holder_blocks_meltano_for_the_lock_validity_and_no_longer(project, chstate_bin):
+    """lock_timeout_seconds is the lock's validity, as Meltano defines it: a
+    holder killed with SIGKILL (no release, no renewal) blocks the id until
+    its lock is that old, never longer (the default wait covers it) and
+    never less (a short wait gives up before)."""
+    p = project
+    p.run("state", "set", "--force", A, json.dumps(S1))
+    env = dict(p.base_env, MELTANO_STATE_BACKEND_URI=p.server.uri())
+    holder = subprocess.Popen([str(chstate_bin), "--stale-lock", "10", "lock", A, "--", "sh", "-c",
+                               "echo held; sleep 120"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        wait_for_line(holder, "held")
+        held = time.monotonic()
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # chstate and its command: nothing releases or renews
+        holder.communicate(timeout=60)
+    validity = p.env(MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS="10")
+    # Within the validity, a short wait gives up: the dead holder's lock still counts.
+    short = dict(validity, MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS="1")
+    out = p.run("state", "merge", A, json.dumps(S2), env=short, expect=1)
+    assert "is locked by another process" in out.stderr, out.stderr[-4000:]
+    assert time.monotonic() - held < 10, "too slow to show anything: the window had passed"
+    # The default wait (twice the validity plus a retry) outlasts it: the merge
+    # goes through once the lock is 10 s old, not before.
+    p.run("state", "merge", A, json.dumps(S2), env=validity)
+    elapsed = time.monotonic() - held
+    assert 10 <= elapsed < 30, elapsed
+    assert json.loads(p.run("state", "get", A).stdout) == {
+        "singer_state": {"bookmarks": {**S1["singer_state"]["bookmarks"], **S2["singer_state"]["bookmarks"]}}}
 
 
 def test_meltano_waits_for_a_short_chstate_lock(project, chstate_bin, tmp_path):

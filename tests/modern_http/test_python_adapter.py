@@ -123,7 +123,7 @@ from chstate_meltano.backend import ClickhouseStateStoreManager
 
 def make():
     return ClickhouseStateStoreManager(uri=os.environ["T_URI"], password=os.environ["T_PASSWORD"],
-                                       schema=os.environ["T_SCHEMA"], lock_timeout_seconds=0.5,
+                                       schema=os.environ["T_SCHEMA"], lock_wait_seconds=0.5,
                                        lock_retry_seconds=0.1, host=None, port=None, database=None, user=None,
                                        secure=None, table=None)
 

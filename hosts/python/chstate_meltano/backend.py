@@ -89,20 +89,44 @@ def _meltano_names(message: str) -> str:
 class ChstateStateStoreManager(StateStoreManager):
     """What both backends share: every StateStoreManager method as a core op."""
 
+    _namespace = "clickhouse"  # of this backend's settings: state_backend.<namespace>.<key>
+
     def __init__(self, uri: str, *, lock_timeout_seconds: t.Any = None, lock_retry_seconds: t.Any = None,
-                 **kwargs: t.Any) -> None:
+                 lock_wait_seconds: t.Any = None, **kwargs: t.Any) -> None:
         super().__init__()
         self.uri = uri
-        # Meltano's settings; not given, the core's defaults apply.
-        self._lock_options = {k: v for k, v in (
-            ("lock_timeout_ms", _millis(lock_timeout_seconds, "state_backend.lock_timeout_seconds")),
-            ("lock_retry_ms", _millis(lock_retry_seconds, "state_backend.lock_retry_seconds"))) if v is not None}
+        self._lock_options = self._lock_settings(lock_timeout_seconds, lock_retry_seconds, lock_wait_seconds)
         self._store: _native.Store | None = None
         self._transport: t.Any = None
         try:
             _native.library()  # fail early, and without I/O, when the library is missing
         except ChstateError as e:
             raise ChstateStateBackendError("loading the native library", e) from None
+
+    def _lock_settings(self, timeout: t.Any, retry: t.Any, wait: t.Any) -> dict:
+        """Meltano's lock settings as the core's store options.
+
+        state_backend.lock_timeout_seconds is, in Meltano's words, how long a
+        lock "should be considered valid": the stale window. A holder renews
+        it every third of that while it holds; a holder that died is taken
+        over once its lock is that old. Waiting is bounded by
+        state_backend.<scheme>.lock_wait_seconds, by default twice the window
+        plus one retry: long enough to take over a dead holder's lock. Not
+        given (outside Meltano), the core's defaults apply."""
+        validity = _millis(timeout, "state_backend.lock_timeout_seconds")
+        retry_ms = _millis(retry, "state_backend.lock_retry_seconds")
+        wait_ms = _millis(wait, f"state_backend.{self._namespace}.lock_wait_seconds")
+        if wait_ms is None and validity is not None:
+            wait_ms = 2 * validity + (retry_ms if retry_ms is not None else 1000)
+        options = {k: v for k, v in (("stale_lock_ms", validity), ("lock_retry_ms", retry_ms),
+                                     ("lock_timeout_ms", wait_ms)) if v is not None}
+        # The core checks them (a window below its floor, for one) without I/O:
+        # say so now, at construction, not at the first STATE message.
+        try:
+            _native.Store(options, transport=lambda r: {}).close()
+        except ChstateError as e:
+            raise ChstateSettingsError("reading the lock settings", e) from None
+        return options
 
     # -- what subclasses provide --
     _cluster_options: dict = {}  # cluster mode's store options, when a cluster is named
@@ -193,10 +217,11 @@ class ChstateStateStoreManager(StateStoreManager):
 
     @contextmanager
     def acquire_lock(self, state_id: str, *, retry_seconds: float = 1) -> Generator[None, None, None]:
-        """The per-state-id lock. Waits lock_retry_seconds between attempts
-        (the setting; Meltano's update() always passes retry_seconds=1, which is
-        only used when the setting is absent) and raises StateIDLockedError
-        after lock_timeout_seconds. Released on every exit path."""
+        """The per-state-id lock, valid for lock_timeout_seconds and renewed
+        while held. Waits lock_retry_seconds between attempts (the setting;
+        Meltano's update() always passes retry_seconds=1) and raises
+        StateIDLockedError after lock_wait_seconds. Released on every exit
+        path."""
         del retry_seconds  # the constructor's lock_retry_seconds is the user's setting
         sid = id_hex(state_id)
         try:
@@ -267,6 +292,8 @@ class ChdbStateStoreManager(ChstateStateStoreManager):
     process. Optional query keys: ?schema=...&table=...; the settings
     state_backend.chdb.schema and .table win over them.
     (`chdb:///${MELTANO_PROJECT_ROOT}/.meltano/chstate` keeps it in the project.)"""
+
+    _namespace = "chdb"
 
     def __init__(self, uri: str, *, schema: t.Any = None, table: t.Any = None, **kwargs: t.Any) -> None:
         super().__init__(uri, **kwargs)

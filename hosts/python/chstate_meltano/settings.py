@@ -62,3 +62,11 @@ CHDB_SCHEMA = SettingDefinition(name="state_backend.chdb.schema", label="chDB Da
 CHDB_TABLE = SettingDefinition(name="state_backend.chdb.table", label="chDB Table",
                                description="Embedded state table (default: state; the chdb:// URI's ?table= is used "
                                "when this is not set)", kind=SettingKind.STRING, env_specific=True)
+
+# The lock's wait, per backend (state_backend.lock_timeout_seconds is the
+# lock's validity, as Meltano defines it; see backend.py).
+_WAIT = ("How long an update waits for a state id's lock held by another process before it fails (default: twice "
+         "state_backend.lock_timeout_seconds plus one retry, long enough to take over a dead holder's lock)")
+CLICKHOUSE_LOCK_WAIT_SECONDS = _setting("lock_wait_seconds", "Lock Wait (seconds)", _WAIT, SettingKind.INTEGER)
+CHDB_LOCK_WAIT_SECONDS = SettingDefinition(name="state_backend.chdb.lock_wait_seconds", label="Lock Wait (seconds)",
+                                           description=_WAIT, kind=SettingKind.INTEGER, env_specific=True)
