@@ -999,6 +999,21 @@ std::vector<SimConfig> Configs() {
     c.long_hold_prob = 0.3;
     out.push_back(c);
   }
+  {  // The floor of the stale window (kMinStaleLockMs, 1 s: Meltano's
+     // lock_timeout_seconds at its smallest): renewals every 333 ms, a 100 ms
+     // margin, long holds, lost answers and crashes, delays below the margin.
+    SimConfig c = base;
+    c.name = "floor";
+    c.options.stale_ms = 1000;
+    c.options.retry_ms = 300;
+    c.retry_min_ms = 50;
+    c.max_delay_ms = 90;  // D_max < 100 ms, the margin at 1 s
+    c.lost_prob = 0.03;
+    c.crash_prob = 0.2;
+    c.long_hold_prob = 0.4;
+    c.write_every_max_ms = 40;
+    out.push_back(c);
+  }
   {  // Holds as a store task makes them: no renewals while the task runs,
      // writes checked against the lease, so long holds run their lease out
      // while writing and the lock is taken over. Delays up to 400 ms.
@@ -1036,7 +1051,7 @@ std::vector<SimConfig> Configs() {
   {
     const std::vector<std::string> through_store = {"no-faults", "delays-and-losses", "visibility-renewals",
                                                     "crashes",   "cancels",           "clock-offsets",
-                                                    "long-holds", "everything"};
+                                                    "long-holds", "everything",       "floor"};
     const size_t machine_configs = out.size();
     for (size_t i = 0; i < machine_configs; ++i) {
       for (const std::string& name : through_store) {

@@ -211,7 +211,8 @@ ScheduleResult RunSchedule(const SimConfig& config, uint64_t seed, const RunOpti
 // The configurations the test runs, by name: "no-faults",
 // "delays-and-losses", "visibility", "visibility-renewals", "cancels",
 // "crashes", "clock-offsets", "long-holds", "many-contenders",
-// "mixed-settings", "odd-stale", "everything", "store-holds",
+// "mixed-settings", "odd-stale", "floor", "everything", "store-holds", the
+// same through whole stores ("store/NAME"),
 // "extreme-visibility" (beyond
 // realistic bounds; not in the test); the negative controls "naive-rmt",
 // "ignore-lease", "zero-margin", "renewal-accepts-any-holder" and

@@ -41,6 +41,8 @@ constexpr Budget kBudgets[] = {
     {"store/no-faults", 3000}, {"store/delays-and-losses", 4000}, {"store/visibility-renewals", 1500},
     {"store/crashes", 4000},   {"store/cancels", 3000},           {"store/clock-offsets", 4000},
     {"store/long-holds", 3000}, {"store/everything", 2000},
+    // The stale window at its floor (1 s), alone and through a store.
+    {"floor", 5000}, {"store/floor", 3000},
 };
 
 void PrintTo(const Budget& b, std::ostream* os) { *os << b.config << " x" << b.schedules; }
