@@ -181,3 +181,16 @@ def test_lock_validity_has_a_floor_named_at_construction(project):
     """)
     assert "500 ms" in lines[0] and "at least 1 s" in lines[0] and "lock_timeout_seconds" in lines[0], lines
     assert lines[1] == "ok"
+
+
+def test_a_missing_library_is_named_before_any_setting_is_checked(project):
+    env = project.env(T_URI=project.server.uri(), T_PASSWORD="", T_SCHEMA=project.schema,
+                      CHSTATE_LIBRARY="/nonexistent/libchstate.so")
+    out = project.python(PRELUDE + textwrap.dedent("""
+        try:
+            make(lock_timeout_seconds=5)
+        except ChstateStateBackendError as e:
+            print(">", type(e).__name__, e)
+    """), env=env)
+    lines = [line[1:].strip() for line in out.stdout.splitlines() if line.startswith(">")]
+    assert lines and lines[0].startswith("ChstateStateBackendError") and "native library" in lines[0], lines

@@ -95,13 +95,13 @@ class ChstateStateStoreManager(StateStoreManager):
                  lock_wait_seconds: t.Any = None, **kwargs: t.Any) -> None:
         super().__init__()
         self.uri = uri
-        self._lock_options = self._lock_settings(lock_timeout_seconds, lock_retry_seconds, lock_wait_seconds)
         self._store: _native.Store | None = None
         self._transport: t.Any = None
         try:
             _native.library()  # fail early, and without I/O, when the library is missing
         except ChstateError as e:
             raise ChstateStateBackendError("loading the native library", e) from None
+        self._lock_options = self._lock_settings(lock_timeout_seconds, lock_retry_seconds, lock_wait_seconds)
 
     def _lock_settings(self, timeout: t.Any, retry: t.Any, wait: t.Any) -> dict:
         """Meltano's lock settings as the core's store options.
