@@ -427,8 +427,7 @@ class StoreSteps {
   // stands as last confirmed, and the lock is renewed again when due.
   void SettleAbandonedRenewals() {
     for (auto& [id, held] : s_->held_) {
-      LockState st = held.machine->state();
-      if (st != LockState::kRenewing && st != LockState::kConfirming) continue;
+      if (!held.AbandonedRenewal()) continue;
       SqlResponse never;
       never.transport_ok = false;
       never.maybe_delivered = true;

@@ -169,8 +169,8 @@ std::optional<OpEvent> Pump(Connection& conn, HttpExecutor& exec, uint64_t op) {
       (void)conn.HandleResponse(t->op, answer, Now());  // refused only for an op no one waits for
     }
     if (std::optional<OpEvent> e = conn.PollEvent()) return e;
-    if (op == 0 || !conn.PollTimeout()) return std::nullopt;  // only what was due, or nothing left to do
     std::optional<int64_t> at = conn.PollTimeout();
+    if (op == 0 || !at) return std::nullopt;  // only what was due, or nothing left to do
     int64_t ms = *at - MonotonicMs();
     if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     conn.HandleTimeout(Now());

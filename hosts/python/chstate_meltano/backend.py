@@ -74,6 +74,16 @@ def _millis(value: t.Any, name: str) -> int | None:
     return int(seconds * 1000)
 
 
+def _check_store_options(options: dict, what: str) -> None:
+    """Has the core check store options (names, lock settings) without I/O,
+    so that a bad setting fails when the backend is made, not at the first
+    STATE message."""
+    try:
+        _native.Store(options, transport=lambda r: {}).close()
+    except ChstateError as e:
+        raise ChstateSettingsError(what, e) from None
+
+
 def _meltano_names(message: str) -> str:
     """The core names setting sources as chstate's command line does; the
     adapter passes Meltano's settings in that slot, so say their names."""
@@ -120,12 +130,7 @@ class ChstateStateStoreManager(StateStoreManager):
             wait_ms = 2 * validity + (retry_ms if retry_ms is not None else 1000)
         options = {k: v for k, v in (("stale_lock_ms", validity), ("lock_retry_ms", retry_ms),
                                      ("lock_timeout_ms", wait_ms)) if v is not None}
-        # The core checks them (a window below its floor, for one) without I/O:
-        # say so now, at construction, not at the first STATE message.
-        try:
-            _native.Store(options, transport=lambda r: {}).close()
-        except ChstateError as e:
-            raise ChstateSettingsError("reading the lock settings", e) from None
+        _check_store_options(options, "reading the lock settings")  # a window below the floor, for one
         return options
 
     # -- what subclasses provide --
@@ -323,10 +328,7 @@ class ChdbStateStoreManager(ChstateStateStoreManager):
         self.endpoint = f"chdb:{path}"
         # Identifiers are validated by the core when the store is made; make
         # that happen now, without I/O, so a bad name fails at construction.
-        try:
-            _native.Store({"schema": self.schema, "table": self.table}, transport=lambda r: {}).close()
-        except ChstateError as e:
-            raise ChstateSettingsError("reading the chdb state backend settings", e) from None
+        _check_store_options({"schema": self.schema, "table": self.table}, "reading the chdb state backend settings")
 
     def __repr__(self) -> str:
         return f"ChdbStateStoreManager(chdb://{self.path})"
