@@ -43,6 +43,14 @@ inline constexpr int kDefaultTransportAttempts = 3;
 // Wait before the first resend; doubled before each further one.
 inline constexpr int64_t kDefaultTransportBackoffMs = 100;
 
+// Export reads states in pages of this many (a keyset scan, one SELECT ...
+// FINAL per page): memory stays flat in the number of states.
+inline constexpr int64_t kDefaultExportPageStates = 1000;
+// Import writes this many states per multi-row INSERT, fewer when their SQL
+// would pass kDefaultImportBatchBytes.
+inline constexpr int64_t kDefaultImportBatchStates = 1000;
+inline constexpr int64_t kDefaultImportBatchBytes = 8 * 1024 * 1024;
+
 struct DefaultSetting {
   const char* name;     // the key in store options / the protocol's documents
   int64_t value;
@@ -61,6 +69,9 @@ inline constexpr DefaultSetting kDefaults[] = {
     {"ddl_timeout_s", kDefaultDdlTimeoutS, "s", "cluster: ON CLUSTER DDL waits this long for every host"},
     {"transport_attempts", kDefaultTransportAttempts, "count", "sends of one request in all, after transport failures"},
     {"transport_backoff_ms", kDefaultTransportBackoffMs, "ms", "before the first resend, doubled after"},
+    {"export_page_states", kDefaultExportPageStates, "count", "export: states per SELECT (a keyset page)"},
+    {"import_batch_states", kDefaultImportBatchStates, "count", "import: states per INSERT at most"},
+    {"import_batch_bytes", kDefaultImportBatchBytes, "bytes", "import: SQL bytes per INSERT at most"},
 };
 
 }  // namespace chstate

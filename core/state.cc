@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/quoting.h"
 
 namespace chstate {
 namespace {
@@ -265,12 +266,14 @@ absl::StatusOr<json> ParseStateJson(absl::string_view text) {
   return j;
 }
 
-absl::StatusOr<MeltanoState> ParseMeltanoStateJson(std::string state_id, absl::string_view text) {
-  absl::StatusOr<json> j = ParseStateJson(text);
-  if (!j.ok()) return j.status();
+absl::StatusOr<MeltanoState> MeltanoStateFromJson(std::string state_id, json j) {
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the state must be a JSON object {\"completed\": {...}, \"partial\": {...}}, but it is ", DescribeType(j)));
+  }
   MeltanoState state;
   state.state_id = std::move(state_id);
-  for (auto it = j->begin(); it != j->end(); ++it) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
     json* side = nullptr;
     if (it.key() == "completed") {
       side = &state.completed;
@@ -290,6 +293,88 @@ absl::StatusOr<MeltanoState> ParseMeltanoStateJson(std::string state_id, absl::s
     *side = std::move(*it);
   }
   return state;
+}
+
+absl::StatusOr<MeltanoState> ParseMeltanoStateJson(std::string state_id, absl::string_view text) {
+  absl::StatusOr<json> j = ParseStateJson(text);
+  if (!j.ok()) return j.status();
+  return MeltanoStateFromJson(std::move(state_id), *std::move(j));
+}
+
+absl::StatusOr<std::vector<MeltanoState>> ParseExportDocument(absl::string_view text) {
+  absl::StatusOr<json> doc = ParseAnyJson(text);
+  if (!doc.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("the import is not JSON: ", doc.status().message(),
+                                                   "; nothing was written"));
+  }
+  if (!doc->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the import must be a JSON object {\"<state id>\": {\"completed\": {...}, \"partial\": {...}}, ...} "
+        "as `meltano state export` and `chstate export` write it, but it is ",
+        DescribeType(*doc), "; nothing was written"));
+  }
+  std::vector<MeltanoState> states;
+  states.reserve(doc->size());
+  for (auto it = doc->begin(); it != doc->end(); ++it) {
+    // Named by its id: the parsed object no longer knows the file's order.
+    std::string where = absl::StrCat("import entry for state id ", QuoteForMessage(it.key()), ": ");
+    if (absl::Status st = ValidateStateId(it.key()); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, st.message(), "; nothing was written"));
+    }
+    absl::StatusOr<MeltanoState> state = MeltanoStateFromJson(it.key(), std::move(it.value()));
+    if (!state.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, state.status().message(), "; nothing was written"));
+    }
+    states.push_back(*std::move(state));
+  }
+  return states;
+}
+
+namespace {
+
+// Well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, at most U+10FFFF).
+bool IsUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;  // cut short
+    for (size_t k = 1; k <= n; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ExportEntryJson(const MeltanoState& state) {
+  if (!IsUtf8(state.state_id)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "state id ", QuoteForMessage(state.state_id),
+        " is not valid UTF-8, so Meltano's JSON export cannot carry it unchanged; copy it to a UTF-8 id "
+        "(chstate copy) or leave it out with --pattern"));
+  }
+  nlohmann::json sides = {{"completed", state.completed}, {"partial", state.partial}};
+  return absl::StrCat(DumpJson(nlohmann::json(state.state_id)), ": ", DumpJson(sides));
 }
 
 absl::StatusOr<MeltanoState> CompleteStateFromInput(std::string state_id, absl::string_view text,

@@ -12,6 +12,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -48,6 +49,21 @@ absl::StatusOr<nlohmann::json> ParseStateJson(absl::string_view text);
 // Parses Meltano's whole-state form {"completed": {...}, "partial": {...}}
 // (either key may be missing or null -> {}). Other top-level keys are an error.
 absl::StatusOr<MeltanoState> ParseMeltanoStateJson(std::string state_id, absl::string_view text);
+
+// The same from parsed JSON.
+absl::StatusOr<MeltanoState> MeltanoStateFromJson(std::string state_id, nlohmann::json j);
+
+// Meltano's export document (`meltano state export`, `chstate export`):
+// {"<state id>": {"completed": {...}, "partial": {...}}, ...}, a side null or
+// missing when empty. Every entry is checked (its id, its shape); the first
+// bad one is named ("import entry for state id \"x\": ...").
+absl::StatusOr<std::vector<MeltanoState>> ParseExportDocument(absl::string_view text);
+
+// One entry of that document, `"<state id>": {"completed": {...}, "partial":
+// {...}}` (compact), as `chstate export` writes it between the braces.
+// kFailedPrecondition when the id is not valid UTF-8: JSON cannot carry it
+// unchanged, and an export must never alter an id.
+absl::StatusOr<std::string> ExportEntryJson(const MeltanoState& state);
 
 // What `meltano state set` writes: completed = input, partial = {}.
 // With `require_singer_state`, the input must have a top-level

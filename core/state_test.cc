@@ -564,5 +564,72 @@ TEST(DumpJsonTest, InvalidUtf8IsReplacedNotThrown) {
   EXPECT_EQ(ToColumn(j), std::optional<std::string>("{\"a\":\"x\xEF\xBF\xBDy\"}"));
 }
 
+// ---- Meltano's export document (`meltano state export` / import) ----
+
+TEST(ExportDocumentTest, ParsesEveryEntryInOrder) {
+  absl::StatusOr<std::vector<MeltanoState>> states = ParseExportDocument(
+      R"({"dev:a": {"completed": {"singer_state": {"n": 1}}, "partial": {}},
+          "dev:b": {"partial": {"p": [1, 2]}, "completed": null},
+          "dev:c": {}})");
+  ASSERT_THAT(states, IsOk());
+  ASSERT_EQ(states->size(), 3u);
+  EXPECT_EQ((*states)[0].state_id, "dev:a");
+  EXPECT_EQ((*states)[0].completed, J(R"({"singer_state": {"n": 1}})"));
+  EXPECT_EQ((*states)[1].partial, J(R"({"p": [1, 2]})"));
+  EXPECT_TRUE((*states)[1].completed.empty());
+  EXPECT_TRUE((*states)[2].partial.empty() && (*states)[2].completed.empty());
+  ASSERT_THAT(ParseExportDocument("{}"), IsOk());
+  EXPECT_TRUE(ParseExportDocument("{}")->empty());
+}
+
+TEST(ExportDocumentTest, RefusesNamingTheEntry) {
+  struct Case {
+    const char* text;
+    const char* message;
+  };
+  static const Case kCases[] = {
+      {"not json", "the import is not JSON"},
+      {"", "the import is not JSON"},
+      {"[1, 2]", "must be a JSON object"},
+      {R"({"a": {}, "b": 7})", "import entry for state id \"b\""},
+      {R"({"a": {"completed": [1]}})", "import entry for state id \"a\""},
+      {R"({"a": {"completed": {}, "extra": {}}})", "import entry for state id \"a\""},
+      {R"({"": {}})", "import entry for state id \"\""},
+  };
+  for (const Case& c : kCases) {
+    EXPECT_THAT(ParseExportDocument(c.text),
+                StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr(c.message), HasSubstr("nothing was written"))))
+        << c.text;
+  }
+  // An id past the length limit is named, cut short.
+  std::string doc = absl::StrCat("{\"ok\": {}, \"", std::string(200 * 1024, 'x'), "\": {}}");
+  absl::Status st = ParseExportDocument(doc).status();
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("import entry for state id \"xxx")));
+  EXPECT_LT(st.message().size(), 1000u);
+}
+
+TEST(ExportDocumentTest, EntryRoundTripsThroughTheDocument) {
+  MeltanoState s{"dev:\xC3\xA9\n\"x\"", J(R"({"p": {"q": 1.5}})"), J(R"({"singer_state": {"b": [true, null]}})")};
+  absl::StatusOr<std::string> entry = ExportEntryJson(s);
+  ASSERT_THAT(entry, IsOk());
+  absl::StatusOr<std::vector<MeltanoState>> back = ParseExportDocument(absl::StrCat("{", *entry, "}"));
+  ASSERT_THAT(back, IsOk());
+  ASSERT_EQ(back->size(), 1u);
+  EXPECT_EQ((*back)[0].state_id, s.state_id);
+  EXPECT_EQ((*back)[0].partial, s.partial);
+  EXPECT_EQ((*back)[0].completed, s.completed);
+}
+
+TEST(ExportDocumentTest, AnIdJsonCannotCarryIsRefusedNotAltered) {
+  for (const char* id : {"x\xff", "\xC0\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "ab\xE2\x82"}) {
+    EXPECT_THAT(ExportEntryJson({id, json::object(), json::object()}),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not valid UTF-8")))
+        << id;
+  }
+  for (const char* id : {"\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\x7F", "\xC2\x80"}) {
+    EXPECT_THAT(ExportEntryJson({id, json::object(), json::object()}), IsOk()) << id;
+  }
+}
+
 }  // namespace
 }  // namespace chstate

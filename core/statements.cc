@@ -6,6 +6,7 @@
 #include "core/statements.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "core/quoting.h"
@@ -172,10 +173,19 @@ SqlRequest Statements::GetState(absl::string_view state_id) const {
 SqlRequest Statements::InsertState(absl::string_view state_id, const std::optional<std::string>& partial_json,
                                    const std::optional<std::string>& completed_json,
                                    absl::string_view dedup_token) const {
-  SqlRequest r = Request("insert_state", false);
+  SqlRequest r = InsertStates({{std::string(state_id), partial_json, completed_json}}, dedup_token);
+  r.purpose = "insert_state";
+  return r;
+}
+
+SqlRequest Statements::InsertStates(const std::vector<StateRow>& rows, absl::string_view dedup_token) const {
+  SqlRequest r = Request("insert_states", false);
   auto value = [](const std::optional<std::string>& v) { return v ? QuoteStringLiteral(*v) : std::string("NULL"); };
-  std::string values = absl::StrCat("(", QuoteStringLiteral(state_id), ", ", value(partial_json), ", ",
-                                    value(completed_json), ")");
+  std::string values;
+  for (const StateRow& row : rows) {
+    absl::StrAppend(&values, values.empty() ? "" : ", ", "(", QuoteStringLiteral(row.state_id), ", ",
+                    value(row.partial_json), ", ", value(row.completed_json), ")");
+  }
   // async_insert is on by default from 26.2: a buffered insert could be
   // invisible to the next read (WriteSettings turns it off). A unique token
   // stops block deduplication from dropping a write that repeats an earlier
@@ -183,6 +193,39 @@ SqlRequest Statements::InsertState(absl::string_view state_id, const std::option
   WriteSettings(&r);
   if (dialect_ == Dialect::kModern) r.url_params.emplace_back("insert_deduplication_token", std::string(dedup_token));
   r.sql = absl::StrCat("INSERT INTO ", StateTable(), " (state_id, partial_state, completed_state) VALUES ", values);
+  return r;
+}
+
+SqlRequest Statements::ExportStates(const std::optional<std::string>& glob, const std::optional<std::string>& after,
+                                    int64_t limit) const {
+  SqlRequest r = Read("export_states");
+  ReadSettings(&r);
+  std::vector<std::string> conditions;
+  if (glob && *glob != "*") {
+    std::string like = GlobToLike(*glob);
+    if (dialect_ == Dialect::kModern) {
+      r.url_params.emplace_back("param_pattern", EscapeParamValue(like));
+      conditions.push_back("state_id LIKE {pattern:String}");
+    } else {
+      conditions.push_back(absl::StrCat("state_id LIKE ", QuoteStringLiteral(like)));
+    }
+  }
+  if (after) {
+    if (dialect_ == Dialect::kModern) {
+      r.url_params.emplace_back("param_after", EscapeParamValue(*after));
+      conditions.push_back("state_id > {after:String}");
+    } else {
+      conditions.push_back(absl::StrCat("state_id > ", QuoteStringLiteral(*after)));
+    }
+  }
+  std::string where = conditions.empty() ? "" : absl::StrCat(" WHERE ", absl::StrJoin(conditions, " AND "));
+  std::string tail = absl::StrCat(" ORDER BY state_id LIMIT ", std::max<int64_t>(limit, 1), " FORMAT TabSeparated");
+  if (cluster_.enabled()) {
+    r.sql = absl::StrCat("SELECT state_id, partial_state, completed_state FROM ",
+                         LiveStates("state_id, partial_state", where), tail);
+    return r;
+  }
+  r.sql = absl::StrCat("SELECT state_id, partial_state, completed_state FROM ", StateTable(), " FINAL", where, tail);
   return r;
 }
 

@@ -32,6 +32,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -87,6 +88,18 @@ class Statements {
   // unique per write: modern servers deduplicate identical insert blocks.
   SqlRequest InsertState(absl::string_view state_id, const std::optional<std::string>& partial_json,
                          const std::optional<std::string>& completed_json, absl::string_view dedup_token) const;
+  // Many whole state rows in one INSERT (import), NULL for an empty side.
+  struct StateRow {
+    std::string state_id;
+    std::optional<std::string> partial_json;
+    std::optional<std::string> completed_json;
+  };
+  SqlRequest InsertStates(const std::vector<StateRow>& rows, absl::string_view dedup_token) const;
+  // Export: up to `limit` rows (state_id, partial_state, completed_state),
+  // sorted by id, of the ids matching `glob` (all when nullopt) that sort
+  // after `after` (from the first when nullopt): one page of a keyset scan.
+  SqlRequest ExportStates(const std::optional<std::string>& glob, const std::optional<std::string>& after,
+                          int64_t limit) const;
   SqlRequest DeleteState(absl::string_view state_id) const;
   // kClickHouse18 only: one row, the number of unfinished mutations of the
   // state table. DeleteState is done when it reads 0.

@@ -164,6 +164,46 @@ class StoreSteps {
         });
   }
 
+  // Import: the states from `from` on, in multi-row INSERTs (see
+  // Store::Import), creating the schema once if it is missing.
+  Step WriteBatches(std::shared_ptr<const std::vector<MeltanoState>> all, size_t from, bool schema_made) {
+    const std::vector<MeltanoState>& states = *all;
+    if (from >= states.size()) {
+      Result r = Base();
+      r.count = static_cast<int64_t>(states.size());
+      return Step::Done(std::move(r));
+    }
+    std::vector<Statements::StateRow> rows;
+    int64_t bytes = 0;
+    size_t next = from;
+    for (; next < states.size() && static_cast<int64_t>(rows.size()) < kDefaultImportBatchStates; ++next) {
+      const MeltanoState& state = states[next];
+      if (absl::Status lease = LeaseCheck(state.state_id); !lease.ok()) return Failed(lease);
+      Statements::StateRow row{state.state_id, ToColumn(state.partial), ToColumn(state.completed)};
+      // Quoting at most quadruples a byte (\xHH); a row alone is always sent.
+      int64_t size = 4 * static_cast<int64_t>(row.state_id.size() + row.partial_json.value_or("").size() +
+                                              row.completed_json.value_or("").size()) + 32;
+      if (!rows.empty() && bytes + size > kDefaultImportBatchBytes) break;
+      bytes += size;
+      rows.push_back(std::move(row));
+    }
+    absl::StatusOr<std::string> token = Token();
+    if (!token.ok()) return Failed(token.status());
+    return QuorumWrite(
+        st().InsertStates(rows, *token), absl::StrCat("importing states ", from + 1, "-", next, " of ", states.size()),
+        in_->now_ms + s_->options_.cluster.quorum_timeout_ms, 5,
+        [this, all, next] { return WriteBatches(all, next, true); },
+        [this, all, from, schema_made](absl::Status st) -> Step {
+          if (st.code() == absl::StatusCode::kNotFound && !schema_made) {
+            return EnsureSchema([this, all, from] { return WriteBatches(all, from, true); }, Failed);
+          }
+          return Failed(absl::Status(
+              st.code(), absl::StrCat(st.message(), "; the import stopped after ", from, " of ", all->size(),
+                                      " states were written (sorted as given). Importing the same states again is "
+                                      "safe: each write overwrites the whole state")));
+        });
+  }
+
   // Cluster mode: a write that must reach the quorum. Code 286 (another
   // quorum write to the table is in flight, or the previous one has not
   // reached its quorum yet) wrote nothing, so it is retried until the
@@ -713,6 +753,67 @@ std::unique_ptr<Task> Store::List(std::optional<std::string> glob) {
               });
         },
         StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::ExportPage(std::optional<std::string> glob, std::optional<std::string> after,
+                                        int64_t limit) {
+  if (limit < 1) return Invalid(absl::InvalidArgumentError("an export page holds at least one state"));
+  if (after) {
+    if (absl::Status st = ValidateStateId(*after); !st.ok()) return Invalid(st);
+  }
+  return MakeTask(this, [glob, after, limit](StoreSteps& s) {
+    return s.Connected(
+        [&s, glob, after, limit] {
+          return s.Query(
+              s.st().ExportStates(glob, after, limit), "exporting states", 3,
+              [&s, limit](const Rows& rows) {
+                Result r = s.Base();
+                r.states.emplace();
+                r.states->reserve(rows.size());
+                for (const Row& row : rows) {
+                  MeltanoState state;
+                  state.state_id = row[0].value_or("");
+                  absl::StatusOr<nlohmann::json> partial = FromColumn(row[1], state.state_id, "partial_state");
+                  if (!partial.ok()) return Step::Fail(partial.status());
+                  absl::StatusOr<nlohmann::json> completed = FromColumn(row[2], state.state_id, "completed_state");
+                  if (!completed.ok()) return Step::Fail(completed.status());
+                  state.partial = std::move(*partial);
+                  state.completed = std::move(*completed);
+                  r.states->push_back(std::move(state));
+                }
+                r.more = static_cast<int64_t>(rows.size()) >= limit;
+                return Step::Done(std::move(r));
+              },
+              [&s](absl::Status st) {
+                if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
+                Result r = s.Base();
+                r.states.emplace();
+                return Step::Done(std::move(r));
+              });
+        },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::Import(std::vector<MeltanoState> states) {
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < states.size(); ++i) {
+    const std::string& id = states[i].state_id;
+    if (absl::Status st = ValidateStateId(id); !st.ok()) {
+      return Invalid(absl::InvalidArgumentError(
+          absl::StrCat("import entry ", i + 1, " of ", states.size(), ": ", st.message(), "; nothing was written")));
+    }
+    auto [it, fresh] = seen.emplace(id, i);
+    if (!fresh) {
+      return Invalid(absl::InvalidArgumentError(absl::StrCat(
+          "import entries ", it->second + 1, " and ", i + 1, " have the same state id ",
+          "\"", StoreSteps::Printable(id), "\"; keep one of them (nothing was written)")));
+    }
+  }
+  auto all = std::make_shared<const std::vector<MeltanoState>>(std::move(states));
+  return MakeTask(this, [all](StoreSteps& s) {
+    return s.Connected([&s, all] { return s.WriteBatches(all, 0, false); }, StoreSteps::Failed);
   });
 }
 

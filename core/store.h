@@ -113,6 +113,20 @@ class Store {
   std::unique_ptr<Task> List(std::optional<std::string> glob);
   // Result.count: states removed.
   std::unique_ptr<Task> ClearAll();
+  // One page of an export (Meltano's get_all, `chstate export`): up to
+  // `limit` states matching `glob` (all when nullopt), sorted by id, after
+  // the id `after` (from the first when nullopt), in Result.states; one
+  // SELECT ... FINAL. Result.more: the page is full, so ask for the next one
+  // after its last id. A missing table reads as no states.
+  std::unique_ptr<Task> ExportPage(std::optional<std::string> glob, std::optional<std::string> after,
+                                   int64_t limit = kDefaultExportPageStates);
+  // Writes every state, overwriting (Meltano's set_all, `chstate import`):
+  // all are validated first (kInvalidArgument naming the entry, nothing
+  // sent), then written by multi-row INSERTs of at most import_batch_states
+  // states and import_batch_bytes of SQL. Takes no lock. Result.count:
+  // states written. A failure part-way names how many were written;
+  // importing the same states again is safe.
+  std::unique_ptr<Task> Import(std::vector<MeltanoState> states);
   // dst := src (under dst's lock). kNotFound when src is absent.
   std::unique_ptr<Task> Copy(std::string src, std::string dst);
   // Copy, then delete src under src's lock.

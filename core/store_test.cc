@@ -514,6 +514,115 @@ TEST(Store, ClearAllCountsThenTruncates) {
   EXPECT_EQ(o.last.result.count, 7);
 }
 
+// ---- export and import (Meltano's get_all / set_all) ----
+
+TEST(Store, ExportReadsOnePageAndSaysWhetherMoreFollow) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->ExportPage(std::string("dev:*"), std::nullopt, 2);
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("export_states", Ok("dev:a\t{\"p\":1}\t\\N\ndev:b\t\\N\t{\"singer_state\":{}}\n"),
+                                   "WHERE state_id LIKE 'dev:%' ORDER BY state_id LIMIT 2")},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  ASSERT_TRUE(o.last.result.states.has_value());
+  ASSERT_EQ(o.last.result.states->size(), 2u);
+  EXPECT_EQ((*o.last.result.states)[0].state_id, "dev:a");
+  EXPECT_EQ((*o.last.result.states)[0].partial, nlohmann::json::parse("{\"p\":1}"));
+  EXPECT_TRUE((*o.last.result.states)[0].completed.empty());
+  EXPECT_EQ((*o.last.result.states)[1].completed, nlohmann::json::parse("{\"singer_state\":{}}"));
+  EXPECT_TRUE(o.last.result.more);
+  // The next page starts after the last id; a short page is the last.
+  auto next = store->ExportPage(std::string("dev:*"), std::string("dev:b"), 2);
+  o = Drive(*next, {Q("export_states", Ok("dev:c\t\\N\t{}\n"), "state_id > 'dev:b'")}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  ASSERT_TRUE(o.last.result.states.has_value());
+  EXPECT_EQ(o.last.result.states->size(), 1u);
+  EXPECT_FALSE(o.last.result.more);
+}
+
+TEST(Store, ExportOfAMissingTableIsEmptyAndACorruptRowIsDataLoss) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->ExportPage(std::nullopt, std::nullopt);
+  Outcome o = Drive(*t, {kVersion18, Q("export_states", Err(404, 60, "Table meltano.state doesn't exist."))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  ASSERT_TRUE(o.last.result.states.has_value());
+  EXPECT_TRUE(o.last.result.states->empty());
+  EXPECT_FALSE(o.last.result.more);
+  auto bad = store->ExportPage(std::nullopt, std::nullopt);
+  o = Drive(*bad, {Q("export_states", Ok("dev:a\t{oops\t\\N\n"))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("dev:a")));
+}
+
+std::vector<MeltanoState> Numbered(int n) {
+  std::vector<MeltanoState> states;
+  for (int i = 0; i < n; ++i) {
+    states.push_back({absl::StrCat("id", i), nlohmann::json::object(),
+                      nlohmann::json{{"singer_state", {{"n", i}}}}});
+  }
+  return states;
+}
+
+TEST(Store, ImportWritesInBatchesOfAtMostTheDefault) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  const int n = static_cast<int>(kDefaultImportBatchStates) + 1;
+  auto t = store->Import(Numbered(n));
+  Outcome o = Drive(*t, {kVersion18, Q("insert_states", Ok(), "('id0', NULL, '{\"singer_state\":{\"n\":0}}'), ('id1'"),
+                         Q("insert_states", Ok(), absl::StrCat("VALUES ('id", n - 1, "'"))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.count, n);
+}
+
+TEST(Store, ImportRefusesABadEntryBeforeSendingAnything) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  std::vector<MeltanoState> states = Numbered(3);
+  states[1].state_id = "";
+  auto t = store->Import(states);
+  Outcome o = Drive(*t, {}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                      AllOf(HasSubstr("import entry 2 of 3"), HasSubstr("nothing was written"))));
+  states[1].state_id = "id0";
+  auto dup = store->Import(states);
+  o = Drive(*dup, {}, &clock);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("entries 1 and 2")));
+}
+
+TEST(Store, ImportCreatesTheSchemaAndNamesWhereAFailureStopped) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  const int n = static_cast<int>(kDefaultImportBatchStates) + 5;
+  auto t = store->Import(Numbered(n));
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("insert_states", Err(404, 81, "Database meltano doesn't exist")),
+                     Q("create_database", Ok()), Q("create_state_table", Ok()), Q("create_lock_table", Ok()),
+                     Q("insert_states", Ok()), Q("insert_states", Err(500, 241, "Memory limit exceeded"))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status,
+              StatusIs(absl::StatusCode::kInternal,
+                       AllOf(HasSubstr(absl::StrCat("after ", kDefaultImportBatchStates, " of ", n)),
+                             HasSubstr("again is safe"))));
+}
+
+TEST(Store, ImportSplitsByBytes) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  std::vector<MeltanoState> states = Numbered(3);
+  const std::string big(kDefaultImportBatchBytes / 8, 'x');  // quoted size counted x4: two rows pass the bound
+  for (MeltanoState& s : states) s.completed["singer_state"]["blob"] = big;
+  auto t = store->Import(states);
+  Outcome o = Drive(*t, {kVersion18, Q("insert_states", Ok()), Q("insert_states", Ok()), Q("insert_states", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.count, 3);
+}
+
 // ---- cluster mode (core/statements.h) ----
 
 std::unique_ptr<Store> MakeClusterStore() {

@@ -57,6 +57,9 @@ struct Inputs {
 struct Result {
   std::optional<MeltanoState> state;    // Get: nullopt when the id is absent
   std::vector<std::string> state_ids;   // List
+  // ExportPage: one page, sorted by id (set, maybe empty, only by ExportPage).
+  std::optional<std::vector<MeltanoState>> states;
+  bool more = false;                    // ExportPage: a full page; ask for the next after its last id
   int64_t count = 0;                    // ClearAll: states removed
   std::string server_version;           // Ping, and every task that connected
   std::optional<Dialect> dialect;

@@ -53,6 +53,21 @@ absl::StatusOr<MeltanoState> StateField(const json& j, std::string state_id) {
   return ParseMeltanoStateJson(std::move(state_id), Dump(*it));
 }
 
+// "pattern_hex" (any bytes) or "pattern" (a string); nullopt (every id) when
+// neither is given or it is null.
+absl::StatusOr<std::optional<std::string>> PatternField(const json& op_line) {
+  if (auto it = op_line.find("pattern_hex"); it != op_line.end() && !it->is_null()) {
+    absl::StatusOr<std::string> p = HexField(op_line, "pattern_hex");
+    if (!p.ok()) return p.status();
+    return std::optional<std::string>(*std::move(p));
+  }
+  if (auto it = op_line.find("pattern"); it != op_line.end() && !it->is_null()) {
+    if (!it->is_string()) return absl::InvalidArgumentError("\"pattern\" must be a string or null");
+    return std::optional<std::string>(it->get<std::string>());
+  }
+  return std::optional<std::string>();
+}
+
 // A config source value as the text the core reads; nullopt = not given.
 absl::StatusOr<std::optional<std::string>> SettingText(const json& v, absl::string_view where) {
   if (v.is_null()) return std::optional<std::string>();
@@ -141,6 +156,15 @@ json ResultJson(const Result& r) {
   out["lock_id"] = r.lock_id;
   out["waited_ms"] = r.waited_ms;
   out["next_timeout_ms"] = r.next_timeout_ms ? json(*r.next_timeout_ms) : json(nullptr);
+  if (r.states) {
+    // export_page only, so that every other op's document stays as it was.
+    json states = json::array();
+    for (const MeltanoState& st : *r.states) {
+      states.push_back({{"state_id_hex", HexEncode(st.state_id)}, {"completed", st.completed}, {"partial", st.partial}});
+    }
+    out["states"] = std::move(states);
+    out["more"] = r.more;
+  }
   return json{{"done", std::move(out)}};
 }
 
@@ -254,21 +278,59 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const json& op_lin
     return store.Move(*std::move(src), *std::move(dst));
   }
   if (*op == "list") {
-    std::optional<std::string> glob;
-    if (op_line.contains("pattern_hex") && !op_line["pattern_hex"].is_null()) {
-      absl::StatusOr<std::string> p = HexField(op_line, "pattern_hex");
-      if (!p.ok()) return p.status();
-      glob = *std::move(p);
-    } else if (auto it = op_line.find("pattern"); it != op_line.end() && !it->is_null()) {
-      if (!it->is_string()) return absl::InvalidArgumentError("\"pattern\" must be a string or null");
-      glob = it->get<std::string>();
+    absl::StatusOr<std::optional<std::string>> glob = PatternField(op_line);
+    if (!glob.ok()) return glob.status();
+    return store.List(*std::move(glob));
+  }
+  if (*op == "export_page") {
+    absl::StatusOr<std::optional<std::string>> glob = PatternField(op_line);
+    if (!glob.ok()) return glob.status();
+    std::optional<std::string> after;
+    if (auto it = op_line.find("after_hex"); it != op_line.end() && !it->is_null()) {
+      absl::StatusOr<std::string> a = HexField(op_line, "after_hex");
+      if (!a.ok()) return a.status();
+      after = *std::move(a);
     }
-    return store.List(std::move(glob));
+    int64_t limit = kDefaultExportPageStates;
+    if (auto it = op_line.find("limit"); it != op_line.end() && !it->is_null()) {
+      if (!it->is_number_integer() || it->get<int64_t>() < 1) {
+        return absl::InvalidArgumentError("\"limit\" must be a positive integer (states per page)");
+      }
+      limit = it->get<int64_t>();
+    }
+    return store.ExportPage(*std::move(glob), std::move(after), limit);
+  }
+  if (*op == "import") {
+    auto it = op_line.find("states");
+    if (it == op_line.end() || !it->is_array()) {
+      return absl::InvalidArgumentError(
+          "missing array field \"states\" ([{\"state_id_hex\": ..., \"completed\": {...}, \"partial\": {...}}, ...])");
+    }
+    std::vector<MeltanoState> states;
+    states.reserve(it->size());
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& entry = (*it)[i];
+      auto named = [i](const absl::Status& st) {
+        return absl::InvalidArgumentError(absl::StrCat("import entry ", i + 1, ": ", st.message(),
+                                                       "; nothing was written"));
+      };
+      if (!entry.is_object()) return named(absl::InvalidArgumentError("an entry must be a JSON object"));
+      absl::StatusOr<std::string> sid = HexField(entry, "state_id_hex");
+      if (!sid.ok()) return named(sid.status());
+      json sides = json::object();
+      for (const char* side : {"completed", "partial"}) {
+        if (auto f = entry.find(side); f != entry.end()) sides[side] = *f;
+      }
+      absl::StatusOr<MeltanoState> state = MeltanoStateFromJson(*std::move(sid), std::move(sides));
+      if (!state.ok()) return named(state.status());
+      states.push_back(*std::move(state));
+    }
+    return store.Import(std::move(states));
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown op \"", *op,
                                                  "\"; expected ping, init, get, set, set_locked, update, delete, "
-                                                 "delete_locked, list, clear_all, copy, move, acquire_lock, "
-                                                 "renew_lock, release_lock, tick"));
+                                                 "delete_locked, list, export_page, import, clear_all, copy, move, "
+                                                 "acquire_lock, renew_lock, release_lock, tick"));
 }
 
 absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {

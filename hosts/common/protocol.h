@@ -19,7 +19,11 @@
 //            "pattern_hex"), clear_all, copy/move ("src_hex","dst_hex"),
 //            acquire_lock, renew_lock, release_lock ("lock_id"), tick (renews every
 //            held lock that is due: call it at "next_timeout_ms"); set, set_locked
-//            and update carry "state": {"completed": {...}, "partial": {...}}.
+//            and update carry "state": {"completed": {...}, "partial": {...}};
+//            export_page (Meltano's get_all, a page at a time: "pattern"/"pattern_hex",
+//            "after_hex" (the last id of the previous page, or absent), "limit" (default
+//            1000)); import (Meltano's set_all: "states": [{"state_id_hex": ...,
+//            "completed": {...}, "partial": {...}}, ...], all checked before any is sent).
 //   request  {"request":{"sql":"...","url_params":[["k","v"],...],"purpose":"get_state","idempotent":true,
 //                        "attempt":1,"timeout_ms":30000}}: send it once within timeout_ms; the core
 //            resends (a wait, then the same request with attempt + 1) when that is safe
@@ -31,7 +35,10 @@
 //                     "state_ids_hex":[..],"count":0,"server_version":"26.9.2.1",
 //                     "dialect":"modern","lock_id":"","waited_ms":0,"next_timeout_ms":N|null}}
 //            next_timeout_ms: when the store next needs a tick (a held lock's
-//            renewal), on the host's clock; null when it holds no lock
+//            renewal), on the host's clock; null when it holds no lock.
+//            export_page's done also has "states": [{"state_id_hex","completed","partial"}, ...]
+//            (sorted by id) and "more": true when the page is full (ask for the next
+//            page with "after_hex" = its last id)
 //   failed   {"failed":{"code":"NOT_FOUND","message":"..."}} (code: absl::StatusCode name)
 //
 // Any op or answer document may also carry "now_ms" (integer) and

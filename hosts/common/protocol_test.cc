@@ -63,6 +63,55 @@ TEST(OpDriver, GetRunsVersionThenStateAndReportsTheState) {
   EXPECT_EQ(a["done"]["server_version"], "18.16.1");
 }
 
+TEST(OpDriver, ExportPageReturnsStatesAndWhetherMoreFollow) {
+  auto store = MakeStore();
+  OpDriver d(store.get());
+  json a = d.Start(Dump(json{{"op", "export_page"}, {"pattern", "dev:*"}, {"after_hex", Hex("dev:a")}, {"limit", 2}}),
+                   kIn);
+  a = d.Feed(Answer("18.16.1\t1\n"), kIn);
+  ASSERT_EQ(a["request"]["purpose"], "export_states") << a;
+  const std::string sql = a["request"]["sql"];
+  EXPECT_THAT(sql, HasSubstr("state_id > 'dev:a'"));
+  EXPECT_THAT(sql, HasSubstr("LIMIT 2"));
+  a = d.Feed(Answer("dev:b\t{\"p\":1}\t\\N\ndev:c\t\\N\t{\"singer_state\":{}}\n"), kIn);
+  ASSERT_TRUE(a.contains("done")) << a;
+  ASSERT_EQ(a["done"]["states"].size(), 2u);
+  EXPECT_EQ(a["done"]["states"][0]["state_id_hex"], Hex("dev:b"));
+  EXPECT_EQ(a["done"]["states"][0]["partial"]["p"], 1);
+  EXPECT_EQ(a["done"]["states"][1]["completed"], json::parse(R"({"singer_state":{}})"));
+  EXPECT_TRUE(a["done"]["more"].get<bool>());
+  // Other ops' documents carry no export fields.
+  d.Start(R"({"op":"get","state_id_hex":"6161"})", kIn);
+  a = d.Feed(Answer(""), kIn);
+  EXPECT_FALSE(a["done"].contains("states")) << a;
+  // A bad limit is refused before anything is sent.
+  a = d.Start(R"({"op":"export_page","limit":0})", kIn);
+  EXPECT_EQ(a["failed"]["code"], "INVALID_ARGUMENT") << a;
+}
+
+TEST(OpDriver, ImportWritesOneInsertAndRefusesABadEntryFirst) {
+  auto store = MakeStore();
+  OpDriver d(store.get());
+  json states = json::array({{{"state_id_hex", Hex("a")}, {"completed", {{"singer_state", 1}}}},
+                             {{"state_id_hex", Hex("b")}, {"partial", {{"x", 2}}}, {"completed", nullptr}}});
+  json a = d.Start(Dump(json{{"op", "import"}, {"states", states}}), kIn);
+  a = d.Feed(Answer("18.16.1\t1\n"), kIn);
+  ASSERT_EQ(a["request"]["purpose"], "insert_states") << a;
+  EXPECT_THAT(a["request"]["sql"].get<std::string>(),
+              HasSubstr("('a', NULL, '{\"singer_state\":1}'), ('b', '{\"x\":2}', NULL)"));
+  EXPECT_FALSE(a["request"]["idempotent"].get<bool>());
+  a = d.Feed(Answer(""), kIn);
+  ASSERT_TRUE(a.contains("done")) << a;
+  EXPECT_EQ(a["done"]["count"], 2);
+  for (const char* bad : {R"({"op":"import"})", R"({"op":"import","states":[{"state_id_hex":"61"},7]})",
+                          R"({"op":"import","states":[{"state_id_hex":"61","completed":[1]}]})",
+                          R"({"op":"import","states":[{"state_id_hex":"61"},{"state_id_hex":"61"}]})"}) {
+    a = d.Start(bad, kIn);
+    ASSERT_TRUE(a.contains("failed")) << bad << " -> " << a;
+    EXPECT_EQ(a["failed"]["code"], "INVALID_ARGUMENT") << bad;
+  }
+}
+
 TEST(OpDriver, AbsentStateIsNull) {
   auto store = MakeStore();
   OpDriver d(store.get());

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -102,6 +103,7 @@ constexpr OptionSpec kOptions[] = {
     {"force", 0, nullptr, nullptr, "accept a state without a top-level \"singer_state\" key"},
     {"from-state-id", 0, "SRC", nullptr, "merge the state of SRC (its merged view) into ID"},
     {"all", 0, nullptr, nullptr, "remove every state id"},
+    {"output", 'o', "FILE", nullptr, "write to FILE (replaced only once the whole export is read) instead of stdout"},
 };
 
 struct Session;
@@ -638,6 +640,89 @@ absl::Status Clear(Session& s) {
   return absl::OkStatus();
 }
 
+// `chstate export`: Meltano's export document, read a page at a time and
+// written as it comes, so memory stays flat in the number of states. With
+// --output the file appears (renamed from FILE.chstate-partial) only once
+// every page was read: a failed export never leaves a truncated document.
+absl::Status Export(Session& s) {
+  std::optional<std::string> glob;
+  if (const std::string* p = s.inv.Value("pattern")) glob = *p;
+  const std::string* output = s.inv.Value("output");
+  if (output != nullptr && *output == "-") output = nullptr;
+  std::ofstream file;
+  std::string partial;
+  if (output != nullptr) {
+    partial = absl::StrCat(*output, ".chstate-partial");
+    file.open(partial, std::ios::binary | std::ios::trunc);
+    if (!file) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot write --output ", Quoted(*output), ": ", std::strerror(errno)));
+    }
+  }
+  std::ostream& out = output != nullptr ? static_cast<std::ostream&>(file) : s.report.out();
+  auto abandon = [&](absl::Status st) {
+    if (output != nullptr) {
+      file.close();
+      std::remove(partial.c_str());
+    }
+    return st;
+  };
+  int64_t count = 0;
+  std::optional<std::string> after;
+  out << "{";
+  while (true) {
+    absl::StatusOr<Result> r = s.Run(s.store->ExportPage(glob, after));
+    if (!r.ok()) return abandon(r.status());
+    for (const MeltanoState& state : *r->states) {
+      absl::StatusOr<std::string> entry = ExportEntryJson(state);
+      if (!entry.ok()) return abandon(entry.status());
+      out << (count++ == 0 ? "\n  " : ",\n  ") << *entry;
+    }
+    if (!r->more || r->states->empty()) break;
+    after = r->states->back().state_id;
+  }
+  out << (count == 0 ? "}\n" : "\n}\n");
+  out.flush();
+  if (output != nullptr) {
+    file.close();
+    if (!file || std::rename(partial.c_str(), output->c_str()) != 0) {
+      return abandon(absl::InternalError(
+          absl::StrCat("could not finish writing --output ", Quoted(*output), ": ", std::strerror(errno))));
+    }
+    if (s.report.json_mode()) {
+      s.report.Emit({{"exported", count}, {"output", *output}});
+    } else {
+      s.report.err() << "chstate: exported " << count << " states to " << *output << '\n';
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `chstate import [FILE | -]`: every entry is checked before anything is
+// written (the core's Import), then written in a few multi-row INSERTs.
+absl::Status Import(Session& s) {
+  std::string text;
+  if (s.inv.args.empty() || s.arg(0) == "-") {
+    text = ReadAll(s.in);
+  } else {
+    absl::StatusOr<std::string> read = ReadFile(s.arg(0));
+    if (!read.ok()) {
+      return absl::InvalidArgumentError(absl::StrReplaceAll(read.status().message(), {{"--input-file ", ""}}));
+    }
+    text = *std::move(read);
+  }
+  absl::StatusOr<std::vector<MeltanoState>> states = ParseExportDocument(text);
+  if (!states.ok()) return states.status();
+  absl::StatusOr<Result> r = s.Run(s.store->Import(*std::move(states)));
+  if (!r.ok()) return r.status();
+  if (s.report.json_mode()) {
+    s.report.Emit({{"imported", r->count}});
+  } else {
+    s.report.out() << r->count << '\n';
+  }
+  return absl::OkStatus();
+}
+
 std::string DialectText(const Result& r) { return r.dialect ? DialectName(*r.dialect) : ""; }
 
 absl::Status Init(Session& s) {
@@ -707,6 +792,17 @@ const std::vector<CommandSpec>& Commands() {
        "Removes ID's state under its lock, or with --all every state (without locks), printing how many were "
        "removed.",
        {"all"}, 0, 1, Clear},
+      {"export", "[--pattern GLOB] [--output FILE]", "print every state in Meltano's export format",
+       "Prints every state (matching GLOB, if given) as one JSON object {\"ID\": {\"completed\": {...}, "
+       "\"partial\": {...}}, ...}, the format of `meltano state export`, read from ClickHouse a page of "
+       "1000 states at a time. With --output the file is written whole or not at all.",
+       {"pattern", "output"}, 0, 0, Export},
+      {"import", "[FILE | -]", "write every state of an export document",
+       "Reads a document in the format of `meltano state export` (or `chstate export`) from FILE or stdin and "
+       "overwrites the state of each id in it, in a few multi-row INSERTs, printing how many were written. Every "
+       "entry is checked first: a document that is not JSON, has the wrong shape or a bad id is refused, naming "
+       "the entry, and nothing is written. Takes no locks, as `meltano state import`.",
+       {}, 0, 1, Import},
       {"lock", "ID [--timeout SECONDS] -- COMMAND [ARGS...]", "run a command while holding ID's lock",
        "Takes ID's lock (waiting up to --timeout seconds, default 10), runs COMMAND, and releases the lock when "
        "COMMAND ends, like flock(1). COMMAND's exit code passes through (128+N if it died of signal N). "
