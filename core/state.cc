@@ -49,10 +49,6 @@ std::string SanitizeDetail(absl::string_view detail) {
   return out;
 }
 
-// Quotes a user-supplied name (state id, JSON key) for an error message.
-std::string QuoteForMessage(absl::string_view s) {
-  return absl::StrCat("\"", SanitizeDetail(s), "\"");
-}
 
 // nlohmann prefixes every message with "[json.exception.parse_error.101]
 // parse error at line 1, column 2: "; that position is replaced by ours
@@ -241,6 +237,8 @@ void MergeInto(json& target, const json& over) {
 json EmptyIfNull(const json& side) { return side.is_null() ? json::object() : side; }
 
 }  // namespace
+
+std::string QuoteForMessage(absl::string_view s) { return absl::StrCat("\"", SanitizeDetail(s), "\""); }
 
 json MeltanoState::Merged() const { return DeepMerge(completed, partial); }
 

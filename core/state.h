@@ -85,6 +85,10 @@ std::optional<std::string> ToColumn(const nlohmann::json& side);
 absl::StatusOr<nlohmann::json> FromColumn(const std::optional<std::string>& column,
                                           absl::string_view state_id, absl::string_view column_name);
 
+// A user-supplied name (state id, JSON key) for a one-line error message:
+// quoted, control and non-ASCII bytes escaped, cut short when long.
+std::string QuoteForMessage(absl::string_view s);
+
 // Serialises JSON for output; never throws: invalid UTF-8 (impossible for
 // parsed input) is replaced with U+FFFD.
 std::string DumpJson(const nlohmann::json& j, int indent = -1);

@@ -310,13 +310,14 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const json& op_lin
     states.reserve(it->size());
     for (size_t i = 0; i < it->size(); ++i) {
       const json& entry = (*it)[i];
-      auto named = [i](const absl::Status& st) {
-        return absl::InvalidArgumentError(absl::StrCat("import entry ", i + 1, ": ", st.message(),
-                                                       "; nothing was written"));
+      std::string where = absl::StrCat("import entry ", i + 1);
+      auto named = [&where](const absl::Status& st) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": ", st.message(), "; nothing was written"));
       };
       if (!entry.is_object()) return named(absl::InvalidArgumentError("an entry must be a JSON object"));
       absl::StatusOr<std::string> sid = HexField(entry, "state_id_hex");
       if (!sid.ok()) return named(sid.status());
+      absl::StrAppend(&where, " (state id ", QuoteForMessage(*sid), ")");
       json sides = json::object();
       for (const char* side : {"completed", "partial"}) {
         if (auto f = entry.find(side); f != entry.end()) sides[side] = *f;

@@ -110,6 +110,8 @@ TEST(OpDriver, ImportWritesOneInsertAndRefusesABadEntryFirst) {
     ASSERT_TRUE(a.contains("failed")) << bad << " -> " << a;
     EXPECT_EQ(a["failed"]["code"], "INVALID_ARGUMENT") << bad;
   }
+  a = d.Start(R"({"op":"import","states":[{"state_id_hex":"61"},{"state_id_hex":"62","partial":7}]})", kIn);
+  EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("import entry 2 (state id \"b\"): "));
 }
 
 TEST(OpDriver, AbsentStateIsNull) {

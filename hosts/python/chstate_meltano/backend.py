@@ -47,11 +47,11 @@ _INSTRUCTIONS = {
 class ChstateStateBackendError(MeltanoError):
     """An operation of the chstate state backend failed; `code` says how."""
 
-    def __init__(self, what: str, error: ChstateError):
+    def __init__(self, what: str, error: ChstateError, instruction: str | None = None):
         self.code = error.code
         self.message = error.message
         super().__init__(f"chstate state backend: {what} failed: {error.message.rstrip('.')} [{error.code}]",
-                         _INSTRUCTIONS.get(error.code))
+                         instruction or _INSTRUCTIONS.get(error.code))
 
 
 class ChstateSettingsError(ChstateStateBackendError):
@@ -156,11 +156,14 @@ class ChstateStateStoreManager(StateStoreManager):
             self._store = _native.Store(options, self._transport)
         return self._store
 
-    def _run(self, what: str, op: dict) -> dict:
+    def _run(self, what: str, op: dict, bad_input: str | None = None) -> dict:
+        """Runs one core op; `bad_input` is what to tell the user when the
+        core refuses the op's input (INVALID_ARGUMENT) rather than a setting."""
         try:
             return self._store_handle().run(op)
         except ChstateError as e:
-            raise ChstateStateBackendError(what, e) from None
+            instruction = bad_input if e.code == "INVALID_ARGUMENT" else None
+            raise ChstateStateBackendError(what, e, instruction) from None
 
     # -- StateStoreManager --
     @property
@@ -185,27 +188,39 @@ class ChstateStateStoreManager(StateStoreManager):
     def delete(self, state_id: str) -> None:
         self._run(f"deleting state {state_id!r}", {"op": "delete", "state_id_hex": id_hex(state_id)})
 
+    @staticmethod
+    def _pattern(pattern: str | None) -> dict:
+        return {"pattern": None} if pattern is None else {"pattern_hex": id_hex(pattern)}
+
     def get_state_ids(self, pattern: str | None = None) -> Iterable[str]:
-        op: dict = {"op": "list", "pattern": None}
-        if pattern is not None:
-            op = {"op": "list", "pattern_hex": id_hex(pattern)}
-        done = self._run("listing state ids", op)
+        done = self._run("listing state ids", {"op": "list", **self._pattern(pattern)})
         return [id_from_hex(h) for h in done.get("state_ids_hex", [])]
 
     def clear_all(self) -> int:
         return int(self._run("clearing all states", {"op": "clear_all"}).get("count", 0))
 
     def get_all(self, pattern: str | None = None) -> Iterable[MeltanoState]:
-        for state_id in self.get_state_ids(pattern):
-            if state := self.get(state_id):
-                yield state
+        """`meltano state export`: one SELECT ... FINAL per page of states
+        (the core's export_page), not a request per state."""
+        op = {"op": "export_page", **self._pattern(pattern)}
+        while True:
+            done = self._run("exporting states", op)
+            for entry in done["states"]:
+                yield MeltanoState(state_id=id_from_hex(entry["state_id_hex"]),
+                                   partial_state=entry.get("partial") or {},
+                                   completed_state=entry.get("completed") or {})
+            if not done.get("more") or not done["states"]:
+                return
+            op = {**op, "after_hex": done["states"][-1]["state_id_hex"]}
 
     def set_all(self, states: Iterable[MeltanoState]) -> int:
-        count = 0
-        for state in states:
-            self.set(state)
-            count += 1
-        return count
+        """`meltano state import`: every state checked by the core before any
+        is written, then a few multi-row INSERTs."""
+        entries = [{"state_id_hex": id_hex(state.state_id), "completed": state.completed_state or {},
+                    "partial": state.partial_state or {}} for state in states]
+        done = self._run(f"importing {len(entries)} states", {"op": "import", "states": entries},
+                         bad_input="Fix the entry named in the import document and import it again")
+        return int(done["count"])
 
     def migrate(self) -> None:
         """`meltano upgrade`: create the schema and tables, and remove old lock
