@@ -43,6 +43,11 @@ inline constexpr int kDefaultTransportAttempts = 3;
 // Wait before the first resend; doubled before each further one.
 inline constexpr int64_t kDefaultTransportBackoffMs = 100;
 
+// State history keeps each version this many days (0: no history table).
+inline constexpr int64_t kDefaultHistoryDays = 30;
+// `chstate history` lists at most this many versions unless told otherwise.
+inline constexpr int64_t kDefaultHistoryLimit = 20;
+
 // Export reads states in pages of this many (a keyset scan, one SELECT ...
 // FINAL per page): memory stays flat in the number of states.
 inline constexpr int64_t kDefaultExportPageStates = 1000;
@@ -69,6 +74,8 @@ inline constexpr DefaultSetting kDefaults[] = {
     {"ddl_timeout_s", kDefaultDdlTimeoutS, "s", "cluster: ON CLUSTER DDL waits this long for every host"},
     {"transport_attempts", kDefaultTransportAttempts, "count", "sends of one request in all, after transport failures"},
     {"transport_backoff_ms", kDefaultTransportBackoffMs, "ms", "before the first resend, doubled after"},
+    {"history_days", kDefaultHistoryDays, "days", "state history: versions are kept this long (0: no history)"},
+    {"history_limit", kDefaultHistoryLimit, "count", "`chstate history`: versions listed"},
     {"export_page_states", kDefaultExportPageStates, "count", "export: states per SELECT (a keyset page)"},
     {"import_batch_states", kDefaultImportBatchStates, "count", "import: states per INSERT at most"},
     {"import_batch_bytes", kDefaultImportBatchBytes, "bytes", "import: SQL bytes per INSERT at most"},

@@ -63,6 +63,12 @@ absl::StatusOr<Statements> Statements::Create(Dialect dialect, absl::string_view
   return Statements(dialect, std::string(schema), std::string(table), std::move(cluster));
 }
 
+namespace {
+// The second half of a version's name: 8 hex digits of a hash of both sides.
+constexpr const char* kHistoryHash =
+    "substring(lower(hex(cityHash64(ifNull(partial_state, ''), ifNull(completed_state, '')))), 1, 8)";
+}  // namespace
+
 std::string Statements::StateTable() const { return absl::StrCat("`", schema_, "`.`", table_, "`"); }
 
 std::string Statements::OnCluster() const {
@@ -153,6 +159,66 @@ SqlRequest Statements::CreateLockTable() const {
                        " (state_id String, lock_id String, locked_at DateTime DEFAULT now()) ENGINE = ",
                        Engine("ReplacingMergeTree", absl::StrCat(table_, "_lock"), "locked_at"),
                        " ORDER BY state_id", ttl);
+  return r;
+}
+
+std::string Statements::HistoryTable() const { return absl::StrCat("`", schema_, "`.`", table_, "_history`"); }
+
+SqlRequest Statements::CreateHistoryTable(int64_t days) const {
+  SqlRequest r = Ddl("create_history_table", true);
+  const bool modern = dialect_ == Dialect::kModern;
+  const char* version_column = modern ? "updated_at DateTime64(3)" : "updated_at DateTime";
+  std::string ttl = modern ? absl::StrCat(" TTL toDateTime(updated_at) + INTERVAL ", days, " DAY") : "";
+  r.sql = absl::StrCat("CREATE TABLE IF NOT EXISTS ", HistoryTable(), OnCluster(),
+                       " (state_id String, partial_state Nullable(String), completed_state Nullable(String), ",
+                       version_column, ") ENGINE = ", Engine("MergeTree", absl::StrCat(table_, "_history"), ""),
+                       " PARTITION BY toYYYYMM(updated_at) ORDER BY (state_id, updated_at)", ttl);
+  return r;
+}
+
+SqlRequest Statements::CreateHistoryView() const {
+  SqlRequest r = Ddl("create_history_view", true);
+  // Every replica runs the view on the inserts it receives; the rows it
+  // writes replicate like any other (a fetched part runs no view twice).
+  r.sql = absl::StrCat("CREATE MATERIALIZED VIEW IF NOT EXISTS `", schema_, "`.`", table_, "_history_mv`",
+                       OnCluster(), " TO ", HistoryTable(),
+                       " AS SELECT state_id, partial_state, completed_state, updated_at FROM ", StateTable());
+  return r;
+}
+
+SqlRequest Statements::ExpireHistory(int64_t days) const {
+  // A mutation, replicated by the table itself in cluster mode; it runs in
+  // the background and removing old versions twice is harmless.
+  SqlRequest r = Ddl("expire_history", true);
+  r.sql = absl::StrCat("ALTER TABLE ", HistoryTable(), " DELETE WHERE updated_at < now() - INTERVAL ", days, " DAY");
+  return r;
+}
+
+std::string Statements::HistoryRows() const {
+  const char* ms = dialect_ == Dialect::kModern ? "toUnixTimestamp64Milli(updated_at)"
+                                                : "toUInt64(toUnixTimestamp(updated_at)) * 1000";
+  return absl::StrCat("SELECT ", ms, " AS ms, ", kHistoryHash,
+                      " AS hash8, toString(updated_at, 'UTC'), partial_state, completed_state FROM ", HistoryTable());
+}
+
+SqlRequest Statements::ListHistory(absl::string_view state_id, int64_t limit) const {
+  SqlRequest r = Read("list_history");
+  ReadSettings(&r);
+  std::string where = StateIdEquals(&r, state_id);
+  r.sql = absl::StrCat(HistoryRows(), " WHERE ", where, " AND ifNull(completed_state, '') != ",
+                       QuoteStringLiteral(kTombstone), " ORDER BY updated_at DESC, hash8 LIMIT ",
+                       std::max<int64_t>(limit, 1), " FORMAT TabSeparated");
+  return r;
+}
+
+SqlRequest Statements::GetHistoryVersion(absl::string_view state_id, int64_t unix_ms, absl::string_view hash8) const {
+  SqlRequest r = Read("get_history_version");
+  ReadSettings(&r);
+  std::string where = StateIdEquals(&r, state_id);
+  std::string at = dialect_ == Dialect::kModern ? absl::StrCat("fromUnixTimestamp64Milli(toInt64(", unix_ms, "))")
+                                                : absl::StrCat("toDateTime(", unix_ms / 1000, ")");
+  r.sql = absl::StrCat("SELECT * FROM (", HistoryRows(), " WHERE ", where, " AND updated_at = ", at, ") WHERE hash8 = ",
+                       QuoteStringLiteral(hash8), " LIMIT 1 FORMAT TabSeparated");
   return r;
 }
 

@@ -82,6 +82,24 @@ class Statements {
   // tools can share a schema.
   SqlRequest CreateLockTable() const;
 
+  // ---- history: every version of every state (README "State history") ----
+  // `<table>_history`: the state table's columns, a MergeTree ordered by
+  // (state_id, updated_at), partitioned by month; on modern servers with a
+  // TTL of `days`. Fed by CreateHistoryView on every insert into the state
+  // table, by chstate or the Python backend alike: no request of its own.
+  SqlRequest CreateHistoryTable(int64_t days) const;
+  // `<table>_history_mv`: the materialized view from the state table.
+  SqlRequest CreateHistoryView() const;
+  // Removes versions older than `days` (an ALTER ... DELETE: 18.x has no TTL).
+  SqlRequest ExpireHistory(int64_t days) const;
+  // Rows (unix ms, hash8, updated_at as UTC text, partial_state,
+  // completed_state) of `state_id`'s versions, newest first, at most `limit`.
+  // A version's name is "<unix ms>-<hash8>": its write time and the first 8
+  // hex digits of cityHash64 of its two sides, stable across reads.
+  SqlRequest ListHistory(absl::string_view state_id, int64_t limit) const;
+  // The same rows for the one version named by (ms, hash8): none or more.
+  SqlRequest GetHistoryVersion(absl::string_view state_id, int64_t unix_ms, absl::string_view hash8) const;
+
   // One row (partial_state, completed_state) or none.
   SqlRequest GetState(absl::string_view state_id) const;
   // Writes a whole state row. NULL for an empty side. `dedup_token` must be
@@ -147,6 +165,9 @@ class Statements {
   Statements(Dialect d, std::string schema, std::string table, ClusterOptions cluster)
       : dialect_(d), schema_(std::move(schema)), table_(std::move(table)), cluster_(std::move(cluster)) {}
   std::string StateTable() const;
+  std::string HistoryTable() const;
+  // The SELECT and FROM that ListHistory and GetHistoryVersion share.
+  std::string HistoryRows() const;
   // " ON CLUSTER `name`" in cluster mode, else "".
   std::string OnCluster() const;
   // DDL settings (cluster mode: wait for the end, bounded DDL timeout).

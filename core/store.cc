@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "core/clickhouse_errors.h"
 #include "core/lock_machine.h"
 #include "core/quoting.h"
@@ -109,12 +110,47 @@ class StoreSteps {
               st().CreateStateTable(), "creating the state table",
               [this, then, fail](const std::string&) {
                 return Sql(
-                    st().CreateLockTable(), "creating the lock table", [then](const std::string&) { return then(); },
-                    fail);
+                    st().CreateLockTable(), "creating the lock table",
+                    [this, then, fail](const std::string&) { return EnsureHistory(then, fail); }, fail);
               },
               fail);
         },
         fail);
+  }
+
+  // With history on, the history table and the view that feeds it.
+  Step EnsureHistory(Then then, OnFailure fail) {
+    if (s_->options_.history_days <= 0) return then();
+    return Sql(
+        st().CreateHistoryTable(s_->options_.history_days), "creating the state history table",
+        [this, then, fail](const std::string&) {
+          return Sql(
+              st().CreateHistoryView(), "creating the state history view",
+              [then](const std::string&) { return then(); }, fail);
+        },
+        fail);
+  }
+
+  // Rows of ListHistory / GetHistoryVersion as versions.
+  static absl::StatusOr<std::vector<StateVersion>> Versions(const std::string& id, const Rows& rows) {
+    std::vector<StateVersion> out;
+    for (const Row& row : rows) {
+      StateVersion v;
+      if (!row[0] || !absl::SimpleAtoi(*row[0], &v.unix_ms) || !row[1] || !row[2]) {
+        return absl::DataLossError(absl::StrCat("ClickHouse sent a malformed history row for state id \"",
+                                                Printable(id), "\""));
+      }
+      v.version = absl::StrCat(v.unix_ms, "-", *row[1]);
+      // "2026-12-01 20:01:02[.123]" in UTC -> ISO 8601.
+      v.updated_at = absl::StrCat(absl::StrReplaceAll(*row[2], {{" ", "T"}}), "Z");
+      absl::StatusOr<nlohmann::json> partial = FromColumn(row[3], id, "partial_state");
+      if (!partial.ok()) return partial.status();
+      absl::StatusOr<nlohmann::json> completed = FromColumn(row[4], id, "completed_state");
+      if (!completed.ok()) return completed.status();
+      v.state = {id, *std::move(partial), *std::move(completed)};
+      out.push_back(std::move(v));
+    }
+    return out;
   }
 
   // Reads one state; a missing table or database reads as "absent".
@@ -593,19 +629,112 @@ std::unique_ptr<Task> Store::Init() {
         [this, &s] {
           return s.EnsureSchema(
               [this, &s] {
-                int64_t older_than_s = 2 * ((options_.lock.stale_ms + 999) / 1000);
-                return s.Query(
-                    s.st().ListOldTombstones(older_than_s), "listing old lock tombstones", 2,
-                    [&s](const Rows& rows) {
-                      std::vector<std::string> names;
-                      for (const Row& row : rows) names.push_back(row[0].value_or(""));
-                      auto dropped = std::make_shared<int64_t>(0);
-                      // The counter lives as long as the steps that use it.
-                      return DropTombstones(s, names, 0, s.Keep(dropped));
-                    },
-                    StoreSteps::Failed);
+                auto tombstones = [this, &s] {
+                  int64_t older_than_s = 2 * ((options_.lock.stale_ms + 999) / 1000);
+                  return s.Query(
+                      s.st().ListOldTombstones(older_than_s), "listing old lock tombstones", 2,
+                      [&s](const Rows& rows) {
+                        std::vector<std::string> names;
+                        for (const Row& row : rows) names.push_back(row[0].value_or(""));
+                        auto dropped = std::make_shared<int64_t>(0);
+                        // The counter lives as long as the steps that use it.
+                        return DropTombstones(s, names, 0, s.Keep(dropped));
+                      },
+                      StoreSteps::Failed);
+                };
+                if (options_.history_days <= 0) return tombstones();
+                // 18.x has no TTL: retention is applied here (modern tables also have one).
+                return s.Sql(
+                    s.st().ExpireHistory(options_.history_days), "removing old state history",
+                    [tombstones](const std::string&) { return tombstones(); }, StoreSteps::Failed);
               },
               StoreSteps::Failed);
+        },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::History(std::string state_id, int64_t limit) {
+  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
+  if (limit < 1) return Invalid(absl::InvalidArgumentError("a history lists at least one version"));
+  return MakeTask(this, [state_id, limit](StoreSteps& s) {
+    return s.Connected(
+        [&s, state_id, limit] {
+          auto listed = [&s, state_id](std::vector<StateVersion> versions) {
+            return s.ReadState(
+                state_id,
+                [&s, versions](std::optional<MeltanoState> now) mutable {
+                  // 18.x keeps whole seconds: among the newest second's
+                  // versions, the one the state table holds is the newest.
+                  for (size_t i = 0; now && i < versions.size() && versions[i].unix_ms == versions[0].unix_ms; ++i) {
+                    if (versions[i].state.partial == now->partial && versions[i].state.completed == now->completed) {
+                      versions[i].current = true;
+                      std::rotate(versions.begin(), versions.begin() + i, versions.begin() + i + 1);
+                      break;
+                    }
+                  }
+                  Result r = s.Base();
+                  r.versions = std::move(versions);
+                  return Step::Done(std::move(r));
+                },
+                StoreSteps::Failed);
+          };
+          return s.Query(
+              s.st().ListHistory(state_id, limit), "reading the state history", 5,
+              [state_id, listed](const Rows& rows) {
+                absl::StatusOr<std::vector<StateVersion>> versions = StoreSteps::Versions(state_id, rows);
+                if (!versions.ok()) return Step::Fail(versions.status());
+                return listed(*std::move(versions));
+              },
+              [listed](absl::Status st) {
+                if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
+                return listed({});
+              });
+        },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::Rollback(std::string state_id, std::string version) {
+  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
+  int64_t unix_ms = 0;
+  const size_t dash = version.find('-');
+  const std::string hash8 = dash == std::string::npos ? "" : version.substr(dash + 1);
+  if (dash == std::string::npos || !absl::SimpleAtoi(version.substr(0, dash), &unix_ms) || unix_ms < 0 ||
+      hash8.size() != 8 || hash8.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return Invalid(absl::InvalidArgumentError(absl::StrCat(
+        "\"", StoreSteps::Printable(version),
+        "\" is not a version: versions look like 1796155032000-9f3a2b1c (`chstate history ID` lists them)")));
+  }
+  return MakeTask(this, [state_id, version, unix_ms, hash8](StoreSteps& s) {
+    return s.Connected(
+        [&s, state_id, version, unix_ms, hash8] {
+          return s.WithLock(state_id, [&s, state_id, version, unix_ms, hash8](StoreSteps::Finish finish) {
+            auto missing = [state_id, version] {
+              return absl::NotFoundError(absl::StrCat(
+                  "state id \"", StoreSteps::Printable(state_id), "\" has no version ", version,
+                  " in its history; `chstate history ID` lists the versions kept"));
+            };
+            return s.Query(
+                s.st().GetHistoryVersion(state_id, unix_ms, hash8), "reading a version from the state history", 5,
+                [&s, state_id, finish, missing](const Rows& rows) {
+                  absl::StatusOr<std::vector<StateVersion>> found = StoreSteps::Versions(state_id, rows);
+                  if (!found.ok()) return finish(found.status());
+                  if (found->empty()) return finish(missing());
+                  MeltanoState restored = std::move(found->front().state);
+                  return s.WriteState(
+                      restored,
+                      [&s, finish, restored] {
+                        Result r = s.Base();
+                        r.state = restored;
+                        return finish(std::move(r));
+                      },
+                      finish);
+                },
+                [finish, missing](absl::Status st) {
+                  return finish(st.code() == absl::StatusCode::kNotFound ? missing() : st);
+                });
+          });
         },
         StoreSteps::Failed);
   });

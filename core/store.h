@@ -82,6 +82,9 @@ struct StoreOptions {
   // write that meets another one in progress (code 286) is retried until
   // cluster.quorum_timeout_ms has passed.
   ClusterOptions cluster;
+  // State history (README "State history"): versions are kept this many
+  // days; 0 creates no history table (an existing one is still fed).
+  int64_t history_days = kDefaultHistoryDays;
 };
 
 class Store {
@@ -90,8 +93,10 @@ class Store {
 
   // Server version and dialect; always asks the server (a round trip).
   std::unique_ptr<Task> Ping();
-  // CREATE DATABASE / state table / lock table IF NOT EXISTS, and removal of
-  // lock tombstones older than twice the stale window (Result.count: how many).
+  // CREATE DATABASE / state table / lock table (and, with history_days, the
+  // history table and its view) IF NOT EXISTS; removal of history older than
+  // history_days and of lock tombstones older than twice the stale window
+  // (Result.count: how many tombstones). `chstate init` and `chstate compact`.
   std::unique_ptr<Task> Init();
   // Result.state: nullopt when absent. A missing table reads as absent.
   std::unique_ptr<Task> Get(std::string state_id);
@@ -127,6 +132,16 @@ class Store {
   // states written. A failure part-way names how many were written;
   // importing the same states again is safe.
   std::unique_ptr<Task> Import(std::vector<MeltanoState> states);
+  // The state's versions, newest first, at most `limit` (Result.versions);
+  // the one the state table holds now is marked current and listed first
+  // among versions written in the same second. A missing history reads as
+  // no versions.
+  std::unique_ptr<Task> History(std::string state_id, int64_t limit = kDefaultHistoryLimit);
+  // Restores `version` (as History names it) under the id's lock: the
+  // restored state is written as a new version (Result.state). kNotFound
+  // when the history holds no such version; kInvalidArgument for a name
+  // that is not "<unix ms>-<8 hex digits>".
+  std::unique_ptr<Task> Rollback(std::string state_id, std::string version);
   // dst := src (under dst's lock). kNotFound when src is absent.
   std::unique_ptr<Task> Copy(std::string src, std::string dst);
   // Copy, then delete src under src's lock.

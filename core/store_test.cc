@@ -169,6 +169,8 @@ TEST(Store, WriteCreatesTheSchemaOnceWhenMissing) {
                     {kVersionModern, Q("insert_state", Err(404, 81, "Database meltano doesn't exist")),
                      Q("create_database", Ok()), Q("create_state_table", Ok(), "DateTime64(3)"),
                      Q("create_lock_table", Ok(), "TTL"),
+                     Q("create_history_table", Ok(), "TTL toDateTime(updated_at) + INTERVAL 30 DAY"),
+                     Q("create_history_view", Ok(), "TO `meltano`.`state_history` AS SELECT"),
                      Q("insert_state", Ok(), "VALUES ('id', NULL, '{\"singer_state\":{}}')")},
                     &clock);
   EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
@@ -177,7 +179,8 @@ TEST(Store, WriteCreatesTheSchemaOnceWhenMissing) {
   auto t2 = store->Set(s);
   Outcome o2 = Drive(*t2,
                      {Q("insert_state", Err(404, 81, "x")), Q("create_database", Ok()), Q("create_state_table", Ok()),
-                      Q("create_lock_table", Ok()), Q("insert_state", Err(404, 81, "still missing"))},
+                      Q("create_lock_table", Ok()), Q("create_history_table", Ok()), Q("create_history_view", Ok()),
+                      Q("insert_state", Err(404, 81, "still missing"))},
                      &clock);
   EXPECT_THAT(o2.last.status, StatusIs(absl::StatusCode::kNotFound, HasSubstr("still missing")));
 }
@@ -490,6 +493,8 @@ TEST(Store, InitCreatesTheSchemaAndDropsOldTombstones) {
   auto t = store->Init();
   Outcome o = Drive(*t,
                     {kVersion18, Q("create_database", Ok()), Q("create_state_table", Ok()), Q("create_lock_table", Ok()),
+                     Q("create_history_table", Ok()), Q("create_history_view", Ok()),
+                     Q("expire_history", Ok(), "DELETE WHERE updated_at < now() - INTERVAL 30 DAY"),
                      Q("list_tombstones", Ok("state_lock_0000000000000001_dead_0000000000000002\t1\n"), "now() - 600"),
                      Q("drop_table", Ok(), "DROP TABLE IF EXISTS `meltano`.`state_lock_0000000000000001_dead_")},
                     &clock);
@@ -601,6 +606,7 @@ TEST(Store, ImportCreatesTheSchemaAndNamesWhereAFailureStopped) {
   Outcome o = Drive(*t,
                     {kVersion18, Q("insert_states", Err(404, 81, "Database meltano doesn't exist")),
                      Q("create_database", Ok()), Q("create_state_table", Ok()), Q("create_lock_table", Ok()),
+                     Q("create_history_table", Ok()), Q("create_history_view", Ok()),
                      Q("insert_states", Ok()), Q("insert_states", Err(500, 241, "Memory limit exceeded"))},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);

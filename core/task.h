@@ -53,13 +53,24 @@ struct Inputs {
   std::string random;
 };
 
+// One version of a state in its history (Store::History).
+struct StateVersion {
+  std::string version;      // "<unix ms>-<hash8>": what Store::Rollback takes
+  int64_t unix_ms = 0;      // when it was written, by the server's clock
+  std::string updated_at;   // the same as ISO 8601 UTC, "2026-12-01T20:01:02Z"
+  MeltanoState state;
+  bool current = false;     // what the state table holds now
+};
+
 // What a finished task produced. Which fields are set depends on the task.
 struct Result {
-  std::optional<MeltanoState> state;    // Get: nullopt when the id is absent
+  std::optional<MeltanoState> state;    // Get: nullopt when the id is absent; Rollback: what was restored
   std::vector<std::string> state_ids;   // List
   // ExportPage: one page, sorted by id (set, maybe empty, only by ExportPage).
   std::optional<std::vector<MeltanoState>> states;
   bool more = false;                    // ExportPage: a full page; ask for the next after its last id
+  // History: newest first (set, maybe empty, only by History).
+  std::optional<std::vector<StateVersion>> versions;
   int64_t count = 0;                    // ClearAll: states removed
   std::string server_version;           // Ping, and every task that connected
   std::optional<Dialect> dialect;

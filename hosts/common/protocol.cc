@@ -165,6 +165,18 @@ json ResultJson(const Result& r) {
     out["states"] = std::move(states);
     out["more"] = r.more;
   }
+  if (r.versions) {
+    // history only, likewise.
+    json versions = json::array();
+    for (const StateVersion& v : *r.versions) {
+      versions.push_back({{"version", v.version},
+                          {"unix_ms", v.unix_ms},
+                          {"updated_at", v.updated_at},
+                          {"current", v.current},
+                          {"state", {{"completed", v.state.completed}, {"partial", v.state.partial}}}});
+    }
+    out["versions"] = std::move(versions);
+  }
   return json{{"done", std::move(out)}};
 }
 
@@ -300,6 +312,25 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const json& op_lin
     }
     return store.ExportPage(*std::move(glob), std::move(after), limit);
   }
+  if (*op == "history") {
+    absl::StatusOr<std::string> sid = id();
+    if (!sid.ok()) return sid.status();
+    int64_t limit = kDefaultHistoryLimit;
+    if (auto it = op_line.find("limit"); it != op_line.end() && !it->is_null()) {
+      if (!it->is_number_integer() || it->get<int64_t>() < 1) {
+        return absl::InvalidArgumentError("\"limit\" must be a positive integer (versions to list)");
+      }
+      limit = it->get<int64_t>();
+    }
+    return store.History(*std::move(sid), limit);
+  }
+  if (*op == "rollback") {
+    absl::StatusOr<std::string> sid = id();
+    if (!sid.ok()) return sid.status();
+    absl::StatusOr<std::string> version = StringField(op_line, "version");
+    if (!version.ok()) return version.status();
+    return store.Rollback(*std::move(sid), *std::move(version));
+  }
   if (*op == "import") {
     auto it = op_line.find("states");
     if (it == op_line.end() || !it->is_array()) {
@@ -330,8 +361,8 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const json& op_lin
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown op \"", *op,
                                                  "\"; expected ping, init, get, set, set_locked, update, delete, "
-                                                 "delete_locked, list, export_page, import, clear_all, copy, move, "
-                                                 "acquire_lock, renew_lock, release_lock, tick"));
+                                                 "delete_locked, list, export_page, import, history, rollback, clear_all, "
+                                                 "copy, move, acquire_lock, renew_lock, release_lock, tick"));
 }
 
 absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
@@ -347,7 +378,8 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
                 : key == "lock_retry_ms" ? &opts.lock.retry_ms
                 : key == "stale_lock_ms" ? &opts.lock.stale_ms
                 : key == "mutation_timeout_ms" ? &opts.mutation_timeout_ms
-                : key == "request_timeout_ms" ? &opts.transport.request_timeout_ms : nullptr;
+                : key == "request_timeout_ms" ? &opts.transport.request_timeout_ms
+                : key == "history_days" ? &opts.history_days : nullptr;
     if (text != nullptr) {
       if (!value.is_string()) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a string"));
       *text = value.get<std::string>();
@@ -360,7 +392,7 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown store option \"", key,
           "\"; expected schema, table, endpoint, cluster, zookeeper_path, replica, lock_timeout_ms, lock_retry_ms, "
-          "stale_lock_ms, mutation_timeout_ms, request_timeout_ms"));
+          "stale_lock_ms, mutation_timeout_ms, request_timeout_ms, history_days"));
     }
   }
   return opts;

@@ -23,7 +23,9 @@
 //            export_page (Meltano's get_all, a page at a time: "pattern"/"pattern_hex",
 //            "after_hex" (the last id of the previous page, or absent), "limit" (default
 //            1000)); import (Meltano's set_all: "states": [{"state_id_hex": ...,
-//            "completed": {...}, "partial": {...}}, ...], all checked before any is sent).
+//            "completed": {...}, "partial": {...}}, ...], all checked before any is sent);
+//            history ("state_id_hex", "limit": versions, default 20); rollback
+//            ("state_id_hex", "version": a name history gave).
 //   request  {"request":{"sql":"...","url_params":[["k","v"],...],"purpose":"get_state","idempotent":true,
 //                        "attempt":1,"timeout_ms":30000}}: send it once within timeout_ms; the core
 //            resends (a wait, then the same request with attempt + 1) when that is safe
@@ -38,7 +40,9 @@
 //            renewal), on the host's clock; null when it holds no lock.
 //            export_page's done also has "states": [{"state_id_hex","completed","partial"}, ...]
 //            (sorted by id) and "more": true when the page is full (ask for the next
-//            page with "after_hex" = its last id)
+//            page with "after_hex" = its last id). history's done has "versions":
+//            [{"version","unix_ms","updated_at","current","state":{"completed","partial"}}, ...]
+//            newest first; rollback's has the restored "state"
 //   failed   {"failed":{"code":"NOT_FOUND","message":"..."}} (code: absl::StatusCode name)
 //
 // Any op or answer document may also carry "now_ms" (integer) and
@@ -92,7 +96,8 @@ absl::StatusOr<Inputs> InputsFromJson(const nlohmann::json& doc, Inputs defaults
 absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const nlohmann::json& op);
 
 // Store options from {"schema","table","endpoint","lock_timeout_ms",
-// "lock_retry_ms","stale_lock_ms","mutation_timeout_ms"} (all optional;
+// "lock_retry_ms","stale_lock_ms","mutation_timeout_ms","request_timeout_ms",
+// "history_days","cluster","zookeeper_path","replica"} (all optional;
 // unknown keys are an error so typos do not pass silently).
 absl::StatusOr<StoreOptions> StoreOptionsFromJson(const nlohmann::json& options);
 

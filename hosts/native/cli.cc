@@ -44,6 +44,7 @@ constexpr char kVersion[] = "0.1.0";
 constexpr char kLockWaitEnv[] = "MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS";
 constexpr char kLockRetryEnv[] = "MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS";
 constexpr char kLockValidityEnv[] = "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS";
+constexpr char kHistoryDaysEnv[] = "MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS";
 
 // ---------------------------------------------------------------------------
 // Tables: every option and command, with the text `--help` prints.
@@ -103,6 +104,10 @@ constexpr OptionSpec kOptions[] = {
     {"force", 0, nullptr, nullptr, "accept a state without a top-level \"singer_state\" key"},
     {"from-state-id", 0, "SRC", nullptr, "merge the state of SRC (its merged view) into ID"},
     {"all", 0, nullptr, nullptr, "remove every state id"},
+    {"limit", 0, "N", nullptr, "list at most N versions (default 20)"},
+    {"history-days", 0, "DAYS", kConnection,
+     "keep each state version this many days; 0: no history table (MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS, "
+     "default 30)"},
     {"output", 'o', "FILE", nullptr, "write to FILE (replaced only once the whole export is read) instead of stdout"},
 };
 
@@ -404,6 +409,29 @@ absl::StatusOr<int64_t> Millis(const Invocation& inv, const Env& env, const std:
   return std::max<int64_t>(std::llround(seconds * 1000), zero_ok ? 0 : 1);
 }
 
+// A whole number of at least 0 from a flag, else an environment variable,
+// else the default.
+absl::StatusOr<int64_t> WholeNumber(const Invocation& inv, const Env& env, const std::string& flag,
+                                    const char* env_name, int64_t default_value) {
+  std::string text;
+  std::string origin;
+  if (const std::string* v = inv.Value(flag)) {
+    text = *v;
+    origin = absl::StrCat("--", flag);
+  } else if (auto it = env_name ? env.find(env_name) : env.end(); it != env.end() && !it->second.empty()) {
+    text = it->second;
+    origin = env_name;
+  } else {
+    return default_value;
+  }
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(text, &n) || n < 0 || n > 1000000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, " is ", Quoted(text), ", which is not a whole number from 0 to 1000000"));
+  }
+  return n;
+}
+
 // Everything one command needs: its arguments, streams and, once Connect
 // has run, the resolved configuration, transport and store.
 struct Session {
@@ -475,6 +503,9 @@ absl::Status Connect(Session& s) {
     options.lock.timeout_ms = request_timeout_ms;
   }
   options.transport.request_timeout_ms = request_timeout_ms;
+  absl::StatusOr<int64_t> days = WholeNumber(s.inv, s.env, "history-days", kHistoryDaysEnv, kDefaultHistoryDays);
+  if (!days.ok()) return days.status();
+  options.history_days = *days;
 
   s.exec = std::make_unique<native::HttpExecutor>(s.config, exec_options);
   options.endpoint = s.exec->endpoint();
@@ -723,6 +754,47 @@ absl::Status Import(Session& s) {
   return absl::OkStatus();
 }
 
+// `chstate history ID`: the versions kept, newest first.
+absl::Status History(Session& s) {
+  absl::StatusOr<int64_t> limit = WholeNumber(s.inv, s.env, "limit", nullptr, kDefaultHistoryLimit);
+  if (!limit.ok()) return limit.status();
+  if (*limit < 1) return absl::InvalidArgumentError("--limit must be at least 1");
+  absl::StatusOr<Result> r = s.Run(s.store->History(s.arg(0), *limit));
+  if (!r.ok()) return r.status();
+  if (s.report.json_mode()) {
+    json versions = json::array();
+    for (const StateVersion& v : *r->versions) {
+      versions.push_back({{"version", v.version},
+                          {"updated_at", v.updated_at},
+                          {"current", v.current},
+                          {"state", v.state.Merged()}});
+    }
+    s.report.Emit(versions);
+    return absl::OkStatus();
+  }
+  if (r->versions->empty()) {
+    s.report.err() << "chstate: state id " << Quoted(s.arg(0))
+                   << " has no versions in its history (is history on? `chstate init` creates it)\n";
+  }
+  for (const StateVersion& v : *r->versions) {
+    s.report.out() << v.version << '\t' << v.updated_at << '\t' << (v.current ? "current" : "-") << '\t'
+                   << DumpJson(v.state.Merged()) << '\n';
+  }
+  return absl::OkStatus();
+}
+
+// `chstate rollback ID VERSION`: that version, restored under the lock.
+absl::Status Rollback(Session& s) {
+  absl::StatusOr<Result> r = s.Run(s.store->Rollback(s.arg(0), s.arg(1)));
+  if (!r.ok()) return r.status();
+  if (s.report.json_mode()) {
+    s.report.Emit(StateJson(*r->state));
+  } else {
+    s.report.err() << "chstate: state id " << Quoted(s.arg(0)) << " is back at version " << s.arg(1) << '\n';
+  }
+  return absl::OkStatus();
+}
+
 std::string DialectText(const Result& r) { return r.dialect ? DialectName(*r.dialect) : ""; }
 
 absl::Status Init(Session& s) {
@@ -735,8 +807,9 @@ absl::Status Init(Session& s) {
                    {"server_version", version},
                    {"dialect", DialectText(*r)}});
   } else {
-    s.report.out() << "ready: " << s.config.schema << "." << s.config.table << " on ClickHouse " << version
-                   << '\n';
+    const bool compact = std::string(s.inv.command->name) == "compact";
+    s.report.out() << (compact ? "compacted: " : "ready: ") << s.config.schema << "." << s.config.table
+                   << " on ClickHouse " << version << '\n';
   }
   return absl::OkStatus();
 }
@@ -803,6 +876,21 @@ const std::vector<CommandSpec>& Commands() {
        "entry is checked first: a document that is not JSON, has the wrong shape or a bad id is refused, naming "
        "the entry, and nothing is written. Takes no locks, as `meltano state import`.",
        {}, 0, 1, Import},
+      {"history", "ID [--limit N]", "list the versions of ID's state, newest first",
+       "Prints one line per version kept in the state history: VERSION, when it was written (UTC), `current` for "
+       "the one the state table holds now, and the merged state. With --json, an array of {\"version\", "
+       "\"updated_at\", \"current\", \"state\"}. On 18.x versions have whole seconds; several written in one "
+       "second are listed in no particular order, the current one first.",
+       {"limit"}, 1, 1, History},
+      {"rollback", "ID VERSION", "restore a version of ID's state",
+       "Writes VERSION (as `chstate history` names it) back as ID's state, under ID's lock; the restored state is "
+       "itself a new version. Exits 3 when the history holds no such version.",
+       {}, 2, 2, Rollback},
+      {"compact", "", "apply retention: drop old history and old lock tombstones",
+       "Removes state versions older than --history-days (18.x has no TTL; modern servers also expire them on "
+       "their own) and lock tombstones older than twice the lock validity. `chstate init` does the same after "
+       "creating what is missing.",
+       {}, 0, 0, Init},
       {"lock", "ID [--timeout SECONDS] -- COMMAND [ARGS...]", "run a command while holding ID's lock",
        "Takes ID's lock (waiting up to --timeout seconds, default 10), runs COMMAND, and releases the lock when "
        "COMMAND ends, like flock(1). COMMAND's exit code passes through (128+N if it died of signal N). "

@@ -74,7 +74,8 @@ def prepare(engine, case: dict, schema: str, *, tables: bool = True) -> None:
     store = case["store"]
     dialect = dialect_of(case)
     for ex in exchanges(init_case(dialect)):
-        if ex.purpose == "create_database" or (tables and ex.purpose in ("create_state_table", "create_lock_table")):
+        wanted = ("create_state_table", "create_lock_table", "create_history_table") if tables else ()
+        if ex.purpose == "create_database" or ex.purpose in wanted:
             sql = ex.request["sql"].replace("`meltano`.`state`", f"`meltano`.`{store['table']}`") \
                 .replace("`meltano`.`state_lock`", f"`meltano`.`{store['table']}_lock`")
             answer = engine.post(rewrite(sql, "meltano", schema), ex.request["url_params"])
@@ -100,7 +101,16 @@ SEEDS = {
     "list_glob_escapes_like": [(i, None, b"{}") for i in GLOB_DECOYS],
     "clear_all": [(b"dev:a", None, b"{}"), (b"dev:b", None, b"{}")],
     "delete": [(b"dev:tap-users", None, b'{"x":1}'), (b"dev:tap-other", None, b'{"y":2}')],
+    "export_page": [(b"dev:a", None, b"{}"), (b"dev:b", None, b'{"singer_state":{}}'), (b"dev:c", b'{"p":1}', None),
+                    (b"dev:d", None, b"{}"), (b"prod:b", None, b"{}")],
+    "history": [(b"dev:tap-users", None, b'{"singer_state":{}}')],
 }
+
+# history: the versions the scripted answer names, written at fixed times
+# straight into the history table (partial, completed, unix seconds).
+HISTORY_SEED = [(b"dev:tap-users", None, b'{"singer_state":{}}', 1796155032),
+                (b"dev:tap-users", b'{"p":1}', None, 1796155031),
+                (b"dev:tap-other", None, b"{}", 1796155033)]
 
 
 def replay(engine, case: dict, schema: str) -> list:
@@ -172,20 +182,27 @@ def test_replay_on_the_real_engine(request, name, schema):
     kind = suffix(name)
     op = first_op(case)
     table = store["table"]
-    if kind == "init":
+    if kind in ("init", "init_without_history"):
         pass  # a fresh server: init makes everything
     else:
         prepare(engine, case, schema, tables=kind != "get_missing_table")
         if kind in SEEDS:
             seed(engine, schema, table, SEEDS[kind])
-    before = stored(engine, schema, table) if kind not in ("init", "get_missing_table") else {}
+        if kind == "history":
+            at = "toDateTime64({}, 3)" if dialect_of(case) == "modern" else "toDateTime({})"
+            engine.sql(f"INSERT INTO `{schema}`.`{table}_history` VALUES " + ", ".join(
+                f"({unhex(i)}, {nullable(p)}, {nullable(c)}, {at.format(t)})" for i, p, c, t in HISTORY_SEED))
+    before = stored(engine, schema, table) if kind not in ("init", "init_without_history", "get_missing_table") else {}
 
     replay(engine, case, schema)
 
-    if kind == "init":
+    if kind in ("init", "init_without_history"):
         engines = dict((r[0], r[1]) for r in engine.rows(
             f"SELECT name, engine FROM system.tables WHERE database = '{schema}' FORMAT TabSeparated"))
-        assert engines == {b"state": b"ReplacingMergeTree", b"state_lock": b"ReplacingMergeTree"}, engines
+        want = {b"state": b"ReplacingMergeTree", b"state_lock": b"ReplacingMergeTree"}
+        if kind == "init":
+            want.update({b"state_history": b"MergeTree", b"state_history_mv": b"MaterializedView"})
+        assert engines == want, engines
         cols = engine.rows(f"SELECT name, type FROM system.columns WHERE database = '{schema}' AND table = 'state' "
                            "FORMAT TabSeparated")
         assert [tuple(c) for c in cols[:3]] == STATE_COLUMNS, cols
@@ -218,7 +235,13 @@ def test_replay_on_the_real_engine(request, name, schema):
         assert engine.execute(get.request, "meltano", schema).rows() == []
     elif kind == "clear_all":
         assert before and stored(engine, schema, table) == {}
-    elif kind in ("get_found", "get_absent", "list_all", "list_glob_escapes_like", "get_binary_id",
+    elif kind == "import":
+        after = stored(engine, schema, table)
+        want = {bytes.fromhex(e["state_id_hex"]): (e.get("completed") or {}, e.get("partial") or {})
+                for e in op["states"]}
+        assert {i: (as_state(c), as_state(p)) for i, (p, c) in after.items()} == want
+    elif kind in ("get_found", "get_absent", "list_all", "list_glob_escapes_like", "get_binary_id", "export_page",
+                  "history",
                   "server_error_is_classified", "exception_after_200", "custom_schema_and_table"):
         assert stored(engine, schema, table) == before, "a read changed the table"
 
