@@ -82,6 +82,8 @@ KINDS = [
     ("create_database", r"^CREATE DATABASE"),
     ("create_state_table", r"^CREATE TABLE IF NOT EXISTS `[^`]+`\.`state`"),
     ("create_lock_table", r"^CREATE TABLE IF NOT EXISTS `[^`]+`\.`state_lock`"),
+    ("create_history_table", r"^CREATE TABLE IF NOT EXISTS `[^`]+`\.`state_history`"),
+    ("create_history_view", r"^CREATE MATERIALIZED VIEW IF NOT EXISTS `[^`]+`\.`state_history_mv`"),
     ("create_lock", r"^CREATE TABLE `[^`]+`\.`state_lock_\w+`.* ENGINE = .* AS SELECT"),
     ("inspect_lock", r"^SELECT lock_id, seq,"),
     ("renew_lock", r"^INSERT INTO `[^`]+`\.`state_lock_\w+` SELECT"),

@@ -44,6 +44,9 @@ MODERN_PURPOSES = {
     "create_database",
     "create_state_table",
     "create_lock_table",
+    "create_history_table",
+    "create_history_view",
+    "expire_history",
     "get_state",
     "insert_state",
     "delete_state",
@@ -213,11 +216,13 @@ def test_init_creates_database_and_tables(host, session, executor):
     since = len(executor.log)
     out = host.init()  # again: IF NOT EXISTS makes it a no-op
     assert out.ok, out.message
-    assert out.purposes() == ["create_database", "create_state_table", "create_lock_table", "list_tombstones"]
+    assert out.purposes() == ["create_database", "create_state_table", "create_lock_table", "create_history_table",
+                              "create_history_view", "expire_history", "list_tombstones"]
     assert all(e.ok for e in executor.log[since:])
 
     assert scalar(session, "SELECT count() FROM system.databases WHERE name = {db:String}", db=SCHEMA) == "1"
-    assert tables(session, SCHEMA) == {TABLE: "ReplacingMergeTree", f"{TABLE}_lock": "ReplacingMergeTree"}
+    assert tables(session, SCHEMA) == {TABLE: "ReplacingMergeTree", f"{TABLE}_lock": "ReplacingMergeTree",
+                                       f"{TABLE}_history": "MergeTree", f"{TABLE}_history_mv": "MaterializedView"}
 
     def columns(table):
         return rows(
@@ -273,6 +278,8 @@ def test_fresh_schema_reads_as_empty_and_first_write_creates_it(make_host, sessi
         "create_database",
         "create_state_table",
         "create_lock_table",
+        "create_history_table",
+        "create_history_view",
         "insert_state",
     ]
     assert h.get("first").state.completed == {"singer_state": {"a": 1}}
@@ -777,8 +784,11 @@ def test_interop_with_python_backend(make_host, session):
     h = make_host("chs_py", "meltano_state")
     init = h.init()
     assert init.ok, init.message
-    assert ddl() == before  # a no-op on the Python backend's schema
+    # The Python backend's tables are left as they were; init adds the history beside them.
+    assert [r for r in ddl() if r[0] in ("meltano_state", "meltano_state_lock")] == before
     assert [r[0] for r in before] == ["meltano_state", "meltano_state_lock"]
+    assert [r[0] for r in ddl()] == ["meltano_state", "meltano_state_history", "meltano_state_history_mv",
+                                     "meltano_state_lock"]
 
     # chstate reads what Python wrote.
     a = h.get("dev:tap-a-to-target-b").state
@@ -812,7 +822,11 @@ def test_interop_with_python_backend(make_host, session):
     # chstate's delete hides the row from Python too.
     assert h.delete("prod:tap-e-to-target-f").ok
     assert py.get("prod:tap-e-to-target-f") is None
-    assert ddl() == before  # no lock tables left behind
+    assert [r for r in ddl() if "_lock_" in r[0]] == []  # no lock tables left behind
+    # Python's writes are versions in the history too (the view sees every insert).
+    assert json.loads([r[0] for r in rows(session, "SELECT completed_state FROM chs_py.meltano_state_history "
+                                                   "WHERE state_id = 'chs:1' ORDER BY updated_at")][-1]) == {"v": "python"}
+
 
 
 # ---------------------------------------------------------------------------
