@@ -310,6 +310,33 @@ function Store:clear_all()
   return run(rec, "clear_all", {op = "clear_all"}).count
 end
 
+--- The versions of a state kept in its history, newest first (at most
+-- `limit`, default 20): an array of {version=, updated_at=, current=,
+-- merged=, state={completed=, partial=}}.
+function Store:history(id, limit)
+  local rec = check(self, "history")
+  check_id("history", id)
+  if limit ~= nil and (math.type(limit) ~= "integer" or limit < 1) then
+    argerror("history", 2, "limit expected: a positive integer or nil, got " .. describe(limit))
+  end
+  local done = run(rec, "history", {op = "history", state_id_hex = hex(id), limit = limit})
+  local out = M.array()
+  for i, v in ipairs(done.versions) do
+    out[i] = {version = v.version, updated_at = v.updated_at, current = v.current, merged = v.state.merged,
+              state = {completed = v.state.completed, partial = v.state.partial}}
+  end
+  return out
+end
+
+--- Restores a version (as history names it) under the id's lock; the
+-- restored state is a new version. Returns its merged view and whole state.
+function Store:rollback(id, version)
+  local rec = check(self, "rollback")
+  check_id("rollback", id)
+  if type(version) ~= "string" then argerror("rollback", 2, "version expected: a string, got " .. describe(version)) end
+  return views(run(rec, "rollback", {op = "rollback", state_id_hex = hex(id), version = version}))
+end
+
 --- Creates the database and tables (writes also do it when missing).
 function Store:init()
   local rec = check(self, "init")
@@ -406,7 +433,7 @@ for _, key in ipairs(C.setting_keys) do
   SETTING_NAMES[#SETTING_NAMES + 1] = key
 end
 local OPTIONS = {env = true, transport = true, sleep = true, now = true, lock_timeout = true, lock_retry = true,
-                 stale_lock = true, connect_timeout = true, timeout = true}
+                 stale_lock = true, connect_timeout = true, timeout = true, history_days = true}
 
 -- Milliseconds from an option or its variable; nil when neither is given
 -- (the core's default applies: core/defaults.h).
@@ -423,13 +450,29 @@ local function seconds(opts, env, key, env_name, zero_ok)
   return math.max(math.floor(v * 1000 + 0.5), zero_ok and 0 or 1)
 end
 
+-- state_backend.clickhouse.history_days: the option, else its variable;
+-- nil when neither is given.
+local function days(opts, env)
+  local v, origin = opts.history_days, "option 'history_days'"
+  local name = "MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS"
+  if v == nil and env[name] and env[name] ~= "" then
+    v, origin = tonumber(env[name]), name
+    if v == nil then argerror("open", 1, name .. " is not a whole number of days") end
+  end
+  if v == nil then return nil end
+  if type(v) ~= "number" or v ~= math.floor(v) or v < 0 or v > 1000000 then
+    argerror("open", 1, origin .. " must be a whole number of days (0: no history)")
+  end
+  return math.tointeger(v)
+end
+
 --- Opens a store. Settings (all optional, Meltano's names): uri, host, port,
 -- database, user, password, secure, schema, table, ca_file (and the cluster
 -- settings cluster, zookeeper_path, replica: README "Cluster mode"); they beat the
 -- environment (MELTANO_STATE_BACKEND_*, CLICKHOUSE_*) with the CLI's
 -- precedence. Options: env (a table to use instead of the process
 -- environment, or false for none), lock_timeout, lock_retry, stale_lock,
--- connect_timeout, timeout (seconds), and the hooks transport(request),
+-- connect_timeout, timeout (seconds), history_days, and the hooks transport(request),
 -- sleep(seconds) and now() (seconds) for an orchestrator's own event loop.
 -- Nothing is sent until the first operation.
 function M.open(opts)
@@ -451,7 +494,7 @@ function M.open(opts)
       end
     elseif not OPTIONS[k] then
       argerror("open", 1, ("unknown setting '%s' (settings: %s; options: env, transport, sleep, now, " ..
-                           "lock_timeout, lock_retry, stale_lock, connect_timeout, timeout)"):format(
+                           "lock_timeout, lock_retry, stale_lock, connect_timeout, timeout, history_days)"):format(
                              tostring(k), table.concat(SETTING_NAMES, ", ")))
     end
   end
@@ -477,6 +520,7 @@ function M.open(opts)
     stale_ms = seconds(opts, env, "stale_lock", "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS", false),
     connect_timeout_ms = seconds(opts, env, "connect_timeout", nil, false),
     timeout_ms = seconds(opts, env, "timeout", nil, false),
+    history_days = days(opts, env),
   }
   local ud, info = C.new_store(flags, env, native)
   if ud == nil then raise("INVALID_ARGUMENT", "open", info) end

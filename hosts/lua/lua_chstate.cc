@@ -116,7 +116,7 @@ int64_t IntField(lua_State* L, int idx, const char* k, int64_t dflt) {
 // C.new_store(flags, env, opts) -> store, info | nil, message
 // flags: {uri=, host=, ...} strings (kSettingKeys and "uri"); env: NAME ->
 // value; opts: {native=bool, lock_timeout_ms, lock_retry_ms, stale_ms,
-// connect_timeout_ms, timeout_ms}.
+// connect_timeout_ms, timeout_ms, history_days}.
 int NewStore(lua_State* L) {
   luaL_checktype(L, 3, LUA_TTABLE);
   lua_getfield(L, 3, "native");
@@ -127,6 +127,7 @@ int NewStore(lua_State* L) {
   const int64_t stale = IntField(L, 3, "stale_ms", kDefaultStaleLockMs);
   const int64_t connect_timeout = IntField(L, 3, "connect_timeout_ms", kDefaultConnectTimeoutMs);
   const int64_t timeout = IntField(L, 3, "timeout_ms", kDefaultRequestTimeoutMs);
+  const int64_t history_days = IntField(L, 3, "history_days", kDefaultHistoryDays);
   StoreBox* ud = static_cast<StoreBox*>(lua_newuserdatauv(L, sizeof(StoreBox), 0));
   ud->open = nullptr;
   luaL_setmetatable(L, kStoreMeta);
@@ -153,6 +154,7 @@ int NewStore(lua_State* L) {
       options.lock.retry_ms = lock_retry;
       options.lock.stale_ms = stale;
       options.transport.request_timeout_ms = timeout;
+      options.history_days = history_days;
       options.cluster.name = config->cluster;
       options.cluster.zookeeper_path = config->zookeeper_path;
       options.cluster.replica = config->replica;
@@ -252,6 +254,12 @@ int PushAction(lua_State* L, OpenStore* box, json action) {
   } else if (auto d = action.find("done"); d != action.end()) {
     if (auto s = d->find("state"); s != d->end() && s->is_object()) {
       (*s)["merged"] = DeepMerge(s->value("completed", json::object()), s->value("partial", json::object()));
+    }
+    if (auto v = d->find("versions"); v != d->end() && v->is_array()) {
+      for (json& version : *v) {
+        json& st = version["state"];
+        st["merged"] = DeepMerge(st.value("completed", json::object()), st.value("partial", json::object()));
+      }
     }
   }
   if (!PushJson(L, action)) {

@@ -83,6 +83,8 @@ export interface StoreOptions {
   stale_lock_ms?: number;
   mutation_timeout_ms?: number;
   request_timeout_ms?: number;
+  /** Days each state version is kept in the history (default 30; 0: no history table). */
+  history_days?: number;
   cluster?: string;
   zookeeper_path?: string;
   replica?: string;
@@ -121,6 +123,22 @@ export interface Done {
   waited_ms: number;
   /** When a held lock needs renewing: run { op: "tick" } once this (ms on the host's clock) has passed. */
   next_timeout_ms: number | null;
+  /** export_page: one page of states, sorted by id, and whether another page follows. */
+  states?: (State & { state_id_hex: string })[];
+  more?: boolean;
+  /** history: the versions, newest first. */
+  versions?: StateVersion[];
+}
+
+/** One version of a state in its history ("<unix ms>-<8 hex digits>"). */
+export interface StateVersion {
+  version: string;
+  unix_ms: number;
+  /** ISO 8601, UTC. */
+  updated_at: string;
+  /** The version the state table holds now. */
+  current: boolean;
+  state: State;
 }
 
 /** An operation document (hosts/common/protocol.h). Ids and patterns are hex-encoded UTF-8. */
@@ -131,7 +149,11 @@ export type Op =
   | { op: "release_lock"; state_id_hex: string; lock_id: string }
   | { op: "list"; pattern: string | null }
   | { op: "list"; pattern_hex: string }
-  | { op: "copy" | "move"; src_hex: string; dst_hex: string };
+  | { op: "copy" | "move"; src_hex: string; dst_hex: string }
+  | { op: "export_page"; pattern?: string | null; pattern_hex?: string; after_hex?: string; limit?: number }
+  | { op: "import"; states: (State & { state_id_hex: string })[] }
+  | { op: "history"; state_id_hex: string; limit?: number }
+  | { op: "rollback"; state_id_hex: string; version: string };
 
 /** Thrown for a failed operation (and by loadChstate() when the packaged module is missing). */
 export class ChstateError extends Error {
@@ -169,6 +191,10 @@ export class Store {
   delete(id: string): Promise<Done>;
   /** Deletes every state; resolves to how many there were. */
   clearAll(): Promise<number>;
+  /** The versions kept in the id's state history, newest first (at most `limit`, default 20). */
+  history(id: string, limit?: number | null): Promise<StateVersion[]>;
+  /** Restores a version (as history() names it) under the id's lock; resolves to the restored state. */
+  rollback(id: string, version: string): Promise<State>;
   /** Runs fn while holding the id's lock, releasing it afterwards (also when fn throws). */
   withLock<T>(id: string, fn: (lock: LockHandle) => T | Promise<T>): Promise<T>;
   /** Frees the store in the module and closes the transport. */

@@ -266,6 +266,17 @@ export class Store {
   }
   delete(id) { return this.run({ op: "delete", state_id_hex: hex(id) }); }
   async clearAll() { return (await this.run({ op: "clear_all" })).count; }
+  // The versions kept in the state history, newest first: [{version, updated_at, current, state}, ...].
+  async history(id, limit = null) {
+    const op = { op: "history", state_id_hex: hex(id) };
+    if (limit !== null) op.limit = limit;
+    return (await this.run(op)).versions;
+  }
+  // Restores a version (as history() names it) under the id's lock; resolves to the restored state.
+  async rollback(id, version) {
+    const done = await this.run({ op: "rollback", state_id_hex: hex(id), version });
+    return { completed: done.state.completed, partial: done.state.partial };
+  }
 
   // Runs fn() while holding the id's lock; the lock is released afterwards,
   // also when fn throws. Inside, setLocked() writes within the lock's lease.

@@ -289,6 +289,18 @@ class Store:
     def clear_all(self) -> int:
         return int(self.run({"op": "clear_all"})["count"])
 
+    def history(self, state_id: str, limit: Optional[int] = None) -> list[dict]:
+        """The versions kept in the state history, newest first: [{version, updated_at, current, state}, ...]."""
+        op: dict = {"op": "history", "state_id_hex": id_hex(state_id)}
+        if limit is not None:
+            op["limit"] = limit
+        return self.run(op)["versions"]
+
+    def rollback(self, state_id: str, version: str) -> dict:
+        """Restores a version (as history() names it) under the id's lock; returns the restored state."""
+        st = self.run({"op": "rollback", "state_id_hex": id_hex(state_id), "version": version})["state"]
+        return {"completed": st["completed"], "partial": st["partial"]}
+
     def locked(self, state_id: str) -> "_Lock":
         """`with store.locked(id) as lock: lock.set(state)`; released on exit, also on errors."""
         return _Lock(self, state_id)

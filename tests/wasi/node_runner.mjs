@@ -97,6 +97,20 @@ async function server() {
       const got = await store.get(id);
       if (got.completed.singer_state.v !== 2) throw new Error(`after locked update ${JSON.stringify(got)}`);
     }],
+    ["history_rollback", async () => {
+      // The merge and the locked update above are versions; roll back to the merge.
+      const versions = await store.history(id);
+      if (versions.length < 3 || !versions[0].current) throw new Error(`history ${JSON.stringify(versions)}`);
+      const merged = versions.find((v) => v.state.partial.singer_state?.bookmarks?.orders?.id === 7
+                                          && v.state.completed.singer_state?.bookmarks?.users?.id === 41);
+      if (!merged) throw new Error(`no merged version in ${JSON.stringify(versions)}`);
+      const restored = await store.rollback(id, merged.version);
+      const got = await store.get(id);
+      if (JSON.stringify(got) !== JSON.stringify(restored) || got.partial.singer_state.bookmarks.orders.id !== 7)
+        throw new Error(`after rollback ${JSON.stringify(got)}`);
+      const refused = await store.rollback(id, "1-00000000").then(() => null, (e) => e);
+      if (!(refused instanceof ChstateError) || refused.code !== "NOT_FOUND") throw new Error(`rollback: ${refused}`);
+    }],
     ["delete", async () => {
       await store.delete(id);
       if ((await store.get(id)) !== null) throw new Error("still there after delete");

@@ -15,8 +15,8 @@ import pytest
 from chstate_wasmtime import ChstateError, ChstateModule, HttpTransport
 
 REPO = Path(__file__).resolve().parents[2]
-NODE_CASES = ["init", "set_get", "merge", "list", "locked_update", "delete", "clear_all", "closed_port_is_unavailable",
-              "cleanup"]
+NODE_CASES = ["init", "set_get", "merge", "list", "locked_update", "history_rollback", "delete", "clear_all",
+              "closed_port_is_unavailable", "cleanup"]
 
 
 @pytest.fixture()
@@ -98,6 +98,22 @@ def test_wasmtime_locked_update(py_store):
                "state": {"completed": {}, "partial": {"p": 1}}})
     assert store.get(ODD_ID) == {"completed": {"v": 2}, "partial": {"p": 1}}
     other.close()
+
+
+def test_wasmtime_history_and_rollback(py_store):
+    _, _, store = py_store
+    store.set("dev:h", {"completed": {"singer_state": {"n": 1}}, "partial": {}})
+    store.merge("dev:h", {"singer_state": {"p": 2}})
+    versions = store.history("dev:h")
+    assert len(versions) == 2 and versions[0]["current"], versions
+    first = next(v for v in versions if v["state"]["partial"] == {})
+    assert first["state"]["completed"] == {"singer_state": {"n": 1}}
+    assert store.rollback("dev:h", first["version"]) == {"completed": {"singer_state": {"n": 1}}, "partial": {}}
+    assert store.get("dev:h") == {"completed": {"singer_state": {"n": 1}}, "partial": {}}
+    assert len(store.history("dev:h", limit=1)) == 1
+    with pytest.raises(ChstateError) as e:
+        store.rollback("dev:h", "latest")
+    assert e.value.code == "INVALID_ARGUMENT"
 
 
 def test_wasmtime_closed_port_is_unavailable(py_store):

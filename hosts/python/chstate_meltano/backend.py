@@ -102,7 +102,7 @@ class ChstateStateStoreManager(StateStoreManager):
     _namespace = "clickhouse"  # of this backend's settings: state_backend.<namespace>.<key>
 
     def __init__(self, uri: str, *, lock_timeout_seconds: t.Any = None, lock_retry_seconds: t.Any = None,
-                 lock_wait_seconds: t.Any = None, **kwargs: t.Any) -> None:
+                 lock_wait_seconds: t.Any = None, history_days: t.Any = None, **kwargs: t.Any) -> None:
         super().__init__()
         self.uri = uri
         self._store: _native.Store | None = None
@@ -112,6 +112,22 @@ class ChstateStateStoreManager(StateStoreManager):
         except ChstateError as e:
             raise ChstateStateBackendError("loading the native library", e) from None
         self._lock_options = self._lock_settings(lock_timeout_seconds, lock_retry_seconds, lock_wait_seconds)
+        self._history_options = self._history_settings(history_days)
+
+    def _history_settings(self, days: t.Any) -> dict:
+        """state_backend.<scheme>.history_days as the core's store option;
+        not given, the core's default applies."""
+        if days is None or days == "":
+            return {}
+        name = f"state_backend.{self._namespace}.history_days"
+        try:
+            value = int(str(days))
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise ChstateSettingsError(f"reading {name}", ChstateError(
+                "INVALID_ARGUMENT", f"{name} is {days!r}; it must be a whole number of days (0: no history)"))
+        return {"history_days": value}
 
     def _lock_settings(self, timeout: t.Any, retry: t.Any, wait: t.Any) -> dict:
         """Meltano's lock settings as the core's store options.
@@ -151,6 +167,7 @@ class ChstateStateStoreManager(StateStoreManager):
                 "table": self.table,
                 "endpoint": self.endpoint,
                 **self._lock_options,
+                **self._history_options,
                 **self._cluster_options,
             }
             self._store = _native.Store(options, self._transport)
@@ -221,6 +238,29 @@ class ChstateStateStoreManager(StateStoreManager):
         done = self._run(f"importing {len(entries)} states", {"op": "import", "states": entries},
                          bad_input="Fix the entry named in the import document and import it again")
         return int(done["count"])
+
+    # -- beyond Meltano's interface: the state history (README "State history") --
+    def history(self, state_id: str, limit: int | None = None) -> list[dict]:
+        """The versions of a state kept in its history, newest first:
+        [{"version", "updated_at", "current", "state": MeltanoState}, ...]."""
+        op: dict = {"op": "history", "state_id_hex": id_hex(state_id)}
+        if limit is not None:
+            op["limit"] = limit
+        done = self._run(f"reading the history of state {state_id!r}", op, bad_input="Give a positive limit")
+        return [{"version": v["version"], "updated_at": v["updated_at"], "current": v["current"],
+                 "state": MeltanoState(state_id=state_id, partial_state=v["state"].get("partial") or {},
+                                       completed_state=v["state"].get("completed") or {})}
+                for v in done["versions"]]
+
+    def rollback(self, state_id: str, version: str) -> MeltanoState:
+        """Restores `version` (as history() names it) under the id's lock; the
+        restored state is a new version."""
+        done = self._run(f"rolling back state {state_id!r} to version {version}",
+                         {"op": "rollback", "state_id_hex": id_hex(state_id), "version": version},
+                         bad_input="Give a version as history() lists it")
+        restored = done["state"]
+        return MeltanoState(state_id=state_id, partial_state=restored.get("partial") or {},
+                            completed_state=restored.get("completed") or {})
 
     def migrate(self) -> None:
         """`meltano upgrade`: create the schema and tables, and remove old lock

@@ -70,3 +70,10 @@ _WAIT = ("How long an update waits for a state id's lock held by another process
 CLICKHOUSE_LOCK_WAIT_SECONDS = _setting("lock_wait_seconds", "Lock Wait (seconds)", _WAIT, SettingKind.INTEGER)
 CHDB_LOCK_WAIT_SECONDS = SettingDefinition(name="state_backend.chdb.lock_wait_seconds", label="Lock Wait (seconds)",
                                            description=_WAIT, kind=SettingKind.INTEGER, env_specific=True)
+
+# State history (README "State history"): how long each version is kept.
+_HISTORY = ("Days each state version is kept in the state history (default 30; 0: no history table). "
+            "`chstate history ID` lists the versions and `chstate rollback ID VERSION` restores one; chstate only")
+CLICKHOUSE_HISTORY_DAYS = _setting("history_days", "State History (days)", _HISTORY, SettingKind.INTEGER)
+CHDB_HISTORY_DAYS = SettingDefinition(name="state_backend.chdb.history_days", label="State History (days)",
+                                      description=_HISTORY, kind=SettingKind.INTEGER, env_specific=True)
