@@ -78,6 +78,11 @@ int64_t LeaseMarginMs(const LockOptions& options) {
 
 int64_t LockMachine::MarginMs() const { return defects_.zero_margin ? 0 : LeaseMarginMs(options_); }
 
+std::string LockInstance(const LockInspection& inspection) {
+  return inspection.holder.empty() ? absl::StrCat("empty@", inspection.table_created_s)
+                                   : absl::StrCat("holder:", inspection.holder);
+}
+
 absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body) {
   absl::StatusOr<Rows> rows = ParseTabSeparated(body, 5);
   if (!rows.ok()) return rows.status();
@@ -123,6 +128,7 @@ absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body) {
   out.age_s = now - newest;
   out.created_s = created >= 0 ? created : table_time;
   out.table_created_s = table_time;
+  out.now_s = now;
   return out;
 }
 
@@ -438,9 +444,7 @@ void LockMachine::Decide(const SqlResponse* r, const Inputs& in) {
       // table whose creation row is not visible is named by its creation
       // time, and only taken over after twice the window (below), long after
       // any row of a live CREATE would have become visible.
-      Send(st_.EntombLock(state_id_, insp->holder.empty() ? absl::StrCat("empty@", insp->table_created_s)
-                                                          : absl::StrCat("holder:", insp->holder)),
-           in);
+      Send(st_.EntombLock(state_id_, LockInstance(*insp)), in);
       return;
     case LockVerdict::kWait:
       BackOff(in);

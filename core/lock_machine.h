@@ -96,7 +96,12 @@ struct LockInspection {
   int64_t created_s = 0;  // server time of the creation row (or of the table): names the instance
   int64_t stale_s = 0;    // the holder's stale window, from its creation row (0: unknown)
   int64_t table_created_s = 0;  // the table's creation time: names the instance for takers
+  int64_t now_s = 0;            // the server's clock when it answered
 };
+// What names a lock instance's tombstone (Statements::EntombLock): the
+// holder's random id, or the table's creation time while no creation row is
+// visible.
+std::string LockInstance(const LockInspection& inspection);
 // Decodes the 5-column answer of Statements::InspectLock.
 absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body);
 

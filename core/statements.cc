@@ -415,8 +415,11 @@ SqlRequest Statements::CreateLock(absl::string_view state_id, absl::string_view 
 }
 
 SqlRequest Statements::InspectLock(absl::string_view state_id) const {
+  return InspectLockTable(LockTableName(state_id));
+}
+
+SqlRequest Statements::InspectLockTable(absl::string_view name) const {
   SqlRequest r = Read("inspect_lock");
-  std::string name = LockTableName(state_id);
   // Times come from the server's clock, so client clock skew does not matter.
   // The system.tables row gives the table's age while its creation row is not
   // yet visible. A lock table dropped meanwhile gives code 60, 218 (being
@@ -428,6 +431,15 @@ SqlRequest Statements::InspectLock(absl::string_view state_id) const {
                        "` UNION ALL SELECT '', toUInt8(255), toInt64(metadata_modification_time), "
                        "materialize(toInt64(now())), toUInt32(0) FROM system.tables WHERE database = ",
                        QuoteStringLiteral(schema_), " AND name = ", QuoteStringLiteral(name), " FORMAT TabSeparated");
+  return r;
+}
+
+SqlRequest Statements::ListLockTables() const {
+  SqlRequest r = Read("list_lock_tables");
+  // The table name is an identifier ([A-Za-z_][A-Za-z0-9_]*): safe in the pattern.
+  r.sql = absl::StrCat("SELECT name, 1 FROM system.tables WHERE database = ", QuoteStringLiteral(schema_),
+                       " AND match(name, ", QuoteStringLiteral(absl::StrCat("^", table_, "_lock_[0-9a-f]{16}$")),
+                       ") ORDER BY name FORMAT TabSeparated");
   return r;
 }
 

@@ -147,6 +147,12 @@ class Statements {
   // one row ("", 255, table creation time, now, 0) from system.tables. Code
   // 60, or zero rows, when the lock table does not exist.
   SqlRequest InspectLock(absl::string_view state_id) const;
+  // The same for a lock table named `name` (`chstate locks`, which finds
+  // tables before it knows their ids).
+  SqlRequest InspectLockTable(absl::string_view name) const;
+  // The names of the live lock tables (one column, plus the constant), sorted:
+  // not the Python backend's `<table>_lock`, not tombstones.
+  SqlRequest ListLockTables() const;
   // A lease renewal row (lock_id, seq 1, now(), stale_s).
   SqlRequest RenewLock(absl::string_view state_id, absl::string_view lock_id, int64_t stale_s) const;
   SqlRequest DropLock(absl::string_view state_id) const;

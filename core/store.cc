@@ -654,6 +654,129 @@ std::unique_ptr<Task> Store::Init() {
   });
 }
 
+namespace {
+
+HeldLockInfo LockInfo(const LockInspection& insp, std::string table, std::optional<std::string> state_id) {
+  HeldLockInfo info;
+  info.state_id = std::move(state_id);
+  info.table = std::move(table);
+  info.holder = insp.holder;
+  info.held_s = insp.now_s - insp.created_s;
+  info.renewed_s = insp.age_s;
+  info.validity_s = insp.stale_s;
+  info.stale = insp.stale_s > 0 && insp.age_s >= insp.stale_s;
+  return info;
+}
+
+// Inspects the lock tables from `next` on, one request each, collecting the
+// ones that still exist.
+Step InspectLocks(StoreSteps& s, std::shared_ptr<std::vector<std::pair<std::string, std::optional<std::string>>>> tables,
+                  size_t next, std::shared_ptr<std::vector<HeldLockInfo>> found) {
+  if (next >= tables->size()) {
+    Result r = s.Base();
+    r.locks = *found;
+    return Step::Done(std::move(r));
+  }
+  const auto& [table, id] = (*tables)[next];
+  return s.Sql(
+      s.st().InspectLockTable(table), "inspecting a lock",
+      [&s, tables, next, found](const std::string& body) {
+        absl::StatusOr<LockInspection> insp = ParseLockInspection(body);
+        if (!insp.ok()) return Step::Fail(insp.status());
+        if (insp->exists) found->push_back(LockInfo(*insp, (*tables)[next].first, (*tables)[next].second));
+        return InspectLocks(s, tables, next + 1, found);
+      },
+      [&s, tables, next, found](absl::Status st) {
+        // Released between the listing and the look: not held.
+        if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
+        return InspectLocks(s, tables, next + 1, found);
+      });
+}
+
+}  // namespace
+
+std::unique_ptr<Task> Store::Locks(std::optional<std::string> glob) {
+  return MakeTask(this, [glob](StoreSteps& s) {
+    return s.Connected(
+        [&s, glob] {
+          // Lock tables by name, then (a lock can exist before any state or
+          // state table does) the tables themselves.
+          auto with_ids = [&s, glob](std::shared_ptr<std::map<std::string, std::string>> names) {
+            return s.Query(
+                s.st().ListLockTables(), "listing lock tables", 2,
+                [&s, glob, names](const Rows& rows) {
+                  auto tables = std::make_shared<std::vector<std::pair<std::string, std::optional<std::string>>>>();
+                  for (const Row& row : rows) {
+                    const std::string table = row[0].value_or("");
+                    auto it = names->find(table);
+                    if (it != names->end()) {
+                      tables->emplace_back(table, it->second);
+                    } else if (!glob) {
+                      tables->emplace_back(table, std::nullopt);
+                    }
+                  }
+                  return InspectLocks(s, tables, 0, std::make_shared<std::vector<HeldLockInfo>>());
+                },
+                StoreSteps::Failed);
+          };
+          return s.Query(
+              s.st().ListStateIds(glob), "listing state ids", 2,
+              [&s, with_ids](const Rows& ids) {
+                auto names = std::make_shared<std::map<std::string, std::string>>();
+                for (const Row& row : ids) (*names)[s.st().LockTableName(row[0].value_or(""))] = row[0].value_or("");
+                return with_ids(names);
+              },
+              [with_ids](absl::Status st) {
+                if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
+                return with_ids(std::make_shared<std::map<std::string, std::string>>());  // no state table yet
+              });
+        },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::ForceUnlock(std::string state_id) {
+  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
+  return MakeTask(this, [state_id](StoreSteps& s) {
+    return s.Connected(
+        [&s, state_id] {
+          auto not_locked = [state_id] {
+            return Step::Fail(absl::NotFoundError(
+                absl::StrCat("state id \"", StoreSteps::Printable(state_id), "\" is not locked")));
+          };
+          return s.Sql(
+              s.st().InspectLock(state_id), "inspecting the lock",
+              [&s, state_id, not_locked](const std::string& body) {
+                absl::StatusOr<LockInspection> insp = ParseLockInspection(body);
+                if (!insp.ok()) return Step::Fail(insp.status());
+                if (!insp->exists) return not_locked();
+                HeldLockInfo info = LockInfo(*insp, s.st().LockTableName(state_id), state_id);
+                return s.Sql(
+                    s.st().EntombLock(state_id, LockInstance(*insp)), "removing the lock",
+                    [&s, info](const std::string&) {
+                      Result r = s.Base();
+                      r.locks = std::vector<HeldLockInfo>{info};
+                      return Step::Done(std::move(r));
+                    },
+                    [state_id](absl::Status st) {
+                      // 60: released meanwhile; 57: this instance was taken over already.
+                      if (st.code() == absl::StatusCode::kNotFound || st.code() == absl::StatusCode::kAlreadyExists) {
+                        return Step::Fail(absl::AbortedError(absl::StrCat(
+                            "the lock on state id \"", StoreSteps::Printable(state_id),
+                            "\" changed hands while it was being removed; look again with `chstate locks`")));
+                      }
+                      return Step::Fail(std::move(st));
+                    });
+              },
+              [not_locked](absl::Status st) {
+                if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
+                return not_locked();
+              });
+        },
+        StoreSteps::Failed);
+  });
+}
+
 std::unique_ptr<Task> Store::History(std::string state_id, int64_t limit) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
   if (limit < 1) return Invalid(absl::InvalidArgumentError("a history lists at least one version"));

@@ -142,6 +142,16 @@ class Store {
   // when the history holds no such version; kInvalidArgument for a name
   // that is not "<unix ms>-<8 hex digits>".
   std::unique_ptr<Task> Rollback(std::string state_id, std::string version);
+  // Every lock held now (Result.locks), sorted by table; with `glob`, only
+  // those of ids matching it. Ids are found through the state table (a lock
+  // table is named by a hash of its id): a lock on an id with no state yet
+  // is listed without its id, and only when no glob is given.
+  std::unique_ptr<Task> Locks(std::optional<std::string> glob);
+  // Removes the id's lock whoever holds it (`chstate unlock --force`): the
+  // lock table is moved to its tombstone as a takeover does, so its holder
+  // finds it lost at its next renewal. Result.locks: the lock removed.
+  // kNotFound when the id is not locked.
+  std::unique_ptr<Task> ForceUnlock(std::string state_id);
   // dst := src (under dst's lock). kNotFound when src is absent.
   std::unique_ptr<Task> Copy(std::string src, std::string dst);
   // Copy, then delete src under src's lock.

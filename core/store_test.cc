@@ -629,6 +629,86 @@ TEST(Store, ImportSplitsByBytes) {
   EXPECT_EQ(o.last.result.count, 3);
 }
 
+// ---- locks held now (`chstate locks`, `chstate unlock --force`) ----
+
+TEST(Store, LocksMapsLockTablesToIdsAndJudgesStaleness) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  // Build names the way the store does (statements of the same schema and table).
+  absl::StatusOr<Statements> st = Statements::Create(Dialect::kClickHouse18, "meltano", "state");
+  ASSERT_TRUE(st.ok());
+  const std::string a = st->LockTableName("dev:a"), b = st->LockTableName("dev:b");
+  const std::string unknown = "state_lock_00000000000000ff";
+  auto t = store->Locks(std::nullopt);
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("list_state_ids", Ok("dev:a\t1\ndev:b\t1\ndev:c\t1\n")),
+                     Q("list_lock_tables", Ok(absl::StrCat(unknown, "\t1\n", a, "\t1\n", b, "\t1\n")),
+                       "match(name, '^state_lock_[0-9a-f]{16}$')"),
+                     Q("inspect_lock", Ok("x1\t0\t100\t400\t300\n\t255\t100\t400\t0\n"), unknown),
+                     // dev:a: taken at 1000, renewed at 1190, now 1200, window 300: live.
+                     Q("inspect_lock", Ok("h1\t0\t1000\t1200\t300\nh1\t1\t1190\t1200\t300\n\t255\t1000\t1200\t0\n"), a),
+                     Q("inspect_lock", Err(404, 60, "Table meltano.x doesn't exist."), b)},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  ASSERT_TRUE(o.last.result.locks.has_value());
+  ASSERT_EQ(o.last.result.locks->size(), 2u);  // dev:b was released meanwhile
+  const HeldLockInfo& u = (*o.last.result.locks)[0];
+  EXPECT_FALSE(u.state_id.has_value());
+  EXPECT_EQ(u.table, unknown);
+  EXPECT_TRUE(u.stale);  // renewed 300 s ago with a 300 s window
+  const HeldLockInfo& la = (*o.last.result.locks)[1];
+  EXPECT_EQ(la.state_id, std::optional<std::string>("dev:a"));
+  EXPECT_EQ(la.holder, "h1");
+  EXPECT_EQ(la.held_s, 200);
+  EXPECT_EQ(la.renewed_s, 10);
+  EXPECT_EQ(la.validity_s, 300);
+  EXPECT_FALSE(la.stale);
+  // With a pattern, a table whose id is not known is left out.
+  auto some = store->Locks(std::string("dev:*"));
+  o = Drive(*some, {Q("list_state_ids", Ok("dev:a\t1\n")), Q("list_lock_tables", Ok(absl::StrCat(unknown, "\t1\n"))) },
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_TRUE(o.last.result.locks->empty());
+  // No state table yet (a lock can come first): its tables still count; no database: none.
+  auto early = store->Locks(std::nullopt);
+  o = Drive(*early, {Q("list_state_ids", Err(404, 60, "Table meltano.state doesn't exist")),
+                     Q("list_lock_tables", Ok(absl::StrCat(unknown, "\t1\n"))),
+                     Q("inspect_lock", Ok("x1\t0\t100\t101\t300\n\t255\t100\t101\t0\n"))},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.locks->size(), 1u);
+  auto none = store->Locks(std::nullopt);
+  o = Drive(*none, {Q("list_state_ids", Err(404, 81, "Database meltano doesn't exist")),
+                    Q("list_lock_tables", Ok(""))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_TRUE(o.last.result.locks->empty());
+}
+
+TEST(Store, ForceUnlockEntombsTheInstanceAndSaysWhoseItWas) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  // The tombstone is the one a takeover of that instance would make.
+  absl::StatusOr<Statements> st = Statements::Create(Dialect::kClickHouse18, "meltano", "state");
+  ASSERT_TRUE(st.ok());
+  auto t = store->ForceUnlock("dev:a");
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("inspect_lock", Ok("h1\t0\t1000\t1200\t10\n\t255\t1000\t1200\t0\n")),
+                     Q("entomb_lock", Ok(), st->TombstoneName("dev:a", "holder:h1"))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  ASSERT_EQ(o.last.result.locks->size(), 1u);
+  EXPECT_EQ((*o.last.result.locks)[0].holder, "h1");
+  EXPECT_TRUE((*o.last.result.locks)[0].stale);
+  auto free = store->ForceUnlock("dev:b");
+  o = Drive(*free, {Q("inspect_lock", Ok(""))}, &clock);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kNotFound, HasSubstr("is not locked")));
+  auto raced = store->ForceUnlock("dev:c");
+  o = Drive(*raced, {Q("inspect_lock", Ok("h2\t0\t1000\t1200\t10\n\t255\t1000\t1200\t0\n")),
+                     Q("entomb_lock", Err(404, 60, "Table doesn't exist."))},
+            &clock);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("changed hands")));
+}
+
 // ---- cluster mode (core/statements.h) ----
 
 std::unique_ptr<Store> MakeClusterStore() {

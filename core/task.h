@@ -62,6 +62,18 @@ struct StateVersion {
   bool current = false;     // what the state table holds now
 };
 
+// A lock some process holds (Store::Locks, Store::ForceUnlock). Times are the
+// server's.
+struct HeldLockInfo {
+  std::optional<std::string> state_id;  // nullopt: an id with no state yet (only its table is known)
+  std::string table;                    // the lock table
+  std::string holder;                   // the holder's lock id ("" while its creation row is not visible)
+  int64_t held_s = 0;                   // since it was taken
+  int64_t renewed_s = 0;                // since it was last renewed (or taken)
+  int64_t validity_s = 0;               // the holder's window (0: not known yet)
+  bool stale = false;                   // past its window: the next taker takes it over
+};
+
 // What a finished task produced. Which fields are set depends on the task.
 struct Result {
   std::optional<MeltanoState> state;    // Get: nullopt when the id is absent; Rollback: what was restored
@@ -69,6 +81,8 @@ struct Result {
   // ExportPage: one page, sorted by id (set, maybe empty, only by ExportPage).
   std::optional<std::vector<MeltanoState>> states;
   bool more = false;                    // ExportPage: a full page; ask for the next after its last id
+  // Locks (set, maybe empty, only by Locks); ForceUnlock: the one removed.
+  std::optional<std::vector<HeldLockInfo>> locks;
   // History: newest first (set, maybe empty, only by History).
   std::optional<std::vector<StateVersion>> versions;
   int64_t count = 0;                    // ClearAll: states removed

@@ -101,7 +101,8 @@ constexpr OptionSpec kOptions[] = {
     {"pattern", 0, "GLOB", nullptr, "only ids matching GLOB: * matches any run, ? one character"},
     {"null", 0, nullptr, nullptr, "end each id with a NUL byte instead of a newline (for ids with newlines)"},
     {"input-file", 0, "FILE", nullptr, "read the state JSON from FILE (- for stdin)"},
-    {"force", 0, nullptr, nullptr, "accept a state without a top-level \"singer_state\" key"},
+    {"force", 0, nullptr, nullptr,
+     "set, merge: accept a state without a top-level \"singer_state\" key; unlock: remove the lock whoever holds it"},
     {"from-state-id", 0, "SRC", nullptr, "merge the state of SRC (its merged view) into ID"},
     {"all", 0, nullptr, nullptr, "remove every state id"},
     {"limit", 0, "N", nullptr, "list at most N versions (default 20)"},
@@ -795,6 +796,57 @@ absl::Status Rollback(Session& s) {
   return absl::OkStatus();
 }
 
+json LockJson(const HeldLockInfo& l) {
+  return {{"state_id", l.state_id ? json(*l.state_id) : json(nullptr)},
+          {"table", l.table},
+          {"holder", l.holder},
+          {"held_s", l.held_s},
+          {"renewed_s", l.renewed_s},
+          {"validity_s", l.validity_s},
+          {"stale", l.stale}};
+}
+
+// `chstate locks`: who holds which lock, by the server's clock.
+absl::Status Locks(Session& s) {
+  std::optional<std::string> glob;
+  if (const std::string* p = s.inv.Value("pattern")) glob = *p;
+  absl::StatusOr<Result> r = s.Run(s.store->Locks(glob));
+  if (!r.ok()) return r.status();
+  if (s.report.json_mode()) {
+    json locks = json::array();
+    for (const HeldLockInfo& l : *r->locks) locks.push_back(LockJson(l));
+    s.report.Emit(locks);
+    return absl::OkStatus();
+  }
+  for (const HeldLockInfo& l : *r->locks) {
+    s.report.out() << (l.state_id ? *l.state_id : absl::StrCat("(no state yet; table ", l.table, ")")) << '\t'
+                   << (l.holder.empty() ? "?" : l.holder) << "\theld " << l.held_s << " s\trenewed " << l.renewed_s
+                   << " s ago\tvalid " << l.validity_s << " s\t" << (l.stale ? "stale" : "live") << '\n';
+  }
+  return absl::OkStatus();
+}
+
+// `chstate unlock ID --force`: removes a lock the operator knows is dead.
+absl::Status Unlock(Session& s) {
+  if (!s.inv.On("force")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unlock removes the lock on ", Quoted(s.arg(0)), " whoever holds it; if its holder is still running it "
+        "loses the lock at its next renewal. Run `chstate locks` to see who holds it, then add --force"));
+  }
+  absl::StatusOr<Result> r = s.Run(s.store->ForceUnlock(s.arg(0)));
+  if (!r.ok()) return r.status();
+  const HeldLockInfo& l = r->locks->front();
+  if (s.report.json_mode()) {
+    s.report.Emit(LockJson(l));
+  } else {
+    s.report.err() << "chstate: removed the lock on state id " << Quoted(s.arg(0)) << ": holder "
+                   << (l.holder.empty() ? "unknown" : l.holder) << ", taken " << l.held_s << " s ago, last renewed "
+                   << l.renewed_s << " s ago, valid " << l.validity_s << " s (" << (l.stale ? "stale" : "live")
+                   << ")\n";
+  }
+  return absl::OkStatus();
+}
+
 std::string DialectText(const Result& r) { return r.dialect ? DialectName(*r.dialect) : ""; }
 
 absl::Status Init(Session& s) {
@@ -898,6 +950,17 @@ const std::vector<CommandSpec>& Commands() {
        "renewed while COMMAND runs; if it is lost anyway, COMMAND gets SIGTERM and chstate exits 7. Exits 4, "
        "without running COMMAND, when the lock is not free in time.",
        {}, 2, kUnlimited, Lock},
+      {"locks", "[--pattern GLOB]", "list the locks held now, by whom and since when",
+       "Prints one line per held lock: the state id, the holder's lock id, how long ago it was taken and last "
+       "renewed and its validity (all by the server's clock), and `stale` once it is past its validity (the next "
+       "process that wants it takes it over). A lock on an id that has no state yet is shown by its table "
+       "(and only without --pattern). --json gives an array of objects.",
+       {"pattern"}, 0, 0, Locks},
+      {"unlock", "ID --force", "remove a lock whose holder is dead",
+       "Removes ID's lock whoever holds it, as a takeover does, and says whose it was. A holder that is still "
+       "running finds the lock lost at its next renewal and stops (`chstate lock` exits 7), so use it for a holder "
+       "you know is dead when you cannot wait for its lock to go stale. Exits 3 when ID is not locked.",
+       {"force"}, 1, 1, Unlock},
       {"init", "", "create the state database and tables",
        "Creates the schema, the state table and the lock table if they do not exist. Other commands create them "
        "on first write, so this is only needed to check grants up front.",

@@ -14,7 +14,7 @@ import time
 import pytest
 
 COMMANDS = ["list", "get", "set", "merge", "copy", "move", "clear", "export", "import", "history", "rollback",
-            "compact", "init", "ping"]
+            "compact", "locks", "unlock", "init", "ping"]
 
 STATE_A = {"singer_state": {"bookmarks": {"users": {"updated_at": "2024-01-01"}}}}
 STATE_B = {"singer_state": {"bookmarks": {"users": {"updated_at": "2024-02-02"}, "orders": {"id": 7}}}}
