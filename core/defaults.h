@@ -43,6 +43,12 @@ inline constexpr int kDefaultTransportAttempts = 3;
 // Wait before the first resend; doubled before each further one.
 inline constexpr int64_t kDefaultTransportBackoffMs = 100;
 
+// With python_locks (a mixed fleet with the Python ClickHouse backend), a new
+// holder waits this long after showing itself in `<table>_lock` before it
+// looks for the Python backend's rows: longer than any of its processes takes
+// from seeing the lock free to writing its own row.
+inline constexpr int64_t kDefaultPythonLockSettleMs = 1000;
+
 // State history keeps each version this many days (0: no history table).
 inline constexpr int64_t kDefaultHistoryDays = 30;
 // `chstate history` lists at most this many versions unless told otherwise.
@@ -74,6 +80,8 @@ inline constexpr DefaultSetting kDefaults[] = {
     {"ddl_timeout_s", kDefaultDdlTimeoutS, "s", "cluster: ON CLUSTER DDL waits this long for every host"},
     {"transport_attempts", kDefaultTransportAttempts, "count", "sends of one request in all, after transport failures"},
     {"transport_backoff_ms", kDefaultTransportBackoffMs, "ms", "before the first resend, doubled after"},
+    {"python_lock_settle_ms", kDefaultPythonLockSettleMs, "ms",
+     "mixed fleet: a new holder waits this long before it looks for the Python backend's lock rows"},
     {"history_days", kDefaultHistoryDays, "days", "state history: versions are kept this long (0: no history)"},
     {"history_limit", kDefaultHistoryLimit, "count", "`chstate history`: versions listed"},
     {"export_page_states", kDefaultExportPageStates, "count", "export: states per SELECT (a keyset page)"},

@@ -190,7 +190,11 @@ SqlRequest Statements::ExpireHistory(int64_t days) const {
   // A mutation, replicated by the table itself in cluster mode; it runs in
   // the background and removing old versions twice is harmless.
   SqlRequest r = Ddl("expire_history", true);
-  r.sql = absl::StrCat("ALTER TABLE ", HistoryTable(), " DELETE WHERE updated_at < now() - INTERVAL ", days, " DAY");
+  const std::string where = absl::StrCat(" WHERE updated_at < now() - INTERVAL ", days, " DAY");
+  // Modern servers: a lightweight DELETE (their TTL also applies; this one
+  // follows a history_days changed since the table was made).
+  r.sql = dialect_ == Dialect::kModern ? absl::StrCat("DELETE FROM ", HistoryTable(), where)
+                                       : absl::StrCat("ALTER TABLE ", HistoryTable(), " DELETE", where);
   return r;
 }
 
@@ -431,6 +435,40 @@ SqlRequest Statements::InspectLockTable(absl::string_view name) const {
                        "` UNION ALL SELECT '', toUInt8(255), toInt64(metadata_modification_time), "
                        "materialize(toInt64(now())), toUInt32(0) FROM system.tables WHERE database = ",
                        QuoteStringLiteral(schema_), " AND name = ", QuoteStringLiteral(name), " FORMAT TabSeparated");
+  return r;
+}
+
+std::string Statements::LockRowsTable() const { return absl::StrCat("`", schema_, "`.`", table_, "_lock`"); }
+
+SqlRequest Statements::InsertLockMarker(absl::string_view state_id, absl::string_view lock_id) const {
+  SqlRequest r = Request("insert_lock_marker", false);
+  WriteSettings(&r);
+  r.sql = absl::StrCat("INSERT INTO ", LockRowsTable(), " (state_id, lock_id, locked_at) SELECT ",
+                       QuoteStringLiteral(state_id), ", ", QuoteStringLiteral(absl::StrCat(kLockMarkerPrefix, lock_id)),
+                       ", now() - 2");
+  return r;
+}
+
+SqlRequest Statements::DeleteLockMarker(absl::string_view state_id, absl::string_view lock_id) const {
+  // Deleting a row that is gone already is harmless: resendable.
+  SqlRequest r = Request("delete_lock_marker", true);
+  WriteSettings(&r);
+  std::string where = absl::StrCat(StateIdEquals(&r, state_id), " AND lock_id = ",
+                                   QuoteStringLiteral(absl::StrCat(kLockMarkerPrefix, lock_id)));
+  r.sql = dialect_ == Dialect::kModern ? absl::StrCat("DELETE FROM ", LockRowsTable(), " WHERE ", where)
+                                       : absl::StrCat("ALTER TABLE ", LockRowsTable(), " DELETE WHERE ", where);
+  return r;
+}
+
+SqlRequest Statements::ForeignLockRows(absl::string_view state_id) const {
+  SqlRequest r = Read("foreign_lock_rows");
+  ReadSettings(&r);
+  // Every row, not FINAL: a candidate that lost but is not withdrawn yet
+  // counts too (it may be about to win on a retry).
+  std::string where = StateIdEquals(&r, state_id);
+  r.sql = absl::StrCat("SELECT lock_id, 1 FROM ", LockRowsTable(), " WHERE ", where, " AND locked_at >= now() - ",
+                       kPythonLockWindowS, " AND NOT startsWith(lock_id, ", QuoteStringLiteral(kLockMarkerPrefix),
+                       ") FORMAT TabSeparated");
   return r;
 }
 

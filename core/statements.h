@@ -57,6 +57,12 @@ struct ClusterOptions {
   bool enabled() const { return !name.empty(); }
 };
 
+// How long the Python ClickHouse backend counts a lock row as live (its
+// STALE_LOCK_SECONDS, and the TTL of `<table>_lock`).
+inline constexpr int64_t kPythonLockWindowS = 300;
+// The prefix of chstate's marker rows in `<table>_lock`.
+inline constexpr const char* kLockMarkerPrefix = "chstate:";
+
 // The completed_state of a tombstone row (cluster mode deletes): not JSON, so
 // no state written by chstate or Meltano can look like it.
 inline constexpr const char* kTombstone = "chstate:deleted";
@@ -150,6 +156,19 @@ class Statements {
   // The same for a lock table named `name` (`chstate locks`, which finds
   // tables before it knows their ids).
   SqlRequest InspectLockTable(absl::string_view name) const;
+  // ---- a mixed fleet with the Python ClickHouse backend (README "The lock") ----
+  // That backend locks by rows in `<table>_lock` (state_id, lock_id,
+  // locked_at): a holder's row is live for kPythonLockWindowS. chstate's
+  // holder shows itself there with a marker row, lock_id "chstate:<its lock
+  // id>", written two seconds in the past so that the table's merges (it is
+  // a ReplacingMergeTree by state_id, keeping the newest row) never drop a
+  // Python row written at about the same time in favour of the marker.
+  SqlRequest InsertLockMarker(absl::string_view state_id, absl::string_view lock_id) const;
+  SqlRequest DeleteLockMarker(absl::string_view state_id, absl::string_view lock_id) const;
+  // Rows (lock_id, 1) of live rows for `state_id` that are not chstate's
+  // markers: a Python backend process holds the lock, or is trying to.
+  SqlRequest ForeignLockRows(absl::string_view state_id) const;
+
   // The names of the live lock tables (one column, plus the constant), sorted:
   // not the Python backend's `<table>_lock`, not tombstones.
   SqlRequest ListLockTables() const;
@@ -172,6 +191,7 @@ class Statements {
       : dialect_(d), schema_(std::move(schema)), table_(std::move(table)), cluster_(std::move(cluster)) {}
   std::string StateTable() const;
   std::string HistoryTable() const;
+  std::string LockRowsTable() const;  // `<table>_lock`, the Python backend's
   // The SELECT and FROM that ListHistory and GetHistoryVersion share.
   std::string HistoryRows() const;
   // " ON CLUSTER `name`" in cluster mode, else "".

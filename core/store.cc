@@ -393,21 +393,87 @@ class StoreSteps {
         absl::StrCat("the lock stopped in state ", LockStateName(m->state()), " without an outcome")));
   }
 
-  Step Acquire(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail) {
-    auto m = std::make_shared<LockMachine>(st(), id, s_->options_.lock);
+  // `deadline_ms`: when waiting ends (the lock timeout from the first
+  // attempt); a retry after yielding to the Python backend keeps it.
+  Step Acquire(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail,
+               std::optional<int64_t> deadline_ms = std::nullopt) {
+    const int64_t deadline = deadline_ms.value_or(in_->now_ms + s_->options_.lock.timeout_ms);
+    LockOptions options = s_->options_.lock;
+    options.timeout_ms = std::max<int64_t>(deadline - in_->now_ms, 0);
+    auto m = std::make_shared<LockMachine>(st(), id, options);
     m->Acquire(*in_);
-    return DriveLock(m, [this, m, then, fail](const LockAction& a) -> Step {
-      if (a.kind == LockAction::Kind::kAcquired) return then(m);
-      return fail(ExplainCluster(a.status));
+    return DriveLock(m, [this, m, id, deadline, then, fail](const LockAction& a) -> Step {
+      if (a.kind != LockAction::Kind::kAcquired) return fail(ExplainCluster(a.status));
+      if (!s_->options_.python_locks) return then(m);
+      return ClaimFromPython(id, m, deadline, then, fail);
     });
   }
 
+  // python_locks: the table lock is ours; now the Python backend's rows.
+  // Look (a Python holder: yield), show ourselves with a marker, wait the
+  // settle time (a Python process that saw the lock free before the marker
+  // has written its row by then), look again. Yielding releases the table
+  // lock and tries again until the deadline.
+  Step ClaimFromPython(const std::string& id, const LockPtr& m, int64_t deadline, std::function<Step(LockPtr)> then,
+                       OnFailure fail) {
+    // Release withdraws the marker first (it is harmless when none was written).
+    auto abandon = [this, m, fail](absl::Status st) -> Step {
+      return Release(m, [fail, st] { return fail(st); }, [fail, st](absl::Status) { return fail(st); });
+    };
+    auto yield = [this, id, m, deadline, then, fail](const std::string& python_lock_id) -> Step {
+      return Release(
+          m,
+          [this, id, deadline, then, fail, python_lock_id] {
+            if (in_->now_ms + s_->options_.lock.retry_ms >= deadline) {
+              return fail(absl::AbortedError(absl::StrCat(
+                  "state id \"", Printable(id), "\" is locked by a process of the Python ClickHouse backend (its "
+                  "lock row ", Printable(python_lock_id), " in ", s_->options_.table,
+                  "_lock); it was not free within the lock timeout")));
+            }
+            return Step::Wait(s_->options_.lock.retry_ms,
+                              [this, id, deadline, then, fail] { return Acquire(id, then, fail, deadline); });
+          },
+          fail);
+    };
+    auto look = [this, id](std::function<Step(const Rows&)> seen, OnFailure failed) {
+      return Query(st().ForeignLockRows(id), "looking for the Python backend's lock rows", 2, std::move(seen),
+                   std::move(failed));
+    };
+    return look(
+        [this, id, m, then, yield, abandon, look](const Rows& before) -> Step {
+          if (!before.empty()) return yield(before[0][0].value_or(""));
+          return Sql(
+              st().InsertLockMarker(id, m->lock_id()), "showing the lock to the Python backend",
+              [this, m, then, yield, abandon, look](const std::string&) {
+                return Step::Wait(kDefaultPythonLockSettleMs, [m, then, yield, abandon, look] {
+                  return look(
+                      [m, then, yield](const Rows& after) -> Step {
+                        if (!after.empty()) return yield(after[0][0].value_or(""));
+                        return then(m);
+                      },
+                      abandon);
+                });
+              },
+              abandon);
+        },
+        abandon);
+  }
+
   Step Release(const LockPtr& m, Then then, OnFailure fail) {
-    m->Release(*in_);
-    return DriveLock(m, [this, then, fail](const LockAction& a) -> Step {
-      if (a.kind == LockAction::Kind::kReleased) return then();
-      return fail(ExplainCluster(a.status));
-    });
+    auto drop = [this, m, then, fail] {
+      m->Release(*in_);
+      return DriveLock(m, [this, then, fail](const LockAction& a) -> Step {
+        if (a.kind == LockAction::Kind::kReleased) return then();
+        return fail(ExplainCluster(a.status));
+      });
+    };
+    if (!s_->options_.python_locks || m->state() != LockState::kHeld) return drop();
+    // The marker first: while it stands, Python processes wait.
+    return Sql(
+        st().DeleteLockMarker(m->state_id(), m->lock_id()), "withdrawing the lock marker",
+        [drop](const std::string&) { return drop(); },
+        // Dropped anyway; the marker then ends with the Python backend's window.
+        [drop](absl::Status) { return drop(); });
   }
 
   // Writes under a lock are sent only while its lease is valid: the lock
@@ -484,7 +550,13 @@ class StoreSteps {
         // names when the next renewal is due.
         auto it = s_->held_.find(id);
         if (it != s_->held_.end() && it->second.machine == m) it->second.renew_at_ms = in_->now_ms + a.delay_ms;
-        return then();
+        if (!s_->options_.python_locks || m->state() != LockState::kHeld) return then();
+        // The marker is renewed with the lock: the Python backend counts a
+        // row live for kPythonLockWindowS. A failure here is tried again at
+        // the next renewal, well inside that window.
+        return Sql(
+            st().InsertLockMarker(id, m->lock_id()), "renewing the lock marker",
+            [then](const std::string&) { return then(); }, [then](absl::Status) { return then(); });
       }
       if (m->state() == LockState::kLost) return lost(a.status.ok() ? LostLock(id) : a.status);
       return fail(a.status);
@@ -575,6 +647,13 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
         "the stale-lock window (how long a lock stays valid without renewal) is ", options.lock.stale_ms,
         " ms; it must be at least ", kMinStaleLockMs / 1000,
         " s: the holder keeps a tenth of it as margin for requests still in flight. Raise the stale-lock setting "
+        "(Meltano: state_backend.lock_timeout_seconds)"));
+  }
+  if (options.python_locks && options.lock.stale_ms > 2 * kPythonLockWindowS * 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "with python_locks the stale-lock window may be at most ", 2 * kPythonLockWindowS,
+        " s: a holder's row in the Python backend's lock table must be renewed within its ", kPythonLockWindowS,
+        " s, and renewals come every third of the window. Lower the stale-lock setting "
         "(Meltano: state_backend.lock_timeout_seconds)"));
   }
   return std::unique_ptr<Store>(new Store(std::move(options)));

@@ -85,6 +85,10 @@ struct StoreOptions {
   // State history (README "State history"): versions are kept this many
   // days; 0 creates no history table (an existing one is still fed).
   int64_t history_days = kDefaultHistoryDays;
+  // A mixed fleet with the Python ClickHouse backend on one schema (README
+  // "Migrating from the Python backend"): a holder also shows itself in
+  // `<table>_lock` the way that backend does, and yields to its rows.
+  bool python_locks = false;
 };
 
 class Store {

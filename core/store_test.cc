@@ -225,6 +225,66 @@ TEST(Store, UpdateMergesPartialUnderTheLock) {
   EXPECT_EQ(o.last.result.state->completed, nlohmann::json::parse(R"({"c":true})"));
 }
 
+// ---- python_locks: a mixed fleet with the Python ClickHouse backend ----
+
+std::unique_ptr<Store> MakePythonLocksStore() {
+  StoreOptions o;
+  o.python_locks = true;
+  absl::StatusOr<std::unique_ptr<Store>> s = Store::Create(o);
+  EXPECT_THAT(s, IsOk());
+  return std::move(*s);
+}
+
+TEST(Store, PythonLocksShowTheHoldSettleAndLookAgainBeforeWriting) {
+  auto store = MakePythonLocksStore();
+  int64_t clock = 0;
+  MeltanoState incoming{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"singer_state":{}})")};
+  auto t = store->SetLocked(incoming);
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Ok()),
+                     Q("foreign_lock_rows", Ok(""), "NOT startsWith(lock_id, 'chstate:')"),
+                     Q("insert_lock_marker", Ok(), "'chstate:" + kLockId + "', now() - 2"),
+                     W(kDefaultPythonLockSettleMs), Q("foreign_lock_rows", Ok("")), Q("insert_state", Ok()),
+                     // The marker goes before the lock table: Python processes wait while it stands.
+                     Q("delete_lock_marker", Ok(), "lock_id = 'chstate:" + kLockId + "'"), Q("inspect_lock", Mine()),
+                     Q("drop_lock", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+TEST(Store, PythonLocksYieldToAPythonHolderAndGiveUpNamingIt) {
+  LockOptions lock;
+  lock.timeout_ms = 2500;  // room for one retry after the first settle (1 s) and its wait (1 s)
+  StoreOptions opts;
+  opts.lock = lock;
+  opts.python_locks = true;
+  auto store = *Store::Create(opts);
+  int64_t clock = 0;
+  auto t = store->AcquireLock("id");
+  // A Python row appears during the settle: withdraw, release, wait, try again;
+  // the second time a Python holder is there at once and the timeout has come.
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Ok()), Q("foreign_lock_rows", Ok("")), Q("insert_lock_marker", Ok()),
+                     W(kDefaultPythonLockSettleMs), Q("foreign_lock_rows", Ok("6f1c-python\t1\n")),
+                     Q("delete_lock_marker", Ok()), Q("inspect_lock", Mine()), Q("drop_lock", Ok()),
+                     W(kDefaultLockRetryMs), Q("create_lock", Ok()), Q("foreign_lock_rows", Ok("6f1c-python\t1\n")),
+                     Q("delete_lock_marker", Ok()), Q("inspect_lock", Mine()), Q("drop_lock", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kAborted,
+                                      AllOf(HasSubstr("Python ClickHouse backend"), HasSubstr("6f1c-python"))));
+  EXPECT_FALSE(store->LeaseValid("id", clock));
+}
+
+TEST(Store, PythonLocksNeedAWindowTheirRowCanBeRenewedIn) {
+  StoreOptions o;
+  o.python_locks = true;
+  o.lock.stale_ms = 601 * 1000;
+  EXPECT_THAT(Store::Create(o).status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 600 s")));
+  o.python_locks = false;
+  EXPECT_THAT(Store::Create(o).status(), IsOk());
+}
+
 TEST(Store, LockIsReleasedWhenTheBodyFails) {
   auto store = MakeStore();
   int64_t clock = 0;

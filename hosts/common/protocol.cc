@@ -380,7 +380,10 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
                 : key == "mutation_timeout_ms" ? &opts.mutation_timeout_ms
                 : key == "request_timeout_ms" ? &opts.transport.request_timeout_ms
                 : key == "history_days" ? &opts.history_days : nullptr;
-    if (text != nullptr) {
+    if (key == "python_locks") {
+      if (!value.is_boolean()) return absl::InvalidArgumentError("\"python_locks\" must be a boolean");
+      opts.python_locks = value.get<bool>();
+    } else if (text != nullptr) {
       if (!value.is_string()) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a string"));
       *text = value.get<std::string>();
     } else if (ms != nullptr) {
@@ -392,7 +395,7 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown store option \"", key,
           "\"; expected schema, table, endpoint, cluster, zookeeper_path, replica, lock_timeout_ms, lock_retry_ms, "
-          "stale_lock_ms, mutation_timeout_ms, request_timeout_ms, history_days"));
+          "stale_lock_ms, mutation_timeout_ms, request_timeout_ms, history_days, python_locks"));
     }
   }
   return opts;

@@ -106,6 +106,9 @@ constexpr OptionSpec kOptions[] = {
     {"from-state-id", 0, "SRC", nullptr, "merge the state of SRC (its merged view) into ID"},
     {"all", 0, nullptr, nullptr, "remove every state id"},
     {"limit", 0, "N", nullptr, "list at most N versions (default 20)"},
+    {"python-locks", 0, nullptr, kLocking,
+     "share locks with processes of the Python ClickHouse backend on the same schema (a migration; "
+     "MELTANO_STATE_BACKEND_CLICKHOUSE_PYTHON_LOCKS; README \"Moving state\")"},
     {"history-days", 0, "DAYS", kConnection,
      "keep each state version this many days; 0: no history table (MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS, "
      "default 30)"},
@@ -507,6 +510,17 @@ absl::Status Connect(Session& s) {
   absl::StatusOr<int64_t> days = WholeNumber(s.inv, s.env, "history-days", kHistoryDaysEnv, kDefaultHistoryDays);
   if (!days.ok()) return days.status();
   options.history_days = *days;
+  if (auto it = s.inv.switches.find("python-locks"); it != s.inv.switches.end()) {
+    options.python_locks = it->second;
+  } else if (auto env = s.env.find("MELTANO_STATE_BACKEND_CLICKHOUSE_PYTHON_LOCKS"); env != s.env.end() &&
+             !env->second.empty()) {
+    std::optional<bool> on = ParseBool(env->second);
+    if (!on) {
+      return absl::InvalidArgumentError(absl::StrCat("MELTANO_STATE_BACKEND_CLICKHOUSE_PYTHON_LOCKS is ",
+                                                     Quoted(env->second), "; it must be true or false"));
+    }
+    options.python_locks = *on;
+  }
 
   s.exec = std::make_unique<native::HttpExecutor>(s.config, exec_options);
   options.endpoint = s.exec->endpoint();

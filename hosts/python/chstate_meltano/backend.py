@@ -112,7 +112,7 @@ class ChstateStateStoreManager(StateStoreManager):
         except ChstateError as e:
             raise ChstateStateBackendError("loading the native library", e) from None
         self._lock_options = self._lock_settings(lock_timeout_seconds, lock_retry_seconds, lock_wait_seconds)
-        self._history_options = self._history_settings(history_days)
+        self._extra_options = self._history_settings(history_days)  # store options beyond the lock's
 
     def _history_settings(self, days: t.Any) -> dict:
         """state_backend.<scheme>.history_days as the core's store option;
@@ -167,7 +167,7 @@ class ChstateStateStoreManager(StateStoreManager):
                 "table": self.table,
                 "endpoint": self.endpoint,
                 **self._lock_options,
-                **self._history_options,
+                **self._extra_options,
                 **self._cluster_options,
             }
             self._store = _native.Store(options, self._transport)
@@ -312,8 +312,17 @@ class ClickhouseStateStoreManager(ChstateStateStoreManager):
     def __init__(self, uri: str, *, host: t.Any = None, port: t.Any = None, database: t.Any = None,
                  user: t.Any = None, password: t.Any = None, secure: t.Any = None, schema: t.Any = None,
                  table: t.Any = None, ca_file: t.Any = None, cluster: t.Any = None, zookeeper_path: t.Any = None,
-                 replica: t.Any = None, **kwargs: t.Any) -> None:
+                 replica: t.Any = None, python_locks: t.Any = None, **kwargs: t.Any) -> None:
         super().__init__(uri, **kwargs)
+        if python_locks not in (None, ""):
+            on = str(python_locks).strip().lower()
+            if on not in ("true", "false", "1", "0", "yes", "no"):
+                raise ChstateSettingsError("reading state_backend.clickhouse.python_locks", ChstateError(
+                    "INVALID_ARGUMENT", f"state_backend.clickhouse.python_locks is {python_locks!r}; it must be "
+                    "true or false"))
+            self._extra_options = {**self._extra_options, "python_locks": on in ("true", "1", "yes")}
+            _check_store_options({**self._lock_options, **self._extra_options},
+                                 "reading state_backend.clickhouse.python_locks")
         # Granular settings override the URI component-wise: the core's
         # precedence (flags beat the --uri flag). Meltano already folded
         # MELTANO_STATE_BACKEND_* variables into these, so env stays empty.

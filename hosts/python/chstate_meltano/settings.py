@@ -77,3 +77,10 @@ _HISTORY = ("Days each state version is kept in the state history (default 30; 0
 CLICKHOUSE_HISTORY_DAYS = _setting("history_days", "State History (days)", _HISTORY, SettingKind.INTEGER)
 CHDB_HISTORY_DAYS = SettingDefinition(name="state_backend.chdb.history_days", label="State History (days)",
                                       description=_HISTORY, kind=SettingKind.INTEGER, env_specific=True)
+
+# A mixed fleet during a migration from the Python ClickHouse backend.
+CLICKHOUSE_PYTHON_LOCKS = _setting("python_locks", "Share Locks With The Python Backend",
+                                   "Also lock the way the Python ClickHouse backend does (its rows in <table>_lock), so "
+                                   "that pipelines still on that backend and pipelines on chstate never run one state id "
+                                   "at once; costs about a second per lock taken. For the time of a migration; chstate "
+                                   "only", SettingKind.BOOLEAN)
