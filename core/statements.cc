@@ -198,6 +198,17 @@ SqlRequest Statements::ExpireHistory(int64_t days) const {
   return r;
 }
 
+SqlRequest Statements::TrimHistory(int64_t keep) const {
+  SqlRequest r = Ddl("trim_history", true);
+  // Each id's times beyond its newest `keep` (18.x has no LIMIT n, m BY).
+  const std::string where =
+      absl::StrCat(" WHERE (state_id, updated_at) IN (SELECT state_id, arrayJoin(arraySlice(arrayReverseSort("
+                   "groupArray(updated_at)), ", keep + 1, ")) FROM ", HistoryTable(), " GROUP BY state_id)");
+  r.sql = dialect_ == Dialect::kModern ? absl::StrCat("DELETE FROM ", HistoryTable(), where)
+                                       : absl::StrCat("ALTER TABLE ", HistoryTable(), " DELETE", where);
+  return r;
+}
+
 std::string Statements::HistoryRows() const {
   const char* ms = dialect_ == Dialect::kModern ? "toUnixTimestamp64Milli(updated_at)"
                                                 : "toUInt64(toUnixTimestamp(updated_at)) * 1000";

@@ -98,6 +98,9 @@ class Statements {
   SqlRequest CreateHistoryView() const;
   // Removes versions older than `days` (an ALTER ... DELETE: 18.x has no TTL).
   SqlRequest ExpireHistory(int64_t days) const;
+  // Removes all but the newest `keep` versions of each state id (several
+  // written in one second of 18.x count as one).
+  SqlRequest TrimHistory(int64_t keep) const;
   // Rows (unix ms, hash8, updated_at as UTC text, partial_state,
   // completed_state) of `state_id`'s versions, newest first, at most `limit`.
   // A version's name is "<unix ms>-<hash8>": its write time and the first 8

@@ -649,6 +649,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
         " s: the holder keeps a tenth of it as margin for requests still in flight. Raise the stale-lock setting "
         "(Meltano: state_backend.lock_timeout_seconds)"));
   }
+  if (options.history_days < 0 || options.history_versions < 0) {
+    return absl::InvalidArgumentError("history_days and history_versions must not be negative (0: no limit)");
+  }
   if (options.python_locks && options.lock.stale_ms > 2 * kPythonLockWindowS * 1000) {
     return absl::InvalidArgumentError(absl::StrCat(
         "with python_locks the stale-lock window may be at most ", 2 * kPythonLockWindowS,
@@ -722,10 +725,16 @@ std::unique_ptr<Task> Store::Init() {
                       StoreSteps::Failed);
                 };
                 if (options_.history_days <= 0) return tombstones();
+                auto trim = [this, &s, tombstones] {
+                  if (options_.history_versions <= 0) return tombstones();
+                  return s.Sql(
+                      s.st().TrimHistory(options_.history_versions), "removing state versions beyond the count kept",
+                      [tombstones](const std::string&) { return tombstones(); }, StoreSteps::Failed);
+                };
                 // 18.x has no TTL: retention is applied here (modern tables also have one).
                 return s.Sql(
                     s.st().ExpireHistory(options_.history_days), "removing old state history",
-                    [tombstones](const std::string&) { return tombstones(); }, StoreSteps::Failed);
+                    [trim](const std::string&) { return trim(); }, StoreSteps::Failed);
               },
               StoreSteps::Failed);
         },

@@ -689,6 +689,23 @@ TEST(Store, ImportSplitsByBytes) {
   EXPECT_EQ(o.last.result.count, 3);
 }
 
+TEST(Store, InitTrimsTheHistoryToTheVersionsKept) {
+  StoreOptions opts;
+  opts.history_versions = 5;
+  auto store = *Store::Create(opts);
+  int64_t clock = 0;
+  auto t = store->Init();
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_database", Ok()), Q("create_state_table", Ok()), Q("create_lock_table", Ok()),
+                     Q("create_history_table", Ok()), Q("create_history_view", Ok()), Q("expire_history", Ok()),
+                     Q("trim_history", Ok(), "arraySlice(arrayReverseSort(groupArray(updated_at)), 6)"),
+                     Q("list_tombstones", Ok(""))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  opts.history_versions = -1;
+  EXPECT_THAT(Store::Create(opts).status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative")));
+}
+
 // ---- locks held now (`chstate locks`, `chstate unlock --force`) ----
 
 TEST(Store, LocksMapsLockTablesToIdsAndJudgesStaleness) {

@@ -379,7 +379,8 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
                 : key == "stale_lock_ms" ? &opts.lock.stale_ms
                 : key == "mutation_timeout_ms" ? &opts.mutation_timeout_ms
                 : key == "request_timeout_ms" ? &opts.transport.request_timeout_ms
-                : key == "history_days" ? &opts.history_days : nullptr;
+                : key == "history_days" ? &opts.history_days
+                : key == "history_versions" ? &opts.history_versions : nullptr;
     if (key == "python_locks") {
       if (!value.is_boolean()) return absl::InvalidArgumentError("\"python_locks\" must be a boolean");
       opts.python_locks = value.get<bool>();
@@ -395,7 +396,7 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown store option \"", key,
           "\"; expected schema, table, endpoint, cluster, zookeeper_path, replica, lock_timeout_ms, lock_retry_ms, "
-          "stale_lock_ms, mutation_timeout_ms, request_timeout_ms, history_days, python_locks"));
+          "stale_lock_ms, mutation_timeout_ms, request_timeout_ms, history_days, history_versions, python_locks"));
     }
   }
   return opts;

@@ -112,6 +112,9 @@ constexpr OptionSpec kOptions[] = {
     {"history-days", 0, "DAYS", kConnection,
      "keep each state version this many days; 0: no history table (MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS, "
      "default 30)"},
+    {"history-versions", 0, "N", kConnection,
+     "keep at most N versions of each state id; 0: no limit (MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_VERSIONS, "
+     "default 0)"},
     {"output", 'o', "FILE", nullptr, "write to FILE (replaced only once the whole export is read) instead of stdout"},
 };
 
@@ -510,6 +513,11 @@ absl::Status Connect(Session& s) {
   absl::StatusOr<int64_t> days = WholeNumber(s.inv, s.env, "history-days", kHistoryDaysEnv, kDefaultHistoryDays);
   if (!days.ok()) return days.status();
   options.history_days = *days;
+  absl::StatusOr<int64_t> versions = WholeNumber(s.inv, s.env, "history-versions",
+                                                 "MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_VERSIONS",
+                                                 kDefaultHistoryVersions);
+  if (!versions.ok()) return versions.status();
+  options.history_versions = *versions;
   if (auto it = s.inv.switches.find("python-locks"); it != s.inv.switches.end()) {
     options.python_locks = it->second;
   } else if (auto env = s.env.find("MELTANO_STATE_BACKEND_CLICKHOUSE_PYTHON_LOCKS"); env != s.env.end() &&
@@ -953,8 +961,8 @@ const std::vector<CommandSpec>& Commands() {
        "itself a new version. Exits 3 when the history holds no such version.",
        {}, 2, 2, Rollback},
       {"compact", "", "apply retention: drop old history and old lock tombstones",
-       "Removes state versions older than --history-days (18.x has no TTL; modern servers also expire them on "
-       "their own) and lock tombstones older than twice the lock validity. `chstate init` does the same after "
+       "Removes state versions older than --history-days and beyond --history-versions per id (18.x has no TTL; "
+       "modern servers also expire old ones on their own) and lock tombstones older than twice the lock validity. `chstate init` does the same after "
        "creating what is missing.",
        {}, 0, 0, Init},
       {"lock", "ID [--timeout SECONDS] -- COMMAND [ARGS...]", "run a command while holding ID's lock",

@@ -100,3 +100,19 @@ def test_compact_removes_versions_older_than_the_retention(cli):
     while len(history(cli, "dev:a")) != 1 and time.monotonic() < deadline + 30:
         time.sleep(0.2)
     assert [v["current"] for v in history(cli, "dev:a")] == [True]
+
+
+def test_compact_keeps_at_most_the_versions_asked_for(cli):
+    for n in range(4):
+        cli.set("dev:a", state(n))
+        time.sleep(1.05)  # one version per second (18.16's resolution)
+    cli.set("dev:b", state(9))
+    assert len(history(cli, "dev:a")) == 4
+    cli.run("compact", "--history-versions", "2")
+    deadline = time.monotonic() + 30
+    while len(history(cli, "dev:a")) != 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [v["state"] for v in history(cli, "dev:a")] == [state(3), state(2)]
+    assert [v["state"] for v in history(cli, "dev:b")] == [state(9)]
+    r = cli.run("compact", env=cli.env(MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_VERSIONS="lots"), expect=2)
+    assert "MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_VERSIONS" in r.err

@@ -102,7 +102,8 @@ class ChstateStateStoreManager(StateStoreManager):
     _namespace = "clickhouse"  # of this backend's settings: state_backend.<namespace>.<key>
 
     def __init__(self, uri: str, *, lock_timeout_seconds: t.Any = None, lock_retry_seconds: t.Any = None,
-                 lock_wait_seconds: t.Any = None, history_days: t.Any = None, **kwargs: t.Any) -> None:
+                 lock_wait_seconds: t.Any = None, history_days: t.Any = None,
+                 history_versions: t.Any = None, **kwargs: t.Any) -> None:
         super().__init__()
         self.uri = uri
         self._store: _native.Store | None = None
@@ -112,22 +113,25 @@ class ChstateStateStoreManager(StateStoreManager):
         except ChstateError as e:
             raise ChstateStateBackendError("loading the native library", e) from None
         self._lock_options = self._lock_settings(lock_timeout_seconds, lock_retry_seconds, lock_wait_seconds)
-        self._extra_options = self._history_settings(history_days)  # store options beyond the lock's
+        self._extra_options = self._history_settings(history_days, history_versions)  # beyond the lock's
 
-    def _history_settings(self, days: t.Any) -> dict:
-        """state_backend.<scheme>.history_days as the core's store option;
-        not given, the core's default applies."""
-        if days is None or days == "":
-            return {}
-        name = f"state_backend.{self._namespace}.history_days"
-        try:
-            value = int(str(days))
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise ChstateSettingsError(f"reading {name}", ChstateError(
-                "INVALID_ARGUMENT", f"{name} is {days!r}; it must be a whole number of days (0: no history)"))
-        return {"history_days": value}
+    def _history_settings(self, days: t.Any, versions: t.Any) -> dict:
+        """state_backend.<scheme>.history_days and .history_versions as the
+        core's store options; not given, the core's defaults apply."""
+        out = {}
+        for key, value in (("history_days", days), ("history_versions", versions)):
+            if value is None or value == "":
+                continue
+            name = f"state_backend.{self._namespace}.{key}"
+            try:
+                number = int(str(value))
+            except ValueError:
+                number = -1
+            if number < 0:
+                raise ChstateSettingsError(f"reading {name}", ChstateError(
+                    "INVALID_ARGUMENT", f"{name} is {value!r}; it must be a whole number (0: no limit)"))
+            out[key] = number
+        return out
 
     def _lock_settings(self, timeout: t.Any, retry: t.Any, wait: t.Any) -> dict:
         """Meltano's lock settings as the core's store options.

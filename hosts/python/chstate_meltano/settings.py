@@ -75,6 +75,13 @@ CHDB_LOCK_WAIT_SECONDS = SettingDefinition(name="state_backend.chdb.lock_wait_se
 _HISTORY = ("Days each state version is kept in the state history (default 30; 0: no history table). "
             "`chstate history ID` lists the versions and `chstate rollback ID VERSION` restores one; chstate only")
 CLICKHOUSE_HISTORY_DAYS = _setting("history_days", "State History (days)", _HISTORY, SettingKind.INTEGER)
+_VERSIONS = ("At most this many versions of each state id are kept in the state history (default 0: no limit); "
+             "applied by `meltano upgrade` and `chstate compact`; chstate only")
+CLICKHOUSE_HISTORY_VERSIONS = _setting("history_versions", "State History (versions per id)", _VERSIONS,
+                                       SettingKind.INTEGER)
+CHDB_HISTORY_VERSIONS = SettingDefinition(name="state_backend.chdb.history_versions",
+                                          label="State History (versions per id)", description=_VERSIONS,
+                                          kind=SettingKind.INTEGER, env_specific=True)
 CHDB_HISTORY_DAYS = SettingDefinition(name="state_backend.chdb.history_days", label="State History (days)",
                                       description=_HISTORY, kind=SettingKind.INTEGER, env_specific=True)
 
