@@ -85,7 +85,6 @@ inline constexpr DefaultSetting kDefaults[] = {
     {"python_lock_settle_ms", kDefaultPythonLockSettleMs, "ms",
      "mixed fleet: a new holder waits this long before it looks for the Python backend's lock rows"},
     {"history_days", kDefaultHistoryDays, "days", "state history: versions are kept this long (0: no history)"},
-    {"history_versions", kDefaultHistoryVersions, "count", "state history: versions kept per id at most (0: no limit)"},
     {"history_limit", kDefaultHistoryLimit, "count", "`chstate history`: versions listed"},
     {"export_page_states", kDefaultExportPageStates, "count", "export: states per SELECT (a keyset page)"},
     {"import_batch_states", kDefaultImportBatchStates, "count", "import: states per INSERT at most"},
