@@ -53,11 +53,13 @@ def test_init_creates_replicated_tables_on_every_replica(healthy, schema):
         engines = dict(line.split("\t") for line in c.sql(
             replica, f"SELECT name, engine FROM system.tables WHERE database = '{schema}' ORDER BY name").split("\n")
             if line)
-        assert engines == {"state": "ReplicatedReplacingMergeTree", "state_lock": "ReplicatedReplacingMergeTree"}
+        assert engines == {"state": "ReplicatedReplacingMergeTree", "state_lock": "ReplicatedReplacingMergeTree",
+                           "state_history": "ReplicatedMergeTree", "state_history_mv": "MaterializedView"}
     # Both replicas share one ZooKeeper path per table (the default macros).
     paths = c.sql("r2", f"SELECT DISTINCT zookeeper_path FROM system.replicas WHERE database = '{schema}' "
                         "ORDER BY zookeeper_path").split()
-    assert paths == [f"/clickhouse/tables/01/{schema}/state", f"/clickhouse/tables/01/{schema}/state_lock"]
+    assert paths == [f"/clickhouse/tables/01/{schema}/state", f"/clickhouse/tables/01/{schema}/state_history",
+                     f"/clickhouse/tables/01/{schema}/state_lock"]
 
 
 def test_written_through_one_replica_is_read_through_the_other_at_once(healthy, schema):
@@ -68,6 +70,22 @@ def test_written_through_one_replica_is_read_through_the_other_at_once(healthy, 
         assert r.code == 0, r
         # No sleep: the quorum write is on both replicas when `set` returns.
         assert read(c, reader, schema, "dev:job") == i
+
+
+def test_each_write_is_one_version_in_the_history_of_every_replica(healthy, schema):
+    """The view runs on the replica that takes the insert; its history row
+    replicates like any other (a fetched part runs no view again)."""
+    c = healthy
+    for i in range(3):
+        assert c.cli("r1" if i % 2 == 0 else "r2", schema, "set", "dev:hist", state(i)).code == 0
+    for replica in ("r1", "r2"):
+        deadline = time.monotonic() + 20
+        while True:
+            count = c.sql(replica, f"SELECT count() FROM `{schema}`.state_history WHERE state_id = 'dev:hist'").strip()
+            if count == "3" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert count == "3", (replica, count)
 
 
 def test_a_b_a_and_equal_writes_in_a_row_all_land(healthy, schema):
