@@ -68,6 +68,16 @@ absl::StatusOr<std::optional<std::string>> PatternField(const json& op_line) {
   return std::optional<std::string>();
 }
 
+// "limit": a positive integer, `fallback` when absent or null.
+absl::StatusOr<int64_t> LimitField(const json& op_line, int64_t fallback, const char* what) {
+  auto it = op_line.find("limit");
+  if (it == op_line.end() || it->is_null()) return fallback;
+  if (!it->is_number_integer() || it->get<int64_t>() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("\"limit\" must be a positive integer (", what, ")"));
+  }
+  return it->get<int64_t>();
+}
+
 // A config source value as the text the core reads; nullopt = not given.
 absl::StatusOr<std::optional<std::string>> SettingText(const json& v, absl::string_view where) {
   if (v.is_null()) return std::optional<std::string>();
@@ -303,26 +313,16 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const json& op_lin
       if (!a.ok()) return a.status();
       after = *std::move(a);
     }
-    int64_t limit = kDefaultExportPageStates;
-    if (auto it = op_line.find("limit"); it != op_line.end() && !it->is_null()) {
-      if (!it->is_number_integer() || it->get<int64_t>() < 1) {
-        return absl::InvalidArgumentError("\"limit\" must be a positive integer (states per page)");
-      }
-      limit = it->get<int64_t>();
-    }
-    return store.ExportPage(*std::move(glob), std::move(after), limit);
+    absl::StatusOr<int64_t> limit = LimitField(op_line, kDefaultExportPageStates, "states per page");
+    if (!limit.ok()) return limit.status();
+    return store.ExportPage(*std::move(glob), std::move(after), *limit);
   }
   if (*op == "history") {
     absl::StatusOr<std::string> sid = id();
     if (!sid.ok()) return sid.status();
-    int64_t limit = kDefaultHistoryLimit;
-    if (auto it = op_line.find("limit"); it != op_line.end() && !it->is_null()) {
-      if (!it->is_number_integer() || it->get<int64_t>() < 1) {
-        return absl::InvalidArgumentError("\"limit\" must be a positive integer (versions to list)");
-      }
-      limit = it->get<int64_t>();
-    }
-    return store.History(*std::move(sid), limit);
+    absl::StatusOr<int64_t> limit = LimitField(op_line, kDefaultHistoryLimit, "versions to list");
+    if (!limit.ok()) return limit.status();
+    return store.History(*std::move(sid), *limit);
   }
   if (*op == "rollback") {
     absl::StatusOr<std::string> sid = id();

@@ -393,19 +393,27 @@ json StateJson(const MeltanoState& state) {
 
 // A duration in seconds from a flag, else an environment variable, else the
 // default; as milliseconds.
-absl::StatusOr<int64_t> Millis(const Invocation& inv, const Env& env, const std::string& flag, const char* env_name,
-                               double default_seconds, bool zero_ok) {
+// A setting's text from its flag, else its environment variable (when it
+// has one), with where it came from for messages; nullopt when neither.
+struct GivenText {
   std::string text;
   std::string origin;
-  if (const std::string* v = inv.Value(flag)) {
-    text = *v;
-    origin = absl::StrCat("--", flag);
-  } else if (auto it = env_name ? env.find(env_name) : env.end(); it != env.end() && !it->second.empty()) {
-    text = it->second;
-    origin = env_name;
-  } else {
-    return std::llround(default_seconds * 1000);
+};
+std::optional<GivenText> FlagOrEnv(const Invocation& inv, const Env& env, const std::string& flag,
+                                   const char* env_name) {
+  if (const std::string* v = inv.Value(flag)) return GivenText{*v, absl::StrCat("--", flag)};
+  if (auto it = env_name ? env.find(env_name) : env.end(); it != env.end() && !it->second.empty()) {
+    return GivenText{it->second, env_name};
   }
+  return std::nullopt;
+}
+
+absl::StatusOr<int64_t> Millis(const Invocation& inv, const Env& env, const std::string& flag, const char* env_name,
+                               double default_seconds, bool zero_ok) {
+  std::optional<GivenText> given = FlagOrEnv(inv, env, flag, env_name);
+  if (!given) return std::llround(default_seconds * 1000);
+  const std::string& text = given->text;
+  const std::string& origin = given->origin;
   double seconds = 0;
   // A year is far beyond any useful wait and keeps the product in range.
   if (!absl::SimpleAtod(text, &seconds) || !std::isfinite(seconds) || seconds < 0 || seconds > 366 * 86400.0 ||
@@ -420,21 +428,12 @@ absl::StatusOr<int64_t> Millis(const Invocation& inv, const Env& env, const std:
 // else the default.
 absl::StatusOr<int64_t> WholeNumber(const Invocation& inv, const Env& env, const std::string& flag,
                                     const char* env_name, int64_t default_value) {
-  std::string text;
-  std::string origin;
-  if (const std::string* v = inv.Value(flag)) {
-    text = *v;
-    origin = absl::StrCat("--", flag);
-  } else if (auto it = env_name ? env.find(env_name) : env.end(); it != env.end() && !it->second.empty()) {
-    text = it->second;
-    origin = env_name;
-  } else {
-    return default_value;
-  }
+  std::optional<GivenText> given = FlagOrEnv(inv, env, flag, env_name);
+  if (!given) return default_value;
   int64_t n = 0;
-  if (!absl::SimpleAtoi(text, &n) || n < 0 || n > 1000000) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(origin, " is ", Quoted(text), ", which is not a whole number from 0 to 1000000"));
+  if (!absl::SimpleAtoi(given->text, &n) || n < 0 || n > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat(given->origin, " is ", Quoted(given->text),
+                                                   ", which is not a whole number from 0 to 1000000"));
   }
   return n;
 }
