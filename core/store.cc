@@ -444,7 +444,7 @@ class StoreSteps {
           if (!before.empty()) return yield(before[0][0].value_or(""));
           return Sql(
               st().InsertLockMarker(id, m->lock_id()), "showing the lock to the Python backend",
-              [this, m, then, yield, abandon, look](const std::string&) {
+              [m, then, yield, abandon, look](const std::string&) {
                 return Step::Wait(kDefaultPythonLockSettleMs, [m, then, yield, abandon, look] {
                   return look(
                       [m, then, yield](const Rows& after) -> Step {

@@ -40,6 +40,18 @@ def wasm_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def extism_path() -> Path:
+    """hosts/wasi's chstate_extism.wasm (the Extism plugin), built like chstate.wasm."""
+    subprocess.run(["bazel", "build", "--config=wasi", "--symlink_prefix=/", "//hosts/wasi:chstate_extism.wasm"],
+                   cwd=REPO, check=True, capture_output=True)
+    out = subprocess.run(["bazel", "info", "--config=wasi", "bazel-bin"], cwd=REPO, check=True, capture_output=True,
+                         text=True)
+    path = Path(out.stdout.strip()) / "hosts" / "wasi" / "chstate_extism.wasm"
+    assert path.exists(), f"{path} is missing after the build"
+    return path
+
+
+@pytest.fixture(scope="session")
 def compiled(wasm_path):
     import wasmtime
     engine = wasmtime.Engine()
