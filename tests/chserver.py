@@ -42,13 +42,13 @@ class Server:
         """A clickhouse:// URI without the password (pass that separately)."""
         return f"clickhouse://{self.user}@{self.host}:{self.port}/{database}"
 
-    def sql(self, sql: str) -> str:
+    def sql(self, sql: str, timeout: float = 30) -> str:
         """Runs one statement directly (for set-up no tool has a command for).
         Credentials go in headers, as the tools send them."""
         request = urllib.request.Request(
             f"http://{self.host}:{self.port}/", data=sql.encode(),
             headers={"X-ClickHouse-User": self.user, "X-ClickHouse-Key": self.password})
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.read().decode()
 
 
