@@ -203,11 +203,16 @@ class ChstateStateStoreManager(StateStoreManager):
         found = done.get("state")
         if found is None:
             return None
-        return MeltanoState(state_id=state_id, partial_state=found.get("partial") or {},
-                            completed_state=found.get("completed") or {})
+        return self._state(state_id, found)
 
     def delete(self, state_id: str) -> None:
         self._run(f"deleting state {state_id!r}", {"op": "delete", "state_id_hex": id_hex(state_id)})
+
+    @staticmethod
+    def _state(state_id: str, sides: dict) -> MeltanoState:
+        """A MeltanoState from a protocol document's {"completed", "partial"}."""
+        return MeltanoState(state_id=state_id, partial_state=sides.get("partial") or {},
+                            completed_state=sides.get("completed") or {})
 
     @staticmethod
     def _pattern(pattern: str | None) -> dict:
@@ -227,9 +232,7 @@ class ChstateStateStoreManager(StateStoreManager):
         while True:
             done = self._run("exporting states", op)
             for entry in done["states"]:
-                yield MeltanoState(state_id=id_from_hex(entry["state_id_hex"]),
-                                   partial_state=entry.get("partial") or {},
-                                   completed_state=entry.get("completed") or {})
+                yield self._state(id_from_hex(entry["state_id_hex"]), entry)
             if not done.get("more") or not done["states"]:
                 return
             op = {**op, "after_hex": done["states"][-1]["state_id_hex"]}
@@ -252,8 +255,7 @@ class ChstateStateStoreManager(StateStoreManager):
             op["limit"] = limit
         done = self._run(f"reading the history of state {state_id!r}", op, bad_input="Give a positive limit")
         return [{"version": v["version"], "updated_at": v["updated_at"], "current": v["current"],
-                 "state": MeltanoState(state_id=state_id, partial_state=v["state"].get("partial") or {},
-                                       completed_state=v["state"].get("completed") or {})}
+                 "state": self._state(state_id, v["state"])}
                 for v in done["versions"]]
 
     def rollback(self, state_id: str, version: str) -> MeltanoState:
@@ -262,9 +264,7 @@ class ChstateStateStoreManager(StateStoreManager):
         done = self._run(f"rolling back state {state_id!r} to version {version}",
                          {"op": "rollback", "state_id_hex": id_hex(state_id), "version": version},
                          bad_input="Give a version as history() lists it")
-        restored = done["state"]
-        return MeltanoState(state_id=state_id, partial_state=restored.get("partial") or {},
-                            completed_state=restored.get("completed") or {})
+        return self._state(state_id, done["state"])
 
     def migrate(self) -> None:
         """`meltano upgrade`: create the schema and tables, and remove old lock
