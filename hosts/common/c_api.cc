@@ -11,9 +11,11 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "core/config.h"
 #include "core/store.h"
 #include "core/task.h"
 #include "hosts/common/protocol.h"
+#include <nlohmann/json.hpp>
 
 struct chstate_store {
   std::unique_ptr<chstate::Store> store;
@@ -51,6 +53,16 @@ chstate::Inputs MakeInputs(int64_t now_ms, const unsigned char* random, size_t r
 extern "C" {
 
 int32_t chstate_abi_version(void) { return CHSTATE_ABI_VERSION; }
+
+char* chstate_setting_keys(void) {
+  try {
+    nlohmann::json keys = nlohmann::json::array({"uri"});
+    for (const char* k : chstate::kSettingKeys) keys.push_back(k);
+    return Give(chstate::protocol::Dump(nlohmann::json{{"setting_keys", std::move(keys)}}));
+  } catch (...) {
+    return nullptr;
+  }
+}
 
 char* chstate_resolve_config(const char* sources_json) {
   if (sources_json == nullptr) return GiveFailed(absl::InvalidArgumentError("sources_json is NULL"));

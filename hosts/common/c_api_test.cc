@@ -56,6 +56,29 @@ static_assert(CHSTATE_ABI_VERSION == 2, "the header's ABI version changed: revie
 
 TEST(CApi, VersionIsTwo) { EXPECT_EQ(chstate_abi_version(), 2); }
 
+TEST(CApi, SettingKeysAreTheOnesResolveConfigTakes) {
+  char* text = chstate_setting_keys();
+  ASSERT_NE(text, nullptr);
+  nlohmann::json keys = nlohmann::json::parse(text)["setting_keys"];
+  chstate_string_free(text);
+  ASSERT_GE(keys.size(), 12u);
+  EXPECT_EQ(keys[0], "uri");
+  nlohmann::json flags = nlohmann::json::object();
+  for (const auto& k : keys) flags[k.get<std::string>()] = nullptr;  // null: not given
+  auto resolve = [](const nlohmann::json& f) {
+    char* out = chstate_resolve_config(nlohmann::json{{"flags", f}, {"env", nlohmann::json::object()}}.dump().c_str());
+    EXPECT_NE(out, nullptr);
+    nlohmann::json doc = nlohmann::json::parse(out ? out : "{}");
+    chstate_string_free(out);
+    return doc.contains("failed") ? doc["failed"]["message"].get<std::string>() : std::string();
+  };
+  // Every listed key is accepted (what is missing is the user, not a key)...
+  EXPECT_EQ(resolve(flags).find("unknown setting"), std::string::npos) << resolve(flags);
+  // ...and an unlisted one is not.
+  flags["zzz"] = "x";
+  EXPECT_EQ(resolve(flags).rfind("unknown setting \"zzz\"", 0), 0u) << resolve(flags);
+}
+
 TEST(CApi, DrivesAnOpToTheEnd) {
   char* err = nullptr;
   chstate_store* s = chstate_store_new(R"({"schema":"meltano","table":"state","endpoint":"h:1"})", &err);

@@ -62,6 +62,10 @@ typedef struct chstate_store chstate_store;
 /* CHSTATE_ABI_VERSION of the loaded library; callers check it first. */
 int32_t chstate_abi_version(void);
 
+/* The connection settings chstate_resolve_config takes in "flags", in the order
+ * messages list them: {"setting_keys": ["uri", "host", "port", ...]}. */
+char* chstate_setting_keys(void);
+
 /* Resolves connection settings with the core's precedence and URI parser.
  * Input: {"flags": {"uri": ..., "host": ..., "port": ..., ...}, "env": {NAME: value, ...}}.
  * Returns {"config": {"host","port","secure","user","password","database","schema","table",

@@ -449,6 +449,29 @@ std::string Dump(const json& doc) {
 
 // ---- OpDriver ----
 
+namespace {
+
+// A state document's merged view (partial over completed, what a tap gets),
+// for hosts that would otherwise need Meltano's merge rules of their own.
+void AddMerged(json& state) {
+  if (!state.is_object()) return;
+  state["merged"] = DeepMerge(state.value("completed", json::object()), state.value("partial", json::object()));
+}
+
+}  // namespace
+
+void AddMergedViews(json& done) {
+  if (auto s = done.find("state"); s != done.end()) AddMerged(*s);
+  if (auto v = done.find("versions"); v != done.end() && v->is_array()) {
+    for (json& version : *v) {
+      if (auto s = version.find("state"); s != version.end()) AddMerged(*s);
+    }
+  }
+  if (auto v = done.find("states"); v != done.end() && v->is_array()) {
+    for (json& s : *v) AddMerged(s);
+  }
+}
+
 json OpDriver::Abort(const absl::Status& status, const Inputs& in) {
   if (op_ != 0) conn_.Abandon(op_, in);
   op_ = 0;
@@ -460,7 +483,10 @@ json OpDriver::Next(const Inputs& in) {
     // One op at a time and no renewals of its own (this driver never calls
     // back while idle): the event is the running op's.
     op_ = 0;
-    return e->ok ? ResultJson(e->result) : FailedJson(e->status);
+    if (!e->ok) return FailedJson(e->status);
+    json done = ResultJson(e->result);
+    if (merged_) AddMergedViews(done["done"]);
+    return done;
   }
   if (std::optional<Transmit> t = conn_.PollTransmit()) {
     awaiting_sql_ = true;
@@ -480,6 +506,15 @@ json OpDriver::Start(absl::string_view op_document, const Inputs& defaults) {
   if (!op.ok()) return Abort(op.status(), defaults);
   absl::StatusOr<std::unique_ptr<Task>> task = TaskForOp(conn_.store(), *op);
   if (!task.ok()) return Abort(task.status(), defaults);
+  merged_ = false;
+  if (auto m = op->find("merged"); m != op->end()) {
+    if (!m->is_boolean()) {
+      return Abort(absl::InvalidArgumentError("\"merged\" must be true or false (true: a state in the result "
+                                              "also carries its merged view)"),
+                   defaults);
+    }
+    merged_ = m->get<bool>();
+  }
   absl::StatusOr<Inputs> in = InputsFromJson(*op, defaults);
   if (!in.ok()) return Abort(in.status(), defaults);
   op_ = conn_.Start(*std::move(task), *in);

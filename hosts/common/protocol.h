@@ -45,6 +45,11 @@
 //            newest first; rollback's has the restored "state"
 //   failed   {"failed":{"code":"NOT_FOUND","message":"..."}} (code: absl::StatusCode name)
 //
+// An op document with "merged": true gets, in every state of its "done"
+// ("state", each of "versions" and "states"), a "merged" member too: partial
+// over completed by Meltano's rules (core/state.h DeepMerge), so that a host
+// shows the view a tap gets without merge rules of its own.
+//
 // Any op or answer document may also carry "now_ms" (integer) and
 // "random_hex", which override the time and random bytes the host supplied
 // for that input (tests use them to script the clock).
@@ -121,6 +126,11 @@ std::string Dump(const nlohmann::json& doc);
 // PollTransmit, "wait_ms" its PollTimeout (from now), "done"/"failed" its
 // PollEvent. Starting an op while another is unfinished abandons the old
 // one (a host that lost interest, e.g. after an exception, need not drain it).
+// Adds "merged" (DeepMerge of completed and partial) to each state of a
+// "done" document's body: "state", each of "versions" and of "states". An op
+// document with {"merged": true} gets this from OpDriver.
+void AddMergedViews(nlohmann::json& done);
+
 class OpDriver {
  public:
   explicit OpDriver(Store* store) : conn_(store) {}
@@ -142,6 +152,7 @@ class OpDriver {
 
   Connection conn_;
   uint64_t op_ = 0;  // the running op (0: none)
+  bool merged_ = false;  // the running op's {"merged": true}
   bool awaiting_sql_ = false;
 };
 

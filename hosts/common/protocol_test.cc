@@ -114,6 +114,31 @@ TEST(OpDriver, ImportWritesOneInsertAndRefusesABadEntryFirst) {
   EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("import entry 2 (state id \"b\"): "));
 }
 
+TEST(OpDriver, MergedAsksForTheViewATapGets) {
+  auto store = MakeStore();
+  OpDriver d(store.get());
+  const std::string body = "{\"singer_state\":{\"b\":{\"y\":2},\"l\":[3]}}\t"
+                           "{\"singer_state\":{\"a\":1,\"b\":{\"x\":1},\"l\":[1,2]}}\n";
+  d.Start(R"({"op":"get","state_id_hex":"6161","merged":true})", kIn);
+  d.Feed(Answer("18.16.1\t1\n"), kIn);
+  json a = d.Feed(Answer(body), kIn);
+  ASSERT_TRUE(a.contains("done")) << a;
+  ASSERT_EQ(a["done"]["state"]["partial"]["singer_state"]["b"]["y"], 2) << a;  // the columns as read
+  // Objects merge recursively, lists are replaced.
+  EXPECT_EQ(a["done"]["state"]["merged"],
+            json::parse(R"({"singer_state":{"a":1,"b":{"x":1,"y":2},"l":[3]}})"));
+  // Without the flag (and on the store's next op) the document is as before.
+  d.Start(R"({"op":"get","state_id_hex":"6161"})", kIn);
+  a = d.Feed(Answer(body), kIn);
+  ASSERT_TRUE(a.contains("done")) << a;
+  EXPECT_FALSE(a["done"]["state"].contains("merged")) << a;
+  a = d.Start(R"({"op":"get","state_id_hex":"6161","merged":"yes"})", kIn);
+  ASSERT_TRUE(a.contains("failed")) << a;
+  EXPECT_EQ(a["failed"]["code"], "INVALID_ARGUMENT");
+  EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("\"merged\" must be true or false"));
+  EXPECT_FALSE(d.busy());
+}
+
 TEST(OpDriver, AbsentStateIsNull) {
   auto store = MakeStore();
   OpDriver d(store.get());

@@ -245,22 +245,10 @@ SqlRequest RequestFromJson(const json& r) {
 }
 
 // Pushes the next action document as one Lua table ({request=}, {wait_ms=},
-// {done=} or {failed=}). A request is kept for store:execute; a state in
-// "done" also gets its merged view (the core's DeepMerge: partial over
-// completed).
+// {done=} or {failed=}). A request is kept for store:execute.
 int PushAction(lua_State* L, OpenStore* box, json action) {
   if (auto r = action.find("request"); r != action.end()) {
     if (box->exec) box->pending = RequestFromJson(*r);
-  } else if (auto d = action.find("done"); d != action.end()) {
-    if (auto s = d->find("state"); s != d->end() && s->is_object()) {
-      (*s)["merged"] = DeepMerge(s->value("completed", json::object()), s->value("partial", json::object()));
-    }
-    if (auto v = d->find("versions"); v != d->end() && v->is_array()) {
-      for (json& version : *v) {
-        json& st = version["state"];
-        st["merged"] = DeepMerge(st.value("completed", json::object()), st.value("partial", json::object()));
-      }
-    }
   }
   if (!PushJson(L, action)) {
     PushJson(L, protocol::FailedJson(absl::InternalError("the result is nested too deeply for the Lua stack")));
@@ -274,7 +262,8 @@ int Feed(lua_State* L, OpenStore* box, const json& answer, int64_t now_ms) {
 }
 
 // store:start(now_ms, op[, side, state]) -> action | nil, message
-// `op` is an op document as a Lua table; `state`, when given, becomes its
+// `op` is an op document as a Lua table (chstate.lua asks for "merged"
+// views, the core's DeepMerge); `state`, when given, becomes its
 // "state" member {[side] = state} (converted here so that a value JSON cannot
 // hold is named by its path below "state").
 int StoreStart(lua_State* L) {
