@@ -1,8 +1,10 @@
---- Meltano state in ClickHouse, for Lua 5.4 orchestrators.
+--- Meltano state in ClickHouse, for Lua 5.4 and LuaJIT orchestrators.
 --
--- The idiomatic half of the `chstate` module. It is compiled into chstate.so
--- and run by luaopen_chstate with the native half (lua_chstate.cc) as its
--- argument, so `require "chstate"` loads one file and defines no globals.
+-- The idiomatic half of the `chstate` module. For Lua 5.4 it is compiled into
+-- chstate.so and run by luaopen_chstate with the native half (lua_chstate.cc)
+-- as its argument, so `require "chstate"` loads one file and defines no
+-- globals. For LuaJIT, hosts/luajit/chstate.lua runs it with a native half
+-- made of LuaJIT's FFI over the C ABI (the rock installs it as chstate/api.lua).
 --
 --    local chstate = require "chstate"
 --    local store = chstate.open{uri = "clickhouse://meltano@localhost:8123/default"}
@@ -21,6 +23,16 @@
 -- @module chstate
 
 local C = ...
+if type(C) ~= "table" then
+  error("chstate's Lua half is loaded by require \"chstate\", not on its own", 2)
+end
+
+-- What differs between Lua 5.4 and LuaJIT (numbers are doubles there: the
+-- native half says which are integers).
+local tointeger = math.tointeger or C.tointeger
+local pack = table.pack or function(...) return {n = select("#", ...), ...} end
+local unpack = table.unpack or unpack
+local THIS_FILE = debug.getinfo(1, "S").source
 
 local M = {
   _VERSION = "chstate 0.1.0",
@@ -48,7 +60,7 @@ local function caller_position()
   for level = 3, 30 do
     local info = debug.getinfo(level, "Sl")
     if info == nil then break end
-    if info.what ~= "C" and info.short_src ~= "chstate.lua" then
+    if info.what ~= "C" and info.source ~= THIS_FILE then
       return info.short_src .. ":" .. info.currentline .. ": "
     end
   end
@@ -179,7 +191,7 @@ local function send(rec, req)
     -- nil, message [, maybe_delivered (default true: the outcome is unknown)]
     return nil, tostring(headers or "the transport gave no answer"), body ~= false
   end
-  local code = type(status) == "number" and math.tointeger(status) or nil
+  local code = type(status) == "number" and tointeger(status) or nil
   if code == nil then
     return nil, "the transport function returned a status that is not an integer: " .. tostring(status), true
   end
@@ -218,12 +230,13 @@ local function drive(rec, opname, doc, side, state)
       for _, h in pairs(rec.held) do h.suspect = true end  -- one of them may be lost: with_lock asks
       raise(t.failed.code, opname, t.failed.message)
     end
-    rec.next_tick = math.tointeger(t.done.next_timeout_ms)
+    rec.next_tick = tointeger(t.done.next_timeout_ms)
   end
+  doc.merged = true  -- states in the result also carry the view a tap gets (the core's merge)
   local a, err = pump(rec, doc, side, state)
   if a == nil then argerror(opname, 2, err) end
   if a.failed then raise(a.failed.code, opname, a.failed.message) end
-  rec.next_tick = math.tointeger(a.done.next_timeout_ms)  -- null (no lock held) becomes nil
+  rec.next_tick = tointeger(a.done.next_timeout_ms)  -- null (no lock held) becomes nil
   return a.done
 end
 
@@ -316,10 +329,10 @@ end
 function Store:history(id, limit)
   local rec = check(self, "history")
   check_id("history", id)
-  if limit ~= nil and (math.type(limit) ~= "integer" or limit < 1) then
+  if limit ~= nil and (type(limit) ~= "number" or tointeger(limit) == nil or limit < 1) then
     argerror("history", 2, "limit expected: a positive integer or nil, got " .. describe(limit))
   end
-  local done = run(rec, "history", {op = "history", state_id_hex = hex(id), limit = limit})
+  local done = run(rec, "history", {op = "history", state_id_hex = hex(id), limit = limit and tointeger(limit)})
   local out = M.array()
   for i, v in ipairs(done.versions) do
     out[i] = {version = v.version, updated_at = v.updated_at, current = v.current, merged = v.state.merged,
@@ -380,7 +393,7 @@ function Store:with_lock(id, fn, ...)
   release.lock_id = run(rec, "with_lock", {op = "acquire_lock", state_id_hex = release.state_id_hex}).lock_id
   local h = {lock_id = release.lock_id}
   rec.held[id] = h
-  local results = table.pack(pcall(fn, ...))
+  local results = pack(pcall(fn, ...))
   if rec.held[id] == h then rec.held[id] = nil end
   local released, release_error = true, nil
   if not rec.closed and not h.released then
@@ -399,7 +412,7 @@ function Store:with_lock(id, fn, ...)
   end
   if not results[1] then error(results[2], 0) end  -- fn's error matters more
   if not released then error(release_error, 0) end
-  return table.unpack(results, 2, results.n)
+  return unpack(results, 2, results.n)
 end
 
 --- Releases the locks this store holds and frees it. Idempotent.
@@ -463,7 +476,7 @@ local function days(opts, env)
   if type(v) ~= "number" or v ~= math.floor(v) or v < 0 or v > 1000000 then
     argerror("open", 1, origin .. " must be a whole number of days (0: no history)")
   end
-  return math.tointeger(v)
+  return tointeger(v)
 end
 
 --- Opens a store. Settings (all optional, Meltano's names): uri, host, port,
@@ -484,8 +497,8 @@ function M.open(opts)
       local t = type(v)
       if t == "string" then
         flags[k] = v
-      elseif k == "port" and math.tointeger(v) then
-        flags[k] = tostring(math.tointeger(v))
+      elseif k == "port" and t == "number" and tointeger(v) then
+        flags[k] = ("%d"):format(v)
       elseif k == "secure" and t == "boolean" then
         flags[k] = tostring(v)
       else

@@ -29,7 +29,7 @@ describe("JSON conversion", function()
     assert.are.equal('["a",["b"]]', chstate.to_json(chstate.array{"a", {"b"}}))
   end)
 
-  it("keeps integers and floats apart (math.type)", function()
+  it("keeps integers and floats apart (math.type) #lua54", function()
     assert.are.equal("1", chstate.to_json(1))
     assert.are.equal("1.0", chstate.to_json(1.0))
     assert.are.equal("-0.5", chstate.to_json(-0.5))
@@ -108,7 +108,11 @@ describe("JSON conversion", function()
                  '"unicode":"gr\xc3\xbc\xc3\x9f \xe2\x82\xac \xf0\x9f\x98\x80","nul":"a\\u0000b","whole":2.0}'
     local v = chstate.from_json(text)
     assert.are.equal("a\0b", v.nul)
-    assert.are.equal("float", math.type(v.whole))
+    if math.type then
+      assert.are.equal("float", math.type(v.whole))
+    else
+      assert.are.equal(2, v.whole)  -- LuaJIT: one number type (luajit_spec.lua)
+    end
     local again = chstate.to_json(v)
     assert.are.same(v, chstate.from_json(again))
     assert.are.equal(again, chstate.to_json(chstate.from_json(again)))

@@ -183,8 +183,9 @@ describe("with_lock", function()
     local log = os.tmpname()
     local iterations = 15
     local worker = "tests/lua/lock_worker.lua"
-    local cmd = ("lua5.4 %s %s dev:contended %d %s A & lua5.4 %s %s dev:contended %d %s B & wait"):format(
-      worker, SCHEMA, iterations, log, worker, SCHEMA, iterations, log)
+    local lua = T.interpreter
+    local cmd = ("%s %s %s dev:contended %d %s A & %s %s %s dev:contended %d %s B & wait"):format(
+      lua, worker, SCHEMA, iterations, log, lua, worker, SCHEMA, iterations, log)
     assert.is_true(os.execute(cmd) ~= nil)
     local lines = {}
     for line in io.lines(log) do lines[#lines + 1] = line end

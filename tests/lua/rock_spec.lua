@@ -1,6 +1,6 @@
 -- The rockspec: `luarocks make` from the checkout builds chstate.so with
 -- Bazel and installs it where a plain `require "chstate"` finds it.
-describe("the rockspec", function()
+describe("the rockspec #lua54", function()
   it("installs a loadable chstate module into a LuaRocks tree", function()
     local tree = os.tmpname()
     os.remove(tree)

@@ -4,11 +4,17 @@
   tests/lua/run.py                      build chstate.so, start a server, run every spec
   tests/lua/run.py --junit out.xml      also keep busted's JUnit XML (tools/test counts it)
   tests/lua/run.py -- --filter=lock     extra arguments go to busted
+  tests/lua/run.py --lua luajit         the same specs in LuaJIT, against hosts/luajit
+                                        (the FFI module over libchstate.so)
 
 The server is the one CHSTATE_TEST_HOST/PORT/USER/PASSWORD name (tools/test
 sets them), else a throwaway one from tools/clickhouse_server.py, stopped at
 the end. The module is bazel-bin/hosts/lua/chstate.so (built here, with the
-chstate CLI that interop_spec.lua runs), or the file CHSTATE_LUA_SO names.
+chstate CLI that interop_spec.lua runs), or the file CHSTATE_LUA_SO names; for
+LuaJIT, hosts/luajit/chstate.lua with bazel-bin/hosts/python/libchstate.so (or
+the file CHSTATE_LIBRARY names). Specs tagged #lua54 (and lua54_spec.lua, which
+LuaJIT cannot parse) run in Lua 5.4 only, those tagged #luajit (and luajit_spec.lua)
+in LuaJIT only.
 busted writes JUnit XML; this script prints each failure and ends with
 `busted: N specs passed, N failed` (only tools/test prints the overall
 `N passed, N failed` line). Exit status 0 only when something passed and
@@ -71,25 +77,41 @@ def summarize(xml_path: Path) -> tuple[int, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--junit", type=Path, help="where to keep busted's JUnit XML")
+    parser.add_argument("--lua", choices=("lua5.4", "luajit"), default="lua5.4", help="the interpreter")
     parser.add_argument("busted_args", nargs="*", help="extra busted arguments (after --)")
     args = parser.parse_args()
 
-    so = Path(os.environ["CHSTATE_LUA_SO"]).resolve() if os.environ.get("CHSTATE_LUA_SO") else None
-    if so is None:
+    env = dict(os.environ)
+    env["CHSTATE_LUA"] = args.lua  # for the specs that start Lua processes
+    if args.lua == "lua5.4":
+        so = Path(os.environ["CHSTATE_LUA_SO"]).resolve() if os.environ.get("CHSTATE_LUA_SO") else None
+        targets = [] if so else ["//hosts/lua:chstate.so"]
+    else:
+        lib = Path(os.environ["CHSTATE_LIBRARY"]).resolve() if os.environ.get("CHSTATE_LIBRARY") else None
+        targets = [] if lib else ["//hosts/python:libchstate.so"]
+    bin_dir = ROOT / "bazel-bin"
+    if targets:
         # The CLI too: interop_spec checks that both share tables and the lock.
-        if subprocess.call(["bazel", "build", "//hosts/lua:chstate.so", "//hosts/native:chstate"], cwd=ROOT) != 0:
-            print("busted: not run (//hosts/lua:chstate.so did not build)")
+        if subprocess.call(["bazel", "build", *targets, "//hosts/native:chstate"], cwd=ROOT) != 0:
+            print(f"busted: not run ({targets[0]} did not build)")
             return 1
         # Not the bazel-bin symlink: another build (--config=wasi, -c opt) may have moved it.
         bin_dir = Path(subprocess.run(["bazel", "info", "bazel-bin"], cwd=ROOT, capture_output=True,
                                       text=True).stdout.strip() or ROOT / "bazel-bin")
-        so = bin_dir / "hosts" / "lua" / "chstate.so"
-        os.environ.setdefault("CHSTATE_CLI", str(bin_dir / "hosts" / "native" / "chstate"))
-
-    env = dict(os.environ)
-    # Lua 5.4 reads these before LUA_CPATH/LUA_PATH; ";;" keeps the defaults.
-    env["LUA_CPATH_5_4"] = f"{so.parent}/?.so;;"
-    env["LUA_PATH_5_4"] = f"{SPECS}/?.lua;;"
+        env.setdefault("CHSTATE_CLI", str(bin_dir / "hosts" / "native" / "chstate"))
+    specs = sorted(p.name for p in SPECS.glob("*_spec.lua"))
+    if args.lua == "lua5.4":
+        so = so or bin_dir / "hosts" / "lua" / "chstate.so"
+        # Lua 5.4 reads these before LUA_CPATH/LUA_PATH; ";;" keeps the defaults.
+        env["LUA_CPATH_5_4"] = f"{so.parent}/?.so;;"
+        env["LUA_PATH_5_4"] = f"{SPECS}/?.lua;;"
+        lua = ["lua5.4", "/usr/bin/busted", "--exclude-tags=luajit"]
+        specs = [s for s in specs if not s.startswith("luajit_")]
+    else:
+        env["CHSTATE_LIBRARY"] = str(lib or bin_dir / "hosts" / "python" / "libchstate.so")
+        env["LUA_PATH"] = f"{ROOT}/hosts/luajit/?.lua;{SPECS}/?.lua;;"
+        lua = ["luajit", "/usr/bin/busted", "--exclude-tags=lua54"]
+        specs = [s for s in specs if not s.startswith("lua54_")]
 
     with tempfile.TemporaryDirectory(prefix="chstate-lua-") as tmp:
         server_dir = None
@@ -111,7 +133,7 @@ def main() -> int:
         env["MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD"] = env.get("CHSTATE_TEST_PASSWORD", "")
         xml = args.junit.resolve() if args.junit else Path(tmp) / "busted.xml"
         try:
-            cmd = ["lua5.4", "/usr/bin/busted", "-o", "junit", f"-Xoutput={xml}", *args.busted_args, str(SPECS)]
+            cmd = [*lua, "-o", "junit", f"-Xoutput={xml}", *args.busted_args, *(str(SPECS / s) for s in specs)]
             print("+ " + " ".join(cmd), flush=True)
             code = subprocess.call(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
         finally:

@@ -44,6 +44,10 @@ function M.error_of(fn, ...)
   return err
 end
 
+-- The interpreter running the specs (run.py: lua5.4 or luajit), for specs
+-- that start Lua processes of their own.
+M.interpreter = os.getenv("CHSTATE_LUA") or "lua5.4"
+
 M.sleep = socket.sleep
 M.gettime = socket.gettime
 

@@ -1,0 +1,142 @@
+"""The LuaJIT module inside a real nginx (Debian's lua-nginx-module), talking
+to a real ClickHouse 18.16 over cosockets: states set and read there are the
+CLI's, concurrent requests lose nothing, and a request waiting for ClickHouse
+or for a lock never stops the one nginx process from serving others."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+
+@pytest.fixture
+def schema(clickhouse):
+    name = f"nginx_{uuid.uuid4().hex[:12]}"
+    yield name
+    clickhouse.sql(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+@pytest.fixture
+def cli(bazel_binary, clickhouse, schema):
+    binary = bazel_binary("CHSTATE_CLI", "hosts/native/chstate", "//hosts/native:chstate")
+
+    def run(*args: str) -> str:
+        env = clickhouse.env()
+        env.update(MELTANO_STATE_BACKEND_URI=clickhouse.uri(), MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD=clickhouse.password,
+                   MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA=schema)
+        out = subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    return run
+
+
+def in_thread(fn, *args, **kwargs):
+    box = {}
+
+    def body():
+        box["result"] = fn(*args, **kwargs)
+
+    t = threading.Thread(target=body)
+    t.start()
+    return t, box
+
+
+def test_the_module_comes_from_the_rock_tree(nginx):
+    status, text, _ = nginx.get("/which")
+    assert status == 200, text
+    library, null_is_ngx_null = text.split()
+    assert library == str(nginx.tree / "lib" / "lua" / "5.1" / "chstate" / "libchstate.so")
+    assert null_is_ngx_null == "true"  # chstate.null is ngx.null inside nginx
+
+
+def test_a_state_set_in_nginx_is_the_clis(nginx, cli, schema):
+    state = {"singer_state": {"bookmarks": {"issues": {"since": "2026-12-01"}}, "ids": [1, 2, 3]}}
+    status, text, _ = nginx.get("/set", schema=schema, id="dev:nginx", state=json.dumps(state))
+    assert (status, text) == (200, "ok\n")
+    assert json.loads(cli("get", "dev:nginx")) == state
+    cli("merge", "dev:nginx", json.dumps({"singer_state": {"more": True}}))
+    status, text, _ = nginx.get("/get", schema=schema, id="dev:nginx")
+    assert status == 200, text
+    assert json.loads(text) == {"singer_state": {**state["singer_state"], "more": True}}
+
+
+def test_concurrent_merges_of_one_id_lose_nothing(nginx, cli, schema):
+    keys = [f"k{i}" for i in range(8)]
+    threads = [in_thread(nginx.get, "/merge", schema=schema, id="dev:contended", key=k, n=i)
+               for i, k in enumerate(keys)]
+    for t, _ in threads:
+        t.join()
+    for _, box in threads:
+        assert box["result"][0] == 200, box["result"][1]
+    final = json.loads(cli("get", "dev:contended"))
+    assert final == {"singer_state": {k: i for i, k in enumerate(keys)}}
+
+
+def pong_times(nginx, n: int = 8) -> list[float]:
+    times = []
+    for _ in range(n):
+        status, text, seconds = nginx.get("/pong", timeout=10)
+        assert (status, text) == (200, "pong\n")
+        times.append(seconds)
+        time.sleep(0.1)
+    return times
+
+
+def test_a_lock_wait_does_not_block_the_worker(nginx, schema):
+    hold, _ = in_thread(nginx.get, "/hold", schema=schema, id="dev:held", seconds=2)
+    time.sleep(0.5)  # the holder has its lock and sleeps in ngx.sleep
+    start = time.monotonic()
+    waiter, box = in_thread(nginx.get, "/merge", schema=schema, id="dev:held", key="after", n=1)
+    time.sleep(0.2)  # the waiter is retrying the lock (every second, the default lock_retry)
+    times = pong_times(nginx)  # over about a second of its waiting
+    waiter.join()
+    hold.join()
+    waited = time.monotonic() - start
+    assert box["result"][0] == 200, box["result"][1]
+    assert json.loads(box["result"][1]) == {"singer_state": {"after": 1}}
+    assert waited >= 1.0, f"the merge finished after {waited:.2f} s: it did not wait for the held lock"
+    assert max(times) < 0.3, f"/pong took {max(times):.2f} s while a lock was held and waited for: {times}"
+
+
+def test_a_request_waiting_for_clickhouse_does_not_block_the_worker(nginx):
+    # A listener that never accepts: connections complete in the kernel's
+    # backlog, requests are never answered, so each one times out (1 s).
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        start = time.monotonic()
+        waiter, box = in_thread(nginx.get, "/silent", port=silent.getsockname()[1])
+        time.sleep(0.2)
+        times = pong_times(nginx)
+        waiter.join()
+    waited = time.monotonic() - start
+    assert box["result"][0] == 200, box["result"][1]
+    assert box["result"][1].startswith("UNAVAILABLE ") and "timed out" in box["result"][1], box["result"][1]
+    assert waited >= 1.0, f"the request ended after {waited:.2f} s, before its timeout"
+    assert max(times) < 0.3, f"/pong took {max(times):.2f} s while a request waited for its answer: {times}"
+
+
+def test_the_measurement_sees_a_blocked_worker(nginx):
+    # The control for the test above: a blocking call in the worker holds up /pong.
+    blocker, _ = in_thread(nginx.get, "/block", seconds=1.5)
+    time.sleep(0.2)
+    status, _, seconds = nginx.get("/pong", timeout=10)
+    blocker.join()
+    assert status == 200
+    assert seconds >= 1.0, f"/pong took {seconds:.2f} s during a blocking call: the measurement cannot see blocking"
+
+
+def test_an_unreachable_server_is_unavailable_and_the_password_stays_out(nginx):
+    status, text, _ = nginx.get("/dead")
+    assert status == 200, text
+    assert text.startswith("UNAVAILABLE "), text
+    assert "connection refused" in text and "127.0.0.1:1" in text, text
+    assert "s3cret-nginx" not in text
+    assert "s3cret-nginx" not in nginx.error_log()
