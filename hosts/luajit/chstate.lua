@@ -168,6 +168,14 @@ local function action(box, text)
   return a
 end
 
+-- Frees t.store (a store handle the GC would otherwise free) once.
+local function free_store(t)
+  if t.store ~= nil then
+    lib.chstate_store_free(ffi.gc(t.store, nil))
+    t.store = nil
+  end
+end
+
 local function feed(box, doc, now)
   return action(box, take(lib.chstate_op_feed(box.store, doc, now, random_bytes(), RANDOM_LEN)))
 end
@@ -234,10 +242,7 @@ function Native.connection(box)
 end
 
 function Native.close(box)
-  if box.store ~= nil then
-    lib.chstate_store_free(ffi.gc(box.store, nil))
-    box.store = nil
-  end
+  free_store(box)
   if box.http then box.http:close() end
 end
 
@@ -299,12 +304,7 @@ function Protocol.feed(ps, answer_json, now, random)
   return take(lib.chstate_op_feed(ps.store, answer_json, now, r, n))
 end
 
-function Protocol.free(ps)
-  if ps.store ~= nil then
-    lib.chstate_store_free(ffi.gc(ps.store, nil))
-    ps.store = nil
-  end
-end
+Protocol.free = free_store
 
 function C.protocol_store(options_json)
   local errp = ffi.new("char*[1]")
