@@ -49,6 +49,20 @@ inline constexpr int64_t kDefaultTransportBackoffMs = 100;
 // from seeing the lock free to writing its own row.
 inline constexpr int64_t kDefaultPythonLockSettleMs = 1000;
 
+// linger_locks (a host that ticks in the background, such as the Meltano
+// adapter): a released lock stays held by the store this long, renewed as
+// usual, so that the next acquisition of the same id by this store costs no
+// request. Released for real when idle this long, or as soon as another
+// process has asked for it (kDefaultLockWaiterCheckMs).
+inline constexpr int64_t kDefaultLockLingerMs = 1000;
+// A lingering holder looks for processes waiting for the lock (their rows in
+// the lock table) at most this often as it is released again and again (or
+// every half of lock_retry_ms when that is shorter); after yielding to one it
+// holds off for lock_retry_ms + kDefaultLockYieldMarginMs, so that the
+// waiter's next attempt finds the lock free.
+inline constexpr int64_t kDefaultLockWaiterCheckMs = 200;
+inline constexpr int64_t kDefaultLockYieldMarginMs = 200;
+
 // State history keeps each version this many days (0: no history table).
 inline constexpr int64_t kDefaultHistoryDays = 30;
 // ... and at most this many versions of each id (0: no limit by count).
@@ -82,6 +96,11 @@ inline constexpr DefaultSetting kDefaults[] = {
     {"ddl_timeout_s", kDefaultDdlTimeoutS, "s", "cluster: ON CLUSTER DDL waits this long for every host"},
     {"transport_attempts", kDefaultTransportAttempts, "count", "sends of one request in all, after transport failures"},
     {"transport_backoff_ms", kDefaultTransportBackoffMs, "ms", "before the first resend, doubled after"},
+    {"lock_linger_ms", kDefaultLockLingerMs, "ms", "linger_locks: a released lock stays held this long for reuse"},
+    {"lock_waiter_check_ms", kDefaultLockWaiterCheckMs, "ms",
+     "linger_locks: a lingering holder looks for waiting processes at most this often"},
+    {"lock_yield_margin_ms", kDefaultLockYieldMarginMs, "ms",
+     "linger_locks: after yielding, the holder stays away lock_retry_ms plus this"},
     {"python_lock_settle_ms", kDefaultPythonLockSettleMs, "ms",
      "mixed fleet: a new holder waits this long before it looks for the Python backend's lock rows"},
     {"history_days", kDefaultHistoryDays, "days", "state history: versions are kept this long (0: no history)"},

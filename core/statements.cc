@@ -500,6 +500,20 @@ SqlRequest Statements::RenewLock(absl::string_view state_id, absl::string_view l
   return r;
 }
 
+SqlRequest Statements::AnnounceLockWaiter(absl::string_view state_id, absl::string_view lock_id) const {
+  SqlRequest r = Request("announce_lock_waiter", false);
+  r.sql = absl::StrCat("INSERT INTO `", schema_, "`.`", LockTableName(state_id), "` SELECT ",
+                       QuoteStringLiteral(lock_id), ", toUInt8(2), now(), toUInt32(0)");
+  return r;
+}
+
+SqlRequest Statements::LockWaiters(absl::string_view state_id) const {
+  SqlRequest r = Read("lock_waiters");
+  r.sql = absl::StrCat("SELECT lock_id, 1 FROM `", schema_, "`.`", LockTableName(state_id),
+                       "` WHERE seq = 2 LIMIT 1 FORMAT TabSeparated");
+  return r;
+}
+
 SqlRequest Statements::DropLock(absl::string_view state_id) const {
   // Not resendable: if the first DROP landed, another process may have
   // created a fresh lock under the same name before a resend would arrive,

@@ -372,19 +372,37 @@ class StoreSteps {
   Step DriveLock(const LockPtr& m, LockOutcome on_outcome) {
     while (std::optional<LockAction> a = m->Poll()) {
       switch (a->kind) {
-        case LockAction::Kind::kRunSql:
-          return Step::Run(std::move(a->request), [this, m, on_outcome](const SqlResponse& r) {
+        case LockAction::Kind::kRunSql: {
+          const bool inspection = a->request.purpose == "inspect_lock";
+          return Step::Run(std::move(a->request), [this, m, on_outcome, inspection](const SqlResponse& r) {
+            // Whether the lock was seen held by a live holder, for the backoff below.
+            seen_holder_ = false;
+            if (inspection && r.transport_ok && r.http_status == 200) {
+              absl::StatusOr<LockInspection> insp = ParseLockInspection(r.body);
+              seen_holder_ = insp.ok() && insp->exists && !insp->holder.empty() && insp->holder != m->lock_id();
+            }
             m->OnResponse(r, *in_);
             return DriveLock(m, on_outcome);
           });
+        }
         case LockAction::Kind::kArmTimer:
           // A renewal that finished arms the next one: that is its outcome.
           if (m->state() == LockState::kHeld) return on_outcome(*a);
           if (m->state() != LockState::kBackingOff) continue;
-          return Step::Wait(a->delay_ms, [this, m, on_outcome] {
-            m->OnTimer(*in_);
-            return DriveLock(m, on_outcome);
-          });
+          {
+            auto wait = [this, m, on_outcome, delay_ms = a->delay_ms] {
+              return Step::Wait(delay_ms, [this, m, on_outcome] {
+                m->OnTimer(*in_);
+                return DriveLock(m, on_outcome);
+              });
+            };
+            if (s_->options_.cluster.enabled() || !seen_holder_) return wait();
+            // Shown to the holder, which gives up a lingering lock for it
+            // (linger_locks); an error (the table gone meanwhile) is harmless.
+            return Sql(
+                st().AnnounceLockWaiter(m->state_id(), m->lock_id()), "showing the holder that a process waits",
+                [wait](const std::string&) { return wait(); }, [wait](absl::Status) { return wait(); });
+          }
         default:
           return on_outcome(*a);
       }
@@ -398,6 +416,15 @@ class StoreSteps {
   Step Acquire(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail,
                std::optional<int64_t> deadline_ms = std::nullopt) {
     const int64_t deadline = deadline_ms.value_or(in_->now_ms + s_->options_.lock.timeout_ms);
+    if (auto y = s_->yielded_until_.find(id); y != s_->yielded_until_.end()) {
+      // This store just gave the id's lingering lock up to a waiting
+      // process: stay away until that process has had its next attempt.
+      if (in_->now_ms < y->second && y->second < deadline) {
+        return Step::Wait(y->second - in_->now_ms,
+                          [this, id, then, fail, deadline] { return Acquire(id, then, fail, deadline); });
+      }
+      s_->yielded_until_.erase(y);
+    }
     LockOptions options = s_->options_.lock;
     options.timeout_ms = std::max<int64_t>(deadline - in_->now_ms, 0);
     auto m = std::make_shared<LockMachine>(st(), id, options);
@@ -573,6 +600,73 @@ class StoreSteps {
   // abandoned (a host that lost interest): that answer will never come.
   // Such a renewal counts as inconclusive, as a lost answer would: the lease
   // stands as last confirmed, and the lock is renewed again when due.
+  // A lingering lock whose lease ran out (the process was paused) or that
+  // was found lost is forgotten when a task starts: not ours to drop, and
+  // the next acquisition starts afresh.
+  void ForgetStaleLingering() {
+    for (auto it = s_->held_.begin(); it != s_->held_.end();) {
+      if (it->second.lingering && (!it->second.Live() || !it->second.machine->LeaseValid(in_->now_ms))) {
+        it = s_->held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Releases the held lock `m` on `id` (inspection and DROP) and then
+  // forgets it. It stays known until the release ends (its machine, no
+  // longer holding, is neither renewed nor valid for writes meanwhile), so
+  // that its lease deadline stays visible (LeaseDeadlineMs) while the DROP
+  // is decided.
+  Step ReleaseAndForget(const std::string& id, const LockPtr& m, Then then, OnFailure fail) {
+    auto forget = [this, id, m] {
+      auto held = s_->held_.find(id);
+      if (held != s_->held_.end() && held->second.machine == m) s_->held_.erase(held);
+    };
+    return Release(
+        m,
+        [forget, then] {
+          forget();
+          return then();
+        },
+        [forget, fail](absl::Status st) {
+          forget();
+          return fail(std::move(st));
+        });
+  }
+
+  // Releases for real the lingering lock on `id`; `then` either way (a
+  // failed release leaves it to expire).
+  Step ReleaseLingeringLock(const std::string& id, Then then) {
+    auto it = s_->held_.find(id);
+    if (it == s_->held_.end() || !it->second.lingering) return then();
+    return ReleaseAndForget(id, it->second.machine, then, [then](absl::Status) { return then(); });
+  }
+
+  // Tick's part for linger_locks: lingering locks idle past their time go,
+  // and so do those another process now waits for (looked for every
+  // WaiterCheckEveryMs while they linger).
+  Step ReleaseIdleLingering(Then then) {
+    for (auto& [id, held] : s_->held_) {
+      if (!held.lingering) continue;
+      const std::string state_id = id;
+      auto next = [this, then] { return ReleaseIdleLingering(then); };
+      if (in_->now_ms >= held.linger_until_ms) return ReleaseLingeringLock(state_id, next);
+      if (in_->now_ms >= held.waiters_checked_ms + s_->WaiterCheckEveryMs()) {
+        held.waiters_checked_ms = in_->now_ms;
+        auto yield = [this, state_id, next] {
+          s_->yielded_until_[state_id] = in_->now_ms + s_->options_.lock.retry_ms + kDefaultLockYieldMarginMs;
+          return ReleaseLingeringLock(state_id, next);
+        };
+        return Query(
+            st().LockWaiters(state_id), "looking for processes waiting for the lock", 2,
+            [next, yield](const Rows& rows) { return rows.empty() ? next() : yield(); },
+            [yield](absl::Status) { return yield(); });
+      }
+    }
+    return then();
+  }
+
   void SettleAbandonedRenewals() {
     for (auto& [id, held] : s_->held_) {
       if (!held.AbandonedRenewal()) continue;
@@ -608,6 +702,7 @@ class StoreSteps {
   Store* s_;
   const Inputs* in_;
   LockPtr current_lock_;
+  bool seen_holder_ = false;  // the last lock inspection found another live holder
   std::vector<std::shared_ptr<void>> keep_;
 };
 
@@ -620,6 +715,7 @@ std::unique_ptr<Task> MakeTask(Store* store, std::function<Step(StoreSteps&)> bo
         auto steps = std::make_shared<StoreSteps>(store, in);
         return [steps, body] {
           steps->SettleAbandonedRenewals();
+          steps->ForgetStaleLingering();
           return body(*steps);
         };
       },
@@ -1249,6 +1345,15 @@ std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
   return MakeTask(this, [this, state_id](StoreSteps& s) {
     const int64_t started_ms = s.inputs().now_ms;
+    if (auto it = held_.find(state_id); it != held_.end() && it->second.lingering) {
+      // Lingering since its last release and still within its lease (the
+      // task's start forgot it otherwise): taken back, no request.
+      it->second.lingering = false;
+      Result r = s.Base();
+      r.lock_id = it->second.machine->lock_id();
+      r.waited_ms = 0;
+      return Step::Done(std::move(r));
+    }
     return s.Connected(
         [this, &s, state_id, started_ms] {
           return s.Acquire(
@@ -1259,7 +1364,9 @@ std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
                 while (std::optional<LockAction> a = m->Poll()) {
                   if (a->kind == LockAction::Kind::kArmTimer) renew_in_ms = a->delay_ms;
                 }
-                held_[state_id] = HeldLock{m, s.inputs().now_ms + renew_in_ms};
+                HeldLock held{m, s.inputs().now_ms + renew_in_ms};
+                held.waiters_checked_ms = s.inputs().now_ms;
+                held_[state_id] = held;
                 Result r = s.Base();
                 r.lock_id = m->lock_id();
                 r.waited_ms = s.inputs().now_ms - started_ms;
@@ -1295,7 +1402,28 @@ std::unique_ptr<Task> Store::RenewLock(std::string state_id) {
 
 std::unique_ptr<Task> Store::Tick() {
   return MakeTask(this, [](StoreSteps& s) {
-    return s.RenewAllDue([&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
+    return s.RenewAllDue([&s] { return s.ReleaseIdleLingering([&s] { return Step::Done(s.Base()); }); },
+                         StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::ReleaseLingering() {
+  return MakeTask(this, [this](StoreSteps& s) {
+    auto count = std::make_shared<int64_t>(0);
+    auto next = std::make_shared<std::function<Step()>>();
+    *next = [this, &s, count, next]() -> Step {
+      for (const auto& [id, held] : held_) {
+        if (held.lingering) {
+          ++*count;
+          return s.ReleaseLingeringLock(id, [next] { return (*next)(); });
+        }
+      }
+      Result r = s.Base();
+      r.count = *count;
+      *next = nullptr;  // no cycle left behind
+      return Step::Done(std::move(r));
+    };
+    return (*next)();
   });
 }
 
@@ -1306,6 +1434,10 @@ std::optional<int64_t> Store::NextTimeoutMs() const {
     // task settles it; see SettleAbandonedRenewals).
     if (held.Live() || held.AbandonedRenewal()) {
       if (!next || held.renew_at_ms < *next) next = held.renew_at_ms;
+    }
+    if (held.lingering) {
+      const int64_t at = std::min(held.linger_until_ms, held.waiters_checked_ms + WaiterCheckEveryMs());
+      if (!next || at < *next) next = at;
     }
   }
   return next;
@@ -1330,23 +1462,33 @@ std::unique_ptr<Task> Store::ReleaseLock(std::string state_id, std::string lock_
       held_.erase(it);
       return Step::Done(s.Base());
     }
-    // Known until the release ends (its machine, no longer holding, is
-    // neither renewed nor valid for writes meanwhile), so that its lease
-    // deadline stays visible (LeaseDeadlineMs) while the DROP is decided.
-    auto forget = [this, state_id, m] {
-      auto held = held_.find(state_id);
-      if (held != held_.end() && held->second.machine == m) held_.erase(held);
+    if (it->second.lingering) return Step::Done(s.Base());  // released already; lingering
+    auto release = [&s, state_id, m] {
+      return s.ReleaseAndForget(state_id, m, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
     };
-    return s.Release(
-        m,
-        [&s, forget] {
-          forget();
-          return Step::Done(s.Base());
-        },
-        [forget](absl::Status st) {
-          forget();
-          return StoreSteps::Failed(std::move(st));
-        });
+    if (!Lingers() || !m->LeaseValid(s.inputs().now_ms)) return release();
+    const int64_t now = s.inputs().now_ms;
+    auto linger = [this, &s, state_id, m](int64_t checked_ms) {
+      auto held = held_.find(state_id);
+      if (held != held_.end() && held->second.machine == m && m->state() == LockState::kHeld) {
+        held->second.lingering = true;
+        held->second.linger_until_ms = s.inputs().now_ms + kDefaultLockLingerMs;
+        held->second.waiters_checked_ms = checked_ms;
+      }
+      return Step::Done(s.Base());
+    };
+    if (now - it->second.waiters_checked_ms < WaiterCheckEveryMs()) return linger(it->second.waiters_checked_ms);
+    // Time to look whether another process waits; if one does (or the look
+    // fails), the lock is released for real and this store stays away until
+    // the waiter's next attempt.
+    auto yield = [this, &s, state_id, release] {
+      yielded_until_[state_id] = s.inputs().now_ms + options_.lock.retry_ms + kDefaultLockYieldMarginMs;
+      return release();
+    };
+    return s.Query(
+        s.st().LockWaiters(state_id), "looking for processes waiting for the lock", 2,
+        [linger, yield, now](const Rows& rows) { return rows.empty() ? linger(now) : yield(); },
+        [yield](absl::Status) { return yield(); });
   });
 }
 

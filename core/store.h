@@ -51,6 +51,7 @@
 #ifndef CHSTATE_CORE_STORE_H_
 #define CHSTATE_CORE_STORE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -91,6 +92,16 @@ struct StoreOptions {
   // "Migrating from the Python backend"): a holder also shows itself in
   // `<table>_lock` the way that backend does, and yields to its rows.
   bool python_locks = false;
+  // The lock off the hot path (README "The lock"): ReleaseLock keeps the
+  // lock held by this store (lingering) for kDefaultLockLingerMs, renewed as
+  // usual, and the next AcquireLock of the id takes it back with no request.
+  // A lingering lock is released for real when it was idle that long (at a
+  // Tick: the host must call back at NextTimeoutMs even while idle), by
+  // ReleaseLingering, or when another process waits for it (acquirers show
+  // themselves with a row in the lock table as they back off; the holder
+  // looks at most every kDefaultLockWaiterCheckMs as it releases). Ignored
+  // in cluster mode and with python_locks.
+  bool linger_locks = false;
 };
 
 class Store {
@@ -186,6 +197,9 @@ class Store {
   // Tick renews every held lock that is due; kAborted, naming the id, when
   // one turned out lost (it is then no longer held: stop acting under it).
   std::unique_ptr<Task> Tick();
+  // Releases for real every lock lingering after ReleaseLock (linger_locks):
+  // a host calls it before it goes away. Result.count: how many.
+  std::unique_ptr<Task> ReleaseLingering();
   // The earliest time (on the host's clock) Tick has work, or nullopt.
   std::optional<int64_t> NextTimeoutMs() const;
 
@@ -205,6 +219,12 @@ class Store {
   struct HeldLock {
     std::shared_ptr<LockMachine> machine;
     int64_t renew_at_ms = 0;
+    // linger_locks: released by its user but kept (and renewed) until
+    // linger_until_ms, for the next AcquireLock of the id.
+    bool lingering = false;
+    int64_t linger_until_ms = 0;
+    // When this holder last looked for processes waiting for the lock.
+    int64_t waiters_checked_ms = 0;
     // False once the lock was found lost: kept until ReleaseLock so that
     // writes to the id stay refused, but never renewed again.
     bool Live() const { return machine->state() == LockState::kHeld; }
@@ -214,6 +234,12 @@ class Store {
     }
   };
   std::map<std::string, HeldLock> held_;
+  // Ids whose lingering lock was given up to a waiting process: this store
+  // acquires them again only after the time given (see linger_locks).
+  std::map<std::string, int64_t> yielded_until_;
+  bool Lingers() const { return options_.linger_locks && !options_.cluster.enabled() && !options_.python_locks; }
+  // How often a lingering holder looks for waiting processes.
+  int64_t WaiterCheckEveryMs() const { return std::min(kDefaultLockWaiterCheckMs, options_.lock.retry_ms / 2); }
   std::string server_version_;
   uint64_t writes_ = 0;
 };

@@ -308,9 +308,12 @@ TEST(Store, ContendedLockRetriesThenGivesUpWithTheId) {
   auto t = store->AcquireLock("dev:busy");
   SqlResponse exists = Err(500, 57, "Table meltano.x already exists.");
   Outcome o = Drive(*t,
-                    {kVersion18, Q("create_lock", exists), Q("inspect_lock", Held("other", 100, 105)), W(1000),
-                     Q("create_lock", exists), Q("inspect_lock", Held("other", 100, 106)), W(1000),
-                     Q("create_lock", exists), Q("inspect_lock", Held("other", 100, 107)), W(-1),
+                    {kVersion18, Q("create_lock", exists), Q("inspect_lock", Held("other", 100, 105)),
+                     Q("announce_lock_waiter", Ok(), "toUInt8(2)"), W(1000),
+                     Q("create_lock", exists), Q("inspect_lock", Held("other", 100, 106)),
+                     Q("announce_lock_waiter", Ok()), W(1000),
+                     Q("create_lock", exists), Q("inspect_lock", Held("other", 100, 107)),
+                     Q("announce_lock_waiter", Err(404, 60, "Table meltano.x doesn't exist.")), W(-1),  // harmless
                      Q("create_lock", exists), Q("inspect_lock", Held("other", 100, 108))},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
@@ -370,7 +373,8 @@ TEST(Store, AnswerBetweenLostRequestsKeepsTheLockAttemptGoing) {
   Outcome o = Drive(*t,
                     {kVersion18, Q("create_lock", Refused()), Q("inspect_lock", Refused()), W(1000),
                      Q("create_lock", exists), Q("inspect_lock", Refused()), W(1000), Q("create_lock", Refused()),
-                     Q("inspect_lock", Held("other", 100, 101)), W(1000), Q("create_lock", Ok())},
+                     Q("inspect_lock", Held("other", 100, 101)), Q("announce_lock_waiter", Ok()), W(1000),
+                     Q("create_lock", Ok())},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 }
@@ -435,7 +439,8 @@ TEST(Store, StaleLockIsTakenOverOnlyAfterTheWindow) {
   // Last renewed 300 s ago by the server's clock: not yet stale, wait.
   auto t = store->AcquireLock("a");
   Outcome o = Drive(
-      *t, {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Held("dead", 1000, 1300)), W(-1)},
+      *t, {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Held("dead", 1000, 1300)),
+          Q("announce_lock_waiter", Ok()), W(-1)},
       &clock);
   // 301 s: entombed under a name unique to that instance, then created.
   auto t2 = store->AcquireLock("a");
@@ -453,7 +458,9 @@ TEST(Store, TakerUsesTheHoldersLongerStaleWindow) {
   int64_t clock = 0;
   auto t = store->AcquireLock("a");
   // ...but the holder wrote 300 s into its lock: 5 s old is not stale.
-  Outcome o = Drive(*t, {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Held("h", 100, 105))},
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Held("h", 100, 105)),
+                     Q("announce_lock_waiter", Ok())},
                     &clock);
   EXPECT_EQ(o.last.kind, Action::Kind::kWait);
 }
@@ -466,7 +473,7 @@ TEST(Store, LateTakerCannotEntombANewerLock) {
   Outcome o = Drive(*t,
                     {kVersion18, Q("create_lock", Err(500, 57, "exists")), Q("inspect_lock", Held("dead", 1, 999)),
                      Q("entomb_lock", Err(500, 57, "Table ..._dead_... already exists.")),
-                     Q("inspect_lock", Held("fresh", 999, 999)), W(1000)},
+                     Q("inspect_lock", Held("fresh", 999, 999)), Q("announce_lock_waiter", Ok()), W(1000)},
                     &clock);
   EXPECT_EQ(o.last.kind, Action::Kind::kRunSql);
 }
@@ -534,6 +541,150 @@ TEST(Store, PlainWritesToAnIdWhoseLockThisStoreHoldsRespectTheLease) {
   a = late_delete->Start({clock, kRandom});
   ASSERT_EQ(a.kind, Action::Kind::kFailed);
   EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("ran out before the write")));
+}
+
+// ---- linger_locks: the lock off the hot path ----
+
+std::unique_ptr<Store> MakeLingeringStore(LockOptions lock = {}) {
+  StoreOptions o;
+  o.lock = lock;
+  o.linger_locks = true;
+  absl::StatusOr<std::unique_ptr<Store>> s = Store::Create(o);
+  EXPECT_THAT(s, IsOk());
+  return std::move(*s);
+}
+
+std::string Acquired(Store& store, int64_t* clock, std::vector<Exchange> script) {
+  auto t = store.AcquireLock("id");
+  Outcome o = Drive(*t, script, clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  return o.last.result.lock_id;
+}
+
+TEST(LingeringStore, AReleasedLockIsTakenBackWithNoRequest) {
+  auto store = MakeLingeringStore();
+  int64_t clock = 0;
+  const std::string lock_id = Acquired(*store, &clock, {kVersion18, Q("create_lock", Ok())});
+  MeltanoState state{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")};
+  for (int i = 0; i < 3; ++i) {
+    auto set = store->Set(state);
+    ASSERT_EQ(Drive(*set, {Q("insert_state", Ok())}, &clock).last.kind, Action::Kind::kDone);
+    auto release = store->ReleaseLock("id", lock_id);
+    Outcome released = Drive(*release, {}, &clock);  // no request
+    ASSERT_EQ(released.last.kind, Action::Kind::kDone) << released.last.status;
+    // The host is told to call back by the time the lingering lock is due to go.
+    ASSERT_TRUE(released.last.result.next_timeout_ms.has_value());
+    EXPECT_LE(*released.last.result.next_timeout_ms, clock + kDefaultLockLingerMs);
+    EXPECT_EQ(Acquired(*store, &clock, {}), lock_id);  // the same lock, no request
+  }
+  // Held by its user again: a release that is not the last stays lingering.
+  EXPECT_TRUE(store->LeaseValid("id", clock));
+}
+
+TEST(LingeringStore, AnIdleLingeringLockGoesAtATickAndAtReleaseLingering) {
+  auto store = MakeLingeringStore();
+  int64_t clock = 0;
+  std::string lock_id = Acquired(*store, &clock, {kVersion18, Q("create_lock", Ok())});
+  ASSERT_EQ(Drive(*store->ReleaseLock("id", lock_id), {}, &clock).last.kind, Action::Kind::kDone);
+  auto early = store->Tick();
+  EXPECT_EQ(Drive(*early, {}, &clock).last.kind, Action::Kind::kDone);  // not idle long enough: nothing sent
+  clock += kDefaultLockLingerMs;
+  auto tick = store->Tick();
+  Outcome o = Drive(*tick, {Q("inspect_lock", Mine()), Q("drop_lock", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_FALSE(o.last.result.next_timeout_ms.has_value());
+  // Gone: the next acquisition creates the lock again.
+  lock_id = Acquired(*store, &clock, {Q("create_lock", Ok())});
+  ASSERT_EQ(Drive(*store->ReleaseLock("id", lock_id), {}, &clock).last.kind, Action::Kind::kDone);
+  auto all = store->ReleaseLingering();
+  o = Drive(*all, {Q("inspect_lock", Mine()), Q("drop_lock", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.count, 1);
+}
+
+TEST(LingeringStore, AHolderThatSeesAWaiterYieldsAndStaysAway) {
+  LockOptions lock;
+  lock.retry_ms = 1000;
+  auto store = MakeLingeringStore(lock);
+  int64_t clock = 0;
+  const std::string lock_id = Acquired(*store, &clock, {kVersion18, Q("create_lock", Ok())});
+  clock += kDefaultLockWaiterCheckMs;  // time for a look
+  const int64_t looked = clock + 3;    // when the look's answer came (3 ms a round trip)
+  SqlResponse waiter = Ok("waiter-lock-id\t1\n");
+  auto release = store->ReleaseLock("id", lock_id);
+  Outcome o = Drive(*release,
+                    {Q("lock_waiters", waiter, "WHERE seq = 2"), Q("inspect_lock", Mine()), Q("drop_lock", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // The next acquisition waits out the waiter's next attempt before trying.
+  auto again = store->AcquireLock("id");
+  Outcome o2 = Drive(*again, {W(-1), Q("create_lock", Ok())}, &clock);
+  ASSERT_EQ(o2.last.kind, Action::Kind::kDone) << o2.last.status;
+  EXPECT_GE(clock, looked + lock.retry_ms + kDefaultLockYieldMarginMs);
+}
+
+TEST(LingeringStore, AnIdleLingeringLockIsGivenUpToAWaiterAtTheNextLook) {
+  auto store = MakeLingeringStore();
+  int64_t clock = 0;
+  const std::string lock_id = Acquired(*store, &clock, {kVersion18, Q("create_lock", Ok())});
+  Outcome released = Drive(*store->ReleaseLock("id", lock_id), {}, &clock);
+  ASSERT_EQ(released.last.kind, Action::Kind::kDone);
+  // The host is called back for a look before the lingering time is over.
+  ASSERT_TRUE(released.last.result.next_timeout_ms.has_value());
+  EXPECT_LE(*released.last.result.next_timeout_ms, clock + kDefaultLockWaiterCheckMs);
+  clock = *released.last.result.next_timeout_ms;
+  Outcome nobody = Drive(*store->Tick(), {Q("lock_waiters", Ok(""))}, &clock);
+  ASSERT_EQ(nobody.last.kind, Action::Kind::kDone) << nobody.last.status;
+  clock = *nobody.last.result.next_timeout_ms;
+  Outcome o = Drive(*store->Tick(),
+                    {Q("lock_waiters", Ok("w\t1\n")), Q("inspect_lock", Mine()), Q("drop_lock", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_FALSE(o.last.result.next_timeout_ms.has_value());
+  // And it stays away while the waiter takes it.
+  auto again = store->AcquireLock("id");
+  Action a = again->Start({clock, kRandom});
+  EXPECT_EQ(a.kind, Action::Kind::kWait);
+}
+
+TEST(LingeringStore, NoWaiterKeepsItLingeringAndTheNextLookWaits) {
+  auto store = MakeLingeringStore();
+  int64_t clock = 0;
+  const std::string lock_id = Acquired(*store, &clock, {kVersion18, Q("create_lock", Ok())});
+  clock += kDefaultLockWaiterCheckMs;
+  ASSERT_EQ(Drive(*store->ReleaseLock("id", lock_id), {Q("lock_waiters", Ok(""))}, &clock).last.kind,
+            Action::Kind::kDone);
+  // Taken back and released again at once: no second look yet.
+  EXPECT_EQ(Acquired(*store, &clock, {}), lock_id);
+  ASSERT_EQ(Drive(*store->ReleaseLock("id", lock_id), {}, &clock).last.kind, Action::Kind::kDone);
+  // A failed look counts as a waiter: the lock is released for real.
+  clock += kDefaultLockWaiterCheckMs;
+  EXPECT_EQ(Acquired(*store, &clock, {}), lock_id);
+  Outcome o = Drive(*store->ReleaseLock("id", lock_id),
+                    {Q("lock_waiters", Err(500, 159, "Timeout exceeded")), Q("inspect_lock", Mine()),
+                     Q("drop_lock", Ok())},
+                    &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+TEST(LingeringStore, ALingeringLockPastItsLeaseIsForgottenNotUsed) {
+  LockOptions lock;
+  lock.stale_ms = 3000;
+  auto store = MakeLingeringStore(lock);
+  int64_t clock = 0;
+  const std::string lock_id = Acquired(*store, &clock, {kVersion18, Q("create_lock", Ok())});
+  ASSERT_EQ(Drive(*store->ReleaseLock("id", lock_id), {}, &clock).last.kind, Action::Kind::kDone);
+  clock += 5000;  // the process was paused past the lease, no tick ran
+  // Not taken back: a fresh acquisition (the old table is someone's to take over).
+  auto t = store->AcquireLock("id");
+  Action a = t->Start({clock, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(a.request.purpose, "create_lock");
+  // And a write does not go out under it.
+  MeltanoState state{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")};
+  auto set = store->Set(state);
+  a = set->Start({clock, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(a.request.purpose, "insert_state");  // a plain set, as with no lock held
 }
 
 TEST(Store, LegacyDeleteWaitsForItsMutation) {
@@ -919,6 +1070,22 @@ TEST(ClusterStore, ClearAllTombstonesInsteadOfTruncating) {
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
   EXPECT_EQ(o.last.result.count, 3);
+}
+
+TEST(ClusterStore, LocksDoNotLinger) {
+  StoreOptions o;
+  o.cluster.name = "prod";
+  o.linger_locks = true;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(o);
+  ASSERT_THAT(store, IsOk());
+  int64_t clock = 0;
+  auto t = (*store)->AcquireLock("id");
+  Outcome o1 = Drive(*t, {kVersion18, kEngine, Q("create_lock", Ok())}, &clock);
+  ASSERT_EQ(o1.last.kind, Action::Kind::kDone) << o1.last.status;
+  // Released for real at once, as without linger_locks.
+  auto r = (*store)->ReleaseLock("id", o1.last.result.lock_id);
+  Outcome o2 = Drive(*r, {Q("inspect_lock", Mine()), Q("drop_lock", Ok(), "ON CLUSTER")}, &clock);
+  EXPECT_EQ(o2.last.kind, Action::Kind::kDone) << o2.last.status;
 }
 
 TEST(ClusterStore, LockCreateThatTimedOutOnAHostIsSettledByInspecting) {

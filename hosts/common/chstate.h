@@ -77,7 +77,7 @@ char* chstate_resolve_config(const char* sources_json);
 
 /* Creates a store. Options (all optional): {"schema","table","endpoint" (for messages),
  * "lock_timeout_ms","lock_retry_ms","stale_lock_ms","mutation_timeout_ms","request_timeout_ms",
- * "history_days","history_versions","python_locks","cluster","zookeeper_path","replica"}; an option not given takes the core's default (core/defaults.h).
+ * "history_days","history_versions","python_locks","linger_locks","cluster","zookeeper_path","replica"}; an option not given takes the core's default (core/defaults.h).
  * On failure returns NULL and, when `error_json` is not NULL, sets *error_json to a
  * {"failed": ...} document the caller frees with chstate_string_free. */
 chstate_store* chstate_store_new(const char* options_json, char** error_json);

@@ -261,6 +261,7 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const json& op_lin
   if (*op == "ping") return store.Ping();
   if (*op == "init") return store.Init();
   if (*op == "tick") return store.Tick();
+  if (*op == "release_lingering") return store.ReleaseLingering();
   if (*op == "clear_all") return store.ClearAll();
   if (*op == "get" || *op == "delete" || *op == "delete_locked" || *op == "acquire_lock") {
     absl::StatusOr<std::string> sid = id();
@@ -362,7 +363,8 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const json& op_lin
   return absl::InvalidArgumentError(absl::StrCat("unknown op \"", *op,
                                                  "\"; expected ping, init, get, set, set_locked, update, delete, "
                                                  "delete_locked, list, export_page, import, history, rollback, clear_all, "
-                                                 "copy, move, acquire_lock, renew_lock, release_lock, tick"));
+                                                 "copy, move, acquire_lock, renew_lock, release_lock, tick, "
+                                                 "release_lingering"));
 }
 
 absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
@@ -381,9 +383,10 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
                 : key == "request_timeout_ms" ? &opts.transport.request_timeout_ms
                 : key == "history_days" ? &opts.history_days
                 : key == "history_versions" ? &opts.history_versions : nullptr;
-    if (key == "python_locks") {
-      if (!value.is_boolean()) return absl::InvalidArgumentError("\"python_locks\" must be a boolean");
-      opts.python_locks = value.get<bool>();
+    bool* flag = key == "python_locks" ? &opts.python_locks : key == "linger_locks" ? &opts.linger_locks : nullptr;
+    if (flag != nullptr) {
+      if (!value.is_boolean()) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a boolean"));
+      *flag = value.get<bool>();
     } else if (text != nullptr) {
       if (!value.is_string()) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a string"));
       *text = value.get<std::string>();
@@ -396,7 +399,8 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown store option \"", key,
           "\"; expected schema, table, endpoint, cluster, zookeeper_path, replica, lock_timeout_ms, lock_retry_ms, "
-          "stale_lock_ms, mutation_timeout_ms, request_timeout_ms, history_days, history_versions, python_locks"));
+          "stale_lock_ms, mutation_timeout_ms, request_timeout_ms, history_days, history_versions, python_locks, "
+          "linger_locks"));
     }
   }
   return opts;

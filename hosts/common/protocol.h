@@ -18,7 +18,9 @@
 //            update, delete, delete_locked, list ("pattern": string|null, or
 //            "pattern_hex"), clear_all, copy/move ("src_hex","dst_hex"),
 //            acquire_lock, renew_lock, release_lock ("lock_id"), tick (renews every
-//            held lock that is due: call it at "next_timeout_ms"); set, set_locked
+//            held lock that is due, and releases lingering locks that are idle: call it
+//            at "next_timeout_ms"), release_lingering (releases every lingering lock:
+//            the store option "linger_locks"; "count": how many); set, set_locked
 //            and update carry "state": {"completed": {...}, "partial": {...}};
 //            export_page (Meltano's get_all, a page at a time: "pattern"/"pattern_hex",
 //            "after_hex" (the last id of the previous page, or absent), "limit" (default

@@ -283,6 +283,10 @@ TEST(OpDriver, WaitIsAnsweredByATimer) {
   ASSERT_TRUE(a.contains("request")) << a;
   EXPECT_EQ(a["request"]["purpose"], "inspect_lock");
   a = d.Feed(Answer("other\t0\t100\t100\t300\n\t255\t100\t100\t0\n"), kIn);
+  // It shows itself to the holder (linger_locks) before it waits.
+  ASSERT_TRUE(a.contains("request")) << a;
+  EXPECT_EQ(a["request"]["purpose"], "announce_lock_waiter");
+  a = d.Feed(Answer(""), kIn);
   ASSERT_TRUE(a.contains("wait_ms")) << a;
   EXPECT_EQ(a["wait_ms"], 250);
   // A response where a timer is due is refused.

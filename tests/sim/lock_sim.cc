@@ -67,9 +67,17 @@ class StoreLock : public SimLock {
   StoreLock(LockOptions options, std::string random) : random_(std::move(random)) {
     StoreOptions o;
     o.lock = options;
-    conn_ = std::make_unique<Connection>(*Store::Create(o));
+    conn_ = std::make_shared<Connection>(*Store::Create(o));
     lock_id_ = MakeLockId(random_);  // every input carries the same bytes
   }
+  // linger: a round over the contender's own store, kept across rounds; the
+  // lock id is the one the acquisition reports (a lingering lock taken back
+  // keeps the id of the round that created it).
+  StoreLock(std::shared_ptr<Connection> conn, std::shared_ptr<std::string> held_id, std::string random)
+      : random_(std::move(random)), conn_(std::move(conn)), shared_(true), held_id_(std::move(held_id)) {
+    lock_id_ = MakeLockId(random_);
+  }
+  bool TookBack() const { return took_back_; }
   void Acquire(const Inputs& in) override {
     phase_ = Phase::kAcquiring;
     op_ = conn_->Start(conn_->store().AcquireLock(kStateId), In(in));
@@ -85,11 +93,15 @@ class StoreLock : public SimLock {
     }
     if (phase_ != Phase::kHeld) return;
     phase_ = Phase::kReleasing;
+    // A lingering release reports at once, with no request.
     op_ = conn_->Start(conn_->store().ReleaseLock(kStateId, lock_id_), In(in));
     Pump(in);
   }
-  void OnResponse(const SqlResponse& response, const Inputs& in) override {
-    if (!conn_->HandleResponse(sent_op_, response, In(in)).ok()) return;  // an abandoned op's answer
+  void OnResponse(const SqlResponse& response, const Inputs& in) override { OnResponseToOp(response, last_op_, in); }
+  // The answer to a request of op `op` (RequestOp() when it was sent): an
+  // abandoned op's answer is refused by the connection and changes nothing.
+  void OnResponseToOp(const SqlResponse& response, uint64_t op, const Inputs& in) override {
+    if (!conn_->HandleResponse(op, response, In(in)).ok()) return;  // an abandoned op's answer
     Pump(in);
   }
   void OnTimer(const Inputs& in) override {
@@ -100,8 +112,18 @@ class StoreLock : public SimLock {
     if (out_.empty()) return std::nullopt;
     LockAction a = std::move(out_.front());
     out_.pop_front();
+    if (a.kind == LockAction::Kind::kRunSql) {
+      last_op_ = sent_.front().first;
+      last_lock_id_ = sent_.front().second;
+      sent_.pop_front();
+    }
     return a;
   }
+  uint64_t RequestOp() const override { return last_op_; }
+  // The lock a request acts under: this round's acquisition's (a new lock),
+  // or, for the store's other ops (release, renewals, a lingering lock's
+  // release at a tick), the lock the store holds.
+  std::string RequestLockId() const override { return last_lock_id_; }
   bool LeaseValid(int64_t now_ms) const override { return conn_->store().LeaseValid(kStateId, now_ms); }
   int64_t lease_deadline_ms() const override { return conn_->store().LeaseDeadlineMs(kStateId); }
   std::string lock_id() const override { return lock_id_; }
@@ -125,17 +147,26 @@ class StoreLock : public SimLock {
   // The connection's outputs as lock actions.
   void Pump(const Inputs& in) {
     while (std::optional<Transmit> t = conn_->PollTransmit()) {
-      sent_op_ = t->op;
+      const bool acquiring = phase_ == Phase::kAcquiring && t->op == op_;
+      sent_.emplace_back(t->op, acquiring || held_id_->empty() ? lock_id_ : *held_id_);
       LockAction a{LockAction::Kind::kRunSql};
       a.request = std::move(t->request);
       out_.push_back(std::move(a));
     }
     while (std::optional<OpEvent> e = conn_->PollEvent()) {
       if (e->renewal) {
+        // linger: a lingering lock (not the user's) may be found lost
+        // between rounds; the store forgets it and the next round starts afresh.
+        if (shared_ && phase_ != Phase::kHeld) continue;
         phase_ = Phase::kOver;
         out_.push_back(LockAction{LockAction::Kind::kLost, {}, 0, e->status});
       } else if (phase_ == Phase::kAcquiring && e->op == op_) {
         phase_ = e->ok ? Phase::kHeld : Phase::kOver;
+        if (e->ok) {
+          took_back_ = e->result.lock_id != lock_id_;
+          lock_id_ = e->result.lock_id;
+          *held_id_ = lock_id_;
+        }
         out_.push_back(e->ok ? LockAction{LockAction::Kind::kAcquired}
                              : LockAction{LockAction::Kind::kFailed, {}, 0, e->status});
       } else if (phase_ == Phase::kReleasing && e->op == op_) {
@@ -150,11 +181,18 @@ class StoreLock : public SimLock {
   }
 
   std::string random_;
-  std::unique_ptr<Connection> conn_;
+  std::shared_ptr<Connection> conn_;
+  bool shared_ = false;
+  bool took_back_ = false;
   std::string lock_id_;
   Phase phase_ = Phase::kIdle;
   uint64_t op_ = 0;       // the acquisition or release
-  uint64_t sent_op_ = 0;  // the op of the request in flight
+  // The lock the store holds (lingering or not), shared by the rounds over it.
+  std::shared_ptr<std::string> held_id_ = std::make_shared<std::string>();
+  // Each request in out_: its op and the lock it acts under (see RequestLockId).
+  std::deque<std::pair<uint64_t, std::string>> sent_;
+  uint64_t last_op_ = 0;
+  std::string last_lock_id_;
   std::deque<LockAction> out_;
 };
 
@@ -204,7 +242,8 @@ class Sim {
     bool lose_answer = false;  // the client gets a transport failure instead
     int sends = 1;             // of this request, counting resends by the transport policy
     SqlResponse answer;
-    std::string lock_id;  // the sender's lock id when it was sent
+    std::string lock_id;  // the lock it acts under (SimLock::RequestLockId)
+    uint64_t op = 0;      // the op it belongs to (SimLock::RequestOp)
   };
   // One lock instance on the server: from the moment its CREATE ran there
   // (or, for a lock without a CREATE, its first write landed) until the last
@@ -220,6 +259,10 @@ class Sim {
     int index = 0;
     LockOptions options;  // its own settings (they may differ between contenders)
     int64_t offset_ms = 0;
+    int64_t rate_ppm = 0;        // its clock's rate error
+    int64_t paused_until = 0;    // linger: no input before this true time
+    std::shared_ptr<Connection> store;  // linger: kept across rounds
+    std::shared_ptr<std::string> store_held_id;
     std::unique_ptr<SimLock> lock;
     int attempt = 0;
     int acquired = 0;
@@ -243,6 +286,19 @@ class Sim {
     int64_t seg_bound = kNever;        // true time the lease runs out (while open)
     int64_t lease_end_true = kNever;   // last known lease end, for the ignore-lease check
   };
+
+  // A contender's clock at true time t (its offset, and its rate error
+  // accumulated since the schedule began), and back.
+  int64_t ClientNow(const Contender& c, int64_t t) const {
+    return t + c.offset_ms + (t - t0_) * c.rate_ppm / 1000000;
+  }
+  int64_t TrueTime(const Contender& c, int64_t now) const {
+    // now - offset - t0 = (t - t0) * (1 + ppm/1e6); rounded up, so that the
+    // bound is never before the true moment.
+    const int64_t scaled = (now - c.offset_ms - t0_) * 1000000;
+    const int64_t rate = 1000000 + c.rate_ppm;
+    return t0_ + (scaled + rate - 1) / rate;
+  }
 
   // ---- randomness (all from rng_) ----
   uint64_t Next() { return rng_(); }
@@ -326,6 +382,17 @@ class Sim {
 
 std::unique_ptr<SimLock> Sim::MakeLock(const Contender& c) {
   if (cfg_.lock == LockKind::kNaive) return std::make_unique<NaiveLock>(*st_, kStateId, c.options, 1000);
+  if (cfg_.lock == LockKind::kStore && cfg_.linger) {
+    Contender& mine = cs_[c.index];
+    if (!mine.store) {
+      StoreOptions o;
+      o.lock = c.options;
+      o.linger_locks = true;
+      mine.store = std::make_shared<Connection>(*Store::Create(o));
+      mine.store_held_id = std::make_shared<std::string>();
+    }
+    return std::make_unique<StoreLock>(mine.store, mine.store_held_id, Bytes(16));
+  }
   if (cfg_.lock == LockKind::kStore) return std::make_unique<StoreLock>(c.options, Bytes(16));
   return std::make_unique<MachineLock>(*st_, c.options, cfg_.defects);
 }
@@ -369,6 +436,7 @@ void Sim::Setup() {
     c.index = i;
     c.options = cfg_.per_contender_settings ? DrawOptions() : shared;
     c.offset_ms = Uniform(-cfg_.max_clock_offset_ms, cfg_.max_clock_offset_ms);
+    c.rate_ppm = Uniform(-cfg_.max_clock_rate_ppm, cfg_.max_clock_rate_ppm);
     if (Chance(cfg_.crash_prob)) c.crash_at_input = Uniform(1, 8 * cfg_.rounds);
   }
   // D_max is the configuration's statement about the network, not a
@@ -380,7 +448,7 @@ void Sim::Setup() {
   for (int i = 0; i < k; ++i) {
     Contender& c = cs_[i];
     TRACE(t0_, Name(i), ": stale ", c.options.stale_ms, "ms, retry ", c.options.retry_ms, "ms, margin ",
-          LeaseMarginMs(c.options), "ms, clock offset ", c.offset_ms, "ms",
+          LeaseMarginMs(c.options), "ms, clock offset ", c.offset_ms, "ms, rate ", c.rate_ppm, "ppm",
           c.crash_at_input ? absl::StrCat(", will crash after input ", c.crash_at_input) : std::string());
     Push(t0_ + Uniform(0, cfg_.think_max_ms), Ev::kStart, i);
   }
@@ -411,7 +479,7 @@ ScheduleResult Sim::Run() {
 
 template <typename F>
 void Sim::Deliver(Contender& c, int64_t t, const char* what, F input) {
-  int64_t now = t + c.offset_ms;
+  int64_t now = ClientNow(c, t);
   Inputs in{now, Bytes(16)};
   TRACE(t, Name(c.index), " <- ", what, " (", c.lock->StateName(), ")");
   input(in);
@@ -421,6 +489,17 @@ void Sim::Deliver(Contender& c, int64_t t, const char* what, F input) {
 }
 
 void Sim::Handle(const Event& e) {
+  if (e.c >= 0 && static_cast<size_t>(e.c) < cs_.size() && cs_[e.c].paused_until > e.t) {
+    switch (e.kind) {
+      case Ev::kStart: case Ev::kRespond: case Ev::kResend: case Ev::kTimer: case Ev::kHoldEnd:
+      case Ev::kCancel: case Ev::kWrite: case Ev::kWriteAnswer:
+        // The process is paused: this input reaches it when it resumes.
+        queue_.push(Event{cs_[e.c].paused_until, e.tie, order_++, e.kind, e.c, e.a, e.attempt});
+        return;
+      default:
+        break;
+    }
+  }
   switch (e.kind) {
     case Ev::kStart: {
       Contender& c = cs_[e.c];
@@ -477,7 +556,8 @@ void Sim::Handle(const Event& e) {
       Request& r = requests_[e.a];
       Contender& c = cs_[r.c];
       if (c.crashed) return;
-      if (r.attempt != c.attempt) {
+      // linger: the rounds share one store, so every answer is its.
+      if (r.attempt != c.attempt && !cfg_.linger) {
         TRACE(e.t, Name(c.index), ": answer to an earlier attempt's ", r.req.purpose, " dropped");
         return;
       }
@@ -495,7 +575,8 @@ void Sim::Handle(const Event& e) {
       }
       // Deliver may add requests (and move requests_): copy the answer first.
       const SqlResponse answer = r.answer;
-      Deliver(c, e.t, what.c_str(), [&](const Inputs& in) { c.lock->OnResponse(answer, in); });
+      const uint64_t op = r.op;
+      Deliver(c, e.t, what.c_str(), [&](const Inputs& in) { c.lock->OnResponseToOp(answer, op, in); });
       return;
     }
     case Ev::kResend: {
@@ -539,7 +620,7 @@ void Sim::Handle(const Event& e) {
       // (the store's LeaseCheck), unless it ignores its lease.
       Contender& c = cs_[e.c];
       if (c.crashed || e.attempt != c.attempt || !c.user_holding || c.write_in_flight || c.release_pending) return;
-      const int64_t now = e.t + c.offset_ms;
+      const int64_t now = ClientNow(c, e.t);
       if (cfg_.ignore_lease || c.lock->LeaseValid(now)) {
         if (e.t > c.lease_end_true && !c.reported_past_lease) {
           c.reported_past_lease = true;
@@ -626,6 +707,9 @@ void Sim::Drain(Contender& c, int64_t t, int64_t now) {
         }
         ++c.acquired;
         c.user_holding = true;
+        if (auto* store = dynamic_cast<StoreLock*>(c.lock.get()); store != nullptr && store->TookBack()) {
+          ++result_.taken_back;
+        }
         c.no_renewals = Chance(cfg_.withhold_renewals_prob);
         c.just_acquired = true;
         bool valid = c.lock->LeaseValid(now);
@@ -635,7 +719,7 @@ void Sim::Drain(Contender& c, int64_t t, int64_t now) {
                        : Chance(cfg_.long_hold_prob) ? Uniform(stale, 3 * stale)
                                                      : Uniform(0, cfg_.short_hold_max_ms);
         TRACE(t, Name(c.index), " ACQUIRED as ", Short(c.lock->lock_id()), " (acquisition ", c.acquired, "), lease ",
-              valid ? absl::StrCat("until ", Time(c.lock->lease_deadline_ms() - c.offset_ms - t0_))
+              valid ? absl::StrCat("until ", Time(TrueTime(c, c.lock->lease_deadline_ms()) - t0_))
                     : std::string("ALREADY RUN OUT"),
               ", holding ", hold, "ms");
         Push(t + hold, Ev::kHoldEnd, c.index, 0, c.attempt);
@@ -673,7 +757,8 @@ void Sim::Send(Contender& c, int64_t t, SqlRequest req, int sends) {
   r.sends = sends;
   r.c = c.index;
   r.attempt = c.attempt;
-  r.lock_id = c.lock->lock_id();
+  r.lock_id = c.lock->RequestLockId();
+  r.op = c.lock->RequestOp();
   int64_t there = Delay();
   if (req.purpose == "renew_lock" && Chance(cfg_.slow_renewal_prob)) {
     // Beyond D_max on purpose (a stalled lock-table insert).
@@ -706,6 +791,13 @@ void Sim::EndRound(Contender& c, int64_t t) {
     TRACE(t, Name(c.index), " done");
     return;
   }
+  if (cfg_.linger && Chance(cfg_.pause_prob)) {
+    // Paused between messages, holding a lingering lock: its timers and
+    // answers wait, and its lease may run out meanwhile.
+    c.paused_until = t + Uniform(1, cfg_.pause_max_ms);
+    ++result_.pauses;
+    TRACE(t, Name(c.index), " PAUSED until ", Time(c.paused_until - t0_));
+  }
   Push(t + Uniform(0, cfg_.think_max_ms), Ev::kStart, c.index);
 }
 
@@ -733,7 +825,7 @@ void Sim::UpdateInterval(Contender& c, int64_t t, int64_t now) {
     if (!c.lock->LeaseValid(deadline - 1) || c.lock->LeaseValid(deadline)) {
       Violation(t, Name(c.index), " LeaseValid does not switch off at lease_deadline_ms()");
     }
-    c.lease_end_true = deadline - c.offset_ms;
+    c.lease_end_true = TrueTime(c, deadline);
   }
   if (c.seg_open) c.seg_bound = cfg_.ignore_lease ? kNever : c.lease_end_true;
 }
@@ -852,7 +944,8 @@ std::string ScheduleResult::Report() const {
                                  " events, ", end_ms / 1000.0, "s simulated, ", acquisitions, " acquisitions, ",
                                  releases, " releases, ", failures, " failures, ", losses, " losses, ", takeovers,
                                  " takeovers, ", renewals, " renewals, ", revivals, " revivals, ", crashed,
-                                 " crashed, ", writes_landed, " writes landed, D_max ", max_delay_ms,
+                                 " crashed, ", taken_back, " taken back, ", pauses, " pauses, ", writes_landed,
+                                 " writes landed, D_max ", max_delay_ms,
                                  "ms (longest drawn ", longest_delay_ms, "ms)\n");
   for (const std::string& v : violations) absl::StrAppend(&out, "  VIOLATION ", v, "\n");
   if (!trace.empty()) {
@@ -1063,6 +1156,31 @@ std::vector<SimConfig> Configs() {
       }
     }
   }
+  // ---- linger_locks: a contender keeps its store across rounds ----
+  // Releases linger and the next round takes the lock back with no request;
+  // waiters show themselves and the holder yields; idle lingering locks go at
+  // the store's timer. Hazards: pauses between rounds (no timers, no
+  // answers) up to three stale windows, crashes while a lock lingers, clock
+  // rates off by up to 2% (the margin is a tenth of the window), lost answers
+  // and delays. Rounds follow each other quickly, so the lock is mostly
+  // taken back.
+  for (const std::string& name : std::vector<std::string>{"no-faults", "delays-and-losses", "crashes", "everything"}) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i].name != name) continue;
+      SimConfig c = out[i];
+      c.name = "store/linger-" + name;
+      c.lock = LockKind::kStore;
+      c.linger = true;
+      c.rounds = 6;
+      c.think_max_ms = 60;
+      c.pause_prob = 0.15;
+      c.pause_max_ms = 3 * c.options.stale_ms;
+      c.max_clock_rate_ppm = 20000;
+      c.expect_no_failures = false;  // pauses are a fault: a paused holder's lock is taken over
+      out.push_back(c);
+      break;
+    }
+  }
   // ---- negative controls: the checker must catch these ----
   {
     SimConfig c = base;
@@ -1194,6 +1312,8 @@ void Summary::Add(const ScheduleResult& r) {
   writes_landed += r.writes_landed;
   overlaps += r.overlaps;
   renewal_row_overlaps += r.renewal_row_overlaps;
+  taken_back += r.taken_back;
+  pauses += r.pauses;
   longest_delay_ms = std::max(longest_delay_ms, r.longest_delay_ms);
   max_contenders = std::max(max_contenders, r.contenders);
   violations += static_cast<int64_t>(r.violations.size());

@@ -70,6 +70,13 @@ class SimLock {
   virtual std::string StateName() const = 0;
   // Held with its lease running (renewal timers are armed in this state).
   virtual bool Held() const = 0;
+  // The request Poll() returned last: the op it belongs to and the lock id
+  // it acts under (a store's lingering lock may outlive the round's SimLock).
+  virtual uint64_t RequestOp() const { return 0; }
+  virtual std::string RequestLockId() const { return lock_id(); }
+  virtual void OnResponseToOp(const SqlResponse& response, uint64_t /*op*/, const Inputs& in) {
+    OnResponse(response, in);
+  }
 };
 
 enum class LockKind {
@@ -131,6 +138,17 @@ struct SimConfig {
   // Each contender's clock is true time plus an offset up to this (either
   // sign). Clock rates are equal.
   int64_t max_clock_offset_ms = 0;
+  // ... and runs at a rate off true time by up to this many parts per
+  // million (either sign), drawn per contender: leases are measured on it.
+  int64_t max_clock_rate_ppm = 0;
+
+  // kStore only: each contender keeps one store across its rounds, with
+  // linger_locks (a released lock lingers and is taken back), and between
+  // rounds it is paused (no input at all: no timers, no answers) with
+  // pause_prob for pause_max_ms at most, which can outlast its lease.
+  bool linger = false;
+  double pause_prob = 0;
+  int64_t pause_max_ms = 0;
 
   // Holding: mostly up to short_hold_max_ms; with long_hold_prob between
   // stale_ms and 3 * stale_ms (renewals must keep the lease).
@@ -197,6 +215,8 @@ struct ScheduleResult {
   int writes_sent = 0;         // the user's state writes sent under the lock
   int writes_landed = 0;       // writes under the lock (state, renewal, DROP) that ran on the server
   int overlaps = 0;            // exclusion violations (also in violations)
+  int taken_back = 0;          // linger: acquisitions that took a lingering lock back
+  int pauses = 0;              // linger: contenders paused between rounds
   int renewal_row_overlaps = 0;  // of which the late write was a renewal INSERT (a lock row, not state)
   std::vector<std::string> violations;
   std::vector<std::string> trace;
@@ -236,6 +256,8 @@ struct Summary {
   int64_t writes_landed = 0;
   int64_t overlaps = 0;
   int64_t renewal_row_overlaps = 0;
+  int64_t taken_back = 0;
+  int64_t pauses = 0;
   int64_t longest_delay_ms = 0;
   int max_contenders = 0;
   int64_t violations = 0;

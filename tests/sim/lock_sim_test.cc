@@ -43,6 +43,9 @@ constexpr Budget kBudgets[] = {
     {"store/long-holds", 3000}, {"store/everything", 2000},
     // The stale window at its floor (1 s), alone and through a store.
     {"floor", 5000}, {"store/floor", 3000},
+    // linger_locks: one store per contender across rounds, pauses, clock rates.
+    {"store/linger-no-faults", 1500}, {"store/linger-delays-and-losses", 1500}, {"store/linger-crashes", 1500},
+    {"store/linger-everything", 1500},
 };
 
 void PrintTo(const Budget& b, std::ostream* os) { *os << b.config << " x" << b.schedules; }
@@ -95,6 +98,12 @@ void RunMany(const std::string& name, int count) {
                                                  : Replay(config, summary.failing_seeds.front()));
   // The configuration must actually exercise the lock.
   EXPECT_GE(summary.acquisitions, static_cast<int64_t>(count)) << name;
+  if (config.linger) {
+    // ...and lingering: locks taken back with no request, pauses that
+    // outlast leases, and still every contender made progress (above).
+    EXPECT_GT(summary.taken_back, summary.acquisitions / 10) << name << ": lingering locks were hardly taken back";
+    EXPECT_GT(summary.pauses, count / 4) << name;
+  }
 }
 
 class LockSim : public ::testing::TestWithParam<Budget> {};

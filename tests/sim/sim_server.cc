@@ -48,6 +48,9 @@ struct Patterns {
                    "toInt64\\(metadata_modification_time\\), materialize\\(toInt64\\(now\\(\\)\\)\\), toUInt32\\(0\\) "
                    "FROM system\\.tables WHERE database = " LIT " AND name = " LIT " FORMAT TabSeparated"};
   RE2 renew_lock{"INSERT INTO " ID "\\." ID " SELECT " LIT ", toUInt8\\(1\\), now\\(\\), toUInt32\\((\\d+)\\)"};
+  // A waiter showing itself (linger_locks), and a lingering holder's look for it.
+  RE2 announce_waiter{"INSERT INTO " ID "\\." ID " SELECT " LIT ", toUInt8\\(2\\), now\\(\\), toUInt32\\(0\\)"};
+  RE2 lock_waiters{"SELECT lock_id, 1 FROM " ID "\\." ID " WHERE seq = 2 LIMIT 1 FORMAT TabSeparated"};
   RE2 drop_table{"DROP TABLE IF EXISTS " ID "\\." ID};
   RE2 rename_table{"RENAME TABLE " ID "\\." ID " TO " ID "\\." ID};
   // The Python backend's lock table (Statements::CreateLockTable).
@@ -264,6 +267,37 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     r.insert_order = next_insert_++;
     it->second.rows.push_back(std::move(r));
     return Ok("", now_ms, "renewal row inserted");
+  }
+
+  if (RE2::FullMatch(sql, p.announce_waiter, &db, &name, &lit)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto it = tables_.find(name);
+    if (it == tables_.end()) {
+      return JustDropped(name, now_ms) ? BeingDropped(db, name, now_ms) : UnknownTable(name, now_ms);
+    }
+    if (it->second.engine != Table::Engine::kLog) return Unrecognized(request, "waiter row into a non-Log table", now_ms);
+    Row r;
+    r.lock_id = Unquote(lit);
+    r.seq = 2;
+    r.stale_s = 0;
+    r.locked_at_s = now_s;
+    r.stamped_ms = now_ms;
+    r.visible_ms = now_ms;
+    r.insert_order = next_insert_++;
+    it->second.rows.push_back(std::move(r));
+    return Ok("", now_ms, "waiter row inserted");
+  }
+
+  if (RE2::FullMatch(sql, p.lock_waiters, &db, &name)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto it = tables_.find(name);
+    if (it == tables_.end()) {
+      return JustDropped(name, now_ms) ? BeingDropped(db, name, now_ms) : UnknownTable(name, now_ms);
+    }
+    for (const Row& r : it->second.rows) {
+      if (r.seq == 2 && r.visible_ms <= now_ms) return Ok(absl::StrCat(TsvEscape(r.lock_id), "\t1\n"), now_ms, "a waiter");
+    }
+    return Ok("", now_ms, "no waiter");
   }
 
   if (RE2::FullMatch(sql, p.drop_table, &db, &name)) {

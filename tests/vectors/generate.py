@@ -268,12 +268,28 @@ def lock_file(lib) -> dict:
     # inspect_lock rows: lock_id, seq, locked_at, now, stale_s (+ the system.tables row)
     add("acquire_free", {"op": "acquire_lock", "state_id_hex": sid}, {"create_lock": [ok("")]})
     add("acquire_held_live_then_timeout", {"op": "acquire_lock", "state_id_hex": sid},
-        {"create_lock": [exists], "inspect_lock": [live_other]})
+        {"create_lock": [exists], "inspect_lock": [live_other], "announce_lock_waiter": [ok("")]})
     add("acquire_stale_takeover", {"op": "acquire_lock", "state_id_hex": sid},
         {"create_lock": [exists, ok("")], "inspect_lock": [stale_other], "entomb_lock": [ok("")]})
     add("acquire_takeover_race_lost", {"op": "acquire_lock", "state_id_hex": sid},
         {"create_lock": [exists], "inspect_lock": [stale_other, live_other],
-         "entomb_lock": [ch_error(57, "Table meltano.state_lock_x_dead_1 already exists.")]})
+         "entomb_lock": [ch_error(57, "Table meltano.state_lock_x_dead_1 already exists.")],
+         "announce_lock_waiter": [ok("")]})
+    # linger_locks: a release lingers (no request) and the next acquisition
+    # takes the lock back (no request); a tick after the linger time
+    # releases it for real; a look for waiters once the check time passed,
+    # and yielding to one; release_lingering before a host goes away.
+    acquire = {"op": "acquire_lock", "state_id_hex": sid}
+    release = {"op": "release_lock", "state_id_hex": sid, "lock_id": lock_id}
+    lingering = {"linger_locks": True}
+    add("linger_release_and_take_back", [acquire, release, acquire, release, {"after_ms": 1000, "op": {"op": "tick"}}],
+        {"create_lock": [ok("")], "inspect_lock": [ours], "drop_lock": [ok("")]}, store=lingering)
+    add("linger_looks_for_waiters_and_yields",
+        [acquire, {"after_ms": 200, "op": release}, acquire, {"after_ms": 200, "op": release}, acquire],
+        {"create_lock": [ok("")], "lock_waiters": [ok(""), ok("ffffffffffffffffffffffffffffffff\t1\n")],
+         "inspect_lock": [ours], "drop_lock": [ok("")]}, store=lingering)
+    add("linger_released_before_the_host_goes", [acquire, release, {"op": "release_lingering"}],
+        {"create_lock": [ok("")], "inspect_lock": [ours], "drop_lock": [ok("")]}, store=lingering)
     add("acquire_lost_answer_then_inspect_finds_ours", {"op": "acquire_lock", "state_id_hex": sid},
         {"create_lock": [LOST], "inspect_lock": [ours]})
     add("acquire_server_down", {"op": "acquire_lock", "state_id_hex": sid},
@@ -351,7 +367,7 @@ def policy_file(lib) -> dict:
         {"create_lock": [ok("")]})
     # Cancellation: a new op abandons one that waits for a held lock.
     add("waiting_acquire_abandoned_by_a_new_op", [{"abandon_after": 4, "op": acquire}, get],
-        {"create_lock": [exists], "inspect_lock": [other], "get_state": [ok("")]})
+        {"create_lock": [exists], "inspect_lock": [other], "announce_lock_waiter": [ok("")], "get_state": [ok("")]})
     return {"what": "Transport and timer policy: resends, back-off, renewal, lease expiry, cancellation",
             "random_hex": RANDOM.hex(), "cases": cases}
 
