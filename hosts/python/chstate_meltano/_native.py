@@ -23,6 +23,7 @@ or when the Store is garbage-collected.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import json
@@ -159,7 +160,8 @@ class Store:
     def __init__(self, options: Mapping[str, Any], transport: Transport, *,
                  clock_ns: Callable[[], int] = time.monotonic_ns,
                  random_bytes: Callable[[int], bytes] = os.urandom,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep,
+                 background_ticks: bool = False):
         self._lib = library()
         self._transport = transport
         self._clock_ns = clock_ns
@@ -173,25 +175,69 @@ class Store:
         handle = self._lib.chstate_store_new(_encode(options), ctypes.byref(err))
         if not handle:
             raise _failed(_take(self._lib, err.value)) if err.value else MemoryError("chstate_store_new failed")
-        self._handle = handle
-        self._finalizer = weakref.finalize(self, self._lib.chstate_store_free, handle)
+        # The handle lives in a box the finalizer empties, so that no call
+        # reaches a freed store, whoever frees it (close, GC, exit).
+        self._box: dict = {"handle": handle}
+        # Freed under the mutex: the background ticker may be inside a call.
+        self._finalizer = weakref.finalize(self, _free_store, self._lib, self._box, self._mutex)
+        # background_ticks: a thread calls the core back at next_timeout_ms
+        # even while the caller is idle (renewals of held locks, the release
+        # of a lingering one: the store option linger_locks needs it), and
+        # lingering locks are released when the store closes or the process
+        # exits.
+        self._tick_changed = threading.Event()
+        if background_ticks:
+            ref = weakref.ref(self)
+            threading.Thread(target=_tick_in_background, args=(ref, self._tick_changed),
+                             name="chstate-ticks", daemon=True).start()
+            _BACKGROUND.add(self)
+            _release_at_exit()
 
     def close(self) -> None:
-        with self._mutex:
-            self._finalizer()
-            self._handle = None
+        if self in _BACKGROUND:
+            _BACKGROUND.discard(self)
+            self.release_lingering()
+        _KEPT.discard(self)
+        self._finalizer()  # takes the mutex
+        self._tick_changed.set()  # the ticker sees the store closed and ends
+
+    def release_lingering(self) -> None:
+        """Releases the locks the core keeps lingering (linger_locks), best
+        effort: one that cannot be released expires after its validity."""
+        if self._next_tick_ms is None:
+            return  # no lock held or lingering
+        try:
+            self.run({"op": "release_lingering"})
+        except (ChstateError, OSError):
+            pass
+
+    def _tick_if_due(self) -> None:
+        """The ticker's call: a tick when one is due and no op runs (an op
+        that runs ticks first anyway)."""
+        if not self._mutex.acquire(blocking=False):
+            return
+        try:
+            if self._box["handle"] is None or self._next_tick_ms is None:
+                return
+            if self._clock_ns() // 1_000_000 >= self._next_tick_ms:
+                try:
+                    self._drive({"op": "tick"})
+                except ChstateError:
+                    pass  # a lock found lost: the next op on it says so
+        finally:
+            self._mutex.release()
 
     def _call(self, fn, doc: Mapping[str, Any]) -> dict:
         now_ms = self._clock_ns() // 1_000_000
         random = self._random(32)
-        return _take(self._lib, fn(self._handle, _encode(doc), now_ms, random, len(random)))
+        return _take(self._lib, fn(self._box["handle"], _encode(doc), now_ms, random, len(random)))
 
     def run(self, op: Mapping[str, Any]) -> dict:
         """Runs one operation to its end; returns its "done" document or
         raises ChstateError. When the core's timer is due (a held lock needs
         renewing), a tick runs first; a lock found lost raises (ABORTED)."""
         with self._mutex:
-            if self._handle is None:
+            if self._box["handle"] is None:
                 raise ChstateError("FAILED_PRECONDITION", "the store was closed")
             if self._next_tick_ms is not None and self._clock_ns() // 1_000_000 >= self._next_tick_ms:
                 self._drive({"op": "tick"})
@@ -210,8 +256,63 @@ class Store:
                 action = self._call(self._lib.chstate_op_feed, {"timer": True})
             elif "done" in action:
                 self._next_tick_ms = action["done"].get("next_timeout_ms")
+                if self in _BACKGROUND:
+                    # Kept alive while the core holds a lock for it (held or
+                    # lingering), so that its owner being garbage-collected
+                    # (Meltano drops backend objects) does not strand the
+                    # lock: the ticker releases it, then lets the store go.
+                    (_KEPT.add if self._next_tick_ms is not None else _KEPT.discard)(self)
+                self._tick_changed.set()
                 return action["done"]
             else:
                 # A failed op leaves the timer as it was: a tick that could
                 # not renew is tried again before the next op.
                 raise _failed(action)
+
+
+def _free_store(lib: ctypes.CDLL, box: dict, mutex: threading.Lock) -> None:
+    with mutex:
+        handle, box["handle"] = box["handle"], None
+        if handle:
+            lib.chstate_store_free(handle)
+
+
+# Stores whose lingering locks are released at exit (background_ticks), and
+# those of them that hold or keep a lock now (strong references).
+_BACKGROUND: "weakref.WeakSet[Store]" = weakref.WeakSet()
+_KEPT: set = set()
+
+
+def _tick_in_background(ref: "weakref.ref[Store]", changed: threading.Event) -> None:
+    while True:
+        store = ref()
+        if store is None or store._box["handle"] is None:
+            return
+        due = store._next_tick_ms
+        wait = None if due is None else max(0.0, (due - store._clock_ns() // 1_000_000) / 1000.0)
+        del store  # the thread keeps no store alive
+        changed.wait(timeout=60.0 if wait is None else wait)
+        changed.clear()
+        store = ref()
+        if store is None:
+            return
+        store._tick_if_due()
+        if store._next_tick_ms is not None and store._clock_ns() // 1_000_000 >= store._next_tick_ms:
+            time.sleep(0.01)  # an op was running: try again shortly
+        del store
+
+
+def _release_lingering_at_exit() -> None:
+    for store in list(_BACKGROUND):
+        store.release_lingering()
+
+
+_exit_hook: list = []
+
+
+def _release_at_exit() -> None:
+    """Registers the exit hook once, after weakref.finalize's own (atexit runs
+    hooks last-in first-out: this one runs while the stores still exist)."""
+    if not _exit_hook:
+        _exit_hook.append(True)
+        atexit.register(_release_lingering_at_exit)

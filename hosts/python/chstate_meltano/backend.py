@@ -174,7 +174,13 @@ class ChstateStateStoreManager(StateStoreManager):
                 **self._extra_options,
                 **self._cluster_options,
             }
-            self._store = _native.Store(options, self._transport)
+            # The lock off the hot path: Meltano's update() takes and
+            # releases the id's lock for every STATE message; the core keeps
+            # it lingering between them (renewed, released when idle, when
+            # another process asks for it, at close() and at exit), which
+            # the background ticks make possible.
+            options.setdefault("linger_locks", True)
+            self._store = _native.Store(options, self._transport, background_ticks=True)
         return self._store
 
     def _run(self, what: str, op: dict, bad_input: str | None = None) -> dict:

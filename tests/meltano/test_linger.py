@@ -1,0 +1,136 @@
+"""The lock off the hot path (README "The lock off the hot path"): the
+adapter keeps a released lock lingering between Meltano's update()s, gives it
+up to another process that waits, releases it when idle, on close and at
+exit, and a process killed while it lingers blocks the id no longer than the
+lock's validity. Real Meltano classes in the test venv, a real ClickHouse."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+
+from test_adapter import PRELUDE, run
+
+COUNTING = """
+def counting(m):
+    seen = []
+    make_transport = m._make_transport
+    def wrapped():
+        t = make_transport()
+        def call(req):
+            seen.append(req["purpose"])
+            return t(req)
+        call.close = t.close
+        return call
+    m._make_transport = wrapped
+    return seen
+
+def lock_tables():
+    import urllib.request
+    req = urllib.request.Request(os.environ["T_HTTP"], data=f"SHOW TABLES FROM `{SCHEMA}`".encode(),
+                                 headers={"X-ClickHouse-User": os.environ["T_USER"], "X-ClickHouse-Key": PASSWORD})
+    return [t for t in urllib.request.urlopen(req).read().decode().split() if t.startswith("state_lock_")]
+
+def state(i):
+    return MeltanoState("dev:stream", {}, {"singer_state": {"n": i}})
+"""
+
+
+def run_counting(project, body: str) -> list:
+    env = project.env(T_URI=project.server.uri(), T_PASSWORD=project.server.password, T_SCHEMA=project.schema,
+                      T_HTTP=f"http://{project.server.host}:{project.server.port}/", T_USER=project.server.user)
+    out = project.python(PRELUDE + COUNTING + textwrap.dedent(body), env=env)
+    return [line[1:].strip() for line in out.stdout.splitlines() if line.startswith(">")]
+
+
+def test_updates_of_one_id_cost_one_insert_each_and_the_lock_goes_when_idle(project):
+    lines = run_counting(project, """
+        m = make()
+        seen = counting(m)
+        m.update(state(-1))              # creates the schema and takes the lock
+        del seen[:]
+        for i in range(50):
+            m.update(state(i))           # Meltano's update(): the lock, then set (a complete state)
+        from collections import Counter
+        c = Counter(seen)
+        others = {p: n for p, n in c.items() if p not in ("insert_state", "lock_waiters")}
+        print(">", c["insert_state"], json.dumps(others), c["lock_waiters"] < 10)
+        print(">", json.dumps(m.get("dev:stream").completed_state))
+        print(">", len(lock_tables()))   # lingering
+        time.sleep(1.8)                  # idle: the background ticks release it
+        print(">", len(lock_tables()), Counter(seen)["drop_lock"])
+        m.update(state(50))
+        m.close()                        # releases the lingering lock
+        print(">", len(lock_tables()))
+    """)
+    # 50 INSERTs and nothing else but a few looks for waiters: the lock lingered.
+    assert lines[0] == "50 {} True", lines
+    assert json.loads(lines[1]) == {"singer_state": {"n": 49}}
+    assert lines[2] == "1"
+    assert lines[3] == "0 1"
+    assert lines[4] == "0"
+
+
+def test_a_process_waiting_for_a_streamed_id_gets_it_within_two_seconds(project):
+    """Fairness: one process streams update()s of an id as fast as it can;
+    another's single update() of that id completes within 2 s."""
+    env = project.env(T_URI=project.server.uri(), T_PASSWORD=project.server.password, T_SCHEMA=project.schema)
+    streamer = subprocess.Popen(
+        [str(project.venv / "bin" / "python"), "-c", PRELUDE + """
+m = make()
+end = time.monotonic() + 6
+n = 0
+while time.monotonic() < end:
+    m.update(MeltanoState("dev:fair", {}, {"singer_state": {"streamer": n}}))
+    n += 1
+m.close()
+print(">", n)
+"""], cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)
+        lines = run(project, """
+            m = make()
+            m.get("dev:fair")
+            t0 = time.monotonic()
+            m.update(MeltanoState("dev:fair", {}, {"singer_state": {"single": True}}))
+            print(">", round(time.monotonic() - t0, 3))
+            m.close()
+        """)
+    finally:
+        out, err = streamer.communicate(timeout=60)
+    assert streamer.returncode == 0, err[-3000:]
+    streamed = int([line for line in out.splitlines() if line.startswith(">")][0][1:])
+    assert streamed > 50, f"the streamer made only {streamed} updates"
+    assert float(lines[0]) < 2.0, f"the single update() took {lines[0]} s while another process streamed"
+
+
+def test_a_process_killed_while_its_lock_lingers_blocks_the_id_for_the_validity_at_most(project):
+    env = project.env(T_URI=project.server.uri(), T_PASSWORD=project.server.password, T_SCHEMA=project.schema)
+    holder = subprocess.Popen(
+        [str(project.venv / "bin" / "python"), "-c", PRELUDE + """
+m = make(lock_timeout_seconds=4)
+m.update(MeltanoState("dev:killed", {}, {"singer_state": {"holder": 1}}))
+print("lingering", flush=True)
+time.sleep(60)
+"""], cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "lingering"
+        killed = time.monotonic()
+    finally:
+        holder.send_signal(signal.SIGKILL)  # no release, no renewal, no exit hook
+        holder.communicate(timeout=60)
+    lines = run(project, """
+        m = make(lock_timeout_seconds=4)
+        t0 = time.monotonic()
+        m.update(MeltanoState("dev:killed", {}, {"singer_state": {"after": 1}}))
+        print(">", round(time.monotonic() - t0, 2))
+        m.close()
+    """)
+    waited = float(lines[0])
+    total = time.monotonic() - killed
+    # Taken over once the dead holder's lock is 4 s old (not before: it was fresh).
+    assert 1.0 < waited and total < 4 + 3, (waited, total)
