@@ -134,3 +134,32 @@ time.sleep(60)
     total = time.monotonic() - killed
     # Taken over once the dead holder's lock is 4 s old (not before: it was fresh).
     assert 1.0 < waited and total < 4 + 3, (waited, total)
+
+
+def test_processes_merging_into_one_id_with_lingering_locks_lose_no_update(project):
+    """Lock torture through the lingering lock: four processes each make 30
+    update()s of one id with a partial state under a key of their own.
+    Meltano's update() reads the current partial state, merges and writes it
+    back under the lock, so two holders at once would overwrite each other's
+    keys: every key must be there at the end."""
+    env = project.env(T_URI=project.server.uri(), T_PASSWORD=project.server.password, T_SCHEMA=project.schema)
+    code = PRELUDE + """
+tag = sys.argv[1]
+m = make(lock_retry_seconds=0.2)
+for k in range(30):
+    m.update(MeltanoState("dev:torture", {"singer_state": {f"{tag}-{k}": k}}, {}))
+m.close()
+print(">", tag, "done")
+"""
+    workers = [subprocess.Popen([str(project.venv / "bin" / "python"), "-c", code, f"w{i}"], cwd=project.root,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(4)]
+    for w in workers:
+        out, err = w.communicate(timeout=300)
+        assert w.returncode == 0, err[-3000:]
+    lines = run(project, """
+        print(">", json.dumps(make().get("dev:torture").partial_state))
+    """)
+    merged = json.loads(lines[0])["singer_state"]
+    missing = [f"w{i}-{k}" for i in range(4) for k in range(30) if f"w{i}-{k}" not in merged]
+    assert missing == [], f"{len(missing)} updates lost: {missing[:10]}"
