@@ -502,6 +502,12 @@ SqlRequest Statements::RenewLock(absl::string_view state_id, absl::string_view l
 
 SqlRequest Statements::AnnounceLockWaiter(absl::string_view state_id, absl::string_view lock_id) const {
   SqlRequest r = Request("announce_lock_waiter", false);
+  WriteSettings(&r);  // modern: async_insert=0, so the holder's next look sees the row
+  // Like every INSERT on a modern server, with a token (a Log table never
+  // deduplicates; a waiter's repeated row would be harmless anyway).
+  if (dialect_ == Dialect::kModern) {
+    r.url_params.emplace_back("insert_deduplication_token", absl::StrCat("waiter-", lock_id));
+  }
   r.sql = absl::StrCat("INSERT INTO `", schema_, "`.`", LockTableName(state_id), "` SELECT ",
                        QuoteStringLiteral(lock_id), ", toUInt8(2), now(), toUInt32(0)");
   return r;
