@@ -595,11 +595,6 @@ class StoreSteps {
         absl::StrCat("the lock on state id \"", Printable(id), "\" was lost: stop acting under it and release it"));
   }
 
-  // Tasks of one store run one at a time, so when one starts, a held lock
-  // still waiting for a renewal's answer belongs to a task that was
-  // abandoned (a host that lost interest): that answer will never come.
-  // Such a renewal counts as inconclusive, as a lost answer would: the lease
-  // stands as last confirmed, and the lock is renewed again when due.
   // A lingering lock whose lease ran out (the process was paused) or that
   // was found lost is forgotten when a task starts: not ours to drop, and
   // the next acquisition starts afresh.
@@ -643,6 +638,21 @@ class StoreSteps {
     return ReleaseAndForget(id, it->second.machine, then, [then](absl::Status) { return then(); });
   }
 
+  // linger_locks: looks for processes waiting for the lock on `id`. `none`
+  // when there is none; when there is one (or the look fails), this store
+  // stays away from the id until that process's next attempt (Acquire
+  // waits) and `waiter` runs (the release for real).
+  Step LookForWaiters(const std::string& id, Then none, Then waiter) {
+    auto yield = [this, id, waiter] {
+      s_->yielded_until_[id] = in_->now_ms + s_->options_.lock.retry_ms + kDefaultLockYieldMarginMs;
+      return waiter();
+    };
+    return Query(
+        st().LockWaiters(id), "looking for processes waiting for the lock", 2,
+        [none, yield](const Rows& rows) { return rows.empty() ? none() : yield(); },
+        [yield](absl::Status) { return yield(); });
+  }
+
   // Tick's part for linger_locks: lingering locks idle past their time go,
   // and so do those another process now waits for (looked for every
   // WaiterCheckEveryMs while they linger).
@@ -654,19 +664,18 @@ class StoreSteps {
       if (in_->now_ms >= held.linger_until_ms) return ReleaseLingeringLock(state_id, next);
       if (in_->now_ms >= held.waiters_checked_ms + s_->WaiterCheckEveryMs()) {
         held.waiters_checked_ms = in_->now_ms;
-        auto yield = [this, state_id, next] {
-          s_->yielded_until_[state_id] = in_->now_ms + s_->options_.lock.retry_ms + kDefaultLockYieldMarginMs;
-          return ReleaseLingeringLock(state_id, next);
-        };
-        return Query(
-            st().LockWaiters(state_id), "looking for processes waiting for the lock", 2,
-            [next, yield](const Rows& rows) { return rows.empty() ? next() : yield(); },
-            [yield](absl::Status) { return yield(); });
+        return LookForWaiters(state_id, next,
+                              [this, state_id, next] { return ReleaseLingeringLock(state_id, next); });
       }
     }
     return then();
   }
 
+  // Tasks of one store run one at a time, so when one starts, a held lock
+  // still waiting for a renewal's answer belongs to a task that was
+  // abandoned (a host that lost interest): that answer will never come.
+  // Such a renewal counts as inconclusive, as a lost answer would: the lease
+  // stands as last confirmed, and the lock is renewed again when due.
   void SettleAbandonedRenewals() {
     for (auto& [id, held] : s_->held_) {
       if (!held.AbandonedRenewal()) continue;
@@ -1478,17 +1487,9 @@ std::unique_ptr<Task> Store::ReleaseLock(std::string state_id, std::string lock_
       return Step::Done(s.Base());
     };
     if (now - it->second.waiters_checked_ms < WaiterCheckEveryMs()) return linger(it->second.waiters_checked_ms);
-    // Time to look whether another process waits; if one does (or the look
-    // fails), the lock is released for real and this store stays away until
-    // the waiter's next attempt.
-    auto yield = [this, &s, state_id, release] {
-      yielded_until_[state_id] = s.inputs().now_ms + options_.lock.retry_ms + kDefaultLockYieldMarginMs;
-      return release();
-    };
-    return s.Query(
-        s.st().LockWaiters(state_id), "looking for processes waiting for the lock", 2,
-        [linger, yield, now](const Rows& rows) { return rows.empty() ? linger(now) : yield(); },
-        [yield](absl::Status) { return yield(); });
+    // Time to look whether another process waits: if one does, the lock is
+    // released for real.
+    return s.LookForWaiters(state_id, [linger, now] { return linger(now); }, release);
   });
 }
 

@@ -30,7 +30,6 @@
 #include "core/config.h"
 #include "core/defaults.h"
 #include "core/quoting.h"
-#include "core/state.h"
 #include "core/store.h"
 #include "core/task.h"
 #include "hosts/common/protocol.h"

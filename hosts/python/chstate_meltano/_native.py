@@ -211,15 +211,17 @@ class Store:
         except (ChstateError, OSError):
             pass
 
+    def _tick_due(self) -> bool:
+        """The core's timer has passed (from the last "done" document)."""
+        return self._next_tick_ms is not None and self._clock_ns() // 1_000_000 >= self._next_tick_ms
+
     def _tick_if_due(self) -> None:
         """The ticker's call: a tick when one is due and no op runs (an op
         that runs ticks first anyway)."""
         if not self._mutex.acquire(blocking=False):
             return
         try:
-            if self._box["handle"] is None or self._next_tick_ms is None:
-                return
-            if self._clock_ns() // 1_000_000 >= self._next_tick_ms:
+            if self._box["handle"] is not None and self._tick_due():
                 try:
                     self._drive({"op": "tick"})
                 except ChstateError:
@@ -239,7 +241,7 @@ class Store:
         with self._mutex:
             if self._box["handle"] is None:
                 raise ChstateError("FAILED_PRECONDITION", "the store was closed")
-            if self._next_tick_ms is not None and self._clock_ns() // 1_000_000 >= self._next_tick_ms:
+            if self._tick_due():
                 self._drive({"op": "tick"})
             return self._drive(op)
 
@@ -297,7 +299,7 @@ def _tick_in_background(ref: "weakref.ref[Store]", changed: threading.Event) -> 
         if store is None:
             return
         store._tick_if_due()
-        if store._next_tick_ms is not None and store._clock_ns() // 1_000_000 >= store._next_tick_ms:
+        if store._tick_due():
             time.sleep(0.01)  # an op was running: try again shortly
         del store
 
