@@ -25,6 +25,7 @@ inline constexpr int kNoZooKeeper = 225;
 inline constexpr int kTableIsReadOnly = 242;        // replicated table without its ZooKeeper session
 inline constexpr int kTooFewLiveReplicas = 285;     // quorum write: fewer replicas alive than the quorum
 inline constexpr int kUnsatisfiedQuorumForPreviousWrite = 286;  // another quorum write not finished: nothing written
+inline constexpr int kReplicaIsNotInQuorum = 289;  // a sequentially consistent read on a lagging replica
 inline constexpr int kUnknownStatusOfInsert = 319;  // quorum not confirmed in time: outcome unknown
 inline constexpr int kSystemError = 425;
 inline constexpr int kAccessDenied = 497;
@@ -55,6 +56,8 @@ inline constexpr ErrorCode kInterpreted[] = {
     {kTooFewLiveReplicas, "TOO_FEW_LIVE_REPLICAS", "cluster mode: kUnavailable, nothing was written"},
     {kUnsatisfiedQuorumForPreviousWrite, "UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE",
      "cluster mode: retried until quorum_timeout_ms, then kUnavailable"},
+    {kReplicaIsNotInQuorum, "REPLICA_IS_NOT_IN_QUORUM",
+     "several hosts: the read goes to another replica; all lagging: kUnavailable, retry later"},
     {kUnknownStatusOfInsert, "UNKNOWN_STATUS_OF_INSERT", "cluster mode: kUnavailable, outcome explained"},
     {kSystemError, "SYSTEM_ERROR", "kUnavailable: retry later"},
     {kAccessDenied, "ACCESS_DENIED", "kPermissionDenied"},

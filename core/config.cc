@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -230,8 +231,19 @@ bool HasClickHouseScheme(absl::string_view uri) {
 // layer goes through the same lookup and value checks.
 std::map<std::string, std::string> UriComponents(const UriParts& p) {
   std::map<std::string, std::string> m;
-  if (p.host) m["host"] = *p.host;
-  if (p.port) m["port"] = absl::StrCat(*p.port);
+  if (!p.hosts.empty()) {
+    // A list is one setting: each item keeps its own port.
+    std::vector<std::string> items;
+    for (const auto& [host, port] : p.hosts) {
+      const bool ipv6 = absl::StrContains(host, ':');
+      items.push_back(absl::StrCat(ipv6 ? "[" : "", host, ipv6 ? "]" : "",
+                                   port ? absl::StrCat(":", *port) : std::string()));
+    }
+    m["host"] = absl::StrJoin(items, ",");
+  } else {
+    if (p.host) m["host"] = *p.host;
+    if (p.port) m["port"] = absl::StrCat(*p.port);
+  }
   if (p.database) m["database"] = *p.database;
   if (p.user) m["user"] = *p.user;
   if (p.password) m["password"] = *p.password;
@@ -322,6 +334,22 @@ absl::Status ValidateHost(const Found& found, std::string* host) {
                    "an IPv6 address), and the port separately"));
 }
 
+// A host setting that lists several hosts: `h1:8123,h2,[::1]:8124`.
+absl::Status ParseHostList(const Found& found, std::vector<std::pair<std::string, std::optional<int>>>* out) {
+  for (absl::string_view item : absl::StrSplit(found.value, ',')) {
+    item = absl::StripAsciiWhitespace(item);
+    UriParts one;
+    absl::Status s = item.empty() ? absl::InvalidArgumentError("an entry is empty") : ParseHostPort(item, &one);
+    if (!s.ok() || !one.host) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          found.origin, " is the host list ", Shown(found.value), ", and its entry ", Shown(item),
+          " is not host or host:port: write the hosts as h1:8123,h2:8123,h3:8123 (IPv6 in brackets, [::1]:8123)"));
+    }
+    out->emplace_back(*one.host, one.port);
+  }
+  return absl::OkStatus();
+}
+
 std::string MissingMessage(absl::string_view what, absl::string_view uri_hint, absl::string_view key) {
   const std::string upper = absl::AsciiStrToUpper(key);
   return absl::StrCat("ClickHouse ", what, " is not set: give it in the URI (", uri_hint, "), with --", key, ", ",
@@ -396,8 +424,24 @@ absl::StatusOr<UriParts> ParseClickHouseUri(absl::string_view uri) {
       if (!s.ok()) return s;
     }
   }
-  absl::Status s = ParseHostPort(hostport, &parts);
-  if (!s.ok()) return s;
+  absl::Status s;
+  if (absl::StrContains(hostport, ',')) {
+    for (absl::string_view item : absl::StrSplit(hostport, ',')) {
+      UriParts one;
+      if (item.empty()) {
+        return absl::InvalidArgumentError(
+            "the URI's host list has an empty entry: write it as clickhouse://user@h1:8123,h2:8123,h3:8123/database");
+      }
+      s = ParseHostPort(item, &one);
+      if (!s.ok()) return s;
+      parts.hosts.emplace_back(*one.host, one.port);
+    }
+    parts.host = parts.hosts[0].first;
+    parts.port = parts.hosts[0].second;
+  } else {
+    s = ParseHostPort(hostport, &parts);
+    if (!s.ok()) return s;
+  }
 
   if (path.size() > 1) {
     const absl::string_view database = path.substr(1);
@@ -464,9 +508,17 @@ absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources) {
     }
   }
 
+  // Each host with its own port, if it gave one (filled in after the port).
+  std::vector<std::pair<std::string, std::optional<int>>> host_list;
   if (std::optional<Found> host = layers.Lookup("host")) {
-    absl::Status s = ValidateHost(*host, &cfg.host);
-    if (!s.ok()) return s;
+    if (absl::StrContains(host->value, ',')) {
+      absl::Status s = ParseHostList(*host, &host_list);
+      if (!s.ok()) return s;
+      cfg.host = host_list[0].first;
+    } else {
+      absl::Status s = ValidateHost(*host, &cfg.host);
+      if (!s.ok()) return s;
+    }
     cfg.origin["host"] = host->origin;
   } else {
     cfg.origin["host"] = "default";
@@ -498,6 +550,12 @@ absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources) {
     cfg.port = cfg.secure ? 8443 : 8123;
     cfg.origin["port"] = "default";
   }
+  if (host_list.empty()) {
+    cfg.hosts = {Endpoint{cfg.host, cfg.port}};
+  } else {
+    for (const auto& [host, port] : host_list) cfg.hosts.push_back(Endpoint{host, port.value_or(cfg.port)});
+    cfg.port = cfg.hosts[0].port;
+  }
 
   if (cfg.user.empty()) {
     return absl::InvalidArgumentError(MissingMessage("user", "clickhouse://USER@host/database", "user"));
@@ -510,6 +568,12 @@ absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources) {
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(s.message(), " (set by ", cfg.origin[what], ")"));
   }
   if (absl::Status s = ValidateClusterSettings(cfg); !s.ok()) return s;
+  if (cfg.hosts.size() > 1 && cfg.cluster.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "several hosts are given (by ", cfg.origin["host"],
+        "), which needs cluster mode: without it each server keeps its own states and locks. Name the cluster "
+        "(?cluster=NAME in the URI, --cluster or ", kMeltanoEnvPrefix, "CLUSTER) or give one host"));
+  }
   return cfg;
 }
 
@@ -518,8 +582,12 @@ std::string ConnectionConfig::RedactedUri() const {
   if (!user.empty() || !password.empty()) {
     absl::StrAppend(&out, PercentEncode(user), password.empty() ? "" : ":***", "@");
   }
-  const bool ipv6 = absl::StrContains(host, ':');
-  absl::StrAppend(&out, ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":", port, "/", PercentEncode(database),
+  std::vector<std::string> shown;
+  for (const Endpoint& e : hosts.empty() ? std::vector<Endpoint>{{host, port}} : hosts) {
+    const bool ipv6 = absl::StrContains(e.host, ':');
+    shown.push_back(absl::StrCat(ipv6 ? "[" : "", e.host, ipv6 ? "]" : "", ":", e.port));
+  }
+  absl::StrAppend(&out, absl::StrJoin(shown, ","), "/", PercentEncode(database),
                   "?secure=", secure ? "true" : "false", "&schema=", PercentEncode(schema),
                   "&table=", PercentEncode(table));
   if (!ca_file.empty()) absl::StrAppend(&out, "&ca_file=", PercentEncode(ca_file, "/:"));

@@ -25,9 +25,11 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/endpoint.h"
 
 namespace chstate {
 
@@ -50,6 +52,9 @@ struct UriParts {
   std::optional<std::string> password;  // percent-decoded
   std::optional<std::string> host;      // IPv6 literals without brackets: "::1"
   std::optional<int> port;
+  // Several hosts (`h1:8123,h2:8123,h3`): every one with its port if it has
+  // one; `host` and `port` are then the first's. Empty for one host.
+  std::vector<std::pair<std::string, std::optional<int>>> hosts;
   std::optional<std::string> database;  // the path, percent-decoded, without "/"
   std::optional<bool> secure;           // ?secure=true|false|1|0
   std::optional<std::string> schema;    // ?schema=...
@@ -60,7 +65,7 @@ struct UriParts {
   std::optional<std::string> replica;         // ?replica=...
 };
 
-// Parses `clickhouse://[user[:password]@]host[:port][/database][?key=value&...]`.
+// Parses `clickhouse://[user[:password]@]host[:port][,host[:port]...][/database][?key=value&...]`.
 // Also accepts the schemes `clickhouses://` (secure=true) and `http(s)://`.
 // An empty host, user, password or value is "not given" (other layers or the
 // default apply). Errors (all kInvalidArgument, message names the problem and
@@ -73,8 +78,13 @@ struct UriParts {
 absl::StatusOr<UriParts> ParseClickHouseUri(absl::string_view uri);
 
 struct ConnectionConfig {
+  // The first (or only) host. The `host` setting may be a comma-separated
+  // list, each item with its own port or the `port` setting's (README
+  // "Cluster mode"); several hosts need cluster mode.
   std::string host = "localhost";
   int port = 8123;
+  // Every host, the first being host:port; at least one.
+  std::vector<Endpoint> hosts;
   bool secure = false;
   std::string user;
   std::string password;

@@ -602,3 +602,57 @@ TEST(ResolveConfigTest, HeaderExample) {
 
 }  // namespace
 }  // namespace chstate
+
+namespace chstate {
+namespace {
+
+ConfigSources WithFlags(std::map<std::string, std::string> flags) {
+  ConfigSources src;
+  src.flags = std::move(flags);
+  return src;
+}
+
+TEST(HostListTest, UriListsEveryHostWithItsPort) {
+  absl::StatusOr<ConnectionConfig> cfg = ResolveConfig(WithFlags(
+      {{"uri", "clickhouse://me:pw@h1:9001,[::1]:9002,h3/db?cluster=c"}, {"port", "9000"}}));
+  ASSERT_THAT(cfg.status(), ::chstate::testing::IsOk());
+  ASSERT_EQ(cfg->hosts.size(), 3u);
+  EXPECT_EQ(cfg->hosts[0], (Endpoint{"h1", 9001}));
+  EXPECT_EQ(cfg->hosts[1], (Endpoint{"::1", 9002}));
+  // A host without a port takes the port setting.
+  EXPECT_EQ(cfg->hosts[2], (Endpoint{"h3", 9000}));
+  EXPECT_EQ(cfg->host, "h1");
+  EXPECT_EQ(cfg->port, 9001);
+  EXPECT_THAT(cfg->RedactedUri(), ::testing::HasSubstr("@h1:9001,[::1]:9002,h3:9000/db"));
+  EXPECT_THAT(cfg->RedactedUri(), ::testing::Not(::testing::HasSubstr("pw")));
+}
+
+TEST(HostListTest, HostSettingListAndOneHostStaysOne) {
+  absl::StatusOr<ConnectionConfig> cfg =
+      ResolveConfig(WithFlags({{"host", "a:1,b"}, {"user", "u"}, {"database", "d"}, {"cluster", "c"}}));
+  ASSERT_THAT(cfg.status(), ::chstate::testing::IsOk());
+  EXPECT_EQ(cfg->hosts, (std::vector<Endpoint>{{"a", 1}, {"b", 8123}}));
+  absl::StatusOr<ConnectionConfig> one = ResolveConfig(WithFlags({{"host", "a"}, {"user", "u"}, {"database", "d"}}));
+  ASSERT_THAT(one.status(), ::chstate::testing::IsOk());
+  EXPECT_EQ(one->hosts, (std::vector<Endpoint>{{"a", 8123}}));
+}
+
+TEST(HostListTest, SeveralHostsNeedClusterMode) {
+  EXPECT_THAT(ResolveConfig(WithFlags({{"uri", "clickhouse://u@h1,h2/db"}})).status(),
+              ::chstate::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                           ::testing::HasSubstr("needs cluster mode")));
+}
+
+TEST(HostListTest, BadEntriesAreNamed) {
+  EXPECT_THAT(ResolveConfig(WithFlags({{"uri", "clickhouse://u:pw@h1,,h2/db?cluster=c"}})).status(),
+              ::chstate::testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("empty entry")));
+  absl::Status bad = ResolveConfig(WithFlags({{"host", "h1,h 2:x"}, {"user", "u"}, {"database", "d"},
+                                              {"cluster", "c"}, {"password", "pw"}}))
+                         .status();
+  EXPECT_THAT(bad, ::chstate::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                                ::testing::HasSubstr("h1:8123,h2:8123,h3:8123")));
+  EXPECT_THAT(std::string(bad.message()), ::testing::Not(::testing::HasSubstr("pw")));
+}
+
+}  // namespace
+}  // namespace chstate

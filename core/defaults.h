@@ -42,6 +42,9 @@ inline constexpr int64_t kDefaultDdlTimeoutS = 10;
 inline constexpr int kDefaultTransportAttempts = 3;
 // Wait before the first resend; doubled before each further one.
 inline constexpr int64_t kDefaultTransportBackoffMs = 100;
+// Several hosts (README "Cluster mode"): a host that refused a connection, did
+// not answer or gave a replica-level error is skipped this long.
+inline constexpr int64_t kDefaultHostDownMs = 5000;
 
 // With python_locks (a mixed fleet with the Python ClickHouse backend), a new
 // holder waits this long after showing itself in `<table>_lock` before it
@@ -96,6 +99,7 @@ inline constexpr DefaultSetting kDefaults[] = {
     {"ddl_timeout_s", kDefaultDdlTimeoutS, "s", "cluster: ON CLUSTER DDL waits this long for every host"},
     {"transport_attempts", kDefaultTransportAttempts, "count", "sends of one request in all, after transport failures"},
     {"transport_backoff_ms", kDefaultTransportBackoffMs, "ms", "before the first resend, doubled after"},
+    {"host_down_ms", kDefaultHostDownMs, "ms", "several hosts: a host that failed is skipped this long"},
     {"lock_linger_ms", kDefaultLockLingerMs, "ms", "linger_locks: a released lock stays held this long for reuse"},
     {"lock_waiter_check_ms", kDefaultLockWaiterCheckMs, "ms",
      "linger_locks: a lingering holder looks for waiting processes at most this often"},

@@ -8,6 +8,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/clickhouse_errors.h"
 #include "core/quoting.h"
 #include "core/response.h"
 
@@ -63,6 +66,7 @@ const char* LockStateName(LockState s) {
     case LockState::kConfirming: return "confirming";
     case LockState::kReleaseInspect: return "release-inspect";
     case LockState::kDropping: return "dropping";
+    case LockState::kWithdrawing: return "withdrawing";
     case LockState::kReleased: return "released";
     case LockState::kFailed: return "failed";
     case LockState::kLost: return "lost";
@@ -132,6 +136,69 @@ absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body) {
   return out;
 }
 
+absl::StatusOr<LockInspection> ParseClaimInspection(const std::string& body, const std::string& ours,
+                                                    int64_t stale_s) {
+  absl::StatusOr<Rows> rows = ParseTabSeparated(body, 7);
+  if (!rows.ok()) return rows.status();
+  struct Claim {
+    std::string id;
+    int64_t newest = 0, stale_s = 0;
+    bool live = false;
+  };
+  LockInspection out;
+  std::vector<Claim> others;
+  bool ours_visible = false, ours_ended = false, taken_over = false;
+  for (const Row& row : *rows) {
+    int64_t claims = 0, ends = 0, newest = 0, row_stale = 0, now = 0;
+    if (row.size() != 7 || !row[0] || !row[1] || !row[2] || !row[3] || !row[4] || !row[5] || !row[6] ||
+        !absl::SimpleAtoi(*row[1], &claims) || !absl::SimpleAtoi(*row[2], &ends) ||
+        !absl::SimpleAtoi(*row[3], &newest) || !absl::SimpleAtoi(*row[4], &row_stale) ||
+        !absl::SimpleAtoi(*row[6], &now)) {
+      return absl::DataLossError("unexpected answer inspecting the lock's claims");
+    }
+    out.now_s = std::max(out.now_s, now);
+    for (absl::string_view taken : absl::StrSplit(*row[5], ',', absl::SkipEmpty())) {
+      if (!ours.empty() && taken == ours) taken_over = true;
+    }
+    if (*row[0] == ours) {
+      ours_visible = claims > 0;
+      ours_ended = ends > 0;
+      continue;
+    }
+    if (claims == 0 || ends > 0) continue;  // ended, or only the end row of a claim not visible yet
+    // A claim is judged by the larger of the two windows, as a held table is.
+    const int64_t window_s = std::max(stale_s, row_stale);
+    others.push_back(Claim{*row[0], newest, row_stale, (now - newest) <= window_s});
+  }
+  out.ours_held = ours_visible && !ours_ended && !taken_over;
+  std::vector<std::string> over;
+  const Claim* pick = nullptr;
+  for (const Claim& c : others) {
+    over.push_back(c.id);
+    const bool better = pick == nullptr || (c.live && !pick->live) ||
+                        (c.live == pick->live && c.newest > pick->newest);
+    if (better) pick = &c;
+  }
+  out.over = absl::StrJoin(over, ",");
+  if (pick != nullptr && pick->live) {
+    out.exists = true;
+    out.holder = pick->id;
+    out.age_s = out.now_s - pick->newest;
+    out.stale_s = pick->stale_s;
+  } else if (out.ours_held) {
+    out.exists = true;
+    out.holder = ours;
+    out.stale_s = stale_s;
+  } else if (pick != nullptr) {
+    out.exists = true;
+    out.holder = pick->id;
+    out.age_s = out.now_s - pick->newest;
+    out.stale_s = pick->stale_s;
+  }
+  out.created_s = out.table_created_s = 0;
+  return out;
+}
+
 // ---- the transition table -------------------------------------------------
 
 struct LockMachine::Transition {
@@ -150,9 +217,12 @@ constexpr uint32_t To(S... states) {
 
 using S = LockState;
 // Where the shared outcomes lead.
-constexpr uint32_t kCreateAgain = To(S::kCreating, S::kFailed);                  // StartCreate (or cancelled)
-constexpr uint32_t kBecomeHolder = To(S::kHeld, S::kReleaseInspect, S::kLost);   // held (or released at once)
+// Cluster mode: StartCreate reads the claims first; a release is one row.
+constexpr uint32_t kCreateAgain = To(S::kCreating, S::kFailed, S::kInspecting);  // StartCreate (or cancelled)
+constexpr uint32_t kBecomeHolder = To(S::kHeld, S::kReleaseInspect, S::kDropping, S::kLost);  // held (or released)
 constexpr uint32_t kBackOff = To(S::kBackingOff, S::kFailed);                    // wait (or time is up)
+// Cluster mode: a claim that did not win is ended before the wait.
+constexpr uint32_t kWithdraw = To(S::kWithdrawing) | kBackOff;
 
 }  // namespace
 
@@ -164,21 +234,23 @@ constexpr uint32_t kBackOff = To(S::kBackingOff, S::kFailed);                   
 const LockMachine::Transition LockMachine::kTable[] = {
     // acquiring
     {S::kIdle,           Event::kAcquire, &LockMachine::StartCreate,       kCreateAgain},
-    {S::kCreating,       Event::kOk,      &LockMachine::OnCreated,         kBecomeHolder},
+    {S::kCreating,       Event::kOk,      &LockMachine::OnCreated,         kBecomeHolder | To(S::kInspecting)},
     {S::kCreating,       Event::kExists,  &LockMachine::Inspect,           To(S::kInspecting)},
     {S::kCreating,       Event::kMissing, &LockMachine::CreateSchema,      To(S::kCreatingSchema, S::kFailed)},
-    {S::kCreating,       Event::kError,   &LockMachine::CreateUncertain,   To(S::kInspecting, S::kFailed)},
+    {S::kCreating,       Event::kError,   &LockMachine::CreateUncertain,   To(S::kInspecting, S::kFailed, S::kCreating) |
+                                                                           kBackOff},
+    {S::kCreating,       Event::kTimer,   &LockMachine::ResendBusy,        To(S::kCreating)},
     {S::kCreating,       Event::kRelease, &LockMachine::NoteRelease,       To(S::kCreating)},
     {S::kCreatingSchema, Event::kOk,      &LockMachine::StartCreate,       kCreateAgain},
     {S::kCreatingSchema, Event::kExists,  &LockMachine::FailWithResponse,  To(S::kFailed)},
     {S::kCreatingSchema, Event::kMissing, &LockMachine::FailWithResponse,  To(S::kFailed)},
-    {S::kCreatingSchema, Event::kError,   &LockMachine::FailWithResponse,  To(S::kFailed)},
+    {S::kCreatingSchema, Event::kError,   &LockMachine::SchemaMaybeMade,   kCreateAgain},
     {S::kCreatingSchema, Event::kRelease, &LockMachine::NoteRelease,       To(S::kCreatingSchema)},
-    {S::kInspecting,     Event::kOk,      &LockMachine::Decide,            kBecomeHolder | kCreateAgain | kBackOff |
+    {S::kInspecting,     Event::kOk,      &LockMachine::Decide,            kBecomeHolder | kCreateAgain | kWithdraw |
                                                                            To(S::kEntombing)},
-    {S::kInspecting,     Event::kMissing, &LockMachine::NoLock,            kCreateAgain | kBackOff},
+    {S::kInspecting,     Event::kMissing, &LockMachine::NoLock,            kCreateAgain | kWithdraw},
     {S::kInspecting,     Event::kExists,  &LockMachine::FailWithResponse,  To(S::kFailed)},
-    {S::kInspecting,     Event::kError,   &LockMachine::InspectFailed,     kBackOff},
+    {S::kInspecting,     Event::kError,   &LockMachine::InspectFailed,     kWithdraw},
     {S::kInspecting,     Event::kRelease, &LockMachine::NoteRelease,       To(S::kInspecting)},
     {S::kBackingOff,     Event::kTimer,   &LockMachine::StartCreate,       kCreateAgain},
     {S::kBackingOff,     Event::kRelease, &LockMachine::Cancel,            To(S::kFailed)},
@@ -187,15 +259,21 @@ const LockMachine::Transition LockMachine::kTable[] = {
     {S::kEntombing,      Event::kExists,  &LockMachine::Inspect,           To(S::kInspecting)},
     {S::kEntombing,      Event::kError,   &LockMachine::InspectFailed,     kBackOff},
     {S::kEntombing,      Event::kRelease, &LockMachine::NoteRelease,       To(S::kEntombing)},
+    {S::kWithdrawing,    Event::kOk,      &LockMachine::Withdrawn,         kBackOff},
+    {S::kWithdrawing,    Event::kMissing, &LockMachine::Withdrawn,         kBackOff},
+    {S::kWithdrawing,    Event::kExists,  &LockMachine::Withdrawn,         kBackOff},
+    {S::kWithdrawing,    Event::kError,   &LockMachine::Withdrawn,         kBackOff | To(S::kWithdrawing)},
+    {S::kWithdrawing,    Event::kTimer,   &LockMachine::ResendBusy,        To(S::kWithdrawing)},
+    {S::kWithdrawing,    Event::kRelease, &LockMachine::NoteRelease,       To(S::kWithdrawing)},
     // holding
     {S::kHeld,           Event::kTimer,   &LockMachine::Renew,             To(S::kRenewing, S::kLost)},
-    {S::kHeld,           Event::kRelease, &LockMachine::StartRelease,      To(S::kReleaseInspect, S::kLost)},
+    {S::kHeld,           Event::kRelease, &LockMachine::StartRelease,      To(S::kReleaseInspect, S::kDropping, S::kLost)},
     {S::kRenewing,       Event::kOk,      &LockMachine::ConfirmRenewal,    To(S::kConfirming)},
-    {S::kRenewing,       Event::kError,   &LockMachine::RenewalInconclusive, kBecomeHolder},
+    {S::kRenewing,       Event::kError,   &LockMachine::RenewalInconclusive, kBecomeHolder | To(S::kRenewing)},
     {S::kRenewing,       Event::kMissing, &LockMachine::LoseTable,         To(S::kLost)},
     {S::kRenewing,       Event::kExists,  &LockMachine::FailWithResponse,  To(S::kFailed)},
     {S::kRenewing,       Event::kRelease, &LockMachine::NoteRelease,       To(S::kRenewing)},
-    {S::kRenewing,       Event::kTimer,   &LockMachine::Ignore,            To(S::kRenewing)},
+    {S::kRenewing,       Event::kTimer,   &LockMachine::ResendBusy,        To(S::kRenewing)},
     {S::kConfirming,     Event::kOk,      &LockMachine::Confirmed,         kBecomeHolder},
     {S::kConfirming,     Event::kMissing, &LockMachine::LoseTable,         To(S::kLost)},
     {S::kConfirming,     Event::kError,   &LockMachine::RenewalInconclusive, kBecomeHolder},
@@ -211,9 +289,9 @@ const LockMachine::Transition LockMachine::kTable[] = {
     {S::kReleaseInspect, Event::kRelease, &LockMachine::Ignore,            To(S::kReleaseInspect)},
     {S::kDropping,       Event::kOk,      &LockMachine::Dropped,           To(S::kReleased)},
     {S::kDropping,       Event::kMissing, &LockMachine::Dropped,           To(S::kReleased)},
-    {S::kDropping,       Event::kError,   &LockMachine::RetryDrop,         To(S::kReleaseInspect, S::kLost)},
+    {S::kDropping,       Event::kError,   &LockMachine::RetryDrop,         To(S::kReleaseInspect, S::kDropping, S::kLost)},
     {S::kDropping,       Event::kExists,  &LockMachine::ReleaseFailed,     To(S::kLost)},
-    {S::kDropping,       Event::kTimer,   &LockMachine::Ignore,            To(S::kDropping)},
+    {S::kDropping,       Event::kTimer,   &LockMachine::ResendBusy,        To(S::kDropping)},
     {S::kDropping,       Event::kRelease, &LockMachine::Ignore,            To(S::kDropping)},
     // a renewal timer armed while held may still fire after the end
     {S::kReleased,       Event::kTimer,   &LockMachine::Ignore,            To(S::kReleased)},
@@ -282,6 +360,7 @@ void LockMachine::Misuse(Event e) {
 }
 
 void LockMachine::Send(SqlRequest r, const Inputs&) {
+  outstanding_ = r;
   LockAction a{LockAction::Kind::kRunSql};
   a.request = std::move(r);
   out_.push_back(std::move(a));
@@ -314,6 +393,10 @@ void LockMachine::StartCreate(const SqlResponse*, const Inputs& in) {
     Cancel(nullptr, in);
     return;
   }
+  if (Claims()) {
+    Inspect(nullptr, in);  // claims are read before one is written
+    return;
+  }
   state_ = LockState::kCreating;
   create_sent_at_ms_ = in.now_ms;
   Send(st_.CreateLock(state_id_, lock_id_, StaleSeconds()), in);
@@ -326,10 +409,57 @@ void LockMachine::CreateSchema(const SqlResponse* r, const Inputs& in) {
   }
   schema_made_ = true;
   state_ = LockState::kCreatingSchema;
+  claimed_ = false;  // the table was missing: no claim was written
+  if (Claims()) {
+    // The claims table (and its database) ON CLUSTER; IF NOT EXISTS, so a
+    // creator that lost the race is as good as one that won.
+    Send(ClickHouseCode(CheckResponse(*r, "taking the lock")) == kCodeUnknownDatabase ? st_.CreateDatabase()
+                                                                                    : st_.CreateClaimsTable(),
+         in);
+    schema_made_ = ClickHouseCode(CheckResponse(*r, "taking the lock")) != kCodeUnknownDatabase;
+    return;
+  }
   Send(st_.CreateDatabase(), in);
 }
 
+void LockMachine::SchemaMaybeMade(const SqlResponse* r, const Inputs& in) {
+  // Cluster mode: an ON CLUSTER CREATE ... IF NOT EXISTS that some host did
+  // not run in time (159) ran on the others; the next claim shows whether
+  // enough replicas have the table.
+  if (Claims() && r && r->transport_ok && ClickHouseCode(CheckResponse(*r, "creating the lock table")) == 159) {
+    StartCreate(nullptr, in);
+    return;
+  }
+  FailWithResponse(r, in);
+}
+
 void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
+  if (Claims()) {
+    if (RetryBusy(r, in)) return;
+    std::optional<int> code = r && r->transport_ok ? ClickHouseCode(CheckResponse(*r, "taking the lock"))
+                                                   : std::nullopt;
+    if (code == ch::kTooFewLiveReplicas || code == ch::kUnsatisfiedQuorumForPreviousWrite) {
+      claimed_ = false;  // refused before anything was written
+      if (in.now_ms >= deadline_ms_) {
+        FailWithResponse(r, in);
+        return;
+      }
+      BackOff(in);
+      return;
+    }
+    if (r && r->transport_ok && code != ch::kUnknownStatusOfInsert) {
+      FailWithResponse(r, in);
+      return;
+    }
+    // No answer, or code 319 (the quorum not confirmed in time): the claim
+    // may be in, or may land later. The next read settles it; if it is not
+    // ours by then it is ended before anything else.
+    if (!create_unresolved_) earliest_unresolved_create_ms_ = create_sent_at_ms_;
+    create_unresolved_ = true;
+    if (r && !r->transport_ok && GiveUpUnreachable(*r)) return;
+    Inspect(nullptr, in);
+    return;
+  }
   // Code 159 on an ON CLUSTER CREATE (cluster mode): some host did not run it
   // within the DDL timeout; it ran on the others and stays queued for that
   // one. Like a lost answer, it may be ours.
@@ -368,14 +498,125 @@ void LockMachine::FailUnreachable() {
 
 void LockMachine::Inspect(const SqlResponse*, const Inputs& in) {
   state_ = LockState::kInspecting;
-  Send(st_.InspectLock(state_id_), in);
+  Send(InspectRequest(), in);
+}
+
+SqlRequest LockMachine::InspectRequest() const {
+  return Claims() ? st_.InspectClaims(state_id_) : st_.InspectLock(state_id_);
+}
+
+int64_t LockMachine::Jitter(const Inputs& in, int64_t base_ms) const {
+  // base/2 .. 3*base/2, from the host's random bytes.
+  uint64_t r = 0;
+  for (size_t i = 0; i < in.random.size() && i < 8; ++i) r = (r << 8) | static_cast<unsigned char>(in.random[i]);
+  return base_ms / 2 + static_cast<int64_t>(r % static_cast<uint64_t>(std::max<int64_t>(base_ms, 1)));
+}
+
+void LockMachine::Claim(const std::string& over, const Inputs& in) {
+  if (in.random.size() < 16) {
+    Fail(absl::InvalidArgumentError("the host passed fewer than 16 random bytes for a lock id"));
+    return;
+  }
+  // A fresh id per claim: an ended claim stays ended.
+  std::string id = MakeLockId(in.random);
+  if (id == lock_id_) id = MakeLockId(absl::StrCat(in.random.substr(16), in.random.substr(0, 16), "x"));
+  lock_id_ = id;
+  claimed_ = true;
+  create_unresolved_ = false;
+  state_ = LockState::kCreating;
+  create_sent_at_ms_ = in.now_ms;
+  busy_until_ms_ = in.now_ms + st_.cluster().quorum_timeout_ms;
+  Send(st_.ClaimLock(state_id_, lock_id_, StaleSeconds(), over), in);
+}
+
+bool LockMachine::RetryBusy(const SqlResponse* r, const Inputs& in) {
+  if (!Claims() || r == nullptr || !r->transport_ok) return false;
+  if (ClickHouseCode(CheckResponse(*r, "locking")) != ch::kUnsatisfiedQuorumForPreviousWrite) return false;
+  if (in.now_ms >= busy_until_ms_ || outstanding_.sql.empty()) return false;
+  busy_resend_ = outstanding_;
+  out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, Jitter(in, 60)});
+  return true;
+}
+
+void LockMachine::ResendBusy(const SqlResponse*, const Inputs& in) {
+  if (!busy_resend_) return;  // a renewal timer from before: nothing to do
+  SqlRequest again = *std::move(busy_resend_);
+  busy_resend_.reset();
+  if (state_ == LockState::kCreating) create_sent_at_ms_ = in.now_ms;
+  if (state_ == LockState::kRenewing) renew_sent_at_ms_ = in.now_ms;
+  Send(std::move(again), in);
+}
+
+void LockMachine::WithdrawThenBackOff(const Inputs& in, bool short_wait) {
+  withdraw_short_ = short_wait;
+  if (!claimed_) {
+    BackOff(in);
+    return;
+  }
+  state_ = LockState::kWithdrawing;
+  busy_until_ms_ = in.now_ms + st_.cluster().quorum_timeout_ms;
+  Send(st_.EndClaim(state_id_, lock_id_), in);
+}
+
+void LockMachine::Withdrawn(const SqlResponse* r, const Inputs& in) {
+  if (RetryBusy(r, in)) return;
+  // Ended (or, if the end row failed, left to go stale: it never held).
+  claimed_ = false;
+  if (release_requested_) {
+    Cancel(nullptr, in);
+    return;
+  }
+  BackOff(in);
+}
+
+void LockMachine::DecideClaims(const LockInspection& insp, const Inputs& in) {
+  if (claimed_ && insp.ours_held && insp.holder == lock_id_) {
+    BecomeHolder(create_unresolved_ ? earliest_unresolved_create_ms_ : create_sent_at_ms_, in);
+    return;
+  }
+  if (release_requested_) {
+    WithdrawThenBackOff(in, true);  // Withdrawn cancels
+    return;
+  }
+  if (!insp.exists || insp.holder == lock_id_) {
+    // Free. Ours, if written, is not visible (its answer was lost, or a
+    // lagging replica): end it first, then claim afresh.
+    if (claimed_) {
+      WithdrawThenBackOff(in, true);
+      return;
+    }
+    Claim("", in);
+    return;
+  }
+  LockOptions judged = options_;
+  if (!defects_.ignore_holder_window) judged.stale_ms = std::max(options_.stale_ms, insp.stale_s * 1000);
+  switch (DecideOnHeldLock(true, insp.age_s, in.now_ms, deadline_ms_, judged)) {
+    case LockVerdict::kRetryNow:
+    case LockVerdict::kTakeOver:
+      if (claimed_) {
+        WithdrawThenBackOff(in, true);
+        return;
+      }
+      Claim(insp.over, in);
+      return;
+    case LockVerdict::kWait:
+    case LockVerdict::kGiveUp:  // BackOff fails it, after our claim is ended
+      WithdrawThenBackOff(in, false);
+      return;
+  }
 }
 
 void LockMachine::NoteRelease(const SqlResponse*, const Inputs&) { release_requested_ = true; }
 
 void LockMachine::Ignore(const SqlResponse*, const Inputs&) {}
 
-void LockMachine::OnCreated(const SqlResponse*, const Inputs& in) { BecomeHolder(create_sent_at_ms_, in); }
+void LockMachine::OnCreated(const SqlResponse*, const Inputs& in) {
+  if (Claims()) {
+    Inspect(nullptr, in);  // written: now see whether another claim is live
+    return;
+  }
+  BecomeHolder(create_sent_at_ms_, in);
+}
 
 void LockMachine::BecomeHolder(int64_t sent_at_ms, const Inputs& in) {
   create_unresolved_ = false;
@@ -391,6 +632,15 @@ void LockMachine::BecomeHolder(int64_t sent_at_ms, const Inputs& in) {
 }
 
 void LockMachine::NoLock(const SqlResponse*, const Inputs& in) {
+  if (Claims()) {
+    // No claims table yet: the claim meets code 60 and creates it.
+    if (claimed_) {
+      WithdrawThenBackOff(in, true);
+      return;
+    }
+    Claim("", in);
+    return;
+  }
   create_unresolved_ = false;  // no table at all: our CREATE did not land (or was long taken over)
   if (quick_retries_ < 3) {
     ++quick_retries_;
@@ -402,17 +652,29 @@ void LockMachine::NoLock(const SqlResponse*, const Inputs& in) {
 
 void LockMachine::InspectFailed(const SqlResponse* r, const Inputs& in) {
   if (r && r->transport_ok) {
+    if (Claims() && claimed_) {
+      // End our claim before giving up, so that it blocks no one.
+      fail_after_withdraw_ = CheckResponse(*r, "taking the lock");
+      WithdrawThenBackOff(in, true);
+      return;
+    }
     FailWithResponse(r, in);
     return;
   }
   if (r && GiveUpUnreachable(*r)) return;
-  BackOff(in);
+  WithdrawThenBackOff(in, true);
 }
 
 void LockMachine::Decide(const SqlResponse* r, const Inputs& in) {
-  absl::StatusOr<LockInspection> insp = ParseLockInspection(r->body);
+  absl::StatusOr<LockInspection> insp =
+      Claims() ? ParseClaimInspection(r->body, claimed_ ? lock_id_ : std::string(), StaleSeconds())
+               : ParseLockInspection(r->body);
   if (!insp.ok()) {
     Fail(insp.status());
+    return;
+  }
+  if (Claims()) {
+    DecideClaims(*insp, in);
     return;
   }
   if (!insp->exists) {
@@ -461,6 +723,10 @@ void LockMachine::Decide(const SqlResponse* r, const Inputs& in) {
 
 void LockMachine::BackOff(const Inputs& in) {
   quick_retries_ = 0;
+  if (!fail_after_withdraw_.ok()) {
+    Fail(fail_after_withdraw_);
+    return;
+  }
   if (in.now_ms >= deadline_ms_ && unreachable_in_a_row_ > 0) {
     FailUnreachable();  // time is up and the last request got no answer: not a busy lock
     return;
@@ -473,6 +739,12 @@ void LockMachine::BackOff(const Inputs& in) {
   }
   state_ = LockState::kBackingOff;
   int64_t wait = std::min(options_.retry_ms, deadline_ms_ - in.now_ms);
+  if (Claims()) {
+    // Two claimants that saw each other both back off: the jitter breaks the
+    // tie. One whose own claim was not visible yet comes back soon.
+    wait = std::min(withdraw_short_ ? Jitter(in, 100) : Jitter(in, options_.retry_ms), deadline_ms_ - in.now_ms);
+    withdraw_short_ = false;
+  }
   out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, wait});
 }
 
@@ -491,19 +763,25 @@ void LockMachine::Renew(const SqlResponse*, const Inputs& in) {
   }
   state_ = LockState::kRenewing;
   renew_sent_at_ms_ = in.now_ms;
-  Send(st_.RenewLock(state_id_, lock_id_, StaleSeconds()), in);
+  busy_until_ms_ = lease_deadline_ms_;
+  Send(Claims() ? st_.RenewClaim(state_id_, lock_id_, StaleSeconds()) : st_.RenewLock(state_id_, lock_id_, StaleSeconds()),
+       in);
 }
 
 void LockMachine::ConfirmRenewal(const SqlResponse*, const Inputs& in) {
   // Only a renewal row known to have landed may extend the lease: one whose
   // answer was lost might never have arrived (then RenewalInconclusive).
   state_ = LockState::kConfirming;
-  Send(st_.InspectLock(state_id_), in);
+  Send(InspectRequest(), in);
 }
 
 void LockMachine::Confirmed(const SqlResponse* r, const Inputs& in) {
-  absl::StatusOr<LockInspection> insp = ParseLockInspection(r->body);
-  if (!insp.ok() || !insp->exists || (insp->holder != lock_id_ && !defects_.renewal_accepts_any_holder)) {
+  absl::StatusOr<LockInspection> insp =
+      Claims() ? ParseClaimInspection(r->body, lock_id_, StaleSeconds()) : ParseLockInspection(r->body);
+  // Cluster mode: ours while our claim stands and no claim took it over (a
+  // live claim of a racer that has yet to see ours and withdraw is no loss).
+  const bool ours = Claims() ? insp.ok() && insp->ours_held : insp.ok() && insp->exists && insp->holder == lock_id_;
+  if (!ours && !defects_.renewal_accepts_any_holder) {
     Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
                                          "\" was taken over by another process while held")));
     return;
@@ -525,7 +803,8 @@ void LockMachine::Confirmed(const SqlResponse* r, const Inputs& in) {
   out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, options_.stale_ms / 3});
 }
 
-void LockMachine::RenewalInconclusive(const SqlResponse*, const Inputs& in) {
+void LockMachine::RenewalInconclusive(const SqlResponse* r, const Inputs& in) {
+  if (state_ == LockState::kRenewing && RetryBusy(r, in)) return;
   // The lease stands as it was; try again soon.
   state_ = LockState::kHeld;
   if (release_requested_) {
@@ -555,6 +834,13 @@ void LockMachine::StartRelease(const SqlResponse*, const Inputs& in) {
     Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
                                          "\" was held past its lease; it was left to expire instead of being "
                                          "dropped. Keep holds shorter than the stale window or let renewals run")));
+    return;
+  }
+  if (Claims()) {
+    // The end row: only our own claim's, so it cannot touch another's lock.
+    state_ = LockState::kDropping;
+    busy_until_ms_ = lease_deadline_ms_;
+    Send(st_.EndClaim(state_id_, lock_id_), in);
     return;
   }
   state_ = LockState::kReleaseInspect;
@@ -594,6 +880,11 @@ void LockMachine::RetryReleaseInspect(const SqlResponse* r, const Inputs& in) {
 }
 
 void LockMachine::RetryDrop(const SqlResponse* r, const Inputs& in) {
+  if (Claims()) {
+    if (RetryBusy(r, in)) return;
+    ReleaseFailed(r, in);  // the core already resent it after transport failures (idempotent)
+    return;
+  }
   // Never resend the DROP blindly: if the first one landed, another process
   // may have created a fresh lock under the same name since. Look first; the
   // lock is dropped again only if it is still ours.

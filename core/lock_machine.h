@@ -45,6 +45,30 @@
 //   resolved by inspecting L: if our id is the holder, we hold it, with the
 //   lease counted from the earliest CREATE that may have landed. A renewal
 //   whose answer was lost never extends the lease.
+//
+// Cluster mode (Statements::cluster() enabled) takes the lock by claims
+// instead (README "Cluster mode"): DDL would have to wait for every replica.
+// - Every claim is a row in the replicated `<table>_claims`, written with the
+//   insert quorum; a read with select_sequential_consistency sees every row
+//   whose insert was confirmed before the read began (any live replica that
+//   is behind answers code 289 and the read goes to another one).
+// - Acquire: read the claims of the id. A claim is live when it has not
+//   ended and its newest row is no older than the stale window (judged as
+//   above). With a live claim of another process, back off. Otherwise write
+//   a claim under a fresh lock id, naming in `over` the stale claims it takes
+//   over, then read again: the claim is held if it is visible and no other
+//   live claim is. Else end it (a row with seq 3) and back off, with jitter.
+// - Why exclusive: of two claims A and B both confirmed, the later one's
+//   read began after the earlier one's insert was confirmed, so it sees the
+//   earlier claim, live (its claimant read no later than it wrote); at most
+//   one of any set of concurrent claimants sees no other (two may both see
+//   each other and both back off: the jitter breaks the tie). A holder's
+//   lease and renewals work as above; a claim judged stale had its lease end
+//   before the taker read.
+// - A holder's renewal is confirmed while its claim has not ended and no
+//   claim names it in `over`; a release is the end row.
+// - A claim whose answer was lost (or code 319) may land later: it is ended
+//   before the next attempt, so it cannot block anyone once it does.
 #ifndef CHSTATE_CORE_LOCK_MACHINE_H_
 #define CHSTATE_CORE_LOCK_MACHINE_H_
 
@@ -72,7 +96,8 @@ enum class LockState {
   kRenewing,        // renewal INSERT sent
   kConfirming,      // SELECT of L sent after a renewal
   kReleaseInspect,  // SELECT of L sent before DROP
-  kDropping,        // DROP L sent
+  kDropping,        // DROP L sent (cluster: the claim's end row)
+  kWithdrawing,     // cluster: the end row of a claim that did not win, sent
   kReleased,        // terminal
   kFailed,          // terminal: never acquired (timeout, error, cancelled)
   kLost,            // terminal: was held, no longer ours
@@ -97,6 +122,12 @@ struct LockInspection {
   int64_t stale_s = 0;    // the holder's stale window, from its creation row (0: unknown)
   int64_t table_created_s = 0;  // the table's creation time: names the instance for takers
   int64_t now_s = 0;            // the server's clock when it answered
+  // Cluster mode (claims): our claim is visible, not ended, and no claim
+  // names it as taken over.
+  bool ours_held = false;
+  // Cluster mode: the lock ids of every claim not ended but our own (all
+  // stale when holder is not live): what a claim made now takes over.
+  std::string over;
 };
 // What names a lock instance's tombstone (Statements::EntombLock): the
 // holder's random id, or the table's creation time while no creation row is
@@ -104,6 +135,13 @@ struct LockInspection {
 std::string LockInstance(const LockInspection& inspection);
 // Decodes the 5-column answer of Statements::InspectLock.
 absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body);
+// Decodes the answer of Statements::InspectClaims for the claimant `ours`
+// whose stale window is `stale_s`: exists when a claim of another process
+// has not ended; holder is `ours` when ours is visible and no other live
+// claim is, else the other live claim with the newest row, else the stale
+// one with the newest row.
+absl::StatusOr<LockInspection> ParseClaimInspection(const std::string& body, const std::string& ours,
+                                                    int64_t stale_s);
 
 // Test-only: deliberately removes one defence, so that the simulation's
 // negative controls (tests/sim) can show they would catch its absence. Never
@@ -138,6 +176,8 @@ class LockMachine {
   bool LeaseValid(int64_t now_ms) const;
   int64_t lease_deadline_ms() const { return lease_deadline_ms_; }
   int64_t acquired_at_ms() const { return acquired_at_ms_; }
+  // Cluster mode: a request that met code 286 waits for its timer.
+  bool busy_waiting() const { return busy_resend_.has_value(); }
 
   enum class Event { kAcquire, kRelease, kTimer, kOk, kExists, kMissing, kError };
 
@@ -179,6 +219,21 @@ class LockMachine {
   void RetryDrop(const SqlResponse* r, const Inputs& in);
   void ReleaseInspectMissing(const SqlResponse* r, const Inputs& in);
   void FailWithResponse(const SqlResponse* r, const Inputs& in);
+  // Cluster mode (claims).
+  bool Claims() const { return st_.cluster().enabled(); }
+  void Claim(const std::string& over, const Inputs& in);
+  void ClaimDone(const SqlResponse* r, const Inputs& in);
+  void DecideClaims(const LockInspection& insp, const Inputs& in);
+  // Ends our claim (if one may exist) and then backs off.
+  void WithdrawThenBackOff(const Inputs& in, bool short_wait);
+  void Withdrawn(const SqlResponse* r, const Inputs& in);
+  // A quorum insert that met another in flight (code 286: nothing written):
+  // true when it is sent again after a short random wait.
+  bool RetryBusy(const SqlResponse* r, const Inputs& in);
+  void ResendBusy(const SqlResponse* r, const Inputs& in);
+  void SchemaMaybeMade(const SqlResponse* r, const Inputs& in);
+  SqlRequest InspectRequest() const;
+  int64_t Jitter(const Inputs& in, int64_t base_ms) const;
 
   void BackOff(const Inputs& in);
   int64_t StaleSeconds() const;
@@ -211,6 +266,17 @@ class LockMachine {
   bool release_requested_ = false;
   bool create_unresolved_ = false;  // our CREATE may have landed unseen
   bool drop_uncertain_ = false;     // our DROP may have landed unseen
+  // Cluster mode: a claim of lock_id_ may exist (so it is ended before the
+  // next attempt); a request to send again when the busy timer fires; and
+  // until when code 286 is retried.
+  bool claimed_ = false;
+  std::optional<SqlRequest> busy_resend_;
+  int64_t busy_until_ms_ = 0;
+  bool withdraw_short_ = false;
+  // An error to end with once our claim is withdrawn.
+  absl::Status fail_after_withdraw_;
+  // The request sent last (for a resend after code 286).
+  SqlRequest outstanding_;
   LockDefectsForTesting defects_;
 };
 

@@ -114,6 +114,7 @@ absl::Status CheckResponse(const SqlResponse& r, absl::string_view what) {
     case ch::kSocketTimeout:
     case ch::kNetworkError:
     case ch::kSystemError:
+    case ch::kReplicaIsNotInQuorum:
       return WithCode(absl::UnavailableError(absl::StrCat("ClickHouse error ", *code, " while ", what, ": ",
                                                           message, ". Retry later")),
                       *code);

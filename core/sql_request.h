@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/endpoint.h"
+
 namespace chstate {
 
 struct SqlRequest {
@@ -36,6 +38,9 @@ struct SqlRequest {
   // past it the host reports a transport failure (maybe_delivered = true).
   // 0 only for requests no task stamped (tests of statements).
   int64_t timeout_ms = 0;
+  // Where to send it, chosen by the task (core/endpoints.h) when the store
+  // was given its hosts; empty (port 0) otherwise: the host's one server.
+  Endpoint endpoint;
 };
 
 struct SqlResponse {

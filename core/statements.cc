@@ -556,3 +556,72 @@ SqlRequest Statements::DropTable(absl::string_view name) const {
 }
 
 }  // namespace chstate
+
+namespace chstate {
+
+std::string Statements::ClaimsTable() const { return absl::StrCat("`", schema_, "`.`", table_, "_claims`"); }
+
+SqlRequest Statements::CreateClaimsTable() const {
+  SqlRequest r = Ddl("create_claims_table", true);
+  r.sql = absl::StrCat("CREATE TABLE IF NOT EXISTS ", ClaimsTable(), OnCluster(),
+                       " (name String, lock_id String, seq UInt8, at DateTime, stale_s UInt32, over String) ENGINE = ",
+                       Engine("MergeTree", absl::StrCat(table_, "_claims"), ""),
+                       " PARTITION BY tuple() ORDER BY (name, lock_id, seq, at)");
+  return r;
+}
+
+namespace {
+std::string ClaimRow(absl::string_view name, absl::string_view lock_id, int seq, int64_t stale_s,
+                     absl::string_view over) {
+  return absl::StrCat(QuoteStringLiteral(name), ", ", QuoteStringLiteral(lock_id), ", toUInt8(", seq,
+                      "), now(), toUInt32(", stale_s, "), ", QuoteStringLiteral(over));
+}
+}  // namespace
+
+SqlRequest Statements::ClaimLock(absl::string_view state_id, absl::string_view lock_id, int64_t stale_s,
+                                 absl::string_view over) const {
+  SqlRequest r = Request("claim_lock", false);
+  WriteSettings(&r);
+  r.sql = absl::StrCat("INSERT INTO ", ClaimsTable(), " SELECT ",
+                       ClaimRow(LockTableName(state_id), lock_id, 0, stale_s, over));
+  return r;
+}
+
+SqlRequest Statements::RenewClaim(absl::string_view state_id, absl::string_view lock_id, int64_t stale_s) const {
+  SqlRequest r = Request("renew_claim", false);
+  WriteSettings(&r);
+  r.sql = absl::StrCat("INSERT INTO ", ClaimsTable(), " SELECT ",
+                       ClaimRow(LockTableName(state_id), lock_id, 1, stale_s, ""));
+  return r;
+}
+
+SqlRequest Statements::EndClaim(absl::string_view state_id, absl::string_view lock_id) const {
+  SqlRequest r = Request("end_claim", true);
+  WriteSettings(&r);
+  r.sql = absl::StrCat("INSERT INTO ", ClaimsTable(), " SELECT ", ClaimRow(LockTableName(state_id), lock_id, 3, 0, ""));
+  return r;
+}
+
+SqlRequest Statements::InspectClaims(absl::string_view state_id) const {
+  SqlRequest r = Read("inspect_claims");
+  ReadSettings(&r);
+  r.sql = absl::StrCat(
+      "SELECT lock_id, countIf(seq = 0), countIf(seq = 3), toInt64(max(at)), toInt64(anyIf(stale_s, seq = 0)), "
+      "anyIf(over, seq = 0), materialize(toInt64(now())) FROM ",
+      ClaimsTable(), " WHERE name = ", QuoteStringLiteral(LockTableName(state_id)),
+      " GROUP BY lock_id ORDER BY lock_id FORMAT TabSeparated");
+  return r;
+}
+
+SqlRequest Statements::ListClaims() const {
+  SqlRequest r = Read("list_claims");
+  ReadSettings(&r);
+  r.sql = absl::StrCat(
+      "SELECT name, lock_id, toInt64(minIf(at, seq = 0)), toInt64(max(at)), toInt64(anyIf(stale_s, seq = 0)), "
+      "materialize(toInt64(now())) FROM ",
+      ClaimsTable(), " GROUP BY name, lock_id HAVING countIf(seq = 0) > 0 AND countIf(seq = 3) = 0 "
+      "ORDER BY name, lock_id FORMAT TabSeparated");
+  return r;
+}
+
+}  // namespace chstate

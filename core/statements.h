@@ -195,6 +195,29 @@ class Statements {
   SqlRequest ListOldTombstones(int64_t older_than_s) const;
   SqlRequest DropTable(absl::string_view name) const;
 
+  // ---- cluster mode: the lock as claims (core/lock_machine.h) ----
+  // `<table>_claims`, one ReplicatedMergeTree for every id's lock: rows
+  // (name, lock_id, seq, at, stale_s, over), name = LockTableName(id); seq 0
+  // a claim (with the claimant's stale window and the comma-separated lock
+  // ids it takes over as stale), 1 a renewal, 3 the end of a claim (its
+  // release, its withdrawal after losing a race, or `unlock --force`). Every
+  // row is a quorum insert; reads are sequentially consistent, so a read sees
+  // every row whose insert was confirmed before the read began.
+  std::string ClaimsTable() const;
+  SqlRequest CreateClaimsTable() const;
+  SqlRequest ClaimLock(absl::string_view state_id, absl::string_view lock_id, int64_t stale_s,
+                       absl::string_view over) const;
+  SqlRequest RenewClaim(absl::string_view state_id, absl::string_view lock_id, int64_t stale_s) const;
+  // Idempotent: ending a claim twice changes nothing.
+  SqlRequest EndClaim(absl::string_view state_id, absl::string_view lock_id) const;
+  // Rows per lock id of the name: (lock_id, claims, ends, newest row's unix
+  // time, the claim's stale_s, the claim's `over`, server now). No rows: no
+  // claim at all. Code 60 without the table.
+  SqlRequest InspectClaims(absl::string_view state_id) const;
+  // `chstate locks` in cluster mode: the same per (name, lock_id) for every
+  // name with a claim not ended, plus the state id whose lock name it is.
+  SqlRequest ListClaims() const;
+
  private:
   Statements(Dialect d, std::string schema, std::string table, ClusterOptions cluster)
       : dialect_(d), schema_(std::move(schema)), table_(std::move(table)), cluster_(std::move(cluster)) {}

@@ -206,6 +206,27 @@ TEST(Statements, ClusterModeSql) {
        {{"async_insert", "0"}, {"insert_quorum", "2"}, {"insert_quorum_timeout", "10000"},
         {"insert_deduplicate", "0"}, {"insert_quorum_parallel", "0"}, {"insert_deduplication_token", "tok"}},
        false},
+      {"claims table", Dialect::kClickHouse18, [](const Statements& s) { return s.CreateClaimsTable(); },
+       "CREATE TABLE IF NOT EXISTS `meltano`.`state_claims` ON CLUSTER `prod` (name String, lock_id String, seq "
+       "UInt8, at DateTime, stale_s UInt32, over String) ENGINE = ReplicatedMergeTree("
+       "'/clickhouse/tables/{shard}/meltano/state_claims', '{replica}') PARTITION BY tuple() ORDER BY (name, "
+       "lock_id, seq, at)",
+       kDdl, true},
+      {"a claim is a quorum insert", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.ClaimLock("a", "L1", 30, "L0"); },
+       "INSERT INTO `meltano`.`state_claims` SELECT 'state_lock_af63dc4c8601ec8c', 'L1', toUInt8(0), now(), "
+       "toUInt32(30), 'L0'",
+       kQuorum18, false},
+      {"ending a claim may be resent", Dialect::kClickHouse18, [](const Statements& s) { return s.EndClaim("a", "L1"); },
+       "INSERT INTO `meltano`.`state_claims` SELECT 'state_lock_af63dc4c8601ec8c', 'L1', toUInt8(3), now(), "
+       "toUInt32(0), ''",
+       kQuorum18, true},
+      {"claims are read sequentially consistent", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.InspectClaims("a"); },
+       "SELECT lock_id, countIf(seq = 0), countIf(seq = 3), toInt64(max(at)), toInt64(anyIf(stale_s, seq = 0)), "
+       "anyIf(over, seq = 0), materialize(toInt64(now())) FROM `meltano`.`state_claims` WHERE name = "
+       "'state_lock_af63dc4c8601ec8c' GROUP BY lock_id ORDER BY lock_id FORMAT TabSeparated",
+       kSequential, true},
       {"delete is a tombstone", Dialect::kClickHouse18, [](const Statements& s) { return s.DeleteState("a"); },
        "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) VALUES ('a', NULL, "
        "'chstate:deleted')",

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "core/clickhouse_errors.h"
 #include "core/lock_machine.h"
 #include "core/quoting.h"
@@ -111,7 +112,13 @@ class StoreSteps {
               [this, then, fail](const std::string&) {
                 return Sql(
                     st().CreateLockTable(), "creating the lock table",
-                    [this, then, fail](const std::string&) { return EnsureHistory(then, fail); }, fail);
+                    [this, then, fail](const std::string&) {
+                      if (!st().cluster().enabled()) return EnsureHistory(then, fail);
+                      return Sql(
+                          st().CreateClaimsTable(), "creating the lock claims table",
+                          [this, then, fail](const std::string&) { return EnsureHistory(then, fail); }, fail);
+                    },
+                    fail);
               },
               fail);
         },
@@ -388,7 +395,8 @@ class StoreSteps {
         case LockAction::Kind::kArmTimer:
           // A renewal that finished arms the next one: that is its outcome.
           if (m->state() == LockState::kHeld) return on_outcome(*a);
-          if (m->state() != LockState::kBackingOff) continue;
+          // Cluster mode: a claim row resent after code 286 waits a moment.
+          if (m->state() != LockState::kBackingOff && !m->busy_waiting()) continue;
           {
             auto wait = [this, m, on_outcome, delay_ms = a->delay_ms] {
               return Step::Wait(delay_ms, [this, m, on_outcome] {
@@ -764,6 +772,21 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
         " s, and renewals come every third of the window. Lower the stale-lock setting "
         "(Meltano: state_backend.lock_timeout_seconds)"));
   }
+  if (options.hosts.size() > 1 && !options.cluster.enabled()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "several hosts (", Endpoints(options.hosts).Describe(),
+        ") need cluster mode: without it each server keeps its own states and locks. Name the cluster "
+        "(?cluster=NAME in the URI, --cluster, MELTANO_STATE_BACKEND_CLICKHOUSE_CLUSTER) or give one host"));
+  }
+  for (const Endpoint& e : options.hosts) {
+    if (e.host.empty() || e.port < 1 || e.port > 65535) {
+      return absl::InvalidArgumentError("every host needs a name and a port from 1 to 65535");
+    }
+  }
+  if (!options.hosts.empty()) {
+    options.transport.endpoints = std::make_shared<Endpoints>(options.hosts);
+    if (options.endpoint.empty()) options.endpoint = options.transport.endpoints->Describe();
+  }
   return std::unique_ptr<Store>(new Store(std::move(options)));
 }
 
@@ -886,12 +909,83 @@ Step InspectLocks(StoreSteps& s, std::shared_ptr<std::vector<std::pair<std::stri
       });
 }
 
+
+// Cluster mode: the claims not ended, one HeldLockInfo each (`names` maps
+// lock names to state ids).
+Step ListClaimLocks(StoreSteps& s, std::shared_ptr<std::map<std::string, std::string>> names, bool all) {
+  return s.Query(
+      s.st().ListClaims(), "listing lock claims", 6,
+      [names, all, &s](const Rows& rows) {
+        std::vector<HeldLockInfo> found;
+        for (const Row& row : rows) {
+          int64_t claimed = 0, newest = 0, stale_s = 0, now = 0;
+          if (!absl::SimpleAtoi(row[2].value_or(""), &claimed) || !absl::SimpleAtoi(row[3].value_or(""), &newest) ||
+              !absl::SimpleAtoi(row[4].value_or(""), &stale_s) || !absl::SimpleAtoi(row[5].value_or(""), &now)) {
+            return Step::Fail(absl::DataLossError("unexpected answer listing lock claims"));
+          }
+          HeldLockInfo info;
+          info.table = row[0].value_or("");
+          auto it = names->find(info.table);
+          if (it != names->end()) {
+            info.state_id = it->second;
+          } else if (!all) {
+            continue;
+          }
+          info.holder = row[1].value_or("");
+          info.held_s = now - claimed;
+          info.renewed_s = now - newest;
+          info.validity_s = stale_s;
+          info.stale = stale_s > 0 && info.renewed_s > stale_s;
+          found.push_back(std::move(info));
+        }
+        Result r = s.Base();
+        r.locks = std::move(found);
+        return Step::Done(std::move(r));
+      },
+      [&s](absl::Status st) {
+        if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
+        Result r = s.Base();  // no claims table yet: no locks
+        r.locks = std::vector<HeldLockInfo>{};
+        return Step::Done(std::move(r));
+      });
+}
+
+// Cluster mode: ends the claims in `ids` from `next` on.
+Step EndClaims(StoreSteps& s, const std::string& state_id, std::shared_ptr<std::vector<std::string>> ids, size_t next,
+               HeldLockInfo info) {
+  if (next >= ids->size()) {
+    Result r = s.Base();
+    r.locks = std::vector<HeldLockInfo>{info};
+    return Step::Done(std::move(r));
+  }
+  return s.QuorumWrite(
+      s.st().EndClaim(state_id, (*ids)[next]), "removing the lock",
+      s.inputs().now_ms + s.st().cluster().quorum_timeout_ms, 5,
+      [&s, state_id, ids, next, info] { return EndClaims(s, state_id, ids, next + 1, info); }, StoreSteps::Failed);
+}
+
 }  // namespace
 
 std::unique_ptr<Task> Store::Locks(std::optional<std::string> glob) {
   return MakeTask(this, [glob](StoreSteps& s) {
     return s.Connected(
         [&s, glob] {
+          if (s.st().cluster().enabled()) {
+            auto claims = [&s, glob](std::shared_ptr<std::map<std::string, std::string>> names) {
+              return ListClaimLocks(s, names, !glob);
+            };
+            return s.Query(
+                s.st().ListStateIds(glob), "listing state ids", 2,
+                [&s, claims](const Rows& ids) {
+                  auto names = std::make_shared<std::map<std::string, std::string>>();
+                  for (const Row& row : ids) (*names)[s.st().LockTableName(row[0].value_or(""))] = row[0].value_or("");
+                  return claims(names);
+                },
+                [claims](absl::Status st) {
+                  if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
+                  return claims(std::make_shared<std::map<std::string, std::string>>());
+                });
+          }
           // Lock tables by name, then (a lock can exist before any state or
           // state table does) the tables themselves.
           auto with_ids = [&s, glob](std::shared_ptr<std::map<std::string, std::string>> names) {
@@ -937,6 +1031,24 @@ std::unique_ptr<Task> Store::ForceUnlock(std::string state_id) {
             return Step::Fail(absl::NotFoundError(
                 absl::StrCat("state id \"", StoreSteps::Printable(state_id), "\" is not locked")));
           };
+          if (s.st().cluster().enabled()) {
+            // Every claim not ended: the holder's and any racer's.
+            return s.Sql(
+                s.st().InspectClaims(state_id), "inspecting the lock",
+                [&s, state_id, not_locked](const std::string& body) {
+                  absl::StatusOr<LockInspection> insp = ParseClaimInspection(body, "", 0);
+                  if (!insp.ok()) return Step::Fail(insp.status());
+                  if (!insp->exists) return not_locked();
+                  HeldLockInfo info = LockInfo(*insp, s.st().LockTableName(state_id), state_id);
+                  info.held_s = 0;  // claims carry no creation time here
+                  auto ids = std::make_shared<std::vector<std::string>>(absl::StrSplit(insp->over, ',', absl::SkipEmpty()));
+                  return EndClaims(s, state_id, ids, 0, info);
+                },
+                [not_locked](absl::Status st) {
+                  if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
+                  return not_locked();
+                });
+          }
           return s.Sql(
               s.st().InspectLock(state_id), "inspecting the lock",
               [&s, state_id, not_locked](const std::string& body) {

@@ -57,6 +57,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/defaults.h"
@@ -72,8 +73,15 @@ namespace chstate {
 struct StoreOptions {
   std::string schema = "meltano";
   std::string table = "state";
-  // "host:port", only used in messages.
+  // "host:port", only used in messages (with `hosts` and no endpoint, the
+  // list of hosts).
   std::string endpoint;
+  // The servers to talk to (README "Cluster mode"). Empty: the host's one
+  // server, and requests carry no endpoint. Given: every request names the
+  // one it goes to, chosen by the core (core/endpoints.h): the host that
+  // answered last while it is well, each other host in turn after a failure.
+  // More than one needs cluster mode (different servers are different data).
+  std::vector<Endpoint> hosts;
   LockOptions lock;
   // How long a legacy (18.x) delete may take to finish its mutation.
   int64_t mutation_timeout_ms = kDefaultMutationTimeoutMs;

@@ -1035,7 +1035,7 @@ TEST(ClusterStore, ZooKeeperUnreachableIsUnavailableAndSaysSo) {
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach ZooKeeper")));
   auto lock = store->AcquireLock("id");
-  o = Drive(*lock, {Q("create_lock", Err(500, 999, "Coordination::Exception: Session expired"))}, &clock);
+  o = Drive(*lock, {Q("inspect_claims", Err(500, 999, "Coordination::Exception: Session expired"))}, &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach ZooKeeper")));
   auto set = store->Set(MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")});
@@ -1048,7 +1048,10 @@ TEST(ClusterStore, UnknownClusterNameIsAConfigurationError) {
   auto store = MakeClusterStore();
   int64_t clock = 0;
   auto t = store->AcquireLock("id");
-  Outcome o = Drive(*t, {kVersion18, kEngine, Q("create_lock", Err(500, 170, "Requested cluster 'prod' not found"))},
+  Outcome o = Drive(*t,
+                    {kVersion18, kEngine, Q("inspect_claims", Err(404, 60, "Table meltano.state_claims doesn't exist.")),
+                     Q("claim_lock", Err(404, 60, "Table meltano.state_claims doesn't exist.")),
+                     Q("create_claims_table", Err(500, 170, "Requested cluster 'prod' not found"), "ON CLUSTER `prod`")},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("know no cluster \"prod\"")));
@@ -1072,7 +1075,12 @@ TEST(ClusterStore, ClearAllTombstonesInsteadOfTruncating) {
   EXPECT_EQ(o.last.result.count, 3);
 }
 
-TEST(ClusterStore, LocksDoNotLinger) {
+// A claims answer row: lock id, claim rows, end rows, newest row, stale_s, over, now.
+std::string ClaimRow(const std::string& id, int ends, int64_t newest, int64_t now, const std::string& over = "") {
+  return absl::StrCat(id, "\t1\t", ends, "\t", newest, "\t300\t", over, "\t", now, "\n");
+}
+
+TEST(ClusterStore, LocksAreClaimsAndDoNotLinger) {
   StoreOptions o;
   o.cluster.name = "prod";
   o.linger_locks = true;
@@ -1080,28 +1088,109 @@ TEST(ClusterStore, LocksDoNotLinger) {
   ASSERT_THAT(store, IsOk());
   int64_t clock = 0;
   auto t = (*store)->AcquireLock("id");
-  Outcome o1 = Drive(*t, {kVersion18, kEngine, Q("create_lock", Ok())}, &clock);
+  // Read, claim with the quorum, read again: ours is the only live claim.
+  Outcome o1 = Drive(*t,
+                     {kVersion18, kEngine, Q("inspect_claims", Ok("")),
+                      Q("claim_lock", Ok(), "'" + kLockId + "', toUInt8(0)"),
+                      Q("inspect_claims", Ok(ClaimRow(kLockId, 0, 100, 100)))},
+                     &clock);
   ASSERT_EQ(o1.last.kind, Action::Kind::kDone) << o1.last.status;
-  // Released for real at once, as without linger_locks.
+  EXPECT_EQ(o1.last.result.lock_id, kLockId);
+  // Released for real at once, as without linger_locks: the end row.
   auto r = (*store)->ReleaseLock("id", o1.last.result.lock_id);
-  Outcome o2 = Drive(*r, {Q("inspect_lock", Mine()), Q("drop_lock", Ok(), "ON CLUSTER")}, &clock);
+  Outcome o2 = Drive(*r, {Q("end_claim", Ok(), "toUInt8(3)")}, &clock);
   EXPECT_EQ(o2.last.kind, Action::Kind::kDone) << o2.last.status;
 }
 
-TEST(ClusterStore, LockCreateThatTimedOutOnAHostIsSettledByInspecting) {
-  // Code 159: the ON CLUSTER CREATE ran here but a host did not answer in
-  // time. The lock is ours if the table holds our creation row.
+TEST(ClusterStore, AClaimThatSeesAnotherLiveClaimEndsItselfAndBacksOff) {
   auto store = MakeClusterStore();
   int64_t clock = 0;
   auto t = store->AcquireLock("id");
   Outcome o = Drive(*t,
-                    {kVersion18, kEngine, Q("create_lock", Err(500, 159, "Watching task is executing longer than "
-                                                              "distributed_ddl_task_timeout"),
-                                   "ON CLUSTER `prod`"),
-                     Q("inspect_lock", Mine())},
+                    {kVersion18, kEngine, Q("inspect_claims", Ok("")), Q("claim_lock", Ok()),
+                     Q("inspect_claims", Ok(ClaimRow("other", 0, 100, 100) + ClaimRow(kLockId, 0, 100, 100))),
+                     Q("end_claim", Ok(), "'" + kLockId + "', toUInt8(3)"), W(-1),
+                     // The racer holds on: a live claim, so no new claim is written.
+                     Q("inspect_claims", Ok(ClaimRow("other", 0, 101, 101) + ClaimRow(kLockId, 1, 100, 101)))},
+                    &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kWait);
+  EXPECT_EQ(o.purposes.back(), "inspect_claims");
+}
+
+TEST(ClusterStore, AStaleClaimIsTakenOverByNamingIt) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("id");
+  // The holder's newest row is 400 s old: past its 300 s window.
+  Outcome o = Drive(*t,
+                    {kVersion18, kEngine, Q("inspect_claims", Ok(ClaimRow("dead", 0, 100, 500))),
+                     Q("claim_lock", Ok(), "toUInt8(0), now(), toUInt32(300), 'dead'"),
+                     Q("inspect_claims", Ok(ClaimRow("dead", 0, 100, 500) + ClaimRow(kLockId, 0, 500, 500)))},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
-  EXPECT_EQ(o.last.result.lock_id, kLockId);
+}
+
+TEST(ClusterStore, AClaimWhoseOutcomeIsUnknownIsSettledByReading) {
+  // Code 319: the quorum was not confirmed in time. Ours once it is visible.
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("id");
+  Outcome o = Drive(*t,
+                    {kVersion18, kEngine, Q("inspect_claims", Ok("")),
+                     Q("claim_lock", Err(500, 319, "Unknown status, client must retry")),
+                     Q("inspect_claims", Ok(ClaimRow(kLockId, 0, 100, 100)))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // Not visible: ended before anything else, then claimed afresh.
+  auto store2 = MakeClusterStore();
+  auto t2 = store2->AcquireLock("id");
+  o = Drive(*t2,
+            {kVersion18, kEngine, Q("inspect_claims", Ok("")),
+             Q("claim_lock", Err(500, 319, "Unknown status, client must retry")), Q("inspect_claims", Ok("")),
+             Q("end_claim", Ok(), "'" + kLockId + "'"), W(-1), Q("inspect_claims", Ok(ClaimRow(kLockId, 1, 100, 100))),
+             Q("claim_lock", Ok())},
+            &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(o.last.request.purpose, "inspect_claims");
+}
+
+TEST(ClusterStore, AClaimMeetingAnotherQuorumInsertIsSentAgain) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("id");
+  Outcome o = Drive(*t,
+                    {kVersion18, kEngine, Q("inspect_claims", Ok("")),
+                     Q("claim_lock", Err(500, 286, "Another quorum insert has been already started")), W(-1),
+                     Q("claim_lock", Ok()), Q("inspect_claims", Ok(ClaimRow(kLockId, 0, 100, 100)))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+TEST(ClusterStore, ARenewalIsLostOnlyWhenAClaimTookItOver) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("id");
+  Outcome o = Drive(*t,
+                    {kVersion18, kEngine, Q("inspect_claims", Ok("")), Q("claim_lock", Ok()),
+                     Q("inspect_claims", Ok(ClaimRow(kLockId, 0, 100, 100)))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // A racer that has not yet seen ours and withdrawn is no loss.
+  clock += 10000;
+  auto renew = store->RenewLock("id");
+  o = Drive(*renew,
+            {Q("renew_claim", Ok(), "toUInt8(1)"),
+             Q("inspect_claims", Ok(ClaimRow("racer", 0, 110, 110) + ClaimRow(kLockId, 0, 110, 110)))},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // A claim naming ours in `over` took it over.
+  clock += 10000;
+  auto again = store->RenewLock("id");
+  o = Drive(*again,
+            {Q("renew_claim", Ok()),
+             Q("inspect_claims", Ok(ClaimRow("taker", 0, 120, 120, "x," + kLockId) + ClaimRow(kLockId, 0, 120, 120)))},
+            &clock);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("taken over")));
 }
 
 TEST(Store, MoveWritesTheCopyBeforeDeletingTheSource) {

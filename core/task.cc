@@ -1,9 +1,14 @@
 // The host-facing driver of a task's continuation chain.
 #include "core/task.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/clickhouse_errors.h"
+#include "core/response.h"
 
 namespace chstate {
 
@@ -41,8 +46,48 @@ bool MayResend(const SqlRequest& request, const SqlResponse& response) {
   return !response.transport_ok && (request.idempotent || !response.maybe_delivered);
 }
 
+namespace {
+
+// The ClickHouse code of an error answer, if it carries one.
+std::optional<int> AnswerCode(const SqlResponse& response) {
+  if (!response.transport_ok || response.http_status == 200) return std::nullopt;
+  int header = 0;
+  if (!response.exception_code_header.empty() && absl::SimpleAtoi(response.exception_code_header, &header)) {
+    return header;
+  }
+  return ParseExceptionCode(response.body);
+}
+
+}  // namespace
+
+bool ReplicaLevelError(const SqlRequest& request, const SqlResponse& response) {
+  std::optional<int> code = AnswerCode(response);
+  if (!code) return false;
+  switch (*code) {
+    case ch::kReplicaIsNotInQuorum:
+    case ch::kNoZooKeeper:
+    case ch::kTableIsReadOnly:
+    case ch::kTooManySimultaneousQueries:
+      return true;
+    case ch::kKeeperException:
+    case ch::kNetworkError:
+      return request.idempotent;
+    default:
+      return false;
+  }
+}
+
 Task::Task(std::function<Body(const Inputs*)> make_body, TransportPolicy policy) : policy_(policy) {
   body_ = make_body(&inputs_);
+}
+
+bool Task::ChooseHost() {
+  if (!policy_.endpoints) return true;
+  std::optional<size_t> i = policy_.endpoints->Pick(inputs_.now_ms, tried_);
+  if (!i) return false;
+  tried_.push_back(*i);
+  pending_.request.endpoint = policy_.endpoints->at(*i);
+  return true;
 }
 
 Action Task::SendPending() {
@@ -61,6 +106,9 @@ Action Task::Take(Step step) {
     case Action::Kind::kRunSql:
       pending_.request.attempt = 1;
       pending_.request.timeout_ms = policy_.request_timeout_ms;
+      tried_.clear();
+      failures_.clear();
+      ChooseHost();
       return SendPending();
     case Action::Kind::kWait:
       phase_ = Phase::kTimer;
@@ -95,14 +143,41 @@ Action Task::Start(const Inputs& in) {
 Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
   if (phase_ != Phase::kSql) return Misuse("OnResponse called when the task was not waiting for SQL");
   inputs_ = in;
-  if (MayResend(pending_.request, response) && pending_.request.attempt < policy_.attempts) {
+  const bool resendable = MayResend(pending_.request, response);
+  if (policy_.endpoints && !tried_.empty()) {
+    const size_t host = tried_.back();
+    const bool replica_error = ReplicaLevelError(pending_.request, response);
+    if (resendable || replica_error || (!response.transport_ok && response.maybe_delivered)) {
+      // This host failed; the next request of any task avoids it for a while.
+      policy_.endpoints->Failed(host, in.now_ms);
+      std::optional<int> code = AnswerCode(response);
+      failures_.push_back(absl::StrCat(Endpoints::Describe(policy_.endpoints->at(host)), ": ",
+                                       response.transport_ok ? absl::StrCat("code ", code.value_or(0))
+                                                             : response.transport_error));
+    } else {
+      policy_.endpoints->Answered(host);
+    }
+    if ((resendable || replica_error) && ChooseHost()) return SendPending();
+  }
+  // A replica that is behind the last quorum write (289) catches up within
+  // moments: with no other host left, a read asks it again after the
+  // back-off, for up to twice the attempts.
+  const bool replica_retry = !resendable && AnswerCode(response) == ch::kReplicaIsNotInQuorum &&
+                             pending_.request.idempotent && pending_.request.attempt < 2 * policy_.attempts;
+  if ((resendable && pending_.request.attempt < policy_.attempts) || replica_retry) {
     phase_ = Phase::kResend;
     Action a;
     a.kind = Action::Kind::kWait;
-    a.wait_ms = policy_.backoff_ms << (pending_.request.attempt - 1);
+    a.wait_ms = std::min<int64_t>(policy_.backoff_ms << (pending_.request.attempt - 1), 8 * policy_.backoff_ms);
     return a;
   }
   ResponseHandler handler = std::move(pending_.on_response);
+  if (policy_.endpoints && !response.transport_ok && failures_.size() > 1) {
+    // Every host was tried: say what each one did.
+    SqlResponse all = response;
+    all.transport_error = absl::StrCat("no host answered (", absl::StrJoin(failures_, "; "), ")");
+    return Take(handler(all));
+  }
   return Take(handler(response));
 }
 
@@ -110,6 +185,10 @@ Action Task::OnTimer(const Inputs& in) {
   if (phase_ == Phase::kResend) {
     inputs_ = in;
     ++pending_.request.attempt;
+    // A new round: every host may be tried again.
+    tried_.clear();
+    failures_.clear();
+    ChooseHost();
     return SendPending();
   }
   if (phase_ != Phase::kTimer) return Misuse("OnTimer called when the task was not waiting for a timer");

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +41,7 @@
 #include "absl/status/status.h"
 #include "core/defaults.h"
 #include "core/dialect.h"
+#include "core/endpoints.h"
 #include "core/sql_request.h"
 #include "core/state.h"
 
@@ -100,11 +102,24 @@ struct TransportPolicy {
   int attempts = kDefaultTransportAttempts;          // sends of one request in all
   int64_t backoff_ms = kDefaultTransportBackoffMs;   // before the first resend, doubled after
   int64_t request_timeout_ms = kDefaultRequestTimeoutMs;  // stamped on every request
+  // Several hosts (README "Cluster mode"), shared by the store's tasks; null:
+  // the host's one server. With hosts, every request carries the endpoint it
+  // goes to, and a request that may be sent again (MayResend, or a
+  // replica-level error: ReplicaLevelError) goes to each other host at once
+  // before the back-off above; one attempt is one round of the hosts.
+  std::shared_ptr<Endpoints> endpoints;
 };
 
 // True when `request` may be sent again after `response` (a transport
 // failure): resending cannot do harm.
 bool MayResend(const SqlRequest& request, const SqlResponse& response);
+// True when `response` is an error of the one server that sent it, which
+// another replica may not have, and which left nothing written: it lags
+// behind the last quorum write (code 289), lost its ZooKeeper session (225,
+// 242), is overloaded (202); for idempotent requests also a ZooKeeper or
+// network error on its side (999, 210). With several hosts the request goes
+// to another one.
+bool ReplicaLevelError(const SqlRequest& request, const SqlResponse& response);
 
 struct Action {
   enum class Kind { kRunSql, kWait, kDone, kFailed };
@@ -159,6 +174,13 @@ class Task {
   Action Take(Step step);
   Action Misuse(const char* what);
   Action SendPending();
+  // With several hosts: points the pending request at the next host of this
+  // round (false when every host was tried).
+  bool ChooseHost();
+
+  // This round's hosts, in the order tried, and what each answered.
+  std::vector<size_t> tried_;
+  std::vector<std::string> failures_;
 
   TransportPolicy policy_;
   Inputs inputs_;

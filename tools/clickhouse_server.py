@@ -10,7 +10,7 @@ any signal is sent.
   tools/clickhouse_server.py stop DIR      # stop the server recorded in DIR
   tools/clickhouse_server.py ensure DIR    # start unless the one in DIR is running
   tools/clickhouse_server.py run -- CMD    # temp server, run CMD with CHSTATE_TEST_* env, stop
-  tools/clickhouse_server.py start --cluster DIR   # ZooKeeper + replicas r1, r2 (cluster "chstate")
+  tools/clickhouse_server.py start --cluster DIR   # ZooKeeper + replicas r1, r2, r3 (cluster "chstate")
   tools/clickhouse_server.py stop --cluster DIR    # stop all three
 
 The server listens on 127.0.0.1 only, on free ports, with a data folder under DIR.
@@ -326,12 +326,12 @@ def instance_commands(args, *, start: Callable[[Path], dict], stop: Callable[...
         stop(d, remove=True)
 
 
-# ---- cluster: ZooKeeper plus two replicas (README "Cluster mode") ----------
+# ---- cluster: ZooKeeper plus three replicas (README "Cluster mode") ----------
 
 ZOOKEEPER_CLASSPATH = os.environ.get("CHSTATE_ZOOKEEPER_CLASSPATH",
                                      "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar")
 CLUSTER_NAME = "chstate"
-REPLICAS = ("r1", "r2")
+REPLICAS = ("r1", "r2", "r3")
 
 ZOO_CFG = """tickTime=2000
 dataDir={dir}/data
@@ -405,7 +405,7 @@ def start_replica(d: Path, name: str, cluster: dict, session_ms: int = 30000) ->
 
 
 def start_cluster(d: Path) -> dict:
-    """ZooKeeper plus replicas r1 and r2 of one shard, all on free loopback ports.
+    """ZooKeeper plus replicas r1, r2 and r3 of one shard, all on free loopback ports.
     Restarting a stopped cluster in the same folder keeps its ports and data."""
     d = d.resolve()
     d.mkdir(parents=True, exist_ok=True)
@@ -458,12 +458,14 @@ def stop_cluster(d: Path, *, remove: bool = False) -> None:
 
 
 def cluster_env_lines(cluster: dict) -> dict[str, str]:
-    first = cluster["ports"][REPLICAS[0]]["http_port"]
-    second = cluster["ports"][REPLICAS[1]]["http_port"]
+    ports = [cluster["ports"][r]["http_port"] for r in REPLICAS]
     return {
         "CHSTATE_TEST_HOST": "127.0.0.1",
-        "CHSTATE_TEST_PORT": str(first),
-        "CHSTATE_TEST_PORT2": str(second),
+        "CHSTATE_TEST_PORT": str(ports[0]),
+        "CHSTATE_TEST_PORT2": str(ports[1]),
+        "CHSTATE_TEST_PORT3": str(ports[2]),
+        # Every replica, for a several-host URI: clickhouse://chstate@HOSTS/default?cluster=chstate
+        "CHSTATE_TEST_HOSTS": ",".join(f"127.0.0.1:{p}" for p in ports),
         "CHSTATE_TEST_USER": "chstate",
         "CHSTATE_TEST_PASSWORD": cluster["password"],
         "CHSTATE_TEST_CLUSTER": cluster["name"],
@@ -481,13 +483,13 @@ def cluster_main(args) -> int:
 
 def _options(name: str, p: argparse.ArgumentParser) -> None:
     if name == "run":
-        p.add_argument("--cluster", action="store_true", help="run CMD with a two-replica cluster")
+        p.add_argument("--cluster", action="store_true", help="run CMD with a three-replica cluster")
         return
     if name != "stop":
         p.add_argument("--tls-cert")
         p.add_argument("--tls-key")
     p.add_argument("--cluster", action="store_true",
-                   help="ZooKeeper plus two replicas (cluster 'chstate') instead of one server")
+                   help="ZooKeeper plus three replicas (cluster 'chstate') instead of one server")
 
 
 def main() -> int:

@@ -139,13 +139,18 @@ absl::StatusOr<std::string> HexDecode(absl::string_view hex, absl::string_view f
 json RequestJson(const SqlRequest& r) {
   json params = json::array();
   for (const auto& [k, v] : r.url_params) params.push_back(json::array({k, v}));
-  return json{{"request",
+  json out{{"request",
                {{"sql", r.sql},
                 {"url_params", params},
                 {"purpose", r.purpose},
                 {"idempotent", r.idempotent},
                 {"attempt", r.attempt},
                 {"timeout_ms", r.timeout_ms}}}};
+  if (r.endpoint.port != 0) {
+    out["request"]["host"] = r.endpoint.host;
+    out["request"]["port"] = r.endpoint.port;
+  }
+  return out;
 }
 
 json ResultJson(const Result& r) {
@@ -367,11 +372,31 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const json& op_lin
                                                  "release_lingering"));
 }
 
+absl::StatusOr<std::vector<Endpoint>> HostsFromJson(const json& j) {
+  const char* kShape = "\"hosts\" must be a list of {\"host\": name, \"port\": number} objects";
+  if (!j.is_array()) return absl::InvalidArgumentError(kShape);
+  std::vector<Endpoint> out;
+  for (const json& e : j) {
+    if (!e.is_object() || !e.contains("host") || !e.contains("port") || !e["host"].is_string() ||
+        !e["port"].is_number_integer()) {
+      return absl::InvalidArgumentError(kShape);
+    }
+    out.push_back(Endpoint{e["host"].get<std::string>(), e["port"].get<int>()});
+  }
+  return out;
+}
+
 absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
   StoreOptions opts;
   if (j.is_null()) return opts;
   if (!j.is_object()) return absl::InvalidArgumentError("store options must be a JSON object");
   for (const auto& [key, value] : j.items()) {
+    if (key == "hosts") {
+      absl::StatusOr<std::vector<Endpoint>> hosts = HostsFromJson(value);
+      if (!hosts.ok()) return hosts.status();
+      opts.hosts = *std::move(hosts);
+      continue;
+    }
     std::string* text = key == "schema" ? &opts.schema : key == "table" ? &opts.table
                       : key == "endpoint" ? &opts.endpoint : key == "cluster" ? &opts.cluster.name
                       : key == "zookeeper_path" ? &opts.cluster.zookeeper_path
@@ -398,7 +423,7 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown store option \"", key,
-          "\"; expected schema, table, endpoint, cluster, zookeeper_path, replica, lock_timeout_ms, lock_retry_ms, "
+          "\"; expected schema, table, endpoint, hosts, cluster, zookeeper_path, replica, lock_timeout_ms, lock_retry_ms, "
           "stale_lock_ms, mutation_timeout_ms, request_timeout_ms, history_days, history_versions, python_locks, "
           "linger_locks"));
     }
@@ -426,9 +451,12 @@ json ResolveConfigJson(absl::string_view sources_json) {
   if (!cfg.ok()) return FailedJson(cfg.status());
   json origin = json::object();
   for (const auto& [k, v] : cfg->origin) origin[k] = v;
+  json hosts = json::array();
+  for (const Endpoint& e : cfg->hosts) hosts.push_back({{"host", e.host}, {"port", e.port}});
   return json{{"config",
                {{"host", cfg->host},
                 {"port", cfg->port},
+                {"hosts", std::move(hosts)},
                 {"secure", cfg->secure},
                 {"user", cfg->user},
                 {"password", cfg->password},

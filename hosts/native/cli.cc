@@ -66,7 +66,8 @@ constexpr char kOutput[] = "Output";
 
 constexpr OptionSpec kOptions[] = {
     {"uri", 0, "URI", kConnection, "clickhouse://USER@HOST:PORT/DATABASE[?secure=true&schema=S&table=T]"},
-    {"host", 0, "HOST", kConnection, "server host (default localhost)"},
+    {"host", 0, "HOST", kConnection,
+     "server host (default localhost); several (cluster mode): repeat it, or h1:8123,h2:8123"},
     {"port", 0, "PORT", kConnection, "HTTP(S) port (default 8123; 8443 with --secure)"},
     {"database", 0, "NAME", kConnection, "database to connect to (required)"},
     {"user", 0, "NAME", kConnection, "user name (required)"},
@@ -258,10 +259,20 @@ Invocation Parse(const std::vector<std::string>& argv) {
       continue;
     }
     if (spec->metavar != nullptr) {
+      std::optional<std::string> value;
       if (inline_value) {
-        inv.values[spec->name] = *std::move(inline_value);
+        value = *std::move(inline_value);
       } else if (i + 1 < argv.size()) {
-        inv.values[spec->name] = argv[++i];
+        value = argv[++i];
+      }
+      if (value) {
+        // --host given several times lists several hosts (README "Cluster mode").
+        auto it = inv.values.find(spec->name);
+        if (std::string(spec->name) == "host" && it != inv.values.end()) {
+          absl::StrAppend(&it->second, ",", *value);
+        } else {
+          inv.values[spec->name] = *std::move(value);
+        }
       } else {
         fail(absl::StrCat("--", spec->name, " needs a value: --", spec->name, " ", spec->metavar));
       }
@@ -531,6 +542,10 @@ absl::Status Connect(Session& s) {
 
   s.exec = std::make_unique<native::HttpExecutor>(s.config, exec_options);
   options.endpoint = s.exec->endpoint();
+  if (s.config.hosts.size() > 1) {
+    options.hosts = s.config.hosts;
+    options.endpoint.clear();  // the store names every host
+  }
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(std::move(options));
   if (!store.ok()) return store.status();
   s.store = *std::move(store);

@@ -1,0 +1,57 @@
+// Which of a connection's hosts each request goes to (README "Cluster
+// mode"). Shared by every task of a store, so what one request learned about
+// a host (it refused the connection, it lags behind the quorum) steers the
+// next one, in every host runtime alike.
+//
+//   chstate::Endpoints hosts({{"h1", 8123}, {"h2", 8123}, {"h3", 8123}});
+//   size_t i = hosts.Pick(now_ms, /*tried=*/{});   // healthy first
+//   // h1 refused: hosts.Failed(i, now_ms); i = hosts.Pick(now_ms, {i});
+//
+// The rule: keep to the host that answered last (a client's requests stay on
+// one server while it is well: its connections are reused); a host that
+// failed is skipped for kDefaultHostDownMs, and a request that failed on one
+// host tries each other host before it reports the failure. When every host
+// is marked down the one marked down longest ago is tried first.
+#ifndef CHSTATE_CORE_ENDPOINTS_H_
+#define CHSTATE_CORE_ENDPOINTS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/endpoint.h"
+
+namespace chstate {
+
+class Endpoints {
+ public:
+  explicit Endpoints(std::vector<Endpoint> list);
+
+  size_t size() const { return list_.size(); }
+  const Endpoint& at(size_t i) const { return list_[i]; }
+  const std::vector<Endpoint>& list() const { return list_; }
+
+  // The host for the next send of a request that already went to `tried`
+  // (indices), or nullopt when every host has been tried.
+  std::optional<size_t> Pick(int64_t now_ms, const std::vector<size_t>& tried) const;
+  // Host i gave no answer, or a replica-level error: skip it for a while.
+  void Failed(size_t i, int64_t now_ms);
+  // Host i answered: it is the one to keep to.
+  void Answered(size_t i);
+  bool Down(size_t i, int64_t now_ms) const { return down_until_ms_[i] > now_ms; }
+
+  // "h1:8123, h2:8123 and h3:8123" (IPv6 in brackets), for messages.
+  std::string Describe() const;
+  static std::string Describe(const Endpoint& e);
+
+ private:
+  std::vector<Endpoint> list_;
+  std::vector<int64_t> down_until_ms_;
+  size_t current_ = 0;
+};
+
+}  // namespace chstate
+
+#endif  // CHSTATE_CORE_ENDPOINTS_H_

@@ -1,0 +1,158 @@
+// The host choice (core/endpoints.h) and the task's failover across hosts
+// (core/task.h): which host each send goes to, and what is reported when
+// every host failed.
+#include "core/endpoints.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/task.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace chstate {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(EndpointsTest, KeepsToTheLastHostThatAnsweredAndSkipsFailedOnes) {
+  Endpoints e({{"a", 1}, {"b", 2}, {"c", 3}});
+  EXPECT_EQ(e.Pick(0, {}), 0u);
+  e.Failed(0, 1000);
+  EXPECT_EQ(e.Pick(1000, {}), 1u);
+  e.Answered(2);
+  EXPECT_EQ(e.Pick(1000, {}), 2u);
+  // Within a request: every host once, then none.
+  EXPECT_EQ(e.Pick(1000, {2}), 1u);
+  EXPECT_EQ(e.Pick(1000, {2, 1}), 0u);  // down, but untried: tried last
+  EXPECT_EQ(e.Pick(1000, {2, 1, 0}), std::nullopt);
+  // The mark runs out.
+  e.Failed(2, 2000);
+  EXPECT_EQ(e.Pick(2000 + kDefaultHostDownMs, {}), 0u);
+  EXPECT_EQ(e.Describe(), "a:1, b:2 and c:3");
+  EXPECT_EQ(Endpoints::Describe({"::1", 8123}), "[::1]:8123");
+}
+
+TEST(EndpointsTest, WhenAllAreDownTheOneMarkedLongestAgoGoesFirst) {
+  Endpoints e({{"a", 1}, {"b", 2}});
+  e.Failed(1, 100);
+  e.Failed(0, 200);
+  EXPECT_EQ(e.Pick(300, {}), 1u);
+}
+
+// A one-request task over three hosts.
+struct OneRequest {
+  std::shared_ptr<Endpoints> hosts = std::make_shared<Endpoints>(std::vector<Endpoint>{{"a", 1}, {"b", 2}, {"c", 3}});
+  SqlResponse seen;
+  std::unique_ptr<Task> Make(bool idempotent) {
+    TransportPolicy policy;
+    policy.endpoints = hosts;
+    policy.attempts = 2;
+    return std::make_unique<Task>(
+        [this, idempotent](const Inputs*) {
+          return [this, idempotent] {
+            SqlRequest r;
+            r.sql = "SELECT 1";
+            r.idempotent = idempotent;
+            return Step::Run(r, [this](const SqlResponse& resp) {
+              seen = resp;
+              return Step::Done(Result{});
+            });
+          };
+        },
+        policy);
+  }
+};
+
+SqlResponse Refused(const std::string& who) {
+  SqlResponse r;
+  r.transport_ok = false;
+  r.transport_error = "connection refused (" + who + ")";
+  return r;
+}
+
+SqlResponse Code(int code) {
+  SqlResponse r;
+  r.http_status = 500;
+  r.exception_code_header = std::to_string(code);
+  r.body = "Code: " + std::to_string(code) + ", e.displayText() = DB::Exception: x";
+  return r;
+}
+
+SqlResponse Ok() {
+  SqlResponse r;
+  r.http_status = 200;
+  r.body = "1\n";
+  return r;
+}
+
+TEST(FailoverTest, ARefusedHostIsFollowedAtOnceByTheNextAndTheNextRequestStartsThere) {
+  OneRequest t;
+  std::unique_ptr<Task> task = t.Make(/*idempotent=*/false);
+  Action a = task->Start({0, ""});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(a.request.endpoint, (Endpoint{"a", 1}));
+  a = task->OnResponse(Refused("a:1"), {5, ""});  // never delivered: safe to send elsewhere
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(a.request.endpoint, (Endpoint{"b", 2}));
+  EXPECT_EQ(a.request.attempt, 1);
+  a = task->OnResponse(Ok(), {6, ""});
+  EXPECT_EQ(a.kind, Action::Kind::kDone);
+  std::unique_ptr<Task> next = t.Make(true);
+  EXPECT_EQ(next->Start({7, ""}).request.endpoint, (Endpoint{"b", 2}));
+}
+
+TEST(FailoverTest, ALaggingReplicaIsSkipped) {
+  OneRequest t;
+  std::unique_ptr<Task> task = t.Make(true);
+  Action a = task->Start({0, ""});
+  a = task->OnResponse(Code(289), {1, ""});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(a.request.endpoint, (Endpoint{"b", 2}));
+  a = task->OnResponse(Ok(), {2, ""});
+  EXPECT_EQ(a.kind, Action::Kind::kDone);
+  EXPECT_EQ(t.seen.body, "1\n");
+}
+
+TEST(FailoverTest, AWriteThatMayHaveLandedIsNotSentElsewhere) {
+  OneRequest t;
+  std::unique_ptr<Task> task = t.Make(/*idempotent=*/false);
+  task->Start({0, ""});
+  SqlResponse reset = Refused("a:1");
+  reset.maybe_delivered = true;
+  Action a = task->OnResponse(reset, {1, ""});
+  EXPECT_EQ(a.kind, Action::Kind::kDone);  // the step decides (the lock inspects; a write reports)
+  EXPECT_FALSE(t.seen.transport_ok);
+  // ...but the next request avoids the host.
+  EXPECT_EQ(t.Make(true)->Start({2, ""}).request.endpoint, (Endpoint{"b", 2}));
+}
+
+TEST(FailoverTest, AnErrorOfTheWholeClusterIsNotRetriedElsewhere) {
+  OneRequest t;
+  std::unique_ptr<Task> task = t.Make(false);
+  task->Start({0, ""});
+  EXPECT_EQ(task->OnResponse(Code(285), {1, ""}).kind, Action::Kind::kDone);
+  EXPECT_EQ(t.seen.exception_code_header, "285");
+}
+
+TEST(FailoverTest, EveryHostDownNamesEveryHostAfterTheLastRound) {
+  OneRequest t;
+  std::unique_ptr<Task> task = t.Make(true);
+  Action a = task->Start({0, ""});
+  int sends = 1;
+  while (true) {
+    std::string who = Endpoints::Describe(a.request.endpoint);
+    a = task->OnResponse(Refused(who), {sends, ""});
+    if (a.kind == Action::Kind::kWait) a = task->OnTimer({sends + 100, ""});
+    if (a.kind != Action::Kind::kRunSql) break;
+    ++sends;
+  }
+  EXPECT_EQ(sends, 6);  // two rounds of three hosts
+  EXPECT_EQ(a.kind, Action::Kind::kDone);
+  EXPECT_THAT(t.seen.transport_error, HasSubstr("no host answered"));
+  for (const char* h : {"a:1", "b:2", "c:3"}) EXPECT_THAT(t.seen.transport_error, HasSubstr(h));
+}
+
+}  // namespace
+}  // namespace chstate
