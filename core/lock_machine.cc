@@ -273,7 +273,7 @@ const LockMachine::Transition LockMachine::kTable[] = {
     {S::kRenewing,       Event::kMissing, &LockMachine::LoseTable,         To(S::kLost)},
     {S::kRenewing,       Event::kExists,  &LockMachine::FailWithResponse,  To(S::kFailed)},
     {S::kRenewing,       Event::kRelease, &LockMachine::NoteRelease,       To(S::kRenewing)},
-    {S::kRenewing,       Event::kTimer,   &LockMachine::ResendBusy,        To(S::kRenewing)},
+    {S::kRenewing,       Event::kTimer,   &LockMachine::ResendBusy,        To(S::kRenewing, S::kLost)},
     {S::kConfirming,     Event::kOk,      &LockMachine::Confirmed,         kBecomeHolder},
     {S::kConfirming,     Event::kMissing, &LockMachine::LoseTable,         To(S::kLost)},
     {S::kConfirming,     Event::kError,   &LockMachine::RenewalInconclusive, kBecomeHolder},
@@ -291,7 +291,7 @@ const LockMachine::Transition LockMachine::kTable[] = {
     {S::kDropping,       Event::kMissing, &LockMachine::Dropped,           To(S::kReleased)},
     {S::kDropping,       Event::kError,   &LockMachine::RetryDrop,         To(S::kReleaseInspect, S::kDropping, S::kLost)},
     {S::kDropping,       Event::kExists,  &LockMachine::ReleaseFailed,     To(S::kLost)},
-    {S::kDropping,       Event::kTimer,   &LockMachine::ResendBusy,        To(S::kDropping)},
+    {S::kDropping,       Event::kTimer,   &LockMachine::ResendBusy,        To(S::kDropping, S::kLost)},
     {S::kDropping,       Event::kRelease, &LockMachine::Ignore,            To(S::kDropping)},
     // a renewal timer armed while held may still fire after the end
     {S::kReleased,       Event::kTimer,   &LockMachine::Ignore,            To(S::kReleased)},
@@ -531,7 +531,13 @@ void LockMachine::Claim(const std::string& over, const Inputs& in) {
 
 bool LockMachine::RetryBusy(const SqlResponse* r, const Inputs& in) {
   if (!Claims() || r == nullptr || !r->transport_ok) return false;
-  if (ClickHouseCode(CheckResponse(*r, "locking")) != ch::kUnsatisfiedQuorumForPreviousWrite) return false;
+  // 286 wrote nothing; 319 may have written an end row, which is harmless
+  // to write again (end rows only; a claim or renewal is settled by reading).
+  const std::optional<int> code = ClickHouseCode(CheckResponse(*r, "locking"));
+  const bool end_row = outstanding_.purpose == "end_claim";
+  const bool again = code == ch::kUnsatisfiedQuorumForPreviousWrite ||
+                     (end_row && (code == ch::kUnknownStatusOfInsert || code == ch::kTooFewLiveReplicas));
+  if (!again) return false;
   if (in.now_ms >= busy_until_ms_ || outstanding_.sql.empty()) return false;
   busy_resend_ = outstanding_;
   out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, Jitter(in, 60)});
@@ -542,6 +548,17 @@ void LockMachine::ResendBusy(const SqlResponse*, const Inputs& in) {
   if (!busy_resend_) return;  // a renewal timer from before: nothing to do
   SqlRequest again = *std::move(busy_resend_);
   busy_resend_.reset();
+  // Acts under the lock go out only within the lease, also when sent again.
+  if (state_ == LockState::kRenewing && !LeaseValid(in.now_ms)) {
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+                                         "\" expired: it could not be renewed within the stale window")));
+    return;
+  }
+  if (state_ == LockState::kDropping && in.now_ms >= lease_deadline_ms_) {
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+                                         "\" ran past its lease during release; it was left to expire")));
+    return;
+  }
   if (state_ == LockState::kCreating) create_sent_at_ms_ = in.now_ms;
   if (state_ == LockState::kRenewing) renew_sent_at_ms_ = in.now_ms;
   Send(std::move(again), in);
@@ -611,7 +628,7 @@ void LockMachine::NoteRelease(const SqlResponse*, const Inputs&) { release_reque
 void LockMachine::Ignore(const SqlResponse*, const Inputs&) {}
 
 void LockMachine::OnCreated(const SqlResponse*, const Inputs& in) {
-  if (Claims()) {
+  if (Claims() && !defects_.claim_without_second_read) {
     Inspect(nullptr, in);  // written: now see whether another claim is live
     return;
   }
@@ -652,6 +669,10 @@ void LockMachine::NoLock(const SqlResponse*, const Inputs& in) {
 
 void LockMachine::InspectFailed(const SqlResponse* r, const Inputs& in) {
   if (r && r->transport_ok) {
+    if (Claims() && ClickHouseCode(CheckResponse(*r, "taking the lock")) == ch::kReplicaIsNotInQuorum) {
+      WithdrawThenBackOff(in, true);  // a replica behind the quorum: ask again shortly
+      return;
+    }
     if (Claims() && claimed_) {
       // End our claim before giving up, so that it blocks no one.
       fail_after_withdraw_ = CheckResponse(*r, "taking the lock");

@@ -151,6 +151,7 @@ struct LockDefectsForTesting {
   bool renewal_accepts_any_holder = false;  // a renewal confirms whoever holds L
   bool ignore_holder_window = false;        // judge staleness by our window only
   bool revive_expired_lease = false;        // a renewal confirmed after the lease ran out revives it
+  bool claim_without_second_read = false;   // cluster: a written claim holds, without reading again
 };
 
 class LockMachine {

@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "core/response.h"
 #include "core/connection.h"
@@ -244,6 +245,8 @@ class Sim {
     SqlResponse answer;
     std::string lock_id;  // the lock it acts under (SimLock::RequestLockId)
     uint64_t op = 0;      // the op it belongs to (SimLock::RequestOp)
+    int64_t ran_at = 0;   // true time it ran on the server
+    bool under_lock = false;  // cluster: an end row sent by the holder (its release)
   };
   // One lock instance on the server: from the moment its CREATE ran there
   // (or, for a lock without a CREATE, its first write landed) until the last
@@ -285,6 +288,9 @@ class Sim {
     int64_t seg_start = 0;
     int64_t seg_bound = kNever;        // true time the lease runs out (while open)
     int64_t lease_end_true = kNever;   // last known lease end, for the ignore-lease check
+    // Cluster: when the claims read whose answer it was given last ran on
+    // the server (an acquisition decided on it starts its instance there).
+    int64_t last_claims_read_at = 0;
   };
 
   // A contender's clock at true time t (its offset, and its rate error
@@ -353,6 +359,7 @@ class Sim {
   void UpdateInterval(Contender& c, int64_t t, int64_t now);
   void CloseInterval(Contender& c, int64_t end);
   void OnRename(const std::string& from, const std::string& to, const Table& moved, int64_t now);
+  void OnClaimOver(const std::string& over, int64_t now);
   // A write under the lock by `lock_id` ran on the server at true time t.
   void Landed(int c, const std::string& lock_id, int64_t t, const std::string& what);
   void CheckExclusion();
@@ -411,7 +418,9 @@ void Sim::Setup() {
   t0_ = kEpochMs + Uniform(0, 999);
   const LockOptions shared = DrawOptions();
   Dialect dialect = Chance(0.5) ? Dialect::kClickHouse18 : Dialect::kModern;
-  st_.emplace(*Statements::Create(dialect, "meltano", "state"));
+  ClusterOptions cluster;
+  if (cfg_.cluster) cluster.name = "sim";
+  st_.emplace(*Statements::Create(dialect, "meltano", "state", cluster));
 
   ServerOptions so;
   so.schema = "meltano";
@@ -423,7 +432,13 @@ void Sim::Setup() {
   so.missing_table_empty_prob = cfg_.missing_table_empty_prob;
   so.dropped_race_ms = cfg_.dropped_race_ms;
   so.union_now_spread_ms = cfg_.union_now_spread_ms;
+  so.quorum_busy_prob = cfg_.quorum_busy_prob;
+  so.too_few_replicas_prob = cfg_.too_few_replicas_prob;
+  so.quorum_unknown_prob = cfg_.quorum_unknown_prob;
+  so.quorum_unknown_max_ms = cfg_.quorum_unknown_max_ms;
+  so.lagging_read_prob = cfg_.lagging_read_prob;
   server_ = std::make_unique<SimServer>(so, &rng_);
+  server_->on_claim_over = [this](const std::string& over, int64_t now) { OnClaimOver(over, now); };
   server_->on_rename = [this](const std::string& from, const std::string& to, const Table& moved, int64_t now) {
     OnRename(from, to, moved, now);
   };
@@ -537,6 +552,16 @@ void Sim::Handle(const Event& e) {
       if (server_->unrecognized().size() > unrecognized) {
         Violation(e.t, "the server did not recognise: ", server_->unrecognized().back());
       }
+      r.ran_at = e.t;
+      if (r.req.purpose == "renew_claim") {
+        // Cluster: a renewal row that was written (not refused: 286/285
+        // write nothing) is a write under the lock. A release row is not: it
+        // ends only the holder's own claim, so a resend that lands after the
+        // next holder took the lock touches nothing of theirs.
+        if (CheckResponse(x.response, "").ok() || ClickHouseCode(CheckResponse(x.response, "")) == 319) {
+          Landed(r.c, r.lock_id, e.t, r.req.purpose);
+        }
+      }
       if (r.req.purpose == "create_lock" && CheckResponse(x.response, "").ok()) {
         // A new lock instance exists on the server from now on.
         instances_of_[r.lock_id].push_back(instances_.size());
@@ -573,6 +598,7 @@ void Sim::Handle(const Event& e) {
         Push(e.t + (policy_.backoff_ms << (r.sends - 1)), Ev::kResend, r.c, e.a, r.attempt);
         return;
       }
+      if (r.req.purpose == "inspect_claims") c.last_claims_read_at = r.ran_at;
       // Deliver may add requests (and move requests_): copy the answer first.
       const SqlResponse answer = r.answer;
       const uint64_t op = r.op;
@@ -678,11 +704,14 @@ void Sim::Drain(Contender& c, int64_t t, int64_t now) {
       case LockAction::Kind::kRunSql: {
         const std::string& purpose = a->request.purpose;
         // Acts under the lock go out only while the lease is valid.
-        if ((purpose == "drop_lock" || purpose == "renew_lock") && now >= c.lock->lease_deadline_ms()) {
+        const bool release_row = purpose == "end_claim" && c.lock->StateName() == "dropping";
+        if ((purpose == "drop_lock" || purpose == "renew_lock" || purpose == "renew_claim" || release_row) &&
+            now >= c.lock->lease_deadline_ms()) {
           Violation(t, Name(c.index), " sent ", purpose, " ", now - c.lock->lease_deadline_ms(),
                     "ms after its lease deadline");
         }
-        if (purpose == "renew_lock") ++result_.renewals;
+        if (purpose == "renew_lock" || purpose == "renew_claim") ++result_.renewals;
+        if (purpose == "claim_lock") owner_[c.lock->lock_id()] = c.index;
         Send(c, t, std::move(a->request));
         break;
       }
@@ -707,6 +736,12 @@ void Sim::Drain(Contender& c, int64_t t, int64_t now) {
         }
         ++c.acquired;
         c.user_holding = true;
+        if (cfg_.cluster) {
+          // The lock instance exists from the claims read it was decided on.
+          instances_of_[c.lock->lock_id()].push_back(instances_.size());
+          instances_.push_back(Instance{c.index, c.lock->lock_id(), c.last_claims_read_at, c.last_claims_read_at,
+                                        "its winning read"});
+        }
         if (auto* store = dynamic_cast<StoreLock*>(c.lock.get()); store != nullptr && store->TookBack()) {
           ++result_.taken_back;
         }
@@ -759,6 +794,7 @@ void Sim::Send(Contender& c, int64_t t, SqlRequest req, int sends) {
   r.attempt = c.attempt;
   r.lock_id = c.lock->RequestLockId();
   r.op = c.lock->RequestOp();
+  r.under_lock = req.purpose == "end_claim" && c.lock->StateName() == "dropping";
   int64_t there = Delay();
   if (req.purpose == "renew_lock" && Chance(cfg_.slow_renewal_prob)) {
     // Beyond D_max on purpose (a stalled lock-table insert).
@@ -867,6 +903,29 @@ void Sim::OnRename(const std::string& from, const std::string& to, const Table& 
   if (now - newest <= stale_ms) {
     Violation(now, "took over ", who(), " only ", now - newest, "ms after its newest row (its stale window ",
               stale_ms, "ms)");
+  }
+}
+
+void Sim::OnClaimOver(const std::string& over, int64_t now) {
+  // Cluster: a claim takes over the claims it names. Each must be stale by
+  // the server's (true) clock: its newest confirmed row older than its
+  // holder's window. (A row whose quorum is unconfirmed, 319, and not yet
+  // visible extends no lease: the holder counts only confirmed renewals.)
+  ++result_.takeovers;
+  for (absl::string_view id : absl::StrSplit(over, ',', absl::SkipEmpty())) {
+    int64_t newest = -1;
+    for (const ClaimRow& r : server_->claims()) {
+      if (r.lock_id == id && r.visible_ms <= now) newest = std::max(newest, r.stamped_ms);
+    }
+    auto owner = owner_.find(std::string(id));
+    int64_t stale_ms = 0;
+    for (const Contender& c : cs_) stale_ms = std::max(stale_ms, c.options.stale_ms);
+    if (owner != owner_.end()) stale_ms = cs_[owner->second].options.stale_ms;
+    TRACE(now, "TAKEOVER (claim) of ", Short(std::string(id)), ", newest row ", now - newest, "ms old");
+    if (newest >= 0 && now - newest <= stale_ms) {
+      Violation(now, "a claim took over lock id ", Short(std::string(id)), " only ", now - newest,
+                "ms after its newest row (its stale window ", stale_ms, "ms)");
+    }
   }
 }
 
@@ -1181,7 +1240,48 @@ std::vector<SimConfig> Configs() {
       break;
     }
   }
+  // ---- cluster mode: the lock as claims, with replicas failing ----
+  // Claims (quorum inserts) refused with 286 (another in flight) and 285 (too
+  // few replicas), confirmed late (319: the row lands up to 3 s later, or
+  // never), and reads on a lagging replica refused (289); on top of each
+  // configuration's own faults.
+  for (const std::string& name :
+       std::vector<std::string>{"no-faults", "delays-and-losses", "crashes", "long-holds", "many-contenders",
+                                "cancels", "everything"}) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i].name != name) continue;
+      SimConfig c = out[i];
+      c.name = "cluster/" + name;
+      c.cluster = true;
+      // A release is one row that is not a write under the lock (it ends
+      // only the holder's own claim): holders write state more often instead.
+      c.write_every_max_ms = 50;
+      if (name != "no-faults") {
+        c.quorum_busy_prob = 0.1;
+        c.too_few_replicas_prob = 0.02;
+        c.quorum_unknown_prob = 0.05;
+        c.quorum_unknown_max_ms = 3000;
+        c.lagging_read_prob = 0.05;
+      }
+      out.push_back(c);
+      break;
+    }
+  }
   // ---- negative controls: the checker must catch these ----
+  {  // Cluster: a claim that holds as soon as it is written, without reading
+     // the claims again, overlaps a racer that claimed at the same time.
+    SimConfig c = base;
+    c.name = "cluster/claim-without-second-read";
+    c.expect_violations = true;
+    c.cluster = true;
+    c.defects.claim_without_second_read = true;
+    c.min_contenders = 3;
+    c.max_contenders = 5;
+    c.rounds = 3;
+    c.max_delay_ms = 250;
+    c.check_progress = false;
+    out.push_back(c);
+  }
   {
     SimConfig c = base;
     c.name = "naive-rmt";

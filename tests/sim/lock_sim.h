@@ -131,6 +131,17 @@ struct SimConfig {
   int64_t insert_visibility_max_ms = 0;  // naive lock's ReplacingMergeTree inserts
   int64_t merge_every_max_ms = 0;        // background merges (0: none)
 
+  // Cluster mode: the lock as claims (core/lock_machine.h) in a replicated
+  // table, with what replicas do to quorum inserts and reads
+  // (tests/sim/sim_server.h ServerOptions: 286, 285, 319 with the row
+  // landing late or never, 289).
+  bool cluster = false;
+  double quorum_busy_prob = 0;
+  double too_few_replicas_prob = 0;
+  double quorum_unknown_prob = 0;
+  int64_t quorum_unknown_max_ms = 0;
+  double lagging_read_prob = 0;
+
   // Each contender crashes with this probability at a random moment: it
   // stops delivering any input (its requests in flight still arrive).
   double crash_prob = 0;

@@ -46,6 +46,11 @@ constexpr Budget kBudgets[] = {
     // linger_locks: one store per contender across rounds, pauses, clock rates.
     {"store/linger-no-faults", 1500}, {"store/linger-delays-and-losses", 1500}, {"store/linger-crashes", 1500},
     {"store/linger-everything", 1500},
+    // Cluster mode: the lock as quorum claims, with replicas refusing (286,
+    // 285), confirming late or never (319) and lagging (289).
+    {"cluster/no-faults", 2000}, {"cluster/delays-and-losses", 2000}, {"cluster/crashes", 2000},
+    {"cluster/long-holds", 1000}, {"cluster/many-contenders", 1000}, {"cluster/cancels", 1500},
+    {"cluster/everything", 1000},
 };
 
 void PrintTo(const Budget& b, std::ostream* os) { *os << b.config << " x" << b.schedules; }
@@ -281,6 +286,10 @@ TEST(LockSimNegativeControl, RenewalAcceptingAnyHolderIsCaught) { RunControl("re
 
 // Negative control 5 (c): a taker using only its own, shorter stale window.
 TEST(LockSimNegativeControl, TakeoverIgnoringTheHoldersWindowIsCaught) { RunControl("ignore-holder-window", 400); }
+
+// Negative control 6 (cluster): a claim that holds without reading the claims
+// again after writing its own.
+TEST(LockSimNegativeControl, ClaimWithoutASecondReadIsCaught) { RunControl("cluster/claim-without-second-read", 400); }
 
 // Beyond the stated assumption (delays up to 3x the margin) the production
 // machine is expected to be caught: the simulation can see the hazard.

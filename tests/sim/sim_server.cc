@@ -3,6 +3,7 @@
 #include "tests/sim/sim_server.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -40,7 +41,19 @@ std::string Unquote(const std::string& s) {
 // unrecognised.
 struct Patterns {
   RE2 select_version{"SELECT version\\(\\), 1 FORMAT TabSeparated"};
-  RE2 create_database{"CREATE DATABASE IF NOT EXISTS " ID};
+  RE2 create_database{"CREATE DATABASE IF NOT EXISTS " ID "(?: ON CLUSTER `[A-Za-z0-9_.-]+`)?"};
+  // Cluster mode: the claims (Statements::CreateClaimsTable, ClaimLock,
+  // RenewClaim, EndClaim, InspectClaims).
+  RE2 create_claims{"CREATE TABLE IF NOT EXISTS " ID "\\." ID " ON CLUSTER `[A-Za-z0-9_.-]+` \\(name String, "
+                    "lock_id String, seq UInt8, at DateTime, stale_s UInt32, over String\\) ENGINE = "
+                    "ReplicatedMergeTree\\('[^']*', '[^']*'\\) PARTITION BY tuple\\(\\) ORDER BY \\(name, lock_id, "
+                    "seq, at\\)"};
+  RE2 claim_insert{"INSERT INTO " ID "\\." ID " SELECT " LIT ", " LIT ", toUInt8\\(([013])\\), now\\(\\), "
+                   "toUInt32\\((\\d+)\\), " LIT};
+  RE2 inspect_claims{"SELECT lock_id, countIf\\(seq = 0\\), countIf\\(seq = 3\\), toInt64\\(max\\(at\\)\\), "
+                     "toInt64\\(anyIf\\(stale_s, seq = 0\\)\\), anyIf\\(over, seq = 0\\), "
+                     "materialize\\(toInt64\\(now\\(\\)\\)\\) FROM " ID "\\." ID " WHERE name = " LIT
+                     " GROUP BY lock_id ORDER BY lock_id FORMAT TabSeparated"};
   RE2 create_lock{"CREATE TABLE " ID "\\." ID " ENGINE = Log AS SELECT " LIT
                   " AS lock_id, toUInt8\\(0\\) AS seq, now\\(\\) AS locked_at, toUInt32\\((\\d+)\\) AS stale_s"};
   RE2 inspect_lock{"SELECT lock_id, seq, toInt64\\(locked_at\\), materialize\\(toInt64\\(now\\(\\)\\)\\), stale_s "
@@ -185,6 +198,81 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     if (db != options_.schema) return Unrecognized(request, "a database other than the schema", now_ms);
     database_exists_ = true;
     return Ok("", now_ms, "database ok");
+  }
+
+  if (RE2::FullMatch(sql, p.create_claims, &db, &name)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    if (name != "state_claims") return Unrecognized(request, "a claims table of another name", now_ms);
+    claims_table_ = true;
+    return Ok("", now_ms, "claims table ok");
+  }
+
+  int seq = 0;
+  std::string over_lit;
+  if (RE2::FullMatch(sql, p.claim_insert, &db, &name, &lit, &lit2, &seq, &stale_s, &over_lit)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    if (name != "state_claims") return Unrecognized(request, "an insert into another table", now_ms);
+    if (!claims_table_) return UnknownTable(name, now_ms);
+    if (Chance(options_.quorum_busy_prob)) {
+      return Error(286, "Another quorum insert has been already started", now_ms);
+    }
+    if (Chance(options_.too_few_replicas_prob)) {
+      return Error(285, "Number of alive replicas (1) is less than requested quorum (2).", now_ms);
+    }
+    ClaimRow r;
+    r.name = Unquote(lit);
+    r.lock_id = Unquote(lit2);
+    r.seq = seq;
+    r.at_s = now_s;
+    r.stale_s = stale_s;
+    r.over = Unquote(over_lit);
+    r.stamped_ms = now_ms;
+    r.visible_ms = now_ms;
+    const bool unknown = Chance(options_.quorum_unknown_prob);
+    if (unknown) {
+      r.visible_ms = Chance(0.3) ? INT64_MAX : now_ms + 1 + Upto(options_.quorum_unknown_max_ms);
+    }
+    if (seq == 0 && !r.over.empty() && on_claim_over) on_claim_over(r.over, now_ms);
+    claims_.push_back(r);
+    if (unknown) {
+      return Error(319, "Unknown status, client must retry. Reason: Timeout while waiting for quorum", now_ms);
+    }
+    return Ok("", now_ms, seq == 0 ? "claimed" : seq == 1 ? "renewed" : "ended");
+  }
+
+  if (RE2::FullMatch(sql, p.inspect_claims, &db, &name, &lit)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    if (name != "state_claims") return Unrecognized(request, "a read of another table", now_ms);
+    if (!claims_table_) return UnknownTable(name, now_ms);
+    if (Chance(options_.lagging_read_prob)) {
+      return Error(289, "Replica doesn't have part all_1_1_0 which was successfully written to quorum of other "
+                        "replicas.", now_ms);
+    }
+    const std::string lock_name = Unquote(lit);
+    struct Agg {
+      int claims = 0, ends = 0;
+      int64_t newest = 0, stale_s = 0;
+      std::string over;
+    };
+    std::map<std::string, Agg> by_id;
+    for (const ClaimRow& r : claims_) {
+      if (r.name != lock_name || r.visible_ms > now_ms) continue;
+      Agg& a = by_id[r.lock_id];
+      a.newest = std::max(a.newest, r.at_s);
+      if (r.seq == 0) {
+        ++a.claims;
+        a.stale_s = r.stale_s;
+        a.over = r.over;
+      } else if (r.seq == 3) {
+        ++a.ends;
+      }
+    }
+    std::string body;
+    for (const auto& [id, a] : by_id) {
+      absl::StrAppend(&body, TsvEscape(id), "\t", a.claims, "\t", a.ends, "\t", a.newest, "\t", a.stale_s, "\t",
+                      TsvEscape(a.over), "\t", now_s, "\n");
+    }
+    return Ok(body, now_ms, absl::StrCat(by_id.size(), " claimants"));
   }
 
   if (RE2::FullMatch(sql, p.create_lock, &db, &name, &lit, &stale_s)) {

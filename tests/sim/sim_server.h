@@ -66,6 +66,33 @@ struct ServerOptions {
   // earlier than the other (the query takes that long), so the two can
   // straddle a second.
   int64_t union_now_spread_ms = 0;
+
+  // Cluster mode (the lock as claims in `<table>_claims`, core/lock_machine.h),
+  // with what a lost or lagging replica does to a quorum insert and to a
+  // sequentially consistent read. A confirmed claim row is visible to every
+  // read that begins after it ran; nothing else is promised.
+  // - 286: another quorum insert in flight; nothing written.
+  double quorum_busy_prob = 0;
+  // - 285: too few live replicas; nothing written.
+  double too_few_replicas_prob = 0;
+  // - 319: the quorum was not confirmed in time; the row becomes visible up
+  //   to quorum_unknown_max_ms later (its replica comes back), or never.
+  double quorum_unknown_prob = 0;
+  int64_t quorum_unknown_max_ms = 0;
+  // - 289: the replica read lags behind the last quorum insert.
+  double lagging_read_prob = 0;
+};
+
+// A row of the claims table.
+struct ClaimRow {
+  std::string name;
+  std::string lock_id;
+  int seq = 0;              // 0 claim, 1 renewal, 3 end
+  int64_t at_s = 0;         // now() when it ran
+  int64_t stale_s = 0;
+  std::string over;
+  int64_t stamped_ms = 0;   // true time it ran
+  int64_t visible_ms = 0;   // reads see it from then on (INT64_MAX: never)
 };
 
 struct Row {
@@ -113,6 +140,11 @@ class SimServer {
   // Statements the server did not recognise (each also got a syntax error).
   const std::vector<std::string>& unrecognized() const { return unrecognized_; }
 
+  const std::vector<ClaimRow>& claims() const { return claims_; }
+  // Called when a claim that takes over `over` (comma-separated lock ids)
+  // runs, with the claims table as it is then (the stale-takeover check).
+  std::function<void(const std::string& over, int64_t now_ms)> on_claim_over;
+
   // Called after every successful RENAME with the moved table (for the
   // simulation's stale-takeover check).
   std::function<void(const std::string& from, const std::string& to, const Table& moved, int64_t now_ms)>
@@ -139,6 +171,8 @@ class SimServer {
   uint64_t next_instance_ = 1;
   uint64_t next_insert_ = 1;
   std::vector<std::string> unrecognized_;
+  bool claims_table_ = false;
+  std::vector<ClaimRow> claims_;
 };
 
 // TabSeparated escaping of one field (\\, \t, \n).
