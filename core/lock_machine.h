@@ -172,6 +172,7 @@ class LockMachine {
   LockState state() const { return state_; }
   const std::string& lock_id() const { return lock_id_; }
   const std::string& state_id() const { return state_id_; }
+  const LockOptions& options() const { return options_; }
   // True while held and `now_ms` is before the lease deadline: only then may
   // the holder act under the lock.
   bool LeaseValid(int64_t now_ms) const;

@@ -500,9 +500,16 @@ SqlRequest Statements::RenewLock(absl::string_view state_id, absl::string_view l
   return r;
 }
 
-SqlRequest Statements::AnnounceLockWaiter(absl::string_view state_id, absl::string_view lock_id) const {
+SqlRequest Statements::AnnounceLockWaiter(absl::string_view state_id, absl::string_view lock_id,
+                                          absl::string_view holder) const {
   SqlRequest r = Request("announce_lock_waiter", false);
-  WriteSettings(&r);  // modern: async_insert=0, so the holder's next look sees the row
+  WriteSettings(&r);
+  if (cluster_.enabled()) {
+    r.sql = absl::StrCat("INSERT INTO ", ClaimsTable(), " SELECT ",
+                         QuoteStringLiteral(LockTableName(state_id)), ", ", QuoteStringLiteral(lock_id),
+                         ", toUInt8(2), now(), toUInt32(0), ", QuoteStringLiteral(holder));
+    return r;
+  }  // modern: async_insert=0, so the holder's next look sees the row
   // Like every INSERT on a modern server, with a token (a Log table never
   // deduplicates; a waiter's repeated row would be harmless anyway).
   if (dialect_ == Dialect::kModern) {
@@ -513,8 +520,15 @@ SqlRequest Statements::AnnounceLockWaiter(absl::string_view state_id, absl::stri
   return r;
 }
 
-SqlRequest Statements::LockWaiters(absl::string_view state_id) const {
+SqlRequest Statements::LockWaiters(absl::string_view state_id, absl::string_view holder) const {
   SqlRequest r = Read("lock_waiters");
+  if (cluster_.enabled()) {
+    ReadSettings(&r);
+    r.sql = absl::StrCat("SELECT lock_id, 1 FROM ", ClaimsTable(), " WHERE name = ",
+                         QuoteStringLiteral(LockTableName(state_id)), " AND seq = 2 AND over = ",
+                         QuoteStringLiteral(holder), " LIMIT 1 FORMAT TabSeparated");
+    return r;
+  }
   r.sql = absl::StrCat("SELECT lock_id, 1 FROM `", schema_, "`.`", LockTableName(state_id),
                        "` WHERE seq = 2 LIMIT 1 FORMAT TabSeparated");
   return r;

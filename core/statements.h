@@ -181,9 +181,13 @@ class Statements {
   // An acquirer backing off from a held lock shows itself to the holder: a
   // row with seq 2 in the lock table (inspections only read the holder's
   // rows). Fails harmlessly (code 60) when the table is gone meanwhile.
-  SqlRequest AnnounceLockWaiter(absl::string_view state_id, absl::string_view lock_id) const;
+  // Cluster mode: a quorum row with seq 2 in the claims, naming the holder
+  // it waits for in `over`.
+  SqlRequest AnnounceLockWaiter(absl::string_view state_id, absl::string_view lock_id,
+                                absl::string_view holder = "") const;
   // A lingering holder's look for such rows: a row per waiter (at most one).
-  SqlRequest LockWaiters(absl::string_view state_id) const;
+  // Cluster mode: rows naming `holder`.
+  SqlRequest LockWaiters(absl::string_view state_id, absl::string_view holder = "") const;
   // Moves a stale lock instance to its tombstone `<lock>_dead_<16 hex>`; the
   // suffix hashes `instance` (holder id and creation time), so exactly one
   // taker of that instance succeeds and the rename of any later instance to

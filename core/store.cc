@@ -380,13 +380,19 @@ class StoreSteps {
     while (std::optional<LockAction> a = m->Poll()) {
       switch (a->kind) {
         case LockAction::Kind::kRunSql: {
-          const bool inspection = a->request.purpose == "inspect_lock";
+          const bool inspection = a->request.purpose == "inspect_lock" || a->request.purpose == "inspect_claims";
           return Step::Run(std::move(a->request), [this, m, on_outcome, inspection](const SqlResponse& r) {
             // Whether the lock was seen held by a live holder, for the backoff below.
             seen_holder_ = false;
             if (inspection && r.transport_ok && r.http_status == 200) {
-              absl::StatusOr<LockInspection> insp = ParseLockInspection(r.body);
-              seen_holder_ = insp.ok() && insp->exists && !insp->holder.empty() && insp->holder != m->lock_id();
+              absl::StatusOr<LockInspection> insp =
+                  st().cluster().enabled()
+                      ? ParseClaimInspection(r.body, m->lock_id(), (m->options().stale_ms + 999) / 1000)
+                      : ParseLockInspection(r.body);
+              seen_holder_ = insp.ok() && insp->exists && !insp->holder.empty() && insp->holder != m->lock_id() &&
+                             (!st().cluster().enabled() ||
+                              insp->age_s * 1000 <= std::max(m->options().stale_ms, insp->stale_s * 1000));
+              if (seen_holder_) seen_holder_id_ = insp->holder;
             }
             m->OnResponse(r, *in_);
             return DriveLock(m, on_outcome);
@@ -404,11 +410,12 @@ class StoreSteps {
                 return DriveLock(m, on_outcome);
               });
             };
-            if (s_->options_.cluster.enabled() || !seen_holder_) return wait();
+            if (!seen_holder_) return wait();
             // Shown to the holder, which gives up a lingering lock for it
             // (linger_locks); an error (the table gone meanwhile) is harmless.
             return Sql(
-                st().AnnounceLockWaiter(m->state_id(), m->lock_id()), "showing the holder that a process waits",
+                st().AnnounceLockWaiter(m->state_id(), m->lock_id(), seen_holder_id_),
+                "showing the holder that a process waits",
                 [wait](const std::string&) { return wait(); }, [wait](absl::Status) { return wait(); });
           }
         default:
@@ -655,8 +662,10 @@ class StoreSteps {
       s_->yielded_until_[id] = in_->now_ms + s_->options_.lock.retry_ms + kDefaultLockYieldMarginMs;
       return waiter();
     };
+    auto held = s_->held_.find(id);
+    const std::string holder = held == s_->held_.end() ? std::string() : held->second.machine->lock_id();
     return Query(
-        st().LockWaiters(id), "looking for processes waiting for the lock", 2,
+        st().LockWaiters(id, holder), "looking for processes waiting for the lock", 2,
         [none, yield](const Rows& rows) { return rows.empty() ? none() : yield(); },
         [yield](absl::Status) { return yield(); });
   }
@@ -720,6 +729,7 @@ class StoreSteps {
   const Inputs* in_;
   LockPtr current_lock_;
   bool seen_holder_ = false;  // the last lock inspection found another live holder
+  std::string seen_holder_id_;  // cluster mode: the holder the waiter row names
   std::vector<std::shared_ptr<void>> keep_;
 };
 

@@ -107,8 +107,9 @@ struct StoreOptions {
   // Tick: the host must call back at NextTimeoutMs even while idle), by
   // ReleaseLingering, or when another process waits for it (acquirers show
   // themselves with a row in the lock table as they back off; the holder
-  // looks at most every kDefaultLockWaiterCheckMs as it releases). Ignored
-  // in cluster mode and with python_locks.
+  // looks at most every kDefaultLockWaiterCheckMs as it releases; in
+  // cluster mode those rows are claims rows naming the holder). Ignored with
+  // python_locks.
   bool linger_locks = false;
 };
 
@@ -245,7 +246,7 @@ class Store {
   // Ids whose lingering lock was given up to a waiting process: this store
   // acquires them again only after the time given (see linger_locks).
   std::map<std::string, int64_t> yielded_until_;
-  bool Lingers() const { return options_.linger_locks && !options_.cluster.enabled() && !options_.python_locks; }
+  bool Lingers() const { return options_.linger_locks && !options_.python_locks; }
   // How often a lingering holder looks for waiting processes.
   int64_t WaiterCheckEveryMs() const { return std::min(kDefaultLockWaiterCheckMs, options_.lock.retry_ms / 2); }
   std::string server_version_;

@@ -1080,7 +1080,7 @@ std::string ClaimRow(const std::string& id, int ends, int64_t newest, int64_t no
   return absl::StrCat(id, "\t1\t", ends, "\t", newest, "\t300\t", over, "\t", now, "\n");
 }
 
-TEST(ClusterStore, LocksAreClaimsAndDoNotLinger) {
+TEST(ClusterStore, LocksAreClaimsAndLinger) {
   StoreOptions o;
   o.cluster.name = "prod";
   o.linger_locks = true;
@@ -1096,10 +1096,41 @@ TEST(ClusterStore, LocksAreClaimsAndDoNotLinger) {
                      &clock);
   ASSERT_EQ(o1.last.kind, Action::Kind::kDone) << o1.last.status;
   EXPECT_EQ(o1.last.result.lock_id, kLockId);
-  // Released for real at once, as without linger_locks: the end row.
+  // Released, it lingers, and taking it back costs no request.
   auto r = (*store)->ReleaseLock("id", o1.last.result.lock_id);
-  Outcome o2 = Drive(*r, {Q("end_claim", Ok(), "toUInt8(3)")}, &clock);
+  Outcome o2 = Drive(*r, {}, &clock);
   EXPECT_EQ(o2.last.kind, Action::Kind::kDone) << o2.last.status;
+  EXPECT_TRUE(o2.purposes.empty());
+  auto again = (*store)->AcquireLock("id");
+  Outcome o3 = Drive(*again, {}, &clock);
+  EXPECT_EQ(o3.last.kind, Action::Kind::kDone) << o3.last.status;
+  EXPECT_TRUE(o3.purposes.empty());
+  // A later release looks for waiters: rows naming this holder.
+  clock += 1000;
+  auto r2 = (*store)->ReleaseLock("id", kLockId);
+  Drive(*r2, {Q("lock_waiters", Ok(""), "seq = 2 AND over = '" + kLockId + "'")}, &clock);
+  // Released for real: the end row.
+  auto all = (*store)->ReleaseLingering();
+  Outcome o4 = Drive(*all, {Q("end_claim", Ok(), "toUInt8(3)")}, &clock);
+  EXPECT_EQ(o4.last.kind, Action::Kind::kDone) << o4.last.status;
+  EXPECT_EQ(o4.last.result.count, 1);
+}
+
+TEST(ClusterStore, AWaiterShowsItselfToTheHolderItSaw) {
+  StoreOptions o;
+  o.cluster.name = "prod";
+  o.linger_locks = true;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(o);
+  ASSERT_THAT(store, IsOk());
+  int64_t clock = 0;
+  auto t = (*store)->AcquireLock("id");
+  Outcome o1 = Drive(*t,
+                     {kVersion18, kEngine, Q("inspect_claims", Ok(ClaimRow("holder1", 0, 100, 100))),
+                      Q("announce_lock_waiter", Ok(), "toUInt8(2), now(), toUInt32(0), 'holder1'"), W(-1),
+                      Q("inspect_claims", Ok(ClaimRow("holder1", 1, 100, 101)))},
+                     &clock);
+  EXPECT_EQ(o1.last.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(o1.last.request.purpose, "claim_lock");
 }
 
 TEST(ClusterStore, AClaimThatSeesAnotherLiveClaimEndsItselfAndBacksOff) {
@@ -1110,11 +1141,13 @@ TEST(ClusterStore, AClaimThatSeesAnotherLiveClaimEndsItselfAndBacksOff) {
                     {kVersion18, kEngine, Q("inspect_claims", Ok("")), Q("claim_lock", Ok()),
                      Q("inspect_claims", Ok(ClaimRow("other", 0, 100, 100) + ClaimRow(kLockId, 0, 100, 100))),
                      Q("end_claim", Ok(), "'" + kLockId + "', toUInt8(3)"), W(-1),
-                     // The racer holds on: a live claim, so no new claim is written.
-                     Q("inspect_claims", Ok(ClaimRow("other", 0, 101, 101) + ClaimRow(kLockId, 1, 100, 101)))},
+                     // The racer holds on: a live claim, so no new claim is
+                     // written; the waiter shows itself to it instead.
+                     Q("inspect_claims", Ok(ClaimRow("other", 0, 101, 101) + ClaimRow(kLockId, 1, 100, 101))),
+                     Q("announce_lock_waiter", Ok(), "'other'")},
                     &clock);
   EXPECT_EQ(o.last.kind, Action::Kind::kWait);
-  EXPECT_EQ(o.purposes.back(), "inspect_claims");
+  EXPECT_EQ(o.purposes.back(), "announce_lock_waiter");
 }
 
 TEST(ClusterStore, AStaleClaimIsTakenOverByNamingIt) {

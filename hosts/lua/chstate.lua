@@ -169,12 +169,19 @@ local function header(headers, wanted)
   return nil
 end
 
+-- "host:port" as a URL writes it (IPv6 in brackets).
+local function host_port(host, port)
+  return (host:find(":", 1, true) and ("[" .. host .. "]") or host) .. ":" .. ("%d"):format(port)
+end
+
 -- Sends a request document once through the store's transport: status, body,
 -- exception code, or nil, message, maybe_delivered.
 local function send(rec, req)
   if rec.transport == nil then return rec.ud:execute() end
   local conn = rec.conn
-  local url = {conn.url}
+  -- Where the core sends it (one of the connection's hosts), else the configured host.
+  req.host, req.port = req.host or conn.host, req.port or conn.port
+  local url = {conn.scheme, host_port(req.host, req.port), conn.path}
   for _, kv in ipairs(req.url_params) do url[#url + 1] = "&" .. urlencode(kv[1]) .. "=" .. urlencode(kv[2]) end
   req.url, req.body, req.settings, req.connection = table.concat(url), req.sql, req.url_params, conn
   req.headers = {
@@ -540,7 +547,8 @@ function M.open(opts)
   local now, sleep = opts.now, opts.sleep
   local conn = opts.transport and ud:connection() or nil
   if conn then
-    conn.url = (conn.secure and "https://" or "http://") .. info.endpoint .. "/?database=" .. urlencode(conn.database)
+    conn.scheme, conn.path = conn.secure and "https://" or "http://", "/?database=" .. urlencode(conn.database)
+    conn.url = conn.scheme .. host_port(conn.host, conn.port) .. conn.path  -- the first host's
   end
   local rec = {
     ud = ud,

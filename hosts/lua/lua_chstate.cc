@@ -146,9 +146,14 @@ int NewStore(lua_State* L) {
       StoreOptions options;
       options.schema = config->schema;
       options.table = config->table;
-      options.endpoint = absl::StrCat(config->host.find(':') != std::string::npos ? "[" + config->host + "]"
-                                                                                   : config->host,
-                                      ":", config->port);
+      // Every host of the connection: the core picks one per request (and
+      // names them in its messages); the executor connects where it says.
+      options.hosts = config->hosts;
+      if (options.hosts.empty()) {
+        options.endpoint = absl::StrCat(config->host.find(':') != std::string::npos ? "[" + config->host + "]"
+                                                                                     : config->host,
+                                        ":", config->port);
+      }
       options.lock.timeout_ms = lock_timeout;
       options.lock.retry_ms = lock_retry;
       options.lock.stale_ms = stale;
@@ -227,8 +232,8 @@ int StoreIsClosed(lua_State* L) {
 Inputs InputsAt(int64_t now_ms) { return Inputs{now_ms, native::OsRandomBytes()}; }
 
 // The request document as the native executor takes it (the inverse of
-// protocol::RequestJson; the executor reads the SQL, the settings and the
-// timeout).
+// protocol::RequestJson; the executor reads the SQL, the settings, the
+// timeout and where to send it).
 SqlRequest RequestFromJson(const json& r) {
   SqlRequest out;
   if (auto it = r.find("sql"); it != r.end() && it->is_string()) out.sql = it->get<std::string>();
@@ -240,6 +245,11 @@ SqlRequest RequestFromJson(const json& r) {
     }
   }
   if (auto it = r.find("timeout_ms"); it != r.end() && it->is_number_integer()) out.timeout_ms = it->get<int64_t>();
+  auto host = r.find("host");
+  auto port = r.find("port");
+  if (host != r.end() && host->is_string() && port != r.end() && port->is_number_integer()) {
+    out.endpoint = Endpoint{host->get<std::string>(), port->get<int>()};
+  }
   return out;
 }
 

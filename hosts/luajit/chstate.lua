@@ -263,7 +263,9 @@ function C.new_store(flags, env, opts)
     lock_timeout_ms = opts.lock_timeout_ms, lock_retry_ms = opts.lock_retry_ms, stale_lock_ms = opts.stale_ms,
     request_timeout_ms = opts.timeout_ms, history_days = opts.history_days,
     cluster = cfg.cluster, zookeeper_path = cfg.zookeeper_path, replica = cfg.replica,
+    hosts = cfg.hosts,  -- every host of the connection: the core picks one per request
   }
+  if cfg.hosts ~= nil then options.endpoint = nil end  -- the core names the hosts in its messages
   local errp = ffi.new("char*[1]")
   local store = lib.chstate_store_new(json.encode(options), errp)
   if store == nil then
@@ -278,7 +280,7 @@ function C.new_store(flags, env, opts)
   }, Native)
   local info = {redacted_uri = cfg.redacted_uri, host = cfg.host, port = cfg.port, secure = cfg.secure,
                 user = cfg.user, database = cfg.database, schema = cfg.schema, table = cfg.table,
-                endpoint = options.endpoint}
+                endpoint = host .. ":" .. cfg.port}
   return box, info
 end
 

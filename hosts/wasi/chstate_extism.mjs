@@ -6,10 +6,10 @@
 //
 //   import createPlugin from "@extism/extism";
 //   import { ExtismChstate } from "chstate-wasi/extism";        // this file
-//   import { httpTransport } from "chstate-wasi";               // or any (request) => Promise<response>
+//   import { httpTransport, storeOptions } from "chstate-wasi"; // or any (request) => Promise<response>
 //   const chstate = new ExtismChstate(await createPlugin("chstate_extism.wasm", { useWasi: true }));
 //   const { config } = await chstate.resolveConfig({ flags: { uri: "clickhouse://meltano@127.0.0.1:8123/default" } });
-//   const store = await chstate.openStore({ schema: config.schema, table: config.table }, httpTransport(config));
+//   const store = await chstate.openStore(storeOptions(config), httpTransport(config));  // request.host, .port
 //   await store.run({ op: "get", state_id_hex: Buffer.from("dev:a").toString("hex") });   // the "done" document
 import { randomBytes } from "node:crypto";
 import { performance } from "node:perf_hooks";

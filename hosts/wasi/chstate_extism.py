@@ -5,11 +5,11 @@ retries, renewals and defaults are the core's.
 
     import extism
     from chstate_extism import ExtismChstate
-    from chstate_wasmtime import HttpTransport      # or any callable: request -> response document
+    from chstate_wasmtime import HttpTransport, store_options   # or any callable: request -> response document
 
     chstate = ExtismChstate(extism.Plugin(open("chstate_extism.wasm", "rb").read(), wasi=True))
     cfg = chstate.resolve_config({"flags": {"uri": "clickhouse://meltano@127.0.0.1:8123/default"}})["config"]
-    store = chstate.open_store({"schema": cfg["schema"], "table": cfg["table"]}, HttpTransport(cfg))
+    store = chstate.open_store(store_options(cfg), HttpTransport(cfg))   # requests carry "host" and "port"
     store.run({"op": "get", "state_id_hex": "dev:a".encode().hex()})   # the "done" document
 """
 

@@ -40,10 +40,21 @@ export interface ConfigSources {
   env?: { [name: string]: string };
 }
 
-/** Resolved connection settings: what httpTransport() needs. */
-export interface Config {
+/** One ClickHouse server of a connection. */
+export interface HostPort {
+  /** A name or address; IPv6 without brackets. */
   host: string;
   port: number;
+}
+
+/** Resolved connection settings: what httpTransport() and storeOptions() need. */
+export interface Config {
+  /** The first (or only) host: hosts[0]. */
+  host: string;
+  port: number;
+  /** Every host of the connection (the host setting may be a comma-separated list; several need
+   *  cluster mode); at least one. */
+  hosts: HostPort[];
   secure: boolean;
   user: string;
   password: string;
@@ -88,12 +99,17 @@ export interface StoreOptions {
   cluster?: string;
   zookeeper_path?: string;
   replica?: string;
+  /** The connection's hosts (config.hosts): the core picks one for every request. */
+  hosts?: HostPort[];
 }
 
 /** One SQL request the core wants sent: an HTTP POST of sql to /?database=<db>&<url_params>. */
 export interface HttpRequest {
   sql: string;
   url_params: Array<[string, string]>;
+  /** Where to send it (one of the store's hosts); absent when the store was given no hosts. */
+  host?: string;
+  port?: number;
   purpose: string;
   idempotent: boolean;
   attempt: number;
@@ -225,6 +241,11 @@ export const defaultWasmUrl: URL;
 /** Compiles, instantiates and initialises chstate.wasm (by default the packaged one). */
 export function loadChstate(path?: string | URL): Promise<ChstateModule>;
 
-/** HTTP(S) to ClickHouse over node:http(s): keep-alive, credentials in headers, TLS verification
- *  always on (config.ca_file as the trust anchor when set), each request within its timeout_ms. */
+/** The store options a resolved config implies: schema, table, the cluster settings when a cluster
+ *  is named, and hosts; `extra` adds or overrides options. */
+export function storeOptions(config: Config, extra?: StoreOptions): StoreOptions;
+
+/** HTTP(S) to ClickHouse over node:http(s): each request to its host and port (else config's),
+ *  keep-alive per host:port, credentials in headers, TLS verification always on (config.ca_file as
+ *  the trust anchor when set), each request within its timeout_ms. */
 export function httpTransport(config: Config): Transport & { close(): void };

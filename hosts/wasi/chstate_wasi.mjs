@@ -3,10 +3,10 @@
 // the SQL it asks for over HTTP(S), and passes it the clock and random bytes.
 // It is also the README's minimal example for plugin-runtime authors.
 //
-//   import { loadChstate, httpTransport } from "./chstate_wasi.mjs";
+//   import { loadChstate, httpTransport, storeOptions } from "./chstate_wasi.mjs";
 //   const chstate = await loadChstate("bazel-bin/hosts/wasi/chstate.wasm");  // npm package: loadChstate()
 //   const { config } = chstate.resolveConfig({ flags: { uri: "clickhouse://default@127.0.0.1:8123/meltano" } });
-//   const store = chstate.openStore({ schema: config.schema, table: config.table }, httpTransport(config));
+//   const store = chstate.openStore(storeOptions(config), httpTransport(config));
 //   await store.set("dev:tap-x", { completed: { bookmarks: {} }, partial: {} });
 //   console.log(await store.get("dev:tap-x"));
 //   store.close();
@@ -138,8 +138,26 @@ export async function loadChstate(path = defaultWasmUrl) {
   return new ChstateModule(instance);
 }
 
-// The HTTP(S) transport: one POST per request over a keep-alive connection,
-// credentials in headers (never in the URL), the answer as the core wants it.
+// The store options a resolved config implies: where the state lives, cluster
+// mode when a cluster is named, and every host of the connection (the core
+// picks one for each request). `extra` adds or overrides options
+// (lock_timeout_ms, history_days, ...).
+export function storeOptions(config, extra = {}) {
+  const options = { schema: config.schema, table: config.table };
+  if (config.cluster) {
+    Object.assign(options, { cluster: config.cluster, zookeeper_path: config.zookeeper_path, replica: config.replica });
+  }
+  if (Array.isArray(config.hosts) && config.hosts.length > 0) {
+    options.hosts = config.hosts.map(({ host, port }) => ({ host, port }));
+  }
+  return { ...options, ...extra };
+}
+
+// The HTTP(S) transport: one POST per request to the host and port the
+// request names (the core picks one of the connection's hosts; config.host
+// and config.port when it names none), over keep-alive connections kept per
+// host:port (the agent's pools), credentials in headers (never in the URL),
+// the answer as the core wants it.
 // TLS verification is always on; config.ca_file (when set) is the trust
 // anchor. Each request is given its own timeout_ms. Failures without an
 // answer come back as transport_ok=false; "maybe_delivered" is false only
@@ -148,11 +166,12 @@ export async function loadChstate(path = defaultWasmUrl) {
 // decides that.
 export function httpTransport(config) {
   const secure = Boolean(config.secure);
-  const shown = config.host.includes(":") ? `[${config.host}]` : config.host;
+  const shownAt = (host, port) => `${host.includes(":") ? `[${host}]` : host}:${port}`;
   const base = `/?database=${encodeURIComponent(config.database)}`;
   const headers = { "X-ClickHouse-User": config.user, "Content-Type": "text/plain; charset=UTF-8" };
   if (config.password) headers["X-ClickHouse-Key"] = config.password;
   const connectTimeoutMs = Number(config.connect_timeout_ms);
+  // maxSockets is per host:port: one keep-alive connection to each server.
   const agentOptions = { keepAlive: true, maxSockets: 1 };
   if (secure) {
     agentOptions.rejectUnauthorized = true;
@@ -161,6 +180,8 @@ export function httpTransport(config) {
   const agent = secure ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
   const transport = (request) =>
     new Promise((resolve) => {
+      const host = request.host ?? config.host;
+      const port = request.port ?? config.port;
       const path = base + request.url_params.map(([k, v]) => `&${encodeURIComponent(k)}=${encodeURIComponent(v)}`).join("");
       const body = Buffer.from(request.sql, "utf8");
       let connected = false;
@@ -172,11 +193,11 @@ export function httpTransport(config) {
         resolve({
           transport_ok: false,
           maybe_delivered: connected,
-          transport_error: `${e?.code ?? e?.name ?? "error"}: ${e?.message ?? e} (${shown}:${config.port}); check that ClickHouse is running there and that host, port and secure are right`,
+          transport_error: `${e?.code ?? e?.name ?? "error"}: ${e?.message ?? e} (${shownAt(host, port)}); check that ClickHouse is running there and that host, port and secure are right`,
         });
       };
       const req = (secure ? https : http).request(
-        { host: config.host, port: config.port, path, method: "POST", agent, setHost: true,
+        { host, port, path, method: "POST", agent, setHost: true,
           headers: { ...headers, "Content-Length": body.length } },
         (res) => {
           const chunks = [];

@@ -7,7 +7,7 @@ which `HttpTransport` does with http.client.
 
     mod = ChstateModule("bazel-bin/hosts/wasi/chstate.wasm")
     config = mod.resolve_config({"flags": {"uri": "clickhouse://default@127.0.0.1:8123/default"}})["config"]
-    store = mod.open_store({"schema": config["schema"], "table": config["table"]}, HttpTransport(config))
+    store = mod.open_store(store_options(config), HttpTransport(config))
     store.set("dev:tap", {"completed": {"bookmarks": {}}, "partial": {}})
     print(store.get("dev:tap"))
     store.close()
@@ -199,8 +199,26 @@ class ChstateModule:
         return Store(self, r["store"], transport)
 
 
+def store_options(config: Mapping[str, Any], **extra: Any) -> dict:
+    """The store options a resolved config implies: schema, table, the cluster
+    settings when a cluster is named, and every host of the connection (the
+    core picks one for each request); `extra` adds or overrides options."""
+    options: dict = {"schema": config["schema"], "table": config["table"]}
+    if config.get("cluster"):
+        options.update({k: config[k] for k in ("cluster", "zookeeper_path", "replica")})
+    if config.get("hosts"):
+        options["hosts"] = [{"host": h["host"], "port": h["port"]} for h in config["hosts"]]
+    return {**options, **extra}
+
+
+def _shown(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class HttpTransport:
-    """POSTs each request to ClickHouse; credentials in headers only."""
+    """POSTs each request to ClickHouse, at the request's "host" and "port"
+    (the core picks one of the store's hosts), else at config's; a new
+    connection per request; credentials in headers only."""
 
     def __init__(self, config: Mapping[str, Any]):
         self.host, self.port, self.secure = str(config["host"]), int(config["port"]), bool(config.get("secure"))
@@ -215,20 +233,21 @@ class HttpTransport:
         return f"HttpTransport({self.host}:{self.port})"
 
     def __call__(self, request: Mapping[str, Any]) -> dict:
+        host, port = str(request.get("host") or self.host), int(request.get("port") or self.port)
         path = self.base + "".join(f"&{quote(str(k), safe='')}={quote(str(v), safe='')}"
                                    for k, v in request.get("url_params", []))
         if self.secure:
             ctx = ssl.create_default_context(cafile=self.ca_file)
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                self.host, self.port, timeout=self.connect_timeout, context=ctx)
+                host, port, timeout=self.connect_timeout, context=ctx)
         else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
+            conn = http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
         try:
             try:
                 conn.connect()
             except OSError as e:
                 return {"transport_ok": False, "maybe_delivered": False,
-                        "transport_error": f"cannot connect to {self.host}:{self.port}: {e.strerror or e}"}
+                        "transport_error": f"cannot connect to {_shown(host, port)}: {e.strerror or e}"}
             try:
                 if request.get("timeout_ms"):
                     conn.sock.settimeout(int(request["timeout_ms"]) / 1000)
@@ -237,7 +256,7 @@ class HttpTransport:
                 body = res.read()
             except (OSError, http.client.HTTPException) as e:
                 return {"transport_ok": False, "maybe_delivered": True,
-                        "transport_error": f"no answer from {self.host}:{self.port}: {e}"}
+                        "transport_error": f"no answer from {_shown(host, port)}: {e}"}
             return {"transport_ok": True, "http_status": res.status,
                     "exception_code_header": res.getheader("X-ClickHouse-Exception-Code") or "",
                     "body_hex": body.hex()}

@@ -1,5 +1,5 @@
 // node hosts/wasi/example.mjs CHSTATE_WASM CLICKHOUSE_URI  (password in CLICKHOUSE_PASSWORD)
-import { loadChstate, httpTransport } from "./chstate_wasi.mjs";
+import { loadChstate, httpTransport, storeOptions } from "./chstate_wasi.mjs";
 
 const [wasmPath, uri] = process.argv.slice(2);
 const chstate = await loadChstate(wasmPath);
@@ -9,7 +9,8 @@ const { config, failed } = chstate.resolveConfig({
   env: { CLICKHOUSE_PASSWORD: process.env.CLICKHOUSE_PASSWORD ?? "" },
 });
 if (failed) throw new Error(failed.message);
-const store = chstate.openStore({ schema: config.schema, table: config.table }, httpTransport(config));
+// storeOptions: schema, table, cluster settings and every host (the core picks one per request).
+const store = chstate.openStore(storeOptions(config), httpTransport(config));
 await store.run({ op: "init" });
 await store.set("dev:tap-to-target", { completed: { singer_state: { bookmarks: {} } }, partial: {} });
 await store.merge("dev:tap-to-target", { singer_state: { bookmarks: { users: { id: 42 } } } });

@@ -124,6 +124,9 @@ CONFIG_CASES = [
     ("non_ascii_database", {"flags": {"uri": "clickhouse://alice@db.example:8123/donn%C3%A9es"}}),
     ("cluster_from_uri_and_env", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?cluster=ops"},
                                   "env": {"MELTANO_STATE_BACKEND_CLICKHOUSE_REPLICA": "r_{replica}"}}),
+    ("cluster_several_hosts", {"flags": {"uri": "clickhouse://alice@h1:8123,[::1]:8124,h3/analytics?cluster=ops",
+                                         "port": "9000"}}),
+    ("several_hosts_need_cluster", {"flags": {"uri": "clickhouse://alice@h1,h2/analytics"}}),
     ("cluster_bad_zookeeper_path", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?cluster=ops",
                                               "zookeeper_path": "no-leading-slash"}}),
 ]
@@ -239,10 +242,19 @@ def sql_file(lib) -> dict:
             ("get", {"op": "get", "state_id_hex": hexid("dev:tap-users")}, [ok(ROW)]),
             ("set", {"op": "set", "state_id_hex": hexid("dev:tap-users"), "state": STATE}, [ok("")]),
             ("delete", {"op": "delete", "state_id_hex": hexid("dev:tap-users")}, [ok("")] * 2),
-            ("acquire_lock", {"op": "acquire_lock", "state_id_hex": hexid("dev:tap-users")}, [ok("")])):
+            # The lock as claims: read, claim, read again (ours alone).
+            ("acquire_lock", {"op": "acquire_lock", "state_id_hex": hexid("dev:tap-users")},
+             [ok(""), ok(""), ok(f"{RANDOM[:16].hex()}\t1\t0\t100\t30\t\t100\n")])):
         engine = ok("ReplicatedReplacingMergeTree\t1\n")
         cases.append(script(lib, f"cluster_clickhouse18_{name}", op, [version("18.16.1"), engine] + answers,
                             store=cluster))
+    # Several hosts: every request names its host; a refused one is followed
+    # at once by the next, and the next request keeps to the one that answered.
+    several = dict(cluster, hosts=[{"host": "h1", "port": 8123}, {"host": "h2", "port": 8124}])
+    cases.append(script(lib, "cluster_several_hosts_fail_over", [{"op": "get", "state_id_hex": hexid("dev:a")},
+                                                                 {"op": "get", "state_id_hex": hexid("dev:a")}],
+                        [REFUSED, version("18.16.1"), ok("ReplicatedReplacingMergeTree\t1\n"), ok(ROW), ok(ROW)],
+                        store=several))
     cases.append(script(lib, "cluster_refuses_an_unreplicated_state_table", {"op": "get", "state_id_hex": hexid("a")},
                         [version("18.16.1"), ok("ReplacingMergeTree\t1\n")], store=cluster))
     cases.append(script(lib, "too_old_server_refused", {"op": "ping"}, [version("1.1.54390")]))

@@ -5,7 +5,10 @@
 --     (`ngx.socket.tcp`): non-blocking, so a request or a lock wait never
 --     stalls the worker; connections go back to nginx's keep-alive pool;
 --   * elsewhere, a LuaSocket TCP object (`require "socket"`), blocking, one
---     keep-alive connection per store.
+--     keep-alive connection per store and host:port.
+-- Each request goes to the host and port it names (the core picks one of the
+-- connection's hosts for every request), else to the store's host and port;
+-- nginx's pools are keyed by host:port as well.
 -- Both have the same receive("*l") / receive(n) interface, so the HTTP code
 -- below is shared. A connection idle for longer than MAX_IDLE_MS is not
 -- reused (ClickHouse closes idle connections after a few seconds, 3 by
@@ -66,8 +69,9 @@ local function luasocket(state, conn, connect_ms, read_ms, now_ms)
     return nil, "outside nginx the LuaJIT module's transport is LuaSocket, which is not installed (apt install " ..
                 "lua-socket, or luarocks install luasocket); or pass chstate.open a transport function"
   end
-  local kept = state.kept
-  state.kept = nil
+  local key = conn.host .. "\0" .. conn.port
+  local kept = state.kept[key]
+  state.kept[key] = nil
   if kept then
     local readable = socket.select({kept.sock}, nil, 0)
     if now_ms() - kept.last_used <= MAX_IDLE_MS and #readable == 0 then
@@ -96,7 +100,7 @@ local function luasocket(state, conn, connect_ms, read_ms, now_ms)
   s.close = function() sock:close() end
   s.keepalive = function()
     s.last_used = now_ms()
-    state.kept = s
+    state.kept[key] = s
   end
   return s
 end
@@ -143,22 +147,25 @@ end
 -- status, body, exception_code | nil, message, maybe_delivered; `t:close()`.
 -- `conn` is the store's connection (host, port, secure, user, password,
 -- database); `request` the core's request document (sql, url_params,
--- timeout_ms); `now_ms` a monotonic clock.
+-- timeout_ms, and host and port when the store has hosts); `now_ms` a
+-- monotonic clock.
 function M.new(now_ms)
-  local state = {}
+  local state = {kept = {}}  -- kept: host NUL port -> an idle LuaSocket connection
   local t = {}
 
   function t.execute(_, conn, request, connect_ms)
     local read_ms = request.timeout_ms or 30000
-    local endpoint = conn.host:find(":", 1, true) and ("[" .. conn.host .. "]:" .. conn.port)
-                     or (conn.host .. ":" .. conn.port)
+    local target = {host = request.host or conn.host, port = tonumber(request.port or conn.port),
+                    secure = conn.secure}
+    local endpoint = target.host:find(":", 1, true) and ("[" .. target.host .. "]:" .. target.port)
+                     or (target.host .. ":" .. target.port)
     local where = " (" .. endpoint .. "). Check that ClickHouse is running there and that host, port and " ..
                   "secure are right"
     local s, err
     if M.in_nginx() then
-      s, err = cosocket(conn, connect_ms, read_ms)
+      s, err = cosocket(target, connect_ms, read_ms)
     else
-      s, err = luasocket(state, conn, connect_ms, read_ms, now_ms)
+      s, err = luasocket(state, target, connect_ms, read_ms, now_ms)
     end
     if not s then return nil, describe(err, true) .. where, false end
     local query = {"/?database=", urlencode(conn.database)}
@@ -224,9 +231,9 @@ function M.new(now_ms)
   end
 
   function t.close()
-    if state.kept then
-      state.kept.sock:close()
-      state.kept = nil
+    for key, kept in pairs(state.kept) do
+      kept.sock:close()
+      state.kept[key] = nil
     end
   end
 

@@ -1,13 +1,18 @@
 """ClickHouse's HTTP(S) interface as a chstate transport, with http.client.
 
     transport = HttpTransport(config)          # config from _native.resolve_config
-    response = transport({"sql": "SELECT 1", "url_params": [], ...})
+    response = transport({"sql": "SELECT 1", "url_params": [], "host": "h2", "port": 8123, ...})
     transport.close()
 
-* One keep-alive connection, reused while it is fresh: it is replaced when it
-  sat idle for `max_idle` seconds (servers close idle connections after a few
-  seconds, 3 by default on older ones, and a write sent into a closing
-  connection has an unknown outcome) or when the server already closed it.
+* Each request goes to the request's own "host" and "port" (the core picks
+  one of the connection's hosts for every request: README "Cluster mode"),
+  else to config's host and port. Which host comes next after a failure is
+  the core's decision, never this transport's.
+* One keep-alive connection per host:port, reused while it is fresh: it is
+  replaced when it sat idle for `max_idle` seconds (servers close idle
+  connections after a few seconds, 3 by default on older ones, and a write
+  sent into a closing connection has an unknown outcome) or when the server
+  already closed it.
 * Separate connect and read timeouts.
 * HTTPS verifies the certificate and the host name, against the system trust
   store or `ca_file`; there is deliberately no switch to turn that off.
@@ -25,7 +30,7 @@ import select
 import socket
 import ssl
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 from urllib.parse import quote
 
 
@@ -55,6 +60,19 @@ def _describe(error: BaseException, *, connecting: bool) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+def _shown(host: str, port: int) -> str:
+    """host:port as messages show it (IPv6 in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _Kept:
+    """A keep-alive connection to one host:port and when it was last used."""
+
+    def __init__(self, conn: http.client.HTTPConnection):
+        self.conn = conn
+        self.last_used = 0.0
+
+
 class HttpTransport:
     def __init__(self, config: Mapping[str, Any], *, max_idle: float = 2.0):
         self._host = str(config["host"])
@@ -69,21 +87,21 @@ class HttpTransport:
         # each request then carries its own timeout_ms.
         self._connect_timeout = int(config["connect_timeout_ms"]) / 1000
         self._max_idle = max_idle
-        self._conn: Optional[http.client.HTTPConnection] = None
-        self._last_used = 0.0
+        self._kept: Dict[Tuple[str, int], _Kept] = {}  # (host, port) -> its keep-alive connection
         self._context: Optional[ssl.SSLContext] = None
-        shown = f"[{self._host}]" if ":" in self._host else self._host
-        self.endpoint = f"{shown}:{self._port}"
+        self.endpoint = _shown(self._host, self._port)  # the configured (first) host
 
     def __repr__(self) -> str:  # never the password
         return f"HttpTransport({'https' if self._secure else 'http'}://{self.endpoint})"
 
+    def _drop(self, key: Tuple[str, int]) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            kept.conn.close()
+
     def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
+        for key in list(self._kept):
+            self._drop(key)
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._context is None:
@@ -96,11 +114,11 @@ class HttpTransport:
             self._context = ctx
         return self._context
 
-    def _stale(self) -> bool:
-        conn = self._conn
-        if conn is None or conn.sock is None:
+    def _stale(self, kept: _Kept) -> bool:
+        conn = kept.conn
+        if conn.sock is None:
             return True
-        if time.monotonic() - self._last_used > self._max_idle:
+        if time.monotonic() - kept.last_used > self._max_idle:
             return True
         try:
             # Readable while idle means the server closed it (or sent junk).
@@ -109,54 +127,61 @@ class HttpTransport:
             return True
         return bool(readable)
 
-    def _connection(self) -> http.client.HTTPConnection:
-        if self._conn is not None and self._stale():
-            self.close()
-        if self._conn is None:
+    def _connection(self, key: Tuple[str, int]) -> _Kept:
+        kept = self._kept.get(key)
+        if kept is not None and self._stale(kept):
+            self._drop(key)
+            kept = None
+        if kept is None:
+            host, port = key
             if self._secure:
                 conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                    self._host, self._port, timeout=self._connect_timeout, context=self._ssl_context())
+                    host, port, timeout=self._connect_timeout, context=self._ssl_context())
             else:
-                conn = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
+                conn = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
             try:
                 conn.connect()
             except BaseException:
                 conn.close()
                 raise
-            self._conn = conn
-        return self._conn
+            kept = self._kept[key] = _Kept(conn)
+        return kept
 
-    def _failure(self, error: BaseException, *, connecting: bool, maybe_delivered: bool) -> dict:
-        self.close()
+    def _failure(self, key: Tuple[str, int], error: BaseException, *, connecting: bool,
+                 maybe_delivered: bool) -> dict:
+        self._drop(key)
         return {
             "transport_ok": False,
             "maybe_delivered": maybe_delivered,
-            "transport_error": (f"{_describe(error, connecting=connecting)} ({self.endpoint}). Check that ClickHouse "
-                                "is running there and that host, port and secure are right"),
+            "transport_error": (f"{_describe(error, connecting=connecting)} ({_shown(*key)}). Check that "
+                                "ClickHouse is running there and that host, port and secure are right"),
         }
 
     def __call__(self, request: Mapping[str, Any]) -> dict:
+        # Where the core sends this request; the configured host when it names none.
+        key = (str(request.get("host") or self._host), int(request.get("port") or self._port))
         path = self._base + "".join(
             "&" + quote(str(k), safe="") + "=" + quote(str(v), safe="") for k, v in request.get("url_params", []))
         body = str(request["sql"]).encode("utf-8")
         try:
-            conn = self._connection()
+            kept = self._connection(key)
         except (OSError, ssl.SSLError, http.client.HTTPException) as e:
-            return self._failure(e, connecting=True, maybe_delivered=False)
+            return self._failure(key, e, connecting=True, maybe_delivered=False)
+        conn = kept.conn
         try:
             if request.get("timeout_ms"):
                 conn.sock.settimeout(int(request["timeout_ms"]) / 1000)
             conn.request("POST", path, body=body, headers=self._headers)
         except (OSError, http.client.HTTPException) as e:
-            return self._failure(e, connecting=False, maybe_delivered=True)
+            return self._failure(key, e, connecting=False, maybe_delivered=True)
         try:
             response = conn.getresponse()
             data = response.read()
         except (OSError, http.client.HTTPException) as e:
-            return self._failure(e, connecting=False, maybe_delivered=True)
-        self._last_used = time.monotonic()
+            return self._failure(key, e, connecting=False, maybe_delivered=True)
+        kept.last_used = time.monotonic()
         if response.will_close:
-            self.close()
+            self._drop(key)
         return {
             "transport_ok": True,
             "http_status": response.status,

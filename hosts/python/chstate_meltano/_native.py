@@ -124,7 +124,8 @@ def _failed(doc: dict) -> ChstateError:
 def resolve_config(flags: Mapping[str, Any], env: Optional[Mapping[str, str]] = None) -> dict:
     """The core's connection settings: precedence, URI parsing, defaults.
 
-    Returns host, port, secure, user, password, database, schema, table,
+    Returns host, port, hosts ([{"host", "port"}, ...], the first being
+    host and port), secure, user, password, database, schema, table,
     ca_file, redacted_uri and origin. Raises ChstateError (INVALID_ARGUMENT)
     with a message that never contains the password.
     """
@@ -151,10 +152,12 @@ Transport = Callable[[dict], dict]
 class Store:
     """One chstate::Store and the loop that drives its operations.
 
-    `transport(request) -> response` runs one {"sql", "url_params", "purpose",
-    "idempotent"} request and returns the response document ({"transport_ok",
-    "http_status", "exception_code_header", "body_hex"} or a transport
-    failure). Operations run one at a time (a lock serialises threads).
+    `transport(request) -> response` runs one {"sql", "url_params", "host",
+    "port", "purpose", "idempotent", "timeout_ms"} request (at the host and
+    port it names, when the store options gave "hosts") and returns the
+    response document ({"transport_ok", "http_status",
+    "exception_code_header", "body_hex"} or a transport failure). Operations
+    run one at a time (a lock serialises threads).
     """
 
     def __init__(self, options: Mapping[str, Any], transport: Transport, *,

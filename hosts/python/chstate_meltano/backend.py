@@ -155,6 +155,7 @@ class ChstateStateStoreManager(StateStoreManager):
 
     # -- what subclasses provide --
     _cluster_options: dict = {}  # cluster mode's store options, when a cluster is named
+    _hosts_options: dict = {}  # {"hosts": [{"host", "port"}, ...]}: the servers the core picks from
     schema: str
     table: str
     endpoint: str
@@ -173,7 +174,10 @@ class ChstateStateStoreManager(StateStoreManager):
                 **self._lock_options,
                 **self._extra_options,
                 **self._cluster_options,
+                **self._hosts_options,
             }
+            if "hosts" in options:
+                del options["endpoint"]  # the core names the hosts itself ("h1:8123 and h2:8123")
             # The lock off the hot path: Meltano's update() takes and
             # releases the id's lock for every STATE message; the core keeps
             # it lingering between them (renewed, released when idle, when
@@ -349,9 +353,16 @@ class ClickhouseStateStoreManager(ChstateStateStoreManager):
         self.table = config["table"]
         if config.get("cluster"):
             self._cluster_options = {k: config[k] for k in ("cluster", "zookeeper_path", "replica")}
+        if config.get("hosts"):
+            # Every host of a comma-separated `host` setting: the core picks
+            # one for each request and the transport connects there.
+            self._hosts_options = {"hosts": [{"host": h["host"], "port": h["port"]} for h in config["hosts"]]}
+            # Several hosts without a cluster fail here, without I/O.
+            _check_store_options({**self._cluster_options, **self._hosts_options},
+                                 "reading the ClickHouse settings")
         self.redacted_uri = config["redacted_uri"]
-        host_shown = f"[{config['host']}]" if ":" in config["host"] else config["host"]
-        self.endpoint = f"{host_shown}:{config['port']}"
+        self.endpoint = ", ".join(f"[{h['host']}]:{h['port']}" if ":" in h["host"] else f"{h['host']}:{h['port']}"
+                                  for h in config.get("hosts") or [config])
 
     def __repr__(self) -> str:
         return f"ClickhouseStateStoreManager({self.redacted_uri})"

@@ -28,7 +28,9 @@ def _setting(key: str, label: str, description: str, kind: SettingKind, **extra)
                              kind=kind, env_specific=True, **extra)
 
 
-CLICKHOUSE_HOST = _setting("host", "ClickHouse Host", "ClickHouse server hostname", SettingKind.STRING)
+CLICKHOUSE_HOST = _setting("host", "ClickHouse Host", "ClickHouse server hostname, or a comma-separated list of "
+                           "host[:port] entries (h1:8123,h2:8123; cluster mode only): chstate picks one for each "
+                           "request and goes on to the next when one is unreachable", SettingKind.STRING)
 CLICKHOUSE_PORT = _setting("port", "ClickHouse Port", "ClickHouse HTTP interface port (default 8123, 8443 when "
                            "secure)", SettingKind.INTEGER)
 CLICKHOUSE_DATABASE = _setting("database", "ClickHouse Database", "ClickHouse database name (the connection's "
