@@ -980,25 +980,10 @@ std::unique_ptr<Task> Store::Locks(std::optional<std::string> glob) {
   return MakeTask(this, [glob](StoreSteps& s) {
     return s.Connected(
         [&s, glob] {
-          if (s.st().cluster().enabled()) {
-            auto claims = [&s, glob](std::shared_ptr<std::map<std::string, std::string>> names) {
-              return ListClaimLocks(s, names, !glob);
-            };
-            return s.Query(
-                s.st().ListStateIds(glob), "listing state ids", 2,
-                [&s, claims](const Rows& ids) {
-                  auto names = std::make_shared<std::map<std::string, std::string>>();
-                  for (const Row& row : ids) (*names)[s.st().LockTableName(row[0].value_or(""))] = row[0].value_or("");
-                  return claims(names);
-                },
-                [claims](absl::Status st) {
-                  if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
-                  return claims(std::make_shared<std::map<std::string, std::string>>());
-                });
-          }
           // Lock tables by name, then (a lock can exist before any state or
           // state table does) the tables themselves.
-          auto with_ids = [&s, glob](std::shared_ptr<std::map<std::string, std::string>> names) {
+          std::function<Step(std::shared_ptr<std::map<std::string, std::string>>)> with_ids =
+              [&s, glob](std::shared_ptr<std::map<std::string, std::string>> names) {
             return s.Query(
                 s.st().ListLockTables(), "listing lock tables", 2,
                 [&s, glob, names](const Rows& rows) {
@@ -1016,6 +1001,12 @@ std::unique_ptr<Task> Store::Locks(std::optional<std::string> glob) {
                 },
                 StoreSteps::Failed);
           };
+          if (s.st().cluster().enabled()) {
+            // Cluster mode: the claims not ended.
+            with_ids = [&s, glob](std::shared_ptr<std::map<std::string, std::string>> names) {
+              return ListClaimLocks(s, names, !glob);
+            };
+          }
           return s.Query(
               s.st().ListStateIds(glob), "listing state ids", 2,
               [&s, with_ids](const Rows& ids) {

@@ -1080,11 +1080,15 @@ std::string ClaimRow(const std::string& id, int ends, int64_t newest, int64_t no
   return absl::StrCat(id, "\t1\t", ends, "\t", newest, "\t300\t", over, "\t", now, "\n");
 }
 
-TEST(ClusterStore, LocksAreClaimsAndLinger) {
+absl::StatusOr<std::unique_ptr<Store>> LingeringClusterStore() {
   StoreOptions o;
   o.cluster.name = "prod";
   o.linger_locks = true;
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(o);
+  return Store::Create(o);
+}
+
+TEST(ClusterStore, LocksAreClaimsAndLinger) {
+  absl::StatusOr<std::unique_ptr<Store>> store = LingeringClusterStore();
   ASSERT_THAT(store, IsOk());
   int64_t clock = 0;
   auto t = (*store)->AcquireLock("id");
@@ -1117,10 +1121,7 @@ TEST(ClusterStore, LocksAreClaimsAndLinger) {
 }
 
 TEST(ClusterStore, AWaiterShowsItselfToTheHolderItSaw) {
-  StoreOptions o;
-  o.cluster.name = "prod";
-  o.linger_locks = true;
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(o);
+  absl::StatusOr<std::unique_ptr<Store>> store = LingeringClusterStore();
   ASSERT_THAT(store, IsOk());
   int64_t clock = 0;
   auto t = (*store)->AcquireLock("id");
