@@ -438,13 +438,10 @@ void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
     if (RetryBusy(r, in)) return;
     std::optional<int> code = r && r->transport_ok ? ClickHouseCode(CheckResponse(*r, "taking the lock"))
                                                    : std::nullopt;
+    if (code) NoteQuorumTrouble(*r);
     if (code == ch::kTooFewLiveReplicas || code == ch::kUnsatisfiedQuorumForPreviousWrite) {
       claimed_ = false;  // refused before anything was written
-      if (in.now_ms >= deadline_ms_) {
-        FailWithResponse(r, in);
-        return;
-      }
-      BackOff(in);
+      BackOff(in);  // at the deadline it reports the quorum's trouble
       return;
     }
     if (r && r->transport_ok && code != ch::kUnknownStatusOfInsert) {
@@ -577,6 +574,7 @@ void LockMachine::WithdrawThenBackOff(const Inputs& in, bool short_wait) {
 
 void LockMachine::Withdrawn(const SqlResponse* r, const Inputs& in) {
   if (RetryBusy(r, in)) return;
+  if (r && r->transport_ok) NoteQuorumTrouble(*r);
   // Ended (or, if the end row failed, left to go stale: it never held).
   claimed_ = false;
   if (release_requested_) {
@@ -584,6 +582,26 @@ void LockMachine::Withdrawn(const SqlResponse* r, const Inputs& in) {
     return;
   }
   BackOff(in);
+}
+
+void LockMachine::NoteQuorumTrouble(const SqlResponse& r) {
+  const absl::Status st = CheckResponse(r, "taking the lock");
+  const std::optional<int> code = ClickHouseCode(st);
+  if (code != ch::kTooFewLiveReplicas && code != ch::kUnsatisfiedQuorumForPreviousWrite &&
+      code != ch::kUnknownStatusOfInsert) {
+    return;
+  }
+  const char* why = code == ch::kTooFewLiveReplicas
+                        ? "fewer replicas are alive than the write quorum (code 285); nothing was written"
+                    : code == ch::kUnsatisfiedQuorumForPreviousWrite
+                        ? "an earlier write to the lock's claims has not reached its quorum (code 286: a replica that "
+                          "holds it is down or lagging)"
+                        : "a claim's quorum was not confirmed in time (code 319: a replica is down or hung)";
+  quorum_trouble_ = absl::UnavailableError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+                                                        "\" could not be taken: ", why,
+                                                        ". Retry when the replicas are back. ClickHouse said: ",
+                                                        st.message()));
+  saw_live_claim_ = false;
 }
 
 void LockMachine::DecideClaims(const LockInspection& insp, const Inputs& in) {
@@ -618,6 +636,7 @@ void LockMachine::DecideClaims(const LockInspection& insp, const Inputs& in) {
       return;
     case LockVerdict::kWait:
     case LockVerdict::kGiveUp:  // BackOff fails it, after our claim is ended
+      saw_live_claim_ = true;
       WithdrawThenBackOff(in, false);
       return;
   }
@@ -750,6 +769,10 @@ void LockMachine::BackOff(const Inputs& in) {
   }
   if (in.now_ms >= deadline_ms_ && unreachable_in_a_row_ > 0) {
     FailUnreachable();  // time is up and the last request got no answer: not a busy lock
+    return;
+  }
+  if (in.now_ms >= deadline_ms_ && !quorum_trouble_.ok() && !saw_live_claim_) {
+    Fail(quorum_trouble_);  // the replicas, not another process, kept the lock from us
     return;
   }
   if (in.now_ms >= deadline_ms_) {

@@ -236,6 +236,7 @@ class LockMachine {
   void SchemaMaybeMade(const SqlResponse* r, const Inputs& in);
   SqlRequest InspectRequest() const;
   int64_t Jitter(const Inputs& in, int64_t base_ms) const;
+  void NoteQuorumTrouble(const SqlResponse& r);
 
   void BackOff(const Inputs& in);
   int64_t StaleSeconds() const;
@@ -277,6 +278,11 @@ class LockMachine {
   bool withdraw_short_ = false;
   // An error to end with once our claim is withdrawn.
   absl::Status fail_after_withdraw_;
+  // Cluster mode: the last quorum refusal (285, 286, 319) of this
+  // acquisition, and whether a live claim of another process was seen since:
+  // at the deadline, the cause to report instead of "locked by another".
+  absl::Status quorum_trouble_;
+  bool saw_live_claim_ = false;
   // The request sent last (for a resend after code 286).
   SqlRequest outstanding_;
   LockDefectsForTesting defects_;

@@ -115,6 +115,9 @@ absl::Status CheckResponse(const SqlResponse& r, absl::string_view what) {
     case ch::kNetworkError:
     case ch::kSystemError:
     case ch::kReplicaIsNotInQuorum:
+    case ch::kTooFewLiveReplicas:
+    case ch::kUnsatisfiedQuorumForPreviousWrite:
+    case ch::kUnknownStatusOfInsert:
       return WithCode(absl::UnavailableError(absl::StrCat("ClickHouse error ", *code, " while ", what, ": ",
                                                           message, ". Retry later")),
                       *code);

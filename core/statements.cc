@@ -260,7 +260,10 @@ SqlRequest Statements::InsertState(absl::string_view state_id, const std::option
 }
 
 SqlRequest Statements::InsertStates(const std::vector<StateRow>& rows, absl::string_view dedup_token) const {
-  SqlRequest r = Request("insert_states", false);
+  // Cluster mode: a state row may be written again (the error contract's
+  // "writing the same state again is safe"), so one whose answer was lost
+  // goes to another replica: the first, if it landed, was numbered before it.
+  SqlRequest r = Request("insert_states", cluster_.enabled());
   auto value = [](const std::optional<std::string>& v) { return v ? QuoteStringLiteral(*v) : std::string("NULL"); };
   std::string values;
   for (const StateRow& row : rows) {
@@ -315,7 +318,7 @@ SqlRequest Statements::DeleteState(absl::string_view state_id) const {
     // A tombstone written with the quorum: visible on every replica at once
     // (see the header for why not a mutation). Not idempotent: resent late,
     // it could delete a newer state.
-    SqlRequest r = Request("delete_state", false);
+    SqlRequest r = Request("delete_state", true);  // a tombstone: writing it twice is writing it once
     WriteSettings(&r);
     r.sql = absl::StrCat("INSERT INTO ", StateTable(), " (state_id, partial_state, completed_state) VALUES (",
                          QuoteStringLiteral(state_id), ", NULL, ", QuoteStringLiteral(kTombstone), ")");
@@ -382,14 +385,20 @@ SqlRequest Statements::TruncateStates() const {
 
 SqlRequest Statements::StateTableEngine() const {
   SqlRequest r = Read("state_table_engine");
-  r.sql = absl::StrCat("SELECT engine, 1 FROM system.tables WHERE database = ", QuoteStringLiteral(schema_),
+  // The second column: whether the servers know the cluster (cluster mode;
+  // 1 otherwise), as the lock no longer runs DDL that would find out.
+  const std::string known = cluster_.enabled()
+                                ? absl::StrCat("(SELECT count() > 0 FROM system.clusters WHERE cluster = ",
+                                               QuoteStringLiteral(cluster_.name), ")")
+                                : std::string("1");
+  r.sql = absl::StrCat("SELECT engine, ", known, " FROM system.tables WHERE database = ", QuoteStringLiteral(schema_),
                        " AND name = ", QuoteStringLiteral(table_), " FORMAT TabSeparated");
   return r;
 }
 
 SqlRequest Statements::ClearStates() const {
   if (!cluster_.enabled()) return TruncateStates();
-  SqlRequest r = Request("clear_states", false);
+  SqlRequest r = Request("clear_states", true);  // tombstones again for what is still live
   WriteSettings(&r);
   ReadSettings(&r);  // tombstone what the last quorum write left, not an older view
   r.sql = absl::StrCat("INSERT INTO ", StateTable(), " (state_id, partial_state, completed_state) SELECT state_id, ",
@@ -632,8 +641,8 @@ SqlRequest Statements::ListClaims() const {
   ReadSettings(&r);
   r.sql = absl::StrCat(
       "SELECT name, lock_id, toInt64(minIf(at, seq = 0)), toInt64(max(at)), toInt64(anyIf(stale_s, seq = 0)), "
-      "materialize(toInt64(now())) FROM ",
-      ClaimsTable(), " GROUP BY name, lock_id HAVING countIf(seq = 0) > 0 AND countIf(seq = 3) = 0 "
+      "materialize(toInt64(now())), countIf(seq = 3), anyIf(over, seq = 0) FROM ",
+      ClaimsTable(), " GROUP BY name, lock_id HAVING countIf(seq = 0) > 0 "
       "ORDER BY name, lock_id FORMAT TabSeparated");
   return r;
 }

@@ -218,8 +218,8 @@ class Statements {
   // time, the claim's stale_s, the claim's `over`, server now). No rows: no
   // claim at all. Code 60 without the table.
   SqlRequest InspectClaims(absl::string_view state_id) const;
-  // `chstate locks` in cluster mode: the same per (name, lock_id) for every
-  // name with a claim not ended, plus the state id whose lock name it is.
+  // `chstate locks` in cluster mode: per (name, lock_id) of every claim,
+  // (name, lock_id, claimed at, newest row, stale_s, now, end rows, over).
   SqlRequest ListClaims() const;
 
  private:

@@ -199,13 +199,13 @@ TEST(Statements, ClusterModeSql) {
       {"insert 18: quorum, no deduplication", Dialect::kClickHouse18,
        [](const Statements& s) { return s.InsertState("a", std::nullopt, std::string("{}"), "tok"); },
        "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) VALUES ('a', NULL, '{}')",
-       kQuorum18, false},
+       kQuorum18, true},
       {"insert modern: quorum, not parallel, token", Dialect::kModern,
        [](const Statements& s) { return s.InsertState("a", std::nullopt, std::string("{}"), "tok"); },
        "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) VALUES ('a', NULL, '{}')",
        {{"async_insert", "0"}, {"insert_quorum", "2"}, {"insert_quorum_timeout", "10000"},
         {"insert_deduplicate", "0"}, {"insert_quorum_parallel", "0"}, {"insert_deduplication_token", "tok"}},
-       false},
+       true},
       {"claims table", Dialect::kClickHouse18, [](const Statements& s) { return s.CreateClaimsTable(); },
        "CREATE TABLE IF NOT EXISTS `meltano`.`state_claims` ON CLUSTER `prod` (name String, lock_id String, seq "
        "UInt8, at DateTime, stale_s UInt32, over String) ENGINE = ReplicatedMergeTree("
@@ -230,7 +230,7 @@ TEST(Statements, ClusterModeSql) {
       {"delete is a tombstone", Dialect::kClickHouse18, [](const Statements& s) { return s.DeleteState("a"); },
        "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) VALUES ('a', NULL, "
        "'chstate:deleted')",
-       kQuorum18, false},
+       kQuorum18, true},
       {"list", Dialect::kClickHouse18, [](const Statements& s) { return s.ListStateIds(std::string("dev:*")); },
        "SELECT state_id, 1 FROM (SELECT state_id, completed_state FROM `meltano`.`state` FINAL WHERE state_id "
        "LIKE 'dev:%') WHERE ifNull(completed_state, '') != 'chstate:deleted' ORDER BY state_id FORMAT TabSeparated",
@@ -246,7 +246,7 @@ TEST(Statements, ClusterModeSql) {
        "WHERE ifNull(completed_state, '') != 'chstate:deleted'",
        {{"insert_quorum", "2"}, {"insert_quorum_timeout", "10000"}, {"insert_deduplicate", "0"},
         {"select_sequential_consistency", "1"}},
-       false},
+       true},
       {"create lock: ON CLUSTER, replicated, path per instance", Dialect::kClickHouse18,
        [](const Statements& s) { return s.CreateLock("a", "00ff", 300); },
        "CREATE TABLE `meltano`.`state_lock_af63dc4c8601ec8c` ON CLUSTER `prod` ENGINE = ReplicatedMergeTree("
@@ -260,8 +260,10 @@ TEST(Statements, ClusterModeSql) {
        kQuorum18, false},
       {"drop lock", Dialect::kClickHouse18, [](const Statements& s) { return s.DropLock("a"); },
        "DROP TABLE IF EXISTS `meltano`.`state_lock_af63dc4c8601ec8c` ON CLUSTER `prod`", kDdl, false},
-      {"engine check", Dialect::kClickHouse18, [](const Statements& s) { return s.StateTableEngine(); },
-       "SELECT engine, 1 FROM system.tables WHERE database = 'meltano' AND name = 'state' FORMAT TabSeparated",
+      {"engine check, and whether the servers know the cluster", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.StateTableEngine(); },
+       "SELECT engine, (SELECT count() > 0 FROM system.clusters WHERE cluster = 'prod') FROM system.tables WHERE "
+       "database = 'meltano' AND name = 'state' FORMAT TabSeparated",
        kRead, true},
       {"drop tombstone", Dialect::kClickHouse18, [](const Statements& s) { return s.DropTable("t_dead_1"); },
        "DROP TABLE IF EXISTS `meltano`.`t_dead_1` ON CLUSTER `prod`", kDdl, true},

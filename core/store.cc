@@ -3,6 +3,7 @@
 #include "core/store.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -83,6 +84,13 @@ class StoreSteps {
         st().StateTableEngine(), "checking the state table's engine", 2,
         [this, then, fail](const Rows& rows) -> Step {
           std::string engine = rows.empty() ? "" : rows[0][0].value_or("");
+          if (!rows.empty() && rows[0][1].value_or("") == "0") {
+            s_->statements_.reset();  // ask again next time
+            return fail(absl::InvalidArgumentError(absl::StrCat(
+                "the servers know no cluster \"", s_->options_.cluster.name,
+                "\": set the cluster setting to a name from their remote_servers (SELECT DISTINCT cluster FROM "
+                "system.clusters)")));
+          }
           if (engine.empty() || engine.rfind("Replicated", 0) == 0) return then();
           s_->statements_.reset();  // ask again next time
           return fail(absl::FailedPreconditionError(absl::StrCat(
@@ -103,26 +111,28 @@ class StoreSteps {
     return p.get();
   }
 
-  Step EnsureSchema(Then then, OnFailure fail) {
+  // CREATE ... IF NOT EXISTS. Cluster mode: code 159 (a host did not run the
+  // ON CLUSTER DDL in time: it is down) means the live hosts ran it and the
+  // others will when they are back, so the schema is there for the quorum.
+  Step Ddl(SqlRequest req, std::string what, Then then, OnFailure fail) {
     return Sql(
-        st().CreateDatabase(), "creating the state database",
-        [this, then, fail](const std::string&) {
-          return Sql(
-              st().CreateStateTable(), "creating the state table",
-              [this, then, fail](const std::string&) {
-                return Sql(
-                    st().CreateLockTable(), "creating the lock table",
-                    [this, then, fail](const std::string&) {
-                      if (!st().cluster().enabled()) return EnsureHistory(then, fail);
-                      return Sql(
-                          st().CreateClaimsTable(), "creating the lock claims table",
-                          [this, then, fail](const std::string&) { return EnsureHistory(then, fail); }, fail);
-                    },
-                    fail);
-              },
-              fail);
-        },
-        fail);
+        std::move(req), std::move(what), [then](const std::string&) { return then(); },
+        [this, then, fail](absl::Status status) -> Step {
+          if (st().cluster().enabled() && ClickHouseCode(status) == ch::kTimeoutExceeded) return then();
+          return fail(std::move(status));
+        });
+  }
+
+  Step EnsureSchema(Then then, OnFailure fail) {
+    return Ddl(st().CreateDatabase(), "creating the state database", [this, then, fail] {
+      return Ddl(st().CreateStateTable(), "creating the state table", [this, then, fail] {
+        return Ddl(st().CreateLockTable(), "creating the lock table", [this, then, fail] {
+          if (!st().cluster().enabled()) return EnsureHistory(then, fail);
+          return Ddl(st().CreateClaimsTable(), "creating the lock claims table",
+                     [this, then, fail] { return EnsureHistory(then, fail); }, fail);
+        }, fail);
+      }, fail);
+    }, fail);
   }
 
   // With history on, the history table and the view that feeds it.
@@ -410,13 +420,17 @@ class StoreSteps {
                 return DriveLock(m, on_outcome);
               });
             };
-            if (!seen_holder_) return wait();
+            // Once per holder seen: a row each retry would only fill the table.
+            if (!seen_holder_ || announced_to_ == seen_holder_id_) return wait();
             // Shown to the holder, which gives up a lingering lock for it
             // (linger_locks); an error (the table gone meanwhile) is harmless.
             return Sql(
                 st().AnnounceLockWaiter(m->state_id(), m->lock_id(), seen_holder_id_),
                 "showing the holder that a process waits",
-                [wait](const std::string&) { return wait(); }, [wait](absl::Status) { return wait(); });
+                [this, wait](const std::string&) {
+                  announced_to_ = seen_holder_id_;
+                  return wait();
+                }, [wait](absl::Status) { return wait(); });
           }
         default:
           return on_outcome(*a);
@@ -730,6 +744,7 @@ class StoreSteps {
   LockPtr current_lock_;
   bool seen_holder_ = false;  // the last lock inspection found another live holder
   std::string seen_holder_id_;  // cluster mode: the holder the waiter row names
+  std::string announced_to_;  // the holder this task's waiter row named last
   std::vector<std::shared_ptr<void>> keep_;
 };
 
@@ -924,10 +939,18 @@ Step InspectLocks(StoreSteps& s, std::shared_ptr<std::vector<std::pair<std::stri
 // lock names to state ids).
 Step ListClaimLocks(StoreSteps& s, std::shared_ptr<std::map<std::string, std::string>> names, bool all) {
   return s.Query(
-      s.st().ListClaims(), "listing lock claims", 6,
+      s.st().ListClaims(), "listing lock claims", 8,
       [names, all, &s](const Rows& rows) {
+        // A claim another claim took over is gone, ended or not.
+        std::set<std::pair<std::string, std::string>> taken;
+        for (const Row& row : rows) {
+          for (absl::string_view id : absl::StrSplit(row[7].value_or(""), ',', absl::SkipEmpty())) {
+            taken.emplace(row[0].value_or(""), std::string(id));
+          }
+        }
         std::vector<HeldLockInfo> found;
         for (const Row& row : rows) {
+          if (row[6].value_or("0") != "0" || taken.count({row[0].value_or(""), row[1].value_or("")})) continue;
           int64_t claimed = 0, newest = 0, stale_s = 0, now = 0;
           if (!absl::SimpleAtoi(row[2].value_or(""), &claimed) || !absl::SimpleAtoi(row[3].value_or(""), &newest) ||
               !absl::SimpleAtoi(row[4].value_or(""), &stale_s) || !absl::SimpleAtoi(row[5].value_or(""), &now)) {

@@ -147,7 +147,10 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
   if (policy_.endpoints && !tried_.empty()) {
     const size_t host = tried_.back();
     const bool replica_error = ReplicaLevelError(pending_.request, response);
-    if (resendable || replica_error || (!response.transport_ok && response.maybe_delivered)) {
+    // A write whose quorum was not confirmed there (319) may hold up that
+    // replica's next writes too: the next requests go elsewhere.
+    const bool unconfirmed = AnswerCode(response) == ch::kUnknownStatusOfInsert;
+    if (resendable || replica_error || unconfirmed || (!response.transport_ok && response.maybe_delivered)) {
       // This host failed; the next request of any task avoids it for a while.
       policy_.endpoints->Failed(host, in.now_ms);
       std::optional<int> code = AnswerCode(response);
