@@ -23,6 +23,7 @@ inline constexpr int kNetworkError = 210;
 inline constexpr int kTableIsDropped = 218;         // a query met a table being dropped
 inline constexpr int kNoZooKeeper = 225;
 inline constexpr int kTableIsReadOnly = 242;        // replicated table without its ZooKeeper session
+inline constexpr int kTooManyParts = 252;        // inserts outran merges: nothing written, retry after a pause
 inline constexpr int kTooFewLiveReplicas = 285;     // quorum write: fewer replicas alive than the quorum
 inline constexpr int kUnsatisfiedQuorumForPreviousWrite = 286;  // another quorum write not finished: nothing written
 inline constexpr int kReplicaIsNotInQuorum = 289;  // a sequentially consistent read on a lagging replica
@@ -53,6 +54,7 @@ inline constexpr ErrorCode kInterpreted[] = {
     {kTableIsDropped, "TABLE_IS_DROPPED", "lock: the lock table vanished under the read, read again"},
     {kNoZooKeeper, "NO_ZOOKEEPER", "cluster mode: kUnavailable, 'ClickHouse cannot reach ZooKeeper'"},
     {kTableIsReadOnly, "TABLE_IS_READ_ONLY", "cluster mode: kUnavailable, as NO_ZOOKEEPER"},
+    {kTooManyParts, "TOO_MANY_PARTS", "cluster mode: retried like UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE"},
     {kTooFewLiveReplicas, "TOO_FEW_LIVE_REPLICAS", "cluster mode: kUnavailable, nothing was written"},
     {kUnsatisfiedQuorumForPreviousWrite, "UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE",
      "cluster mode: retried until quorum_timeout_ms, then kUnavailable"},

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -137,7 +138,7 @@ absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body) {
 }
 
 absl::StatusOr<LockInspection> ParseClaimInspection(const std::string& body, const std::string& ours,
-                                                    int64_t stale_s) {
+                                                    int64_t stale_s, const std::string& own_prefix) {
   absl::StatusOr<Rows> rows = ParseTabSeparated(body, 7);
   if (!rows.ok()) return rows.status();
   struct Claim {
@@ -165,6 +166,9 @@ absl::StatusOr<LockInspection> ParseClaimInspection(const std::string& body, con
       ours_ended = ends > 0;
       continue;
     }
+    // An earlier claim of this very acquisition (ended, its end row maybe not
+    // yet visible): never another process's.
+    if (!own_prefix.empty() && absl::StartsWith(*row[0], own_prefix)) continue;
     if (claims == 0 || ends > 0) continue;  // ended, or only the end row of a claim not visible yet
     // A claim is judged by the larger of the two windows, as a held table is.
     const int64_t window_s = std::max(stale_s, row_stale);
@@ -514,10 +518,11 @@ void LockMachine::Claim(const std::string& over, const Inputs& in) {
     Fail(absl::InvalidArgumentError("the host passed fewer than 16 random bytes for a lock id"));
     return;
   }
-  // A fresh id per claim: an ended claim stays ended.
-  std::string id = MakeLockId(in.random);
-  if (id == lock_id_) id = MakeLockId(absl::StrCat(in.random.substr(16), in.random.substr(0, 16), "x"));
-  lock_id_ = id;
+  // A fresh id per claim (an ended claim stays ended): this acquisition's
+  // random prefix and the claim's number, so that its earlier claims, should
+  // they land late, are known as its own and never taken for another's.
+  if (claim_prefix_.empty()) claim_prefix_ = MakeLockId(in.random).substr(0, kClaimPrefixLen);
+  lock_id_ = absl::StrCat(claim_prefix_, absl::Hex(++claims_made_, absl::kZeroPad8));
   claimed_ = true;
   create_unresolved_ = false;
   state_ = LockState::kCreating;
@@ -532,7 +537,7 @@ bool LockMachine::RetryBusy(const SqlResponse* r, const Inputs& in) {
   // to write again (end rows only; a claim or renewal is settled by reading).
   const std::optional<int> code = ClickHouseCode(CheckResponse(*r, "locking"));
   const bool end_row = outstanding_.purpose == "end_claim";
-  const bool again = code == ch::kUnsatisfiedQuorumForPreviousWrite ||
+  const bool again = code == ch::kUnsatisfiedQuorumForPreviousWrite || code == ch::kTooManyParts ||
                      (end_row && (code == ch::kUnknownStatusOfInsert || code == ch::kTooFewLiveReplicas));
   if (!again) return false;
   if (in.now_ms >= busy_until_ms_ || outstanding_.sql.empty()) return false;
@@ -591,8 +596,10 @@ void LockMachine::NoteQuorumTrouble(const SqlResponse& r) {
       code != ch::kUnknownStatusOfInsert) {
     return;
   }
+  const std::string fewer = absl::StrCat("fewer than ", st_.cluster().quorum,
+                                         " replicas are alive (code 285); nothing was written");
   const char* why = code == ch::kTooFewLiveReplicas
-                        ? "fewer replicas are alive than the write quorum (code 285); nothing was written"
+                        ? fewer.c_str()
                     : code == ch::kUnsatisfiedQuorumForPreviousWrite
                         ? "an earlier write to the lock's claims has not reached its quorum (code 286: a replica that "
                           "holds it is down or lagging)"
@@ -707,7 +714,7 @@ void LockMachine::InspectFailed(const SqlResponse* r, const Inputs& in) {
 
 void LockMachine::Decide(const SqlResponse* r, const Inputs& in) {
   absl::StatusOr<LockInspection> insp =
-      Claims() ? ParseClaimInspection(r->body, claimed_ ? lock_id_ : std::string(), StaleSeconds())
+      Claims() ? ParseClaimInspection(r->body, claimed_ ? lock_id_ : std::string(), StaleSeconds(), claim_prefix_)
                : ParseLockInspection(r->body);
   if (!insp.ok()) {
     Fail(insp.status());

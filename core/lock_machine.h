@@ -140,8 +140,10 @@ absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body);
 // has not ended; holder is `ours` when ours is visible and no other live
 // claim is, else the other live claim with the newest row, else the stale
 // one with the newest row.
+// Claims whose id starts with `own_prefix` (the claimant's earlier claims in
+// the same acquisition) are left out.
 absl::StatusOr<LockInspection> ParseClaimInspection(const std::string& body, const std::string& ours,
-                                                    int64_t stale_s);
+                                                    int64_t stale_s, const std::string& own_prefix = "");
 
 // Test-only: deliberately removes one defence, so that the simulation's
 // negative controls (tests/sim) can show they would catch its absence. Never
@@ -180,6 +182,8 @@ class LockMachine {
   int64_t acquired_at_ms() const { return acquired_at_ms_; }
   // Cluster mode: a request that met code 286 waits for its timer.
   bool busy_waiting() const { return busy_resend_.has_value(); }
+  // Cluster mode: the prefix of this acquisition's claims (see Claim).
+  const std::string& claim_prefix() const { return claim_prefix_; }
 
   enum class Event { kAcquire, kRelease, kTimer, kOk, kExists, kMissing, kError };
 
@@ -283,6 +287,11 @@ class LockMachine {
   // at the deadline, the cause to report instead of "locked by another".
   absl::Status quorum_trouble_;
   bool saw_live_claim_ = false;
+  // Cluster mode: every claim of this acquisition is this prefix plus its
+  // number in 8 hex digits (32 hex digits in all, as any lock id).
+  static constexpr size_t kClaimPrefixLen = 24;
+  std::string claim_prefix_;
+  uint32_t claims_made_ = 0;
   // The request sent last (for a resend after code 286).
   SqlRequest outstanding_;
   LockDefectsForTesting defects_;

@@ -269,7 +269,8 @@ class StoreSteps {
         [this, req, what, deadline_ms, wait_ms, then, fail](absl::Status st) -> Step {
           std::optional<int> code = ClickHouseCode(st);
           if (!s_->options_.cluster.enabled() || !code) return fail(std::move(st));
-          if (*code == ch::kUnsatisfiedQuorumForPreviousWrite && in_->now_ms < deadline_ms) {
+          if ((*code == ch::kUnsatisfiedQuorumForPreviousWrite || *code == ch::kTooManyParts) &&
+              in_->now_ms < deadline_ms) {
             // A little jitter from the fresh random bytes keeps two writers
             // from retrying in lockstep.
             int64_t jitter = in_->random.empty() ? 0 : static_cast<unsigned char>(in_->random[0]) % 8;
@@ -397,7 +398,8 @@ class StoreSteps {
             if (inspection && r.transport_ok && r.http_status == 200) {
               absl::StatusOr<LockInspection> insp =
                   st().cluster().enabled()
-                      ? ParseClaimInspection(r.body, m->lock_id(), (m->options().stale_ms + 999) / 1000)
+                      ? ParseClaimInspection(r.body, m->lock_id(), (m->options().stale_ms + 999) / 1000,
+                                             m->claim_prefix())
                       : ParseLockInspection(r.body);
               seen_holder_ = insp.ok() && insp->exists && !insp->holder.empty() && insp->holder != m->lock_id() &&
                              (!st().cluster().enabled() ||

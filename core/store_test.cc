@@ -1076,6 +1076,10 @@ TEST(ClusterStore, ClearAllTombstonesInsteadOfTruncating) {
   EXPECT_EQ(o.last.result.count, 3);
 }
 
+// Cluster mode: an acquisition's claims are its random prefix and a number.
+const std::string kClaimId = kLockId.substr(0, 24) + "00000001";
+const std::string kClaimId2 = kLockId.substr(0, 24) + "00000002";
+
 // A claims answer row: lock id, claim rows, end rows, newest row, stale_s, over, now.
 std::string ClaimRow(const std::string& id, int ends, int64_t newest, int64_t now, const std::string& over = "") {
   return absl::StrCat(id, "\t1\t", ends, "\t", newest, "\t300\t", over, "\t", now, "\n");
@@ -1096,11 +1100,11 @@ TEST(ClusterStore, LocksAreClaimsAndLinger) {
   // Read, claim with the quorum, read again: ours is the only live claim.
   Outcome o1 = Drive(*t,
                      {kVersion18, kEngine, Q("inspect_claims", Ok("")),
-                      Q("claim_lock", Ok(), "'" + kLockId + "', toUInt8(0)"),
-                      Q("inspect_claims", Ok(ClaimRow(kLockId, 0, 100, 100)))},
+                      Q("claim_lock", Ok(), "'" + kClaimId + "', toUInt8(0)"),
+                      Q("inspect_claims", Ok(ClaimRow(kClaimId, 0, 100, 100)))},
                      &clock);
   ASSERT_EQ(o1.last.kind, Action::Kind::kDone) << o1.last.status;
-  EXPECT_EQ(o1.last.result.lock_id, kLockId);
+  EXPECT_EQ(o1.last.result.lock_id, kClaimId);
   // Released, it lingers, and taking it back costs no request.
   auto r = (*store)->ReleaseLock("id", o1.last.result.lock_id);
   Outcome o2 = Drive(*r, {}, &clock);
@@ -1112,8 +1116,8 @@ TEST(ClusterStore, LocksAreClaimsAndLinger) {
   EXPECT_TRUE(o3.purposes.empty());
   // A later release looks for waiters: rows naming this holder.
   clock += 1000;
-  auto r2 = (*store)->ReleaseLock("id", kLockId);
-  Drive(*r2, {Q("lock_waiters", Ok(""), "seq = 2 AND over = '" + kLockId + "'")}, &clock);
+  auto r2 = (*store)->ReleaseLock("id", kClaimId);
+  Drive(*r2, {Q("lock_waiters", Ok(""), "seq = 2 AND over = '" + kClaimId + "'")}, &clock);
   // Released for real: the end row.
   auto all = (*store)->ReleaseLingering();
   Outcome o4 = Drive(*all, {Q("end_claim", Ok(), "toUInt8(3)")}, &clock);
@@ -1141,11 +1145,11 @@ TEST(ClusterStore, AClaimThatSeesAnotherLiveClaimEndsItselfAndBacksOff) {
   auto t = store->AcquireLock("id");
   Outcome o = Drive(*t,
                     {kVersion18, kEngine, Q("inspect_claims", Ok("")), Q("claim_lock", Ok()),
-                     Q("inspect_claims", Ok(ClaimRow("other", 0, 100, 100) + ClaimRow(kLockId, 0, 100, 100))),
-                     Q("end_claim", Ok(), "'" + kLockId + "', toUInt8(3)"), W(-1),
+                     Q("inspect_claims", Ok(ClaimRow("other", 0, 100, 100) + ClaimRow(kClaimId, 0, 100, 100))),
+                     Q("end_claim", Ok(), "'" + kClaimId + "', toUInt8(3)"), W(-1),
                      // The racer holds on: a live claim, so no new claim is
                      // written; the waiter shows itself to it instead.
-                     Q("inspect_claims", Ok(ClaimRow("other", 0, 101, 101) + ClaimRow(kLockId, 1, 100, 101))),
+                     Q("inspect_claims", Ok(ClaimRow("other", 0, 101, 101) + ClaimRow(kClaimId, 1, 100, 101))),
                      Q("announce_lock_waiter", Ok(), "'other'")},
                     &clock);
   EXPECT_EQ(o.last.kind, Action::Kind::kWait);
@@ -1160,7 +1164,7 @@ TEST(ClusterStore, AStaleClaimIsTakenOverByNamingIt) {
   Outcome o = Drive(*t,
                     {kVersion18, kEngine, Q("inspect_claims", Ok(ClaimRow("dead", 0, 100, 500))),
                      Q("claim_lock", Ok(), "toUInt8(0), now(), toUInt32(300), 'dead'"),
-                     Q("inspect_claims", Ok(ClaimRow("dead", 0, 100, 500) + ClaimRow(kLockId, 0, 500, 500)))},
+                     Q("inspect_claims", Ok(ClaimRow("dead", 0, 100, 500) + ClaimRow(kClaimId, 0, 500, 500)))},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 }
@@ -1173,7 +1177,7 @@ TEST(ClusterStore, AClaimWhoseOutcomeIsUnknownIsSettledByReading) {
   Outcome o = Drive(*t,
                     {kVersion18, kEngine, Q("inspect_claims", Ok("")),
                      Q("claim_lock", Err(500, 319, "Unknown status, client must retry")),
-                     Q("inspect_claims", Ok(ClaimRow(kLockId, 0, 100, 100)))},
+                     Q("inspect_claims", Ok(ClaimRow(kClaimId, 0, 100, 100)))},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
   // Not visible: ended before anything else, then claimed afresh.
@@ -1182,11 +1186,46 @@ TEST(ClusterStore, AClaimWhoseOutcomeIsUnknownIsSettledByReading) {
   o = Drive(*t2,
             {kVersion18, kEngine, Q("inspect_claims", Ok("")),
              Q("claim_lock", Err(500, 319, "Unknown status, client must retry")), Q("inspect_claims", Ok("")),
-             Q("end_claim", Ok(), "'" + kLockId + "'"), W(-1), Q("inspect_claims", Ok(ClaimRow(kLockId, 1, 100, 100))),
+             Q("end_claim", Ok(), "'" + kClaimId + "'"), W(-1), Q("inspect_claims", Ok(ClaimRow(kClaimId, 1, 100, 100))),
              Q("claim_lock", Ok())},
             &clock);
   EXPECT_EQ(o.last.kind, Action::Kind::kRunSql);
   EXPECT_EQ(o.last.request.purpose, "inspect_claims");
+}
+
+TEST(ClusterStore, AnEarlierClaimOfTheSameAcquisitionIsNotAnotherProcess) {
+  // Its end row not visible yet, the first claim shows as live: the next claim
+  // (a new number, same prefix) is written all the same.
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("id");
+  Outcome o = Drive(*t,
+                    {kVersion18, kEngine, Q("inspect_claims", Ok("")),
+                     Q("claim_lock", Err(500, 319, "Unknown status, client must retry"), "'" + kClaimId + "'"),
+                     Q("inspect_claims", Ok("")), Q("end_claim", Ok()), W(-1),
+                     Q("inspect_claims", Ok(ClaimRow(kClaimId, 0, 100, 100))),
+                     Q("claim_lock", Ok(), "'" + kClaimId2 + "'"),
+                     Q("inspect_claims", Ok(ClaimRow(kClaimId, 0, 100, 100) + ClaimRow(kClaimId2, 0, 100, 100)))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.lock_id, kClaimId2);
+}
+
+TEST(ClusterStore, TooFewReplicasForTheLockIsUnavailableAndSaysSo) {
+  LockOptions lock;
+  lock.timeout_ms = 0;  // one attempt
+  StoreOptions opts;
+  opts.cluster.name = "prod";
+  opts.lock = lock;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(opts);
+  ASSERT_THAT(store, IsOk());
+  int64_t clock = 0;
+  auto t = (*store)->AcquireLock("id");
+  SqlResponse few = Err(500, 285, "Number of alive replicas (1) is less than requested quorum (2).");
+  Outcome o = Drive(*t, {kVersion18, kEngine, Q("inspect_claims", Ok("")), Q("claim_lock", few)}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  // Not "locked by another process": the replicas kept the lock from us.
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("fewer than 2 replicas are alive")));
 }
 
 TEST(ClusterStore, AClaimMeetingAnotherQuorumInsertIsSentAgain) {
@@ -1196,7 +1235,7 @@ TEST(ClusterStore, AClaimMeetingAnotherQuorumInsertIsSentAgain) {
   Outcome o = Drive(*t,
                     {kVersion18, kEngine, Q("inspect_claims", Ok("")),
                      Q("claim_lock", Err(500, 286, "Another quorum insert has been already started")), W(-1),
-                     Q("claim_lock", Ok()), Q("inspect_claims", Ok(ClaimRow(kLockId, 0, 100, 100)))},
+                     Q("claim_lock", Ok()), Q("inspect_claims", Ok(ClaimRow(kClaimId, 0, 100, 100)))},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 }
@@ -1207,7 +1246,7 @@ TEST(ClusterStore, ARenewalIsLostOnlyWhenAClaimTookItOver) {
   auto t = store->AcquireLock("id");
   Outcome o = Drive(*t,
                     {kVersion18, kEngine, Q("inspect_claims", Ok("")), Q("claim_lock", Ok()),
-                     Q("inspect_claims", Ok(ClaimRow(kLockId, 0, 100, 100)))},
+                     Q("inspect_claims", Ok(ClaimRow(kClaimId, 0, 100, 100)))},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
   // A racer that has not yet seen ours and withdrawn is no loss.
@@ -1215,7 +1254,7 @@ TEST(ClusterStore, ARenewalIsLostOnlyWhenAClaimTookItOver) {
   auto renew = store->RenewLock("id");
   o = Drive(*renew,
             {Q("renew_claim", Ok(), "toUInt8(1)"),
-             Q("inspect_claims", Ok(ClaimRow("racer", 0, 110, 110) + ClaimRow(kLockId, 0, 110, 110)))},
+             Q("inspect_claims", Ok(ClaimRow("racer", 0, 110, 110) + ClaimRow(kClaimId, 0, 110, 110)))},
             &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
   // A claim naming ours in `over` took it over.
@@ -1223,7 +1262,7 @@ TEST(ClusterStore, ARenewalIsLostOnlyWhenAClaimTookItOver) {
   auto again = store->RenewLock("id");
   o = Drive(*again,
             {Q("renew_claim", Ok()),
-             Q("inspect_claims", Ok(ClaimRow("taker", 0, 120, 120, "x," + kLockId) + ClaimRow(kLockId, 0, 120, 120)))},
+             Q("inspect_claims", Ok(ClaimRow("taker", 0, 120, 120, "x," + kClaimId) + ClaimRow(kClaimId, 0, 120, 120)))},
             &clock);
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("taken over")));
 }

@@ -244,7 +244,8 @@ def sql_file(lib) -> dict:
             ("delete", {"op": "delete", "state_id_hex": hexid("dev:tap-users")}, [ok("")] * 2),
             # The lock as claims: read, claim, read again (ours alone).
             ("acquire_lock", {"op": "acquire_lock", "state_id_hex": hexid("dev:tap-users")},
-             [ok(""), ok(""), ok(f"{RANDOM[:16].hex()}\t1\t0\t100\t30\t\t100\n")])):
+             # (an acquisition's claims: its random prefix and a number)
+             [ok(""), ok(""), ok(f"{RANDOM[:12].hex()}00000001\t1\t0\t100\t30\t\t100\n")])):
         engine = ok("ReplicatedReplacingMergeTree\t1\n")
         cases.append(script(lib, f"cluster_clickhouse18_{name}", op, [version("18.16.1"), engine] + answers,
                             store=cluster))
