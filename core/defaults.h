@@ -35,6 +35,11 @@ inline constexpr int64_t kDefaultMutationTimeoutMs = 60000;
 // 319 after), and how long one that meets another in flight (code 286) keeps
 // retrying.
 inline constexpr int64_t kDefaultQuorumTimeoutMs = 10000;
+// Cluster mode: how long a write refused with code 286 (an earlier quorum
+// write to the table is still unconfirmed: on 18.16, until the replica that
+// holds it is back) keeps retrying. Longer than the quorum timeout, so that a
+// replica restarted after a crash lets the writes go on.
+inline constexpr int64_t kDefaultQuorumBusyMs = 30000;
 // Cluster mode: how long ON CLUSTER DDL waits for every host (code 159 after).
 inline constexpr int64_t kDefaultDdlTimeoutS = 10;
 // Transport failures: a request is sent at most this many times in all
@@ -96,6 +101,8 @@ inline constexpr DefaultSetting kDefaults[] = {
     {"stale_lock_ms", kDefaultStaleLockMs, "ms", "a lock not renewed for this long is taken over"},
     {"mutation_timeout_ms", kDefaultMutationTimeoutMs, "ms", "18.x: a delete's mutation may run this long"},
     {"quorum_timeout_ms", kDefaultQuorumTimeoutMs, "ms", "cluster: a write waits this long for its quorum"},
+    {"quorum_busy_ms", kDefaultQuorumBusyMs, "ms",
+     "cluster: a write refused because an earlier one is unconfirmed (code 286) retries this long"},
     {"ddl_timeout_s", kDefaultDdlTimeoutS, "s", "cluster: ON CLUSTER DDL waits this long for every host"},
     {"transport_attempts", kDefaultTransportAttempts, "count", "sends of one request in all, after transport failures"},
     {"transport_backoff_ms", kDefaultTransportBackoffMs, "ms", "before the first resend, doubled after"},

@@ -455,6 +455,13 @@ void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
     // No answer, or code 319 (the quorum not confirmed in time): the claim
     // may be in, or may land later. The next read settles it; if it is not
     // ours by then it is ended before anything else.
+    if (r && !r->transport_ok) {
+      quorum_trouble_ = absl::UnavailableError(absl::StrCat(
+          "the lock on state id \"", Printable(state_id_), "\" could not be taken: its claim got no answer (",
+          r->transport_error, "); replicas may be down or hung. If the claim landed, it blocks the id for ",
+          options_.stale_ms / 1000, " s at most"));
+      saw_live_claim_ = false;
+    }
     if (!create_unresolved_) earliest_unresolved_create_ms_ = create_sent_at_ms_;
     create_unresolved_ = true;
     if (r && !r->transport_ok && GiveUpUnreachable(*r)) return;
@@ -527,7 +534,7 @@ void LockMachine::Claim(const std::string& over, const Inputs& in) {
   create_unresolved_ = false;
   state_ = LockState::kCreating;
   create_sent_at_ms_ = in.now_ms;
-  busy_until_ms_ = in.now_ms + st_.cluster().quorum_timeout_ms;
+  busy_until_ms_ = in.now_ms + st_.cluster().quorum_busy_ms;
   Send(st_.ClaimLock(state_id_, lock_id_, StaleSeconds(), over), in);
 }
 
@@ -573,7 +580,7 @@ void LockMachine::WithdrawThenBackOff(const Inputs& in, bool short_wait) {
     return;
   }
   state_ = LockState::kWithdrawing;
-  busy_until_ms_ = in.now_ms + st_.cluster().quorum_timeout_ms;
+  busy_until_ms_ = in.now_ms + st_.cluster().quorum_busy_ms;
   Send(st_.EndClaim(state_id_, lock_id_), in);
 }
 

@@ -51,6 +51,8 @@ struct ClusterOptions {
   int quorum = 2;
   // How long a quorum write waits for the other replicas (code 319 after).
   int64_t quorum_timeout_ms = kDefaultQuorumTimeoutMs;
+  // How long a write refused with code 286 is retried.
+  int64_t quorum_busy_ms = kDefaultQuorumBusyMs;
   // How long ON CLUSTER DDL waits for every host (code 159 after).
   int64_t ddl_timeout_s = kDefaultDdlTimeoutS;
 

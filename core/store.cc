@@ -208,7 +208,7 @@ class StoreSteps {
     SqlRequest req =
         st().InsertState(state.state_id, ToColumn(state.partial), ToColumn(state.completed), *token);
     return QuorumWrite(
-        std::move(req), "writing state", in_->now_ms + s_->options_.cluster.quorum_timeout_ms, 5, then,
+        std::move(req), "writing state", in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5, then,
         [this, state, then, fail, schema_made](absl::Status st) -> Step {
           if (st.code() == absl::StatusCode::kNotFound && !schema_made) {
             return EnsureSchema([this, state, then, fail] { return WriteState(state, then, fail, true); }, fail);
@@ -244,7 +244,7 @@ class StoreSteps {
     if (!token.ok()) return Failed(token.status());
     return QuorumWrite(
         st().InsertStates(rows, *token), absl::StrCat("importing states ", from + 1, "-", next, " of ", states.size()),
-        in_->now_ms + s_->options_.cluster.quorum_timeout_ms, 5,
+        in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5,
         [this, all, next] { return WriteBatches(all, next, true); },
         [this, all, from, schema_made](absl::Status st) -> Step {
           if (st.code() == absl::StatusCode::kNotFound && !schema_made) {
@@ -288,7 +288,7 @@ class StoreSteps {
     switch (code) {
       case ch::kUnsatisfiedQuorumForPreviousWrite:
         why = absl::StrCat("an earlier write to this table has still not reached its quorum of ", c.quorum,
-                           " replicas after ", c.quorum_timeout_ms, " ms (a replica is down or lagging); nothing "
+                           " replicas after ", c.quorum_busy_ms, " ms (a replica is down or lagging); nothing "
                            "was written. Bring the replica back, then retry");
         break;
       case ch::kTooFewLiveReplicas:
@@ -338,7 +338,7 @@ class StoreSteps {
     if (absl::Status lease = LeaseCheck(id); !lease.ok()) return fail(lease);
     if (st().cluster().enabled()) {
       return QuorumWrite(st().DeleteState(id), "deleting state",
-                         in_->now_ms + s_->options_.cluster.quorum_timeout_ms, 5, then,
+                         in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5, then,
                          [then, fail](absl::Status st) -> Step {
                            if (st.code() == absl::StatusCode::kNotFound) return then();  // no table: nothing to delete
                            return fail(std::move(st));
@@ -995,7 +995,7 @@ Step EndClaims(StoreSteps& s, const std::string& state_id, std::shared_ptr<std::
   }
   return s.QuorumWrite(
       s.st().EndClaim(state_id, (*ids)[next]), "removing the lock",
-      s.inputs().now_ms + s.st().cluster().quorum_timeout_ms, 5,
+      s.inputs().now_ms + s.st().cluster().quorum_busy_ms, 5,
       [&s, state_id, ids, next, info] { return EndClaims(s, state_id, ids, next + 1, info); }, StoreSteps::Failed);
 }
 
@@ -1413,7 +1413,7 @@ std::unique_ptr<Task> Store::ClearAll() {
                 }
                 return s.QuorumWrite(
                     s.st().ClearStates(), "clearing all states",
-                    s.inputs().now_ms + s.st().cluster().quorum_timeout_ms, 5,
+                    s.inputs().now_ms + s.st().cluster().quorum_busy_ms, 5,
                     [&s, count] {
                       Result r = s.Base();
                       r.count = count;

@@ -944,6 +944,7 @@ std::unique_ptr<Store> MakeClusterStore() {
   StoreOptions o;
   o.cluster.name = "prod";
   o.cluster.quorum_timeout_ms = 1000;
+  o.cluster.quorum_busy_ms = 1000;
   absl::StatusOr<std::unique_ptr<Store>> s = Store::Create(o);
   EXPECT_THAT(s, IsOk());
   return std::move(*s);

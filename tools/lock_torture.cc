@@ -8,7 +8,10 @@
 //                [--stale-ms 300000] [--retry-ms 10] [--timeout-ms 120000] [--hold-ms 3]
 //                [--tolerate-timeouts] [--timeout-exit-code N]
 //   (with CHSTATE_TEST_HOST, _PORT, _USER, _PASSWORD in the environment, and
-//   CHSTATE_TEST_CLUSTER for cluster mode)
+//   CHSTATE_TEST_CLUSTER for cluster mode; CHSTATE_TEST_HOSTS="h1:p1,h2:p2,..."
+//   instead of _HOST and _PORT names several hosts, read as the core reads the
+//   `host` setting, and the core picks the host for each request, the first
+//   one first: tests/cluster/test_ha.py)
 //
 // The connection database is "default". Each round:
 //   AcquireLock -> log `enter <worker> <round> <ns>`
@@ -97,7 +100,8 @@ const char kUsage[] =
     "usage: lock_torture --schema S --state-id ID --rounds N --log FILE --worker NAME\n"
     "                    [--stale-ms MS] [--retry-ms MS] [--timeout-ms MS] [--hold-ms MS]\n"
     "                    [--tolerate-timeouts] [--timeout-exit-code N]\n"
-    "Connection: CHSTATE_TEST_HOST, CHSTATE_TEST_PORT, CHSTATE_TEST_USER, CHSTATE_TEST_PASSWORD.\n";
+    "Connection: CHSTATE_TEST_HOST, CHSTATE_TEST_PORT (or CHSTATE_TEST_HOSTS=h1:p1,h2:p2,... with\n"
+    "CHSTATE_TEST_CLUSTER), CHSTATE_TEST_USER, CHSTATE_TEST_PASSWORD.\n";
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
@@ -162,6 +166,14 @@ std::string Env(const char* name) {
 }
 
 absl::StatusOr<ConnectionConfig> ConfigFromEnv() {
+  if (std::string hosts = Env("CHSTATE_TEST_HOSTS"); !hosts.empty()) {
+    // The core's own reading of a host list (and its refusal without a cluster).
+    ConfigSources sources;
+    sources.flags = {{"host", hosts}, {"user", Env("CHSTATE_TEST_USER")}, {"database", "default"}};
+    if (std::string pw = Env("CHSTATE_TEST_PASSWORD"); !pw.empty()) sources.flags["password"] = pw;
+    if (std::string cluster = Env("CHSTATE_TEST_CLUSTER"); !cluster.empty()) sources.flags["cluster"] = cluster;
+    return ResolveConfig(sources);
+  }
   ConnectionConfig c;
   c.host = Env("CHSTATE_TEST_HOST");
   if (c.host.empty()) c.host = "127.0.0.1";
@@ -221,6 +233,10 @@ int Run(const Flags& f) {
   options.schema = f.schema;
   options.cluster.name = Env("CHSTATE_TEST_CLUSTER");  // tests/cluster: lock across replicas
   options.endpoint = absl::StrCat(config->host, ":", config->port);
+  if (config->hosts.size() > 1) {
+    options.hosts = config->hosts;  // the core picks one for every request
+    options.endpoint.clear();
+  }
   options.lock.stale_ms = f.stale_ms;
   options.lock.retry_ms = f.retry_ms;
   options.lock.timeout_ms = f.timeout_ms;

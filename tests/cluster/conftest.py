@@ -1,9 +1,11 @@
-"""Fixtures for the cluster tests (tests/cluster/test_cluster.py).
+"""Fixtures for the cluster tests (tests/cluster/test_*.py).
 
-`cluster`: ZooKeeper plus replicas r1 and r2 of one shard (cluster "chstate"),
-started once per session with tools/clickhouse_server.py in a private folder
-and removed at the end. Fault tests stop, kill and restart its processes; the
-`healthy` fixture brings everything back before each test.
+`cluster`: ZooKeeper plus replicas r1, r2 and r3 of one shard (cluster
+"chstate"), started once per session with tools/clickhouse_server.py in a
+private folder and removed at the end. Fault tests stop, kill and restart its
+processes; the `healthy` fixture brings everything back before each test.
+`Cluster.uri` names one replica, `Cluster.hosts_uri` all three (a host list,
+in a given order: the core starts with the first and fails over).
 `chstate_bin`, `torture_bin`: the CLI and the lock torture worker (built when
 missing). Each test gets its own schema.
 
@@ -59,6 +61,14 @@ class Cluster:
         q = f"?schema={schema}" + (f"&cluster={self.name}" if cluster else "")
         return f"clickhouse://chstate@127.0.0.1:{self.port(replica)}/default{q}"
 
+    def hosts(self, order: tuple[str, ...] = REPLICAS) -> str:
+        """The host list `127.0.0.1:P1,127.0.0.1:P2,...` of the replicas in `order`."""
+        return ",".join(f"127.0.0.1:{self.port(r)}" for r in order)
+
+    def hosts_uri(self, schema: str, order: tuple[str, ...] = REPLICAS) -> str:
+        """A URI naming several hosts (README "Cluster mode"), the first of `order` first."""
+        return f"clickhouse://chstate@{self.hosts(order)}/default?schema={schema}&cluster={self.name}"
+
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CLICKHOUSE_", "MELTANO_", "CHSTATE_"))}
         env["MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD"] = self.password
@@ -67,6 +77,13 @@ class Cluster:
     def cli(self, replica: str, schema: str, *args: str, timeout: float = 120, cluster: bool = True) -> Run:
         start = time.monotonic()
         proc = subprocess.run([str(self.chstate), *args, "--uri", self.uri(replica, schema, cluster)],
+                              capture_output=True, env=self.env(), timeout=timeout)
+        return Run(proc, time.monotonic() - start)
+
+    def cli_hosts(self, schema: str, *args: str, order: tuple[str, ...] = REPLICAS, timeout: float = 120) -> Run:
+        """The CLI with the several-host URI of `order`."""
+        start = time.monotonic()
+        proc = subprocess.run([str(self.chstate), *args, "--uri", self.hosts_uri(schema, order)],
                               capture_output=True, env=self.env(), timeout=timeout)
         return Run(proc, time.monotonic() - start)
 
@@ -95,24 +112,40 @@ class Cluster:
                 break
             time.sleep(0.05)
 
-    def stop_zookeeper(self) -> None:
-        chs.stop_zookeeper(self.folder / "zookeeper")
+    def restart_replica(self, replica: str, wait: bool = True, wait_seconds: float = 90) -> None:
+        """Starts a stopped or killed replica again, with its ports and data (nothing if it runs).
+        With `wait`, returns once it has its ZooKeeper session and DDL queue and is writable
+        (not read-only: a killed replica's old session may hold its is_active node for up
+        to the session timeout, 30 s)."""
+        info = chs.load_cluster(self.folder)
+        if not chs.running(self.folder / replica):
+            chs.start_replica(self.folder, replica, info)
+        if not wait:
+            return
+        chs._wait_for_ddl_queue(info, replica)
+        self.wait_writable((replica,), wait_seconds)
 
-    def start_all(self) -> None:
-        """Starts whatever is down and waits until both replicas accept quorum writes again."""
-        chs.start_cluster(self.folder)
-        deadline = time.monotonic() + 90
+    def wait_writable(self, replicas: tuple[str, ...] = REPLICAS, wait_seconds: float = 90) -> None:
+        """Waits until no replicated table of `replicas` is read-only or without a session."""
+        deadline = time.monotonic() + wait_seconds
         last = ""
         while time.monotonic() < deadline:
             try:
-                ok = all(self.sql(r, "SELECT count() FROM system.replicas WHERE is_readonly OR is_session_expired")
-                         .strip() == "0" for r in REPLICAS)
-                if ok:
+                if all(self.sql(r, "SELECT count() FROM system.replicas WHERE is_readonly OR is_session_expired")
+                       .strip() == "0" for r in replicas):
                     return
             except (urllib.error.URLError, OSError) as e:
                 last = str(e)
             time.sleep(0.2)
-        pytest.fail(f"the cluster did not recover within 90 s: {last}")
+        pytest.fail(f"replicas {', '.join(replicas)} were not writable within {wait_seconds:.0f} s: {last}")
+
+    def stop_zookeeper(self) -> None:
+        chs.stop_zookeeper(self.folder / "zookeeper")
+
+    def start_all(self) -> None:
+        """Starts whatever is down and waits until every replica accepts quorum writes again."""
+        chs.start_cluster(self.folder)
+        self.wait_writable(REPLICAS, 90)
 
 
 @pytest.fixture(scope="session")
