@@ -4,6 +4,7 @@
 #include "core/lock_machine.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -149,6 +150,15 @@ absl::StatusOr<LockInspection> ParseClaimInspection(const std::string& body, con
   LockInspection out;
   std::vector<Claim> others;
   bool ours_visible = false, ours_ended = false, taken_over = false;
+  // A claim another claim took over (named in its `over`) was judged stale
+  // by the taker, under a window no shorter than its own: its lease is over,
+  // whoever reads it now.
+  std::set<std::string> taken;
+  for (const Row& row : *rows) {
+    if (row.size() == 7 && row[5]) {
+      for (absl::string_view id : absl::StrSplit(*row[5], ',', absl::SkipEmpty())) taken.emplace(id);
+    }
+  }
   for (const Row& row : *rows) {
     int64_t claims = 0, ends = 0, newest = 0, row_stale = 0, now = 0;
     if (row.size() != 7 || !row[0] || !row[1] || !row[2] || !row[3] || !row[4] || !row[5] || !row[6] ||
@@ -169,7 +179,7 @@ absl::StatusOr<LockInspection> ParseClaimInspection(const std::string& body, con
     // An earlier claim of this very acquisition (ended, its end row maybe not
     // yet visible): never another process's.
     if (!own_prefix.empty() && absl::StartsWith(*row[0], own_prefix)) continue;
-    if (claims == 0 || ends > 0) continue;  // ended, or only the end row of a claim not visible yet
+    if (claims == 0 || ends > 0 || taken.count(*row[0])) continue;  // ended, taken over, or not visible yet
     // A claim is judged by the larger of the two windows, as a held table is.
     const int64_t window_s = std::max(stale_s, row_stale);
     others.push_back(Claim{*row[0], newest, row_stale, (now - newest) <= window_s});

@@ -1229,6 +1229,21 @@ TEST(ClusterStore, TooFewReplicasForTheLockIsUnavailableAndSaysSo) {
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("fewer than 2 replicas are alive")));
 }
 
+TEST(ClusterStore, AClaimTakenOverIsGoneWhateverTheReadersWindow) {
+  // "short" had a 3 s validity and was taken over by "taker" (ended since):
+  // a reader with a 300 s window does not wait for it.
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  auto t = store->AcquireLock("id");
+  const std::string short_claim = "short\t1\t0\t100\t3\t\t110\n";
+  Outcome o = Drive(*t,
+                    {kVersion18, kEngine, Q("inspect_claims", Ok(short_claim + ClaimRow("taker", 1, 105, 110, "short"))),
+                     Q("claim_lock", Ok())},
+                    &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(o.last.request.purpose, "inspect_claims");
+}
+
 TEST(ClusterStore, AClaimMeetingAnotherQuorumInsertIsSentAgain) {
   auto store = MakeClusterStore();
   int64_t clock = 0;
