@@ -274,8 +274,12 @@ def test_writer_loses_nothing_while_a_replica_is_down(healthy, schema, tmp_path,
     # after RESTORE_LATEST_S without them.
     assert at_fault + while_down >= RESTORE_AT, (
         f"only {while_down} updates in {restore_at - down_at:.1f} s with {victim} down")
-    assert longest <= UPDATE_BOUND_S, (f"update {max(took, key=took.get)} took {longest:.1f} s "
-                                       f"(bound {UPDATE_BOUND_S} s)")
+    # A write in flight on the replica when it went down may leave its part on that replica
+    # alone; 18.16 then refuses every later quorum write to the table (code 286) until the
+    # replica is back (README "Cluster mode"): such an update may wait out the outage.
+    bound = UPDATE_BOUND_S + ((back_at - down_at) if mid_write else 0)
+    assert longest <= bound, (f"update {max(took, key=took.get)} took {longest:.1f} s "
+                              f"(bound {bound:.1f} s)")
 
 
 # ---- lock torture across the replicas, one replica killed mid-run ----------------------------
