@@ -162,7 +162,7 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
   const std::map<std::string, std::string> kNames = {{"get", "get"},
                                                      {"set", "set (quorum write)"},
                                                      {"update", "update (lock, get, set, unlock)"},
-                                                     {"update_linger", "update, the lock lingering (Meltano adapter)"},
+                                                     {"update_linger", "update as the Meltano adapter runs it (lock lingering, set)"},
                                                      {"lock", "lock + unlock"},
                                                      {"delete", "delete"}};
   std::map<std::string, std::vector<Stats>> results;
@@ -179,7 +179,16 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
         {"get", [&](int) { return run(st.Get("bench:get")); }},
         {"set", [&](int i) { return run(st.Set(Sample("bench:set", i))); }},
         {"update", [&](int i) { return run(st.Update(Sample("bench:update", i))); }},
-        {"update_linger", [&](int i) { return run(t.lingering->Update(Sample("bench:linger", i))); }},
+        // As the Meltano adapter runs Meltano's update() of a complete state:
+        // acquire_lock, set, release_lock (the release lingers, the next
+        // acquisition takes it back).
+        {"update_linger",
+         [&](int i) -> absl::Status {
+           absl::StatusOr<Result> got = native::RunTask(*t.lingering->AcquireLock("bench:linger"), ex);
+           if (!got.ok()) return got.status();
+           if (absl::Status w = run(t.lingering->Set(Sample("bench:linger", i))); !w.ok()) return w;
+           return run(t.lingering->ReleaseLock("bench:linger", got->lock_id));
+         }},
         {"lock",
          [&](int) -> absl::Status {
            absl::StatusOr<Result> got = native::RunTask(*st.AcquireLock("bench:lock"), ex);
