@@ -434,6 +434,12 @@ absl::StatusOr<UriParts> ParseClickHouseUri(absl::string_view uri) {
       }
       s = ParseHostPort(item, &one);
       if (!s.ok()) return s;
+      if (!one.host) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the URI's host list entry ", Shown(item),
+                         " has no host: write each entry as host or host:port, as in "
+                         "clickhouse://user@h1:8123,h2:8123,h3:8123/database"));
+      }
       parts.hosts.emplace_back(*one.host, one.port);
     }
     parts.host = parts.hosts[0].first;

@@ -646,6 +646,13 @@ TEST(HostListTest, SeveralHostsNeedClusterMode) {
 TEST(HostListTest, BadEntriesAreNamed) {
   EXPECT_THAT(ResolveConfig(WithFlags({{"uri", "clickhouse://u:pw@h1,,h2/db?cluster=c"}})).status(),
               ::chstate::testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("empty entry")));
+  // A port with no host (found by the config fuzzer: it used to read an
+  // empty host).
+  EXPECT_THAT(ResolveConfig(WithFlags({{"uri", "clickhouse://u:pw@h1,:8639/db?cluster=c"}})).status(),
+              ::chstate::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                           ::testing::HasSubstr("entry \":8639\" has no host")));
+  EXPECT_THAT(ParseClickHouseUri("clickhouse://u@:1,h2/db").status(),
+              ::chstate::testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("has no host")));
   absl::Status bad = ResolveConfig(WithFlags({{"host", "h1,h 2:x"}, {"user", "u"}, {"database", "d"},
                                               {"cluster", "c"}, {"password", "pw"}}))
                          .status();
