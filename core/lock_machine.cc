@@ -427,10 +427,10 @@ void LockMachine::CreateSchema(const SqlResponse* r, const Inputs& in) {
   if (Claims()) {
     // The claims table (and its database) ON CLUSTER; IF NOT EXISTS, so a
     // creator that lost the race is as good as one that won.
-    Send(ClickHouseCode(CheckResponse(*r, "taking the lock")) == kCodeUnknownDatabase ? st_.CreateDatabase()
+    Send(ResponseCode(*r) == kCodeUnknownDatabase ? st_.CreateDatabase()
                                                                                     : st_.CreateClaimsTable(),
          in);
-    schema_made_ = ClickHouseCode(CheckResponse(*r, "taking the lock")) != kCodeUnknownDatabase;
+    schema_made_ = ResponseCode(*r) != kCodeUnknownDatabase;
     return;
   }
   Send(st_.CreateDatabase(), in);
@@ -440,7 +440,7 @@ void LockMachine::SchemaMaybeMade(const SqlResponse* r, const Inputs& in) {
   // Cluster mode: an ON CLUSTER CREATE ... IF NOT EXISTS that some host did
   // not run in time (159) ran on the others; the next claim shows whether
   // enough replicas have the table.
-  if (Claims() && r && r->transport_ok && ClickHouseCode(CheckResponse(*r, "creating the lock table")) == 159) {
+  if (Claims() && r && r->transport_ok && ResponseCode(*r) == 159) {
     StartCreate(nullptr, in);
     return;
   }
@@ -450,7 +450,7 @@ void LockMachine::SchemaMaybeMade(const SqlResponse* r, const Inputs& in) {
 void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
   if (Claims()) {
     if (RetryBusy(r, in)) return;
-    std::optional<int> code = r && r->transport_ok ? ClickHouseCode(CheckResponse(*r, "taking the lock"))
+    std::optional<int> code = r && r->transport_ok ? ResponseCode(*r)
                                                    : std::nullopt;
     if (code) NoteQuorumTrouble(*r);
     if (code == ch::kTooFewLiveReplicas || code == ch::kUnsatisfiedQuorumForPreviousWrite) {
@@ -481,7 +481,7 @@ void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
   // Code 159 on an ON CLUSTER CREATE (cluster mode): some host did not run it
   // within the DDL timeout; it ran on the others and stays queued for that
   // one. Like a lost answer, it may be ours.
-  if (r && r->transport_ok && ClickHouseCode(CheckResponse(*r, "taking the lock")) != 159) {
+  if (r && r->transport_ok && ResponseCode(*r) != 159) {
     FailWithResponse(r, in);
     return;
   }
@@ -552,7 +552,7 @@ bool LockMachine::RetryBusy(const SqlResponse* r, const Inputs& in) {
   if (!Claims() || r == nullptr || !r->transport_ok) return false;
   // 286 wrote nothing; 319 may have written an end row, which is harmless
   // to write again (end rows only; a claim or renewal is settled by reading).
-  const std::optional<int> code = ClickHouseCode(CheckResponse(*r, "locking"));
+  const std::optional<int> code = ResponseCode(*r);
   const bool end_row = outstanding_.purpose == "end_claim";
   const bool again = code == ch::kUnsatisfiedQuorumForPreviousWrite || code == ch::kTooManyParts ||
                      (end_row && (code == ch::kUnknownStatusOfInsert || code == ch::kTooFewLiveReplicas));
@@ -712,7 +712,7 @@ void LockMachine::NoLock(const SqlResponse*, const Inputs& in) {
 
 void LockMachine::InspectFailed(const SqlResponse* r, const Inputs& in) {
   if (r && r->transport_ok) {
-    if (Claims() && ClickHouseCode(CheckResponse(*r, "taking the lock")) == ch::kReplicaIsNotInQuorum) {
+    if (Claims() && ResponseCode(*r) == ch::kReplicaIsNotInQuorum) {
       WithdrawThenBackOff(in, true);  // a replica behind the quorum: ask again shortly
       return;
     }

@@ -35,6 +35,13 @@ std::optional<absl::string_view> TrailingException(absl::string_view body) {
   return tail;
 }
 
+// The code in X-ClickHouse-Exception-Code, which wins over the body.
+std::optional<int> HeaderCode(const SqlResponse& r) {
+  int code = 0;
+  if (!r.exception_code_header.empty() && absl::SimpleAtoi(r.exception_code_header, &code)) return code;
+  return std::nullopt;
+}
+
 absl::Status WithCode(absl::Status s, int code) {
   s.SetPayload(kCodePayload, absl::Cord(absl::StrCat(code)));
   return s;
@@ -49,6 +56,14 @@ std::optional<int> ParseExceptionCode(absl::string_view body) {
   return std::nullopt;
 }
 
+std::optional<int> ResponseCode(const SqlResponse& r) {
+  if (!r.transport_ok) return std::nullopt;
+  if (std::optional<int> header = HeaderCode(r)) return header;
+  if (r.http_status != 200) return ParseExceptionCode(r.body);
+  std::optional<absl::string_view> exception = TrailingException(r.body);
+  return exception ? ParseExceptionCode(*exception) : std::nullopt;
+}
+
 std::optional<int> ClickHouseCode(const absl::Status& status) {
   std::optional<absl::Cord> p = status.GetPayload(kCodePayload);
   int code = 0;
@@ -60,11 +75,7 @@ absl::Status CheckResponse(const SqlResponse& r, absl::string_view what) {
   if (!r.transport_ok) {
     return absl::UnavailableError(absl::StrCat("no answer from ClickHouse while ", what, ": ", r.transport_error));
   }
-  std::optional<int> code;
-  int header_code = 0;
-  if (!r.exception_code_header.empty() && absl::SimpleAtoi(r.exception_code_header, &header_code)) {
-    code = header_code;
-  }
+  std::optional<int> code = HeaderCode(r);
   absl::string_view body = r.body;
   if (r.http_status == 200 && !code) {
     // HTTP 200 whose body ends in an exception: the server (or something

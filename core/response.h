@@ -51,6 +51,11 @@ absl::Status CheckResponse(const SqlResponse& response, absl::string_view what);
 // The ClickHouse error code carried by a Status from CheckResponse.
 std::optional<int> ClickHouseCode(const absl::Status& status);
 
+// The ClickHouse error code of an answer, without building a Status: the
+// same code ClickHouseCode(CheckResponse(response, ...)) gives, for callers
+// that only branch on it (failover, the lock's retries).
+std::optional<int> ResponseCode(const SqlResponse& response);
+
 // Finds "Code: N" (18.x "Code: N, e.displayText() = ..." and modern
 // "Code: N. DB::Exception: ...") in an error body.
 std::optional<int> ParseExceptionCode(absl::string_view body);

@@ -67,7 +67,17 @@ TEST(CheckResponse, ClassifiesServerAnswers) {
     absl::Status s = CheckResponse(c.response, "reading state");
     EXPECT_THAT(s, StatusIs(c.code, HasSubstr(c.message_part)));
     EXPECT_EQ(ClickHouseCode(s), c.clickhouse_code);
+    EXPECT_EQ(ResponseCode(c.response), c.clickhouse_code);
   }
+}
+
+TEST(ResponseCode, AgreesWithCheckResponseAfterHttp200) {
+  EXPECT_EQ(ResponseCode(Http(200, "1\n")), std::nullopt);
+  const SqlResponse failed_late = Http(200, "k\tv\nCode: 241, e.displayText() = DB::Exception: Memory limit\n");
+  EXPECT_EQ(ResponseCode(failed_late), 241);
+  EXPECT_EQ(ClickHouseCode(CheckResponse(failed_late, "x")), 241);
+  // A row that merely starts like an exception is not one.
+  EXPECT_EQ(ResponseCode(Http(200, "Code: 5, id\tv\n")), std::nullopt);
 }
 
 TEST(CheckResponse, SuccessIsOk) { EXPECT_THAT(CheckResponse(Http(200, "1\n"), "x"), IsOk()); }

@@ -46,22 +46,8 @@ bool MayResend(const SqlRequest& request, const SqlResponse& response) {
   return !response.transport_ok && (request.idempotent || !response.maybe_delivered);
 }
 
-namespace {
-
-// The ClickHouse code of an error answer, if it carries one.
-std::optional<int> AnswerCode(const SqlResponse& response) {
-  if (!response.transport_ok || response.http_status == 200) return std::nullopt;
-  int header = 0;
-  if (!response.exception_code_header.empty() && absl::SimpleAtoi(response.exception_code_header, &header)) {
-    return header;
-  }
-  return ParseExceptionCode(response.body);
-}
-
-}  // namespace
-
 bool ReplicaLevelError(const SqlRequest& request, const SqlResponse& response) {
-  std::optional<int> code = AnswerCode(response);
+  std::optional<int> code = ResponseCode(response);
   if (!code) return false;
   switch (*code) {
     case ch::kReplicaIsNotInQuorum:
@@ -149,11 +135,11 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
     const bool replica_error = ReplicaLevelError(pending_.request, response);
     // A write whose quorum was not confirmed there (319) may hold up that
     // replica's next writes too: the next requests go elsewhere.
-    const bool unconfirmed = AnswerCode(response) == ch::kUnknownStatusOfInsert;
+    const bool unconfirmed = ResponseCode(response) == ch::kUnknownStatusOfInsert;
     if (resendable || replica_error || unconfirmed || (!response.transport_ok && response.maybe_delivered)) {
       // This host failed; the next request of any task avoids it for a while.
       policy_.endpoints->Failed(host, in.now_ms);
-      std::optional<int> code = AnswerCode(response);
+      std::optional<int> code = ResponseCode(response);
       failures_.push_back(absl::StrCat(Endpoints::Describe(policy_.endpoints->at(host)), ": ",
                                        response.transport_ok ? absl::StrCat("code ", code.value_or(0))
                                                              : response.transport_error));
@@ -165,7 +151,7 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
   // A replica that is behind the last quorum write (289) catches up within
   // moments: with no other host left, a read asks it again after the
   // back-off, for up to twice the attempts.
-  const bool replica_retry = !resendable && AnswerCode(response) == ch::kReplicaIsNotInQuorum &&
+  const bool replica_retry = !resendable && ResponseCode(response) == ch::kReplicaIsNotInQuorum &&
                              pending_.request.idempotent && pending_.request.attempt < 2 * policy_.attempts;
   if ((resendable && pending_.request.attempt < policy_.attempts) || replica_retry) {
     phase_ = Phase::kResend;
