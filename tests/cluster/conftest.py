@@ -205,3 +205,14 @@ def schema(healthy) -> str:
                     wait_end_of_query=1, distributed_ddl_task_timeout=30)
     except Exception:  # noqa: BLE001 - cleanup only; the test's own result stands
         pass
+
+
+@pytest.fixture(scope="session")
+def meltano_env():
+    """(venv, native library) for real `meltano` runs: the Meltano venv with the
+    adapter wheel installed as users install it (tests/meltano's harness)."""
+    sys.path.insert(0, str(REPO / "tests" / "meltano"))
+    import meltano_harness as harness  # noqa: E402 (only the Meltano tests need it)
+    venv = harness.ensure_venv()
+    harness.install_adapter(venv)
+    return venv, harness.native_library()

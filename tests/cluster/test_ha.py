@@ -364,13 +364,6 @@ def test_lock_stays_exclusive_while_a_replica_is_killed(healthy, schema, torture
 JOB = "dev:tap-counter-to-target-echo"
 
 
-@pytest.fixture(scope="module")
-def meltano_env():
-    venv = harness.ensure_venv()
-    harness.install_adapter(venv)
-    return venv, harness.native_library()
-
-
 def bookmark(c, replica: str, schema: str) -> int:
     """The highest `id` bookmark in the job's stored state (partial or completed) on one replica."""
     text = c.sql(replica, f"SELECT partial_state, completed_state FROM `{schema}`.state FINAL "

@@ -19,13 +19,6 @@ import meltano_harness as harness  # noqa: E402
 JOB = "dev:tap-counter-to-target-echo"
 
 
-@pytest.fixture(scope="module")
-def meltano_env():
-    venv = harness.ensure_venv()
-    harness.install_adapter(venv)
-    return venv, harness.native_library()
-
-
 def project(c, replica: str, schema: str, root: Path, meltano_env) -> harness.MeltanoProject:
     venv, library = meltano_env
     p = harness.MeltanoProject(root, venv, library, state_backend_uri=c.uri(replica, schema),
