@@ -31,9 +31,13 @@ inline constexpr int64_t kDefaultStaleLockMs = 300000;
 inline constexpr int64_t kMinStaleLockMs = 1000;
 // A 18.x ALTER ... DELETE may take this long to finish its mutation.
 inline constexpr int64_t kDefaultMutationTimeoutMs = 60000;
+// Cluster mode: how many replicas must confirm each write (insert_quorum).
+// At least 2: below that ClickHouse makes no quorum writes, and sequentially
+// consistent reads, which the lock's exclusion rests on, stop being so. Two
+// of three replicas lets writes and locks go on with one replica down.
+inline constexpr int kDefaultQuorum = 2;
 // Cluster mode: how long a quorum write waits for the other replicas (code
-// 319 after), and how long one that meets another in flight (code 286) keeps
-// retrying.
+// 319 after).
 inline constexpr int64_t kDefaultQuorumTimeoutMs = 10000;
 // Cluster mode: how long a write refused with code 286 (an earlier quorum
 // write to the table is still unconfirmed: on 18.16, until the replica that
@@ -100,6 +104,7 @@ inline constexpr DefaultSetting kDefaults[] = {
     {"lock_retry_ms", kDefaultLockRetryMs, "ms", "between attempts at a held lock"},
     {"stale_lock_ms", kDefaultStaleLockMs, "ms", "a lock not renewed for this long is taken over"},
     {"mutation_timeout_ms", kDefaultMutationTimeoutMs, "ms", "18.x: a delete's mutation may run this long"},
+    {"quorum", kDefaultQuorum, "count", "cluster: replicas that confirm each write (insert_quorum, 2 or more)"},
     {"quorum_timeout_ms", kDefaultQuorumTimeoutMs, "ms", "cluster: a write waits this long for its quorum"},
     {"quorum_busy_ms", kDefaultQuorumBusyMs, "ms",
      "cluster: a write refused because an earlier one is unconfirmed (code 286) retries this long"},

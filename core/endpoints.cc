@@ -9,7 +9,8 @@
 
 namespace chstate {
 
-Endpoints::Endpoints(std::vector<Endpoint> list) : list_(std::move(list)), down_until_ms_(list_.size(), 0) {}
+Endpoints::Endpoints(std::vector<Endpoint> list, int64_t down_ms)
+    : list_(std::move(list)), down_ms_(down_ms), down_until_ms_(list_.size(), 0) {}
 
 std::optional<size_t> Endpoints::Pick(int64_t now_ms, const std::vector<size_t>& tried) const {
   auto untried = [&](size_t i) { return std::find(tried.begin(), tried.end(), i) == tried.end(); };
@@ -26,7 +27,7 @@ std::optional<size_t> Endpoints::Pick(int64_t now_ms, const std::vector<size_t>&
 }
 
 void Endpoints::Failed(size_t i, int64_t now_ms) {
-  down_until_ms_[i] = now_ms + kDefaultHostDownMs;
+  down_until_ms_[i] = now_ms + down_ms_;
   if (i == current_ && list_.size() > 1) current_ = (i + 1) % list_.size();
 }
 

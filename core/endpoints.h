@@ -9,7 +9,7 @@
 //
 // The rule: keep to the host that answered last (a client's requests stay on
 // one server while it is well: its connections are reused); a host that
-// failed is skipped for kDefaultHostDownMs, and a request that failed on one
+// failed is skipped for host_down_ms (kDefaultHostDownMs), and a request that failed on one
 // host tries each other host before it reports the failure. When every host
 // is marked down the one marked down longest ago is tried first.
 #ifndef CHSTATE_CORE_ENDPOINTS_H_
@@ -21,13 +21,15 @@
 #include <string>
 #include <vector>
 
+#include "core/defaults.h"
 #include "core/endpoint.h"
 
 namespace chstate {
 
 class Endpoints {
  public:
-  explicit Endpoints(std::vector<Endpoint> list);
+  // A host that failed is skipped for `down_ms` (host_down_ms).
+  explicit Endpoints(std::vector<Endpoint> list, int64_t down_ms = kDefaultHostDownMs);
 
   size_t size() const { return list_.size(); }
   const Endpoint& at(size_t i) const { return list_[i]; }
@@ -48,6 +50,7 @@ class Endpoints {
 
  private:
   std::vector<Endpoint> list_;
+  int64_t down_ms_;
   std::vector<int64_t> down_until_ms_;
   size_t current_ = 0;
 };

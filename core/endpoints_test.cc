@@ -34,6 +34,16 @@ TEST(EndpointsTest, KeepsToTheLastHostThatAnsweredAndSkipsFailedOnes) {
   EXPECT_EQ(Endpoints::Describe({"::1", 8123}), "[::1]:8123");
 }
 
+TEST(EndpointsTest, TheDownMarkLastsHostDownMs) {
+  for (const int64_t down_ms : {int64_t{100}, kDefaultHostDownMs}) {
+    SCOPED_TRACE(down_ms);
+    Endpoints e({{"a", 1}, {"b", 2}, {"c", 3}}, down_ms);
+    e.Failed(1, 1000);
+    EXPECT_EQ(e.Pick(1000 + down_ms - 1, {0}), 2u);  // b is still down: c
+    EXPECT_EQ(e.Pick(1000 + down_ms, {0}), 1u);      // b is back
+  }
+}
+
 TEST(EndpointsTest, WhenAllAreDownTheOneMarkedLongestAgoGoesFirst) {
   Endpoints e({{"a", 1}, {"b", 2}});
   e.Failed(1, 100);

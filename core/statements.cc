@@ -56,8 +56,13 @@ absl::StatusOr<Statements> Statements::Create(Dialect dialect, absl::string_view
       return absl::InvalidArgumentError(
           "the zookeeper_path (absolute) and replica may hold only letters, digits, '_', '.', '-', '/' and {macros}");
     }
-    if (cluster.quorum < 1 || cluster.quorum_timeout_ms < 1 || cluster.ddl_timeout_s < 1) {
-      return absl::InvalidArgumentError("the cluster quorum and timeouts must be positive");
+    if (cluster.quorum < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the cluster quorum is ", cluster.quorum, ", and it must be at least 2: with fewer ClickHouse makes no "
+          "quorum writes, and neither reads nor the lock stay consistent across replicas"));
+    }
+    if (cluster.quorum_timeout_ms < 1 || cluster.ddl_timeout_s < 1) {
+      return absl::InvalidArgumentError("the cluster quorum timeout and DDL timeout must be positive");
     }
   }
   return Statements(dialect, std::string(schema), std::string(table), std::move(cluster));

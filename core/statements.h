@@ -47,8 +47,8 @@ struct ClusterOptions {
   std::string name;
   std::string zookeeper_path = "/clickhouse/tables/{shard}";
   std::string replica = "{replica}";
-  // Replicas that must confirm a write. 2 for two replicas: every replica.
-  int quorum = 2;
+  // Replicas that must confirm a write (at least 2; kDefaultQuorum).
+  int quorum = kDefaultQuorum;
   // How long a quorum write waits for the other replicas (code 319 after).
   int64_t quorum_timeout_ms = kDefaultQuorumTimeoutMs;
   // How long a write refused with code 286 is retried.

@@ -309,12 +309,20 @@ TEST(Statements, RejectsClusterSettingsThatCannotGoIntoDdl) {
            [](ClusterOptions* c) { c->zookeeper_path = "/a'b"; },
            [](ClusterOptions* c) { c->replica = "r'"; },
            [](ClusterOptions* c) { c->quorum = 0; },
+           [](ClusterOptions* c) { c->quorum = 1; },
        }) {
     ClusterOptions c = Cluster();
     mutate(&c);
     EXPECT_THAT(Statements::Create(Dialect::kClickHouse18, "m", "s", c),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("")));
   }
+}
+
+TEST(Statements, AQuorumBelowTwoIsRefusedWithTheReason) {
+  ClusterOptions c = Cluster();
+  c.quorum = 1;
+  EXPECT_THAT(Statements::Create(Dialect::kClickHouse18, "m", "s", c),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("quorum is 1, and it must be at least 2")));
 }
 
 TEST(Statements, RejectsBadNames) {

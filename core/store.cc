@@ -805,13 +805,14 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
         ") need cluster mode: without it each server keeps its own states and locks. Name the cluster "
         "(?cluster=NAME in the URI, --cluster, MELTANO_STATE_BACKEND_CLICKHOUSE_CLUSTER) or give one host"));
   }
+  if (options.host_down_ms < 0) return absl::InvalidArgumentError("host_down_ms must not be negative");
   for (const Endpoint& e : options.hosts) {
     if (e.host.empty() || e.port < 1 || e.port > 65535) {
       return absl::InvalidArgumentError("every host needs a name and a port from 1 to 65535");
     }
   }
   if (!options.hosts.empty()) {
-    options.transport.endpoints = std::make_shared<Endpoints>(options.hosts);
+    options.transport.endpoints = std::make_shared<Endpoints>(options.hosts, options.host_down_ms);
     if (options.endpoint.empty()) options.endpoint = options.transport.endpoints->Describe();
   }
   return std::unique_ptr<Store>(new Store(std::move(options)));

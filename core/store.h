@@ -82,14 +82,17 @@ struct StoreOptions {
   // answered last while it is well, each other host in turn after a failure.
   // More than one needs cluster mode (different servers are different data).
   std::vector<Endpoint> hosts;
+  // With hosts: a host that failed is skipped this long.
+  int64_t host_down_ms = kDefaultHostDownMs;
   LockOptions lock;
   // How long a legacy (18.x) delete may take to finish its mutation.
   int64_t mutation_timeout_ms = kDefaultMutationTimeoutMs;
   // Resends after transport failures, and every request's timeout.
   TransportPolicy transport;
-  // Cluster mode when cluster.name is set (core/statements.h). A quorum
-  // write that meets another one in progress (code 286) is retried until
-  // cluster.quorum_timeout_ms has passed.
+  // Cluster mode when cluster.name is set (core/statements.h): writes wait
+  // for cluster.quorum replicas, at most cluster.quorum_timeout_ms; a write
+  // refused because an earlier one is unconfirmed (code 286) is retried for
+  // cluster.quorum_busy_ms.
   ClusterOptions cluster;
   // State history (README "State history"): versions are kept this many
   // days; 0 creates no history table (an existing one is still fed).

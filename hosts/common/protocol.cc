@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/dialect.h"
@@ -407,9 +408,20 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
                 : key == "mutation_timeout_ms" ? &opts.mutation_timeout_ms
                 : key == "request_timeout_ms" ? &opts.transport.request_timeout_ms
                 : key == "history_days" ? &opts.history_days
-                : key == "history_versions" ? &opts.history_versions : nullptr;
+                : key == "history_versions" ? &opts.history_versions
+                : key == "quorum_timeout_ms" ? &opts.cluster.quorum_timeout_ms
+                : key == "quorum_busy_ms" ? &opts.cluster.quorum_busy_ms
+                : key == "ddl_timeout_s" ? &opts.cluster.ddl_timeout_s
+                : key == "host_down_ms" ? &opts.host_down_ms : nullptr;
     bool* flag = key == "python_locks" ? &opts.python_locks : key == "linger_locks" ? &opts.linger_locks : nullptr;
-    if (flag != nullptr) {
+    if (key == "quorum") {
+      if (!value.is_number_integer() || value.get<int64_t>() < 2 || value.get<int64_t>() > 1000) {
+        return absl::InvalidArgumentError(
+            "\"quorum\" must be a whole number of replicas, at least 2 (a write confirmed by fewer is not a quorum "
+            "write)");
+      }
+      opts.cluster.quorum = value.get<int>();
+    } else if (flag != nullptr) {
       if (!value.is_boolean()) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a boolean"));
       *flag = value.get<bool>();
     } else if (text != nullptr) {
@@ -417,7 +429,9 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
       *text = value.get<std::string>();
     } else if (ms != nullptr) {
       if (!value.is_number_integer() || value.get<int64_t>() < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a non-negative integer (milliseconds)"));
+        const char* unit = absl::EndsWith(key, "_ms") ? " (milliseconds)" : absl::EndsWith(key, "_s") ? " (seconds)"
+                         : absl::EndsWith(key, "_days") ? " (days)" : "";
+        return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a non-negative integer", unit));
       }
       *ms = value.get<int64_t>();
     } else {
@@ -425,7 +439,7 @@ absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
           "unknown store option \"", key,
           "\"; expected schema, table, endpoint, hosts, cluster, zookeeper_path, replica, lock_timeout_ms, lock_retry_ms, "
           "stale_lock_ms, mutation_timeout_ms, request_timeout_ms, history_days, history_versions, python_locks, "
-          "linger_locks"));
+          "linger_locks, quorum, quorum_timeout_ms, quorum_busy_ms, ddl_timeout_s, host_down_ms"));
     }
   }
   return opts;

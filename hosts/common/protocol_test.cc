@@ -320,6 +320,30 @@ TEST(StoreOptionsFromJson, ReadsEveryOptionAndRefusesUnknownOnes) {
   EXPECT_THAT(StoreOptionsFromJson(json(nullptr)), IsOk());
 }
 
+TEST(StoreOptionsFromJson, ClusterSettings) {
+  absl::StatusOr<StoreOptions> o = StoreOptionsFromJson(json::parse(
+      R"({"cluster":"c","quorum":3,"quorum_timeout_ms":11,"quorum_busy_ms":12,"ddl_timeout_s":13,
+          "host_down_ms":14})"));
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->cluster.quorum, 3);
+  EXPECT_EQ(o->cluster.quorum_timeout_ms, 11);
+  EXPECT_EQ(o->cluster.quorum_busy_ms, 12);
+  EXPECT_EQ(o->cluster.ddl_timeout_s, 13);
+  EXPECT_EQ(o->host_down_ms, 14);
+  const StoreOptions d = *StoreOptionsFromJson(json::parse("{}"));
+  EXPECT_EQ(d.cluster.quorum, kDefaultQuorum);
+  EXPECT_EQ(d.cluster.quorum_busy_ms, kDefaultQuorumBusyMs);
+  EXPECT_EQ(d.host_down_ms, kDefaultHostDownMs);
+  for (const char* bad : {R"({"quorum":1})", R"({"quorum":"3"})", R"({"quorum":2.5})"}) {
+    EXPECT_THAT(StoreOptionsFromJson(json::parse(bad)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at least 2"))) << bad;
+  }
+  EXPECT_THAT(StoreOptionsFromJson(json::parse(R"({"ddl_timeout_s":-1})")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-negative integer (seconds)")));
+  EXPECT_THAT(StoreOptionsFromJson(json::parse(R"({"history_days":-1})")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-negative integer (days)")));
+}
+
 TEST(ResolveConfigJson, GranularFlagsOverrideTheUriComponentWise) {
   json out = ResolveConfigJson(R"({"flags":{"uri":"clickhouse://me:s3cret@db.internal:9000/analytics?schema=x",
                                    "port":8124,"secure":false,"table":"st","host":null,"user":""},"env":{}})");
