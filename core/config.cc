@@ -183,11 +183,13 @@ absl::Status ParseQuery(absl::string_view query, UriParts* parts) {
       target = &parts->zookeeper_path;
     } else if (*key == "replica") {
       target = &parts->replica;
+    } else if (*key == "quorum") {
+      target = &parts->quorum;
     } else if (*key != "secure") {
       return absl::InvalidArgumentError(
           absl::StrCat("the URI query parameter ", Shown(*key),
                        " is not supported: the allowed ones are secure, schema, table, ca_file, cluster, "
-                       "zookeeper_path and replica, as in ",
+                       "zookeeper_path, replica and quorum, as in ",
                        kExpectedForm, "?secure=true&schema=meltano&table=state"));
     }
     if (!seen.insert(*key).second) {
@@ -254,6 +256,7 @@ std::map<std::string, std::string> UriComponents(const UriParts& p) {
   if (p.cluster) m["cluster"] = *p.cluster;
   if (p.zookeeper_path) m["zookeeper_path"] = *p.zookeeper_path;
   if (p.replica) m["replica"] = *p.replica;
+  if (p.quorum) m["quorum"] = *p.quorum;
   return m;
 }
 
@@ -574,6 +577,26 @@ absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources) {
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(s.message(), " (set by ", cfg.origin[what], ")"));
   }
   if (absl::Status s = ValidateClusterSettings(cfg); !s.ok()) return s;
+  if (std::optional<Found> quorum = layers.Lookup("quorum")) {
+    static const RE2* const kDigits = new RE2("[0-9]{1,4}");
+    int value = 0;
+    if (!RE2::FullMatch(quorum->value, *kDigits) || !absl::SimpleAtoi(quorum->value, &value) || value < 2 ||
+        value > 1000) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          quorum->origin, " is ", Shown(quorum->value),
+          ", which is not a quorum: give the number of replicas that must confirm each write, at least 2 (a "
+          "write confirmed by one replica is no quorum write) and at most the replicas of the cluster"));
+    }
+    if (cfg.cluster.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a quorum is given (by ", quorum->origin, "), which needs cluster mode: name the cluster (?cluster=NAME "
+          "in the URI, --cluster or ", kMeltanoEnvPrefix, "CLUSTER) or leave the quorum out"));
+    }
+    cfg.quorum = value;
+    cfg.origin["quorum"] = quorum->origin;
+  } else {
+    cfg.origin["quorum"] = "default";
+  }
   if (cfg.hosts.size() > 1 && cfg.cluster.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "several hosts are given (by ", cfg.origin["host"],
@@ -602,6 +625,7 @@ std::string ConnectionConfig::RedactedUri() const {
     absl::StrAppend(&out, "&zookeeper_path=", PercentEncode(zookeeper_path, "/{}"));
   }
   if (replica != kDefaultReplica) absl::StrAppend(&out, "&replica=", PercentEncode(replica, "{}"));
+  if (quorum != kDefaultQuorum) absl::StrAppend(&out, "&quorum=", quorum);
   return out;
 }
 

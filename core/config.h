@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/defaults.h"
 #include "core/endpoint.h"
 
 namespace chstate {
@@ -37,10 +38,11 @@ namespace chstate {
 // ca_file and the cluster keys are chstate additions: `cluster` names the
 // ClickHouse cluster (remote_servers) and switches on cluster mode (README
 // "Cluster mode"); `zookeeper_path` and `replica` override the macros the
-// replicated tables are created with.
+// replicated tables are created with; `quorum` is how many replicas confirm
+// each write.
 inline constexpr const char* kSettingKeys[] = {"host",   "port",  "database", "user",    "password",
                                                "secure", "schema", "table",   "ca_file", "cluster",
-                                               "zookeeper_path", "replica"};
+                                               "zookeeper_path", "replica", "quorum"};
 
 // Defaults of the cluster settings: the macros most clusters define.
 inline constexpr const char* kDefaultZooKeeperPath = "/clickhouse/tables/{shard}";
@@ -63,6 +65,7 @@ struct UriParts {
   std::optional<std::string> cluster;         // ?cluster=...
   std::optional<std::string> zookeeper_path;  // ?zookeeper_path=...
   std::optional<std::string> replica;         // ?replica=...
+  std::optional<std::string> quorum;          // ?quorum=N (checked by ResolveConfig)
 };
 
 // Parses `clickhouse://[user[:password]@]host[:port][,host[:port]...][/database][?key=value&...]`.
@@ -100,12 +103,14 @@ struct ConnectionConfig {
   // are expanded by each server.
   std::string zookeeper_path = kDefaultZooKeeperPath;
   std::string replica = kDefaultReplica;
+  // Replicas that confirm each write (insert_quorum); at least 2.
+  int quorum = kDefaultQuorum;
 
   // Where each setting came from, e.g. origin["host"] == "--uri flag".
   std::map<std::string, std::string> origin;
 
   // clickhouse://user@host:port/database?secure=...&schema=...&table=...
-  // (then &cluster=... and any non-default zookeeper_path / replica)
+  // (then &cluster=... and any non-default zookeeper_path / replica / quorum)
   // Never contains the password (it shows "***" when one is set).
   std::string RedactedUri() const;
 };
@@ -120,7 +125,8 @@ struct ConfigSources {
 // database (names every place it can be set). Schema and table are validated
 // as identifiers ([A-Za-z_][A-Za-z0-9_]*, at most 64 bytes); a cluster name
 // as [A-Za-z0-9_.-]{1,128}; zookeeper_path must start with '/' and, like
-// replica, hold only [A-Za-z0-9_./{}-] (they are written into DDL).
+// replica, hold only [A-Za-z0-9_./{}-] (they are written into DDL); a
+// quorum is a whole number from 2 to 1000, and needs cluster mode.
 absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources);
 
 // Parses "true/false/1/0/yes/no/on/off" (case-insensitive).

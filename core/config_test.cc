@@ -139,7 +139,7 @@ TEST(ParseClickHouseUriTest, RejectsWithoutLeakingThePassword) {
       {"truncated escape in database", "clickhouse://me:" + pw + "@h/db%4", {"database", "percent-escape"}},
       {"bad escape in query value", "clickhouse://me:" + pw + "@h/db?schema=a%g1", {"schema", "percent-escape"}},
       {"unknown query key", "clickhouse://me:" + pw + "@h/db?foo=1",
-       {"\"foo\"", "secure, schema, table, ca_file, cluster, zookeeper_path and replica"}},
+       {"\"foo\"", "secure, schema, table, ca_file, cluster, zookeeper_path, replica and quorum"}},
       {"bad secure value", "clickhouse://me:" + pw + "@h/db?secure=maybe",
        {"secure=\"maybe\"", "secure=true or secure=false"}},
       {"duplicate query key", "clickhouse://me:" + pw + "@h/db?table=a&table=b", {"\"table\"", "more than once"}},
@@ -195,6 +195,7 @@ std::string Setting(const ConnectionConfig& cfg, const std::string& key) {
   if (key == "cluster") value = cfg.cluster;
   if (key == "zookeeper_path") value = cfg.zookeeper_path;
   if (key == "replica") value = cfg.replica;
+  if (key == "quorum") value = std::to_string(cfg.quorum);
   auto it = cfg.origin.find(key);
   return value + " (" + (it == cfg.origin.end() ? "<no origin>" : it->second) + ")";
 }
@@ -386,6 +387,11 @@ TEST(ResolveConfigTest, Precedence) {
        {{"CLICKHOUSE_HOST", "[::1]"}},
        {{"host", "::1 (CLICKHOUSE_HOST)"}}},
       {"bare IPv6 host in a flag", {{"host", "2001:db8::2"}}, {}, {{"host", "2001:db8::2 (--host flag)"}}},
+      {"quorum from the URI", {{"uri", "clickhouse://u@h/d?cluster=c&quorum=3"}}, {},
+       {{"quorum", "3 (--uri flag)"}}},
+      {"--quorum beats the Meltano variable", {{"quorum", "4"}, {"cluster", "c"}},
+       {{"MELTANO_STATE_BACKEND_CLICKHOUSE_QUORUM", "3"}}, {{"quorum", "4 (--quorum flag)"}}},
+      {"quorum default", {{"cluster", "c"}}, {}, {{"quorum", "2 (default)"}}},
   };
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
@@ -464,6 +470,10 @@ TEST(ResolveConfigTest, Rejects) {
        {"table name", "x;drop", "--uri flag"}},
       {"invalid table from a flag", {{"table", "x;drop"}}, {}, {"table name", "x;drop", "--table flag"}},
       {"table too long", {{"table", std::string(65, 't')}}, {}, {"table name", "65 bytes"}},
+      {"quorum of one", {{"uri", "clickhouse://u:" + pw + "@h/d?cluster=c&quorum=1"}}, {},
+       {"--uri flag", "\"1\"", "at least 2"}},
+      {"quorum not a number", {{"quorum", "two"}, {"cluster", "c"}}, {}, {"--quorum flag", "\"two\"", "at least 2"}},
+      {"quorum without a cluster", {{"quorum", "3"}}, {}, {"--quorum flag", "needs cluster mode"}},
   };
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
@@ -635,6 +645,14 @@ TEST(HostListTest, HostSettingListAndOneHostStaysOne) {
   absl::StatusOr<ConnectionConfig> one = ResolveConfig(WithFlags({{"host", "a"}, {"user", "u"}, {"database", "d"}}));
   ASSERT_THAT(one.status(), ::chstate::testing::IsOk());
   EXPECT_EQ(one->hosts, (std::vector<Endpoint>{{"a", 8123}}));
+}
+
+TEST(RedactedUriTest, ShowsANonDefaultQuorum) {
+  ASSERT_OK_AND_ASSIGN(ConnectionConfig three,
+                       ResolveConfig(WithFlags({{"uri", "clickhouse://u:pw@h/d?cluster=c&quorum=3"}})));
+  EXPECT_THAT(three.RedactedUri(), ::testing::EndsWith("&cluster=c&quorum=3"));
+  ASSERT_OK_AND_ASSIGN(ConnectionConfig two, ResolveConfig(WithFlags({{"uri", "clickhouse://u:pw@h/d?cluster=c"}})));
+  EXPECT_THAT(two.RedactedUri(), ::testing::Not(::testing::HasSubstr("quorum")));
 }
 
 TEST(HostListTest, SeveralHostsNeedClusterMode) {

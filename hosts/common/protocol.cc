@@ -483,6 +483,7 @@ json ResolveConfigJson(absl::string_view sources_json) {
                 {"cluster", cfg->cluster},
                 {"zookeeper_path", cfg->zookeeper_path},
                 {"replica", cfg->replica},
+                {"quorum", cfg->quorum},
                 {"redacted_uri", cfg->RedactedUri()},
                 {"origin", std::move(origin)}}}};
 }

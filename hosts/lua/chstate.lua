@@ -488,7 +488,7 @@ end
 
 --- Opens a store. Settings (all optional, Meltano's names): uri, host, port,
 -- database, user, password, secure, schema, table, ca_file (and the cluster
--- settings cluster, zookeeper_path, replica: README "Cluster mode"); they beat the
+-- settings cluster, zookeeper_path, replica, quorum: README "Cluster mode"); they beat the
 -- environment (MELTANO_STATE_BACKEND_*, CLICKHOUSE_*) with the CLI's
 -- precedence. Options: env (a table to use instead of the process
 -- environment, or false for none), lock_timeout, lock_retry, stale_lock,
@@ -504,13 +504,13 @@ function M.open(opts)
       local t = type(v)
       if t == "string" then
         flags[k] = v
-      elseif k == "port" and t == "number" and tointeger(v) then
+      elseif (k == "port" or k == "quorum") and t == "number" and tointeger(v) then
         flags[k] = ("%d"):format(v)
       elseif k == "secure" and t == "boolean" then
         flags[k] = tostring(v)
       else
         argerror("open", 1, ("setting '%s' must be a string%s, got %s"):format(
-                   k, k == "port" and " or an integer" or k == "secure" and " or a boolean" or "", t))
+                   k, (k == "port" or k == "quorum") and " or an integer" or k == "secure" and " or a boolean" or "", t))
       end
     elseif not OPTIONS[k] then
       argerror("open", 1, ("unknown setting '%s' (settings: %s; options: env, transport, sleep, now, " ..

@@ -162,6 +162,7 @@ int NewStore(lua_State* L) {
       options.cluster.name = config->cluster;
       options.cluster.zookeeper_path = config->zookeeper_path;
       options.cluster.replica = config->replica;
+      options.cluster.quorum = config->quorum;
       store = Store::Create(std::move(options));
     }
     if (!config.ok() || !store.ok()) {

@@ -262,7 +262,7 @@ function C.new_store(flags, env, opts)
     schema = cfg.schema, table = cfg.table, endpoint = host .. ":" .. cfg.port,
     lock_timeout_ms = opts.lock_timeout_ms, lock_retry_ms = opts.lock_retry_ms, stale_lock_ms = opts.stale_ms,
     request_timeout_ms = opts.timeout_ms, history_days = opts.history_days,
-    cluster = cfg.cluster, zookeeper_path = cfg.zookeeper_path, replica = cfg.replica,
+    cluster = cfg.cluster, zookeeper_path = cfg.zookeeper_path, replica = cfg.replica, quorum = cfg.quorum,
     hosts = cfg.hosts,  -- every host of the connection: the core picks one per request
   }
   if cfg.hosts ~= nil then options.endpoint = nil end  -- the core names the hosts in its messages

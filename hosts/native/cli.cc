@@ -83,6 +83,7 @@ constexpr OptionSpec kOptions[] = {
     {"zookeeper-path", 0, "PATH", kConnection, "cluster mode: replicated tables' path prefix "
      "(default /clickhouse/tables/{shard})"},
     {"replica", 0, "NAME", kConnection, "cluster mode: replica name (default {replica})"},
+    {"quorum", 0, "N", kConnection, "cluster mode: replicas that confirm each write (default 2, at least 2)"},
     {"lock-timeout", 0, "SECONDS", kLocking,
      "give up on a state id's lock after this long (MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS)",
      kDefaultLockTimeoutMs},
@@ -494,6 +495,7 @@ absl::Status Connect(Session& s) {
   options.cluster.name = s.config.cluster;
   options.cluster.zookeeper_path = s.config.zookeeper_path;
   options.cluster.replica = s.config.replica;
+  options.cluster.quorum = s.config.quorum;
   native::ExecutorOptions exec_options;
   int64_t request_timeout_ms = 0;
   struct Duration {

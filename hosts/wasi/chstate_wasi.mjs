@@ -145,7 +145,8 @@ export async function loadChstate(path = defaultWasmUrl) {
 export function storeOptions(config, extra = {}) {
   const options = { schema: config.schema, table: config.table };
   if (config.cluster) {
-    Object.assign(options, { cluster: config.cluster, zookeeper_path: config.zookeeper_path, replica: config.replica });
+    Object.assign(options, { cluster: config.cluster, zookeeper_path: config.zookeeper_path, replica: config.replica,
+                             quorum: config.quorum });
   }
   if (Array.isArray(config.hosts) && config.hosts.length > 0) {
     options.hosts = config.hosts.map(({ host, port }) => ({ host, port }));

@@ -205,7 +205,7 @@ def store_options(config: Mapping[str, Any], **extra: Any) -> dict:
     core picks one for each request); `extra` adds or overrides options."""
     options: dict = {"schema": config["schema"], "table": config["table"]}
     if config.get("cluster"):
-        options.update({k: config[k] for k in ("cluster", "zookeeper_path", "replica")})
+        options.update({k: config[k] for k in ("cluster", "zookeeper_path", "replica", "quorum")})
     if config.get("hosts"):
         options["hosts"] = [{"host": h["host"], "port": h["port"]} for h in config["hosts"]]
     return {**options, **extra}

@@ -175,6 +175,25 @@ def test_cluster_flag_works_like_the_uri_parameter(healthy, schema):
     assert read(c, "r2", schema, "dev:flag") == 1
 
 
+def test_quorum_flag_sets_how_many_replicas_confirm_a_write(healthy, schema):
+    """--quorum 3 is every replica: the write lands on all three at once; --quorum 4 on three
+    replicas is refused by the server (code 285), exit 5, and nothing is written; 1 is refused
+    before anything is sent."""
+    c = healthy
+    three = c.cli("r1", schema, "set", "dev:q", state(1), "--quorum", "3")
+    assert three.code == 0, three
+    for replica in ("r1", "r2", "r3"):
+        # Without sequential consistency: a quorum of 3 put the part on every replica.
+        assert c.sql(replica, f"SELECT count() FROM `{schema}`.state WHERE state_id = 'dev:q'").strip() == "1"
+    # The lock's claim is the first quorum write; it is retried until the lock's wait is over.
+    four = c.cli("r1", schema, "set", "dev:q", state(2), "--quorum", "4", "--lock-timeout", "2")
+    assert four.code == 5, four
+    assert "fewer than 4 replicas are alive" in four.err and "nothing was written" in four.err, four
+    assert read(c, "r2", schema, "dev:q") == 1
+    one = c.cli("r1", schema, "set", "dev:q", state(3), "--quorum", "1")
+    assert one.code == 2 and "at least 2" in one.err, one
+
+
 def test_a_plain_state_table_is_refused_in_cluster_mode(healthy, schema):
     """A schema made without cluster mode holds a plain table on one server: cluster mode
     would write there without replication, so it refuses and says why."""

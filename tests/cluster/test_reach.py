@@ -8,8 +8,12 @@ and reads it back (the first host refuses, so that only works when the
 transport connects where each request says), then opens one on two closed
 ports and reads. The tests check the state through replica r1 with the CLI,
 and that the second store's error is UNAVAILABLE, names both host:port pairs
-and never holds the password. One process per runtime (wasmtime and Extism
-run in this one), reused by both tests of that runtime.
+and never holds the password. A third store, on the good list with the
+runtime's `quorum` setting at 4 (the cluster has three replicas), must have
+its write refused by the server as UNAVAILABLE, saying fewer than 4 replicas
+are alive: the setting reached the server's insert_quorum. One process per
+runtime (wasmtime and Extism run in this one), reused by the tests of that
+runtime.
 
   python3 -m pytest tests/cluster/test_reach.py      # from the repository root
 """
@@ -119,8 +123,9 @@ class Setup:
         self.good = host_list(c1, cluster.port("r2"))
         self.bad = host_list(c1, c2)
 
-    def uri(self, hosts: str) -> str:
-        return f"clickhouse://chstate@{hosts}/default?cluster={self.cluster.name}&schema={self.schema}"
+    def uri(self, hosts: str, quorum: int | None = None) -> str:
+        tail = "" if quorum is None else f"&quorum={quorum}"
+        return f"clickhouse://chstate@{hosts}/default?cluster={self.cluster.name}&schema={self.schema}{tail}"
 
     def env(self, **extra: str) -> dict:
         env = self.cluster.env()  # the password in MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD, nothing else of ours
@@ -143,12 +148,12 @@ import json, os
 from meltano.core.state_store.base import MeltanoState
 from chstate_meltano.backend import ChstateStateBackendError, ClickhouseStateStoreManager
 
-def make(hosts):
+def make(hosts, quorum=None):
     # As Meltano constructs it; the host list in state_backend.clickhouse.host.
     return ClickhouseStateStoreManager(uri="clickhouse://chstate@127.0.0.1/default", host=hosts, port=None,
                                        database=None, user=None, password=os.environ["T_PASSWORD"], secure=None,
                                        schema=os.environ["T_SCHEMA"], table=None, cluster=os.environ["T_CLUSTER"],
-                                       lock_timeout_seconds=10, lock_retry_seconds=1)
+                                       quorum=quorum, lock_timeout_seconds=10, lock_retry_seconds=1)
 
 sid = os.environ["T_ID"]
 m = make(os.environ["T_GOOD"])
@@ -161,6 +166,13 @@ try:
 except ChstateStateBackendError as e:
     out["error"] = {"code": e.code, "message": str(e)}
 bad.close()
+four = make(os.environ["T_GOOD"], quorum=4)  # an integer, as Meltano passes an integer setting
+try:
+    four.set(MeltanoState(state_id=sid + ":q", completed_state={"singer_state": {}}, partial_state={}))
+    out["quorum_error"] = None
+except ChstateStateBackendError as e:
+    out["quorum_error"] = {"code": e.code, "message": str(e)}
+four.close()
 print("RESULT " + json.dumps(out))
 """
 
@@ -177,7 +189,7 @@ def run_meltano(s: Setup, sid: str) -> dict:
 NODE_SCRIPT = """
 import { loadChstate, httpTransport, storeOptions } from %(module)s;
 
-const [wasmPath, goodUri, badUri, sid] = process.argv.slice(2);
+const [wasmPath, goodUri, badUri, sid, quorumUri] = process.argv.slice(2);
 const chstate = await loadChstate(wasmPath);
 const open = (uri) => {
   const { config, failed } = chstate.resolveConfig({
@@ -198,6 +210,14 @@ try {
   out.error = { code: e.code, message: e.detail };
 }
 bad.close();
+const four = open(quorumUri);
+out.quorum_error = null;
+try {
+  await four.set(sid + ":q", { completed: { singer_state: {} }, partial: {} });
+} catch (e) {
+  out.quorum_error = { code: e.code, message: e.detail };
+}
+four.close();
 console.log("RESULT " + JSON.stringify(out));
 """
 
@@ -208,11 +228,12 @@ def run_node_wasi(s: Setup, sid: str) -> dict:
     module = json.dumps((REPO / "hosts" / "wasi" / "chstate_wasi.mjs").as_uri())
     script.write_text(NODE_SCRIPT % {"module": module})
     return _subprocess_result(["node", "--no-warnings", str(script), str(wasm_path()), s.uri(s.good), s.uri(s.bad),
-                               sid], s.env(), s.tmp)
+                               sid, s.uri(s.good, quorum=4)], s.env(), s.tmp)
 
 
 def _pump_result(open_store, run_get_set, sid: str, s: Setup) -> dict:
-    out = {"error": None, "output": ""}
+    """open_store(hosts, quorum=None) -> a store."""
+    out = {"error": None, "output": "", "quorum_error": None}
     store = open_store(s.good)
     try:
         out["got"] = run_get_set(store)
@@ -225,6 +246,14 @@ def _pump_result(open_store, run_get_set, sid: str, s: Setup) -> dict:
         out["error"] = {"code": e.code, "message": e.message}
     finally:
         bad.close()
+    four = open_store(s.good, quorum=4)
+    try:
+        four.run({"op": "set", "state_id_hex": (sid + ":q").encode().hex(),
+                  "state": {"completed": {"singer_state": {}}, "partial": {}}})
+    except Exception as e:  # noqa: BLE001 - each host's own ChstateError
+        out["quorum_error"] = {"code": e.code, "message": e.message}
+    finally:
+        four.close()
     return out
 
 
@@ -233,9 +262,12 @@ def run_wasmtime(s: Setup, sid: str) -> dict:
     from chstate_wasmtime import ChstateModule, HttpTransport, store_options
     mod = ChstateModule(wasm_path())
 
-    def open_store(hosts: str):
-        r = mod.resolve_config({"flags": {"host": hosts, "user": "chstate", "password": s.password,
-                                          "database": "default", "schema": s.schema, "cluster": s.cluster.name}})
+    def open_store(hosts: str, quorum: int | None = None):
+        flags = {"host": hosts, "user": "chstate", "password": s.password, "database": "default",
+                 "schema": s.schema, "cluster": s.cluster.name}
+        if quorum is not None:
+            flags["quorum"] = str(quorum)
+        r = mod.resolve_config({"flags": flags})
         assert "config" in r, r
         return mod.open_store(store_options(r["config"]), HttpTransport(r["config"]))
 
@@ -253,8 +285,8 @@ def run_extism(s: Setup, sid: str) -> dict:
     from chstate_wasmtime import HttpTransport, store_options
     chstate = ExtismChstate(extism.Plugin(extism_path().read_bytes(), wasi=True))
 
-    def open_store(hosts: str):
-        r = chstate.resolve_config({"flags": {"uri": s.uri(hosts), "password": s.password}})
+    def open_store(hosts: str, quorum: int | None = None):
+        r = chstate.resolve_config({"flags": {"uri": s.uri(hosts, quorum), "password": s.password}})
         assert "config" in r, r
         return chstate.open_store(store_options(r["config"]), HttpTransport(r["config"]))
 
@@ -272,11 +304,13 @@ def run_extism(s: Setup, sid: str) -> dict:
 LUA_SCRIPT = """
 local chstate = require "chstate"
 local form, good, bad, schema, cluster, sid, value = ...
-local function open(hosts)
+local function open(hosts, quorum)
   if form == "uri" then
-    return chstate.open{uri = "clickhouse://chstate@" .. hosts .. "/default?cluster=" .. cluster .. "&schema=" .. schema}
+    return chstate.open{uri = "clickhouse://chstate@" .. hosts .. "/default?cluster=" .. cluster .. "&schema=" .. schema
+                        .. (quorum and ("&quorum=" .. quorum) or "")}
   end
-  return chstate.open{host = hosts, user = "chstate", database = "default", schema = schema, cluster = cluster}
+  return chstate.open{host = hosts, user = "chstate", database = "default", schema = schema, cluster = cluster,
+                      quorum = quorum}
 end
 local store = open(good)
 store:set(sid, {singer_state = {bookmark = value}})
@@ -285,8 +319,12 @@ store:close()
 local b = open(bad)
 local ok, e = pcall(b.get, b, sid)
 b:close()
-local out = {got = whole.completed, error = chstate.null}
+local out = {got = whole.completed, error = chstate.null, quorum_error = chstate.null}
 if not ok then out.error = {code = e.code, message = e.message} end
+local four = open(good, 4)  -- an integer setting
+local qok, qe = pcall(four.set, four, sid .. ":q", {singer_state = {}})
+four:close()
+if not qok then out.quorum_error = {code = qe.code, message = qe.message} end
 print("RESULT " .. chstate.to_json(out))
 """
 
@@ -360,3 +398,12 @@ def test_every_host_closed_is_unavailable_and_named(outcome, runtime):
     for port in s.closed:
         assert f"127.0.0.1:{port}" in error["message"], error
     assert s.password not in error["message"] and s.password not in r["output"]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_the_quorum_setting_reaches_the_server(outcome, runtime):
+    _, _, r = outcome(runtime)
+    error = r["quorum_error"]
+    assert error is not None, f"a write with quorum 4 on three replicas succeeded: {r}"
+    assert error["code"] == "UNAVAILABLE", error
+    assert "fewer than 4 replicas" in error["message"], error

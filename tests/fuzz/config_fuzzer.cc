@@ -79,7 +79,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (in.ConsumeBool()) src.env["CLICKHOUSE_PASSWORD"] = kEnvSecret;
   for (int i = 0; i < 6 && in.remaining_bytes() > 0; ++i) {
-    const std::string key = Pick(in, {"host", "port", "database", "user", "secure", "schema", "table", "ca_file"});
+    const std::string key = Pick(in, {"host", "port", "database", "user", "secure", "schema", "table", "ca_file", "cluster", "quorum"});
     const std::string value = in.ConsumeRandomLengthString(32);
     fuzz_text += value;
     switch (in.ConsumeIntegralInRange<int>(0, 2)) {

@@ -56,20 +56,24 @@ def test_settings_errors_name_meltanos_settings(project):
                         ("clickhouse://me:hunter2@127.0.0.1:8123", {}),
                         ("clickhouse://me@127.0.0.1/default", {"port": "eighty"}),
                         ("clickhouse://me@127.0.0.1/default", {"schema": "no-dashes"}),
-                        ("mysql://me@127.0.0.1/default", {})]:
+                        ("mysql://me@127.0.0.1/default", {}),
+                        ("clickhouse://me@127.0.0.1/default", {"cluster": "c", "quorum": 1}),
+                        ("clickhouse://me@127.0.0.1/default", {"quorum": 3})]:
             try:
                 make(uri=uri, password=None, **kw)
                 print("> constructed", uri)
             except ChstateSettingsError as e:
                 print(">", e.code, "hunter2" not in str(e), str(e))
     """)
-    assert len(lines) == 5 and all(line.startswith("INVALID_ARGUMENT True") for line in lines), lines
+    assert len(lines) == 7 and all(line.startswith("INVALID_ARGUMENT True") for line in lines), lines
     assert "state_backend.clickhouse.user" in lines[0] and "MELTANO_STATE_BACKEND_CLICKHOUSE_USER" in lines[0]
     assert "--user" not in lines[0] and "CLICKHOUSE_USER or" not in lines[0]
     assert "database" in lines[1]
     assert "state_backend.clickhouse.port" in lines[2]
     assert "schema" in lines[3]
     assert "scheme" in lines[4]
+    assert "state_backend.clickhouse.quorum is \"1\"" in lines[5] and "at least 2" in lines[5]
+    assert "state_backend.clickhouse.quorum" in lines[6] and "needs cluster mode" in lines[6]
 
 
 def test_granular_settings_override_the_uri(project):

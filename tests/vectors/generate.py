@@ -129,6 +129,9 @@ CONFIG_CASES = [
     ("several_hosts_need_cluster", {"flags": {"uri": "clickhouse://alice@h1,h2/analytics"}}),
     ("cluster_bad_zookeeper_path", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?cluster=ops",
                                               "zookeeper_path": "no-leading-slash"}}),
+    ("cluster_quorum", {"flags": {"uri": "clickhouse://alice@h1,h2,h3,h4,h5/analytics?cluster=ops&quorum=3"}}),
+    ("cluster_quorum_of_one", {"flags": {"uri": "clickhouse://alice@h1,h2/analytics?cluster=ops"},
+                               "env": {"MELTANO_STATE_BACKEND_CLICKHOUSE_QUORUM": "1"}}),
 ]
 
 
@@ -249,6 +252,10 @@ def sql_file(lib) -> dict:
         engine = ok("ReplicatedReplacingMergeTree\t1\n")
         cases.append(script(lib, f"cluster_clickhouse18_{name}", op, [version("18.16.1"), engine] + answers,
                             store=cluster))
+    # The quorum and its timeout are store options: the write carries them.
+    cases.append(script(lib, "cluster_quorum_of_three", {"op": "set", "state_id_hex": hexid("dev:q"), "state": STATE},
+                        [version("18.16.1"), ok("ReplicatedReplacingMergeTree\t1\n"), ok("")],
+                        store=dict(cluster, quorum=3, quorum_timeout_ms=2500)))
     # Several hosts: every request names its host; a refused one is followed
     # at once by the next, and the next request keeps to the one that answered.
     several = dict(cluster, hosts=[{"host": "h1", "port": 8123}, {"host": "h2", "port": 8124}])

@@ -88,7 +88,8 @@ def _meltano_names(message: str) -> str:
     """The core names setting sources as chstate's command line does; the
     adapter passes Meltano's settings in that slot, so say their names."""
     message = message.replace("--uri flag", "state_backend.uri")
-    for key in ("host", "port", "database", "user", "password", "secure", "schema", "table", "ca-file"):
+    for key in ("host", "port", "database", "user", "password", "secure", "schema", "table", "ca-file", "cluster",
+                "zookeeper-path", "replica", "quorum"):
         message = message.replace(f"--{key} flag", f"state_backend.clickhouse.{key.replace('-', '_')}")
         message = message.replace(f"with --{key}, ", "with ")
         # The adapter does not read the generic CLICKHOUSE_* variables.
@@ -326,7 +327,8 @@ class ClickhouseStateStoreManager(ChstateStateStoreManager):
     def __init__(self, uri: str, *, host: t.Any = None, port: t.Any = None, database: t.Any = None,
                  user: t.Any = None, password: t.Any = None, secure: t.Any = None, schema: t.Any = None,
                  table: t.Any = None, ca_file: t.Any = None, cluster: t.Any = None, zookeeper_path: t.Any = None,
-                 replica: t.Any = None, python_locks: t.Any = None, **kwargs: t.Any) -> None:
+                 replica: t.Any = None, quorum: t.Any = None, python_locks: t.Any = None,
+                 **kwargs: t.Any) -> None:
         super().__init__(uri, **kwargs)
         if python_locks not in (None, ""):
             on = str(python_locks).strip().lower()
@@ -342,7 +344,8 @@ class ClickhouseStateStoreManager(ChstateStateStoreManager):
         # MELTANO_STATE_BACKEND_* variables into these, so env stays empty.
         flags = {"uri": uri, "host": host, "port": port, "database": database, "user": user, "password": password,
                  "secure": secure, "schema": schema, "table": table, "ca_file": ca_file, "cluster": cluster,
-                 "zookeeper_path": zookeeper_path, "replica": replica}
+                 "zookeeper_path": zookeeper_path, "replica": replica,
+                 "quorum": None if quorum is None else str(quorum)}
         try:
             config = _native.resolve_config(flags, env={})
         except ChstateError as e:
@@ -352,7 +355,7 @@ class ClickhouseStateStoreManager(ChstateStateStoreManager):
         self.schema = config["schema"]
         self.table = config["table"]
         if config.get("cluster"):
-            self._cluster_options = {k: config[k] for k in ("cluster", "zookeeper_path", "replica")}
+            self._cluster_options = {k: config[k] for k in ("cluster", "zookeeper_path", "replica", "quorum")}
         if config.get("hosts"):
             # Every host of a comma-separated `host` setting: the core picks
             # one for each request and the transport connects there.

@@ -2,7 +2,7 @@
 `meltano.settings`): the same names, kinds and environment variables as the
 Python ClickHouse state backend, so an existing meltano.yml works unchanged,
 plus chstate's `ca_file` and the cluster-mode settings `cluster`,
-`zookeeper_path` and `replica` (README "Cluster mode").
+`zookeeper_path`, `replica` and `quorum` (README "Cluster mode").
 
     state_backend:
       uri: clickhouse://meltano@clickhouse.internal:8123/default
@@ -54,6 +54,9 @@ CLICKHOUSE_ZOOKEEPER_PATH = _setting("zookeeper_path", "ClickHouse ZooKeeper Pat
                                      "chstate only", SettingKind.STRING)
 CLICKHOUSE_REPLICA = _setting("replica", "ClickHouse Replica", "Cluster mode: replica name of the replicated "
                               "tables (default {replica}); chstate only", SettingKind.STRING)
+CLICKHOUSE_QUORUM = _setting("quorum", "ClickHouse Write Quorum", "Cluster mode: replicas that must confirm each "
+                             "write (insert_quorum; default 2, at least 2: with three replicas, writes and locks go on "
+                             "with one down); chstate only", SettingKind.INTEGER)
 
 # The chdb:// backend's settings (state_backend.chdb.<key>; Meltano passes the
 # namespace of the URI's scheme). They win over the URI's ?schema=&table=.
