@@ -51,8 +51,10 @@ def finish(p: subprocess.Popen, c, timeout: float = 300) -> list[str]:
 
 
 def test_a_process_waiting_for_a_streamed_id_gets_it_promptly(healthy, schema, meltano_env):
-    """One process streams update()s of an id through r1 first; another's single update() of
-    that id, through r2 first, completes within 4 s (on one server: 2 s, tests/meltano)."""
+    """One process streams update()s of an id through r1 first for 16 s; another's single
+    update() of that id, through r2 first 3 s in, completes within 8 s (about 1 s is usual
+    here, 3 s the slowest seen; on one server the bound is 2 s, tests/meltano). A holder that
+    ignored the waiter would keep the id for the 13 s the streamer has left."""
     c = healthy
     warm = start(c, schema, meltano_env, """
 m = make()
@@ -62,7 +64,7 @@ m.close()
     finish(warm, c)
     streamer = start(c, schema, meltano_env, """
 m = make()
-end = time.monotonic() + 9
+end = time.monotonic() + 16
 n = 0
 while time.monotonic() < end:
     m.update(MeltanoState("dev:fair", {}, {"singer_state": {"streamer": n}}))
@@ -83,9 +85,9 @@ m.close()
         took = float(finish(single, c)[0])
     finally:
         streamed = int(finish(streamer, c)[0])
-    assert streamed > 20, f"the streamer made only {streamed} updates in 9 s"
-    assert took < 4.0, f"the single update() took {took} s while another process streamed"
-    print(f"streamed {streamed} update()s in 9 s; the waiting process's update() took {took} s")
+    assert streamed > 20, f"the streamer made only {streamed} updates in 16 s"
+    assert took < 8.0, f"the single update() took {took} s while another process streamed"
+    print(f"streamed {streamed} update()s in 16 s; the waiting process's update() took {took} s")
 
 
 def test_processes_merging_into_one_id_through_different_replicas_lose_no_update(healthy, schema, meltano_env):
