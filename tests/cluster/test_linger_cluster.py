@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 
 import pytest
+
+from chserver import REPO
+
+sys.path.insert(0, str(REPO / "tests" / "meltano"))
+from test_linger import SINGLE_UPDATE, STREAMER  # noqa: E402 (the same two processes as on one server)
 
 pytestmark = pytest.mark.requires_clickhouse
 
@@ -62,26 +68,10 @@ m.update(MeltanoState("dev:warm", {}, {"singer_state": {}}))   # the schema, onc
 m.close()
 """, ("r1", "r2", "r3"))
     finish(warm, c)
-    streamer = start(c, schema, meltano_env, """
-m = make()
-end = time.monotonic() + 16
-n = 0
-while time.monotonic() < end:
-    m.update(MeltanoState("dev:fair", {}, {"singer_state": {"streamer": n}}))
-    n += 1
-m.close()
-print(">", n)
-""", ("r1", "r2", "r3"))
+    streamer = start(c, schema, meltano_env, STREAMER, ("r1", "r2", "r3"), "16")
     try:
         time.sleep(3)
-        single = start(c, schema, meltano_env, """
-m = make()
-m.get("dev:fair")
-t0 = time.monotonic()
-m.update(MeltanoState("dev:fair", {}, {"singer_state": {"single": True}}))
-print(">", round(time.monotonic() - t0, 3))
-m.close()
-""", ("r2", "r3", "r1"))
+        single = start(c, schema, meltano_env, SINGLE_UPDATE, ("r2", "r3", "r1"))
         took = float(finish(single, c)[0])
     finally:
         streamed = int(finish(streamer, c)[0])

@@ -40,6 +40,29 @@ def state(i):
 """
 
 
+# The fairness test's two processes (tests/cluster/test_linger_cluster.py runs
+# them too): one streams update()s of an id for argv[1] seconds and prints how
+# many; the other makes one update() of it and prints how long that took.
+STREAMER = """
+m = make()
+end = time.monotonic() + float(sys.argv[1])
+n = 0
+while time.monotonic() < end:
+    m.update(MeltanoState("dev:fair", {}, {"singer_state": {"streamer": n}}))
+    n += 1
+m.close()
+print(">", n)
+"""
+SINGLE_UPDATE = """
+m = make()
+m.get("dev:fair")
+t0 = time.monotonic()
+m.update(MeltanoState("dev:fair", {}, {"singer_state": {"single": True}}))
+print(">", round(time.monotonic() - t0, 3))
+m.close()
+"""
+
+
 def run_counting(project, body: str) -> list:
     env = project.env(T_URI=project.server.uri(), T_PASSWORD=project.server.password, T_SCHEMA=project.schema,
                       T_HTTP=f"http://{project.server.host}:{project.server.port}/", T_USER=project.server.user)
@@ -80,26 +103,10 @@ def test_a_process_waiting_for_a_streamed_id_gets_it_within_two_seconds(project)
     another's single update() of that id completes within 2 s."""
     env = project.env(T_URI=project.server.uri(), T_PASSWORD=project.server.password, T_SCHEMA=project.schema)
     streamer = subprocess.Popen(
-        [str(project.venv / "bin" / "python"), "-c", PRELUDE + """
-m = make()
-end = time.monotonic() + 6
-n = 0
-while time.monotonic() < end:
-    m.update(MeltanoState("dev:fair", {}, {"singer_state": {"streamer": n}}))
-    n += 1
-m.close()
-print(">", n)
-"""], cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [str(project.venv / "bin" / "python"), "-c", PRELUDE + STREAMER, "6"], cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(2)
-        lines = run(project, """
-            m = make()
-            m.get("dev:fair")
-            t0 = time.monotonic()
-            m.update(MeltanoState("dev:fair", {}, {"singer_state": {"single": True}}))
-            print(">", round(time.monotonic() - t0, 3))
-            m.close()
-        """)
+        lines = run(project, SINGLE_UPDATE)
     finally:
         out, err = streamer.communicate(timeout=60)
     assert streamer.returncode == 0, err[-3000:]
