@@ -427,9 +427,7 @@ void LockMachine::CreateSchema(const SqlResponse* r, const Inputs& in) {
   if (Claims()) {
     // The claims table (and its database) ON CLUSTER; IF NOT EXISTS, so a
     // creator that lost the race is as good as one that won.
-    Send(ResponseCode(*r) == kCodeUnknownDatabase ? st_.CreateDatabase()
-                                                                                    : st_.CreateClaimsTable(),
-         in);
+    Send(ResponseCode(*r) == kCodeUnknownDatabase ? st_.CreateDatabase() : st_.CreateClaimsTable(), in);
     schema_made_ = ResponseCode(*r) != kCodeUnknownDatabase;
     return;
   }
@@ -440,7 +438,7 @@ void LockMachine::SchemaMaybeMade(const SqlResponse* r, const Inputs& in) {
   // Cluster mode: an ON CLUSTER CREATE ... IF NOT EXISTS that some host did
   // not run in time (159) ran on the others; the next claim shows whether
   // enough replicas have the table.
-  if (Claims() && r && r->transport_ok && ResponseCode(*r) == 159) {
+  if (Claims() && r && ResponseCode(*r) == 159) {
     StartCreate(nullptr, in);
     return;
   }
@@ -450,8 +448,7 @@ void LockMachine::SchemaMaybeMade(const SqlResponse* r, const Inputs& in) {
 void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
   if (Claims()) {
     if (RetryBusy(r, in)) return;
-    std::optional<int> code = r && r->transport_ok ? ResponseCode(*r)
-                                                   : std::nullopt;
+    std::optional<int> code = r ? ResponseCode(*r) : std::nullopt;  // none without an answer
     if (code) NoteQuorumTrouble(*r);
     if (code == ch::kTooFewLiveReplicas || code == ch::kUnsatisfiedQuorumForPreviousWrite) {
       claimed_ = false;  // refused before anything was written
