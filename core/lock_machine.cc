@@ -438,7 +438,7 @@ void LockMachine::SchemaMaybeMade(const SqlResponse* r, const Inputs& in) {
   // Cluster mode: an ON CLUSTER CREATE ... IF NOT EXISTS that some host did
   // not run in time (159) ran on the others; the next claim shows whether
   // enough replicas have the table.
-  if (Claims() && r && ResponseCode(*r) == 159) {
+  if (Claims() && r && ResponseCode(*r) == ch::kTimeoutExceeded) {
     StartCreate(nullptr, in);
     return;
   }
@@ -478,7 +478,7 @@ void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
   // Code 159 on an ON CLUSTER CREATE (cluster mode): some host did not run it
   // within the DDL timeout; it ran on the others and stays queued for that
   // one. Like a lost answer, it may be ours.
-  if (r && r->transport_ok && ResponseCode(*r) != 159) {
+  if (r && r->transport_ok && ResponseCode(*r) != ch::kTimeoutExceeded) {
     FailWithResponse(r, in);
     return;
   }
