@@ -57,10 +57,10 @@ def finish(p: subprocess.Popen, c, timeout: float = 300) -> list[str]:
 
 
 def test_a_process_waiting_for_a_streamed_id_gets_it_promptly(healthy, schema, meltano_env):
-    """One process streams update()s of an id through r1 first for 16 s; another's single
-    update() of that id, through r2 first 3 s in, completes within 8 s (about 1 s is usual
-    here, 3 s the slowest seen; on one server the bound is 2 s, tests/meltano). A holder that
-    ignored the waiter would keep the id for the 13 s the streamer has left."""
+    """One process streams update()s of an id through r1 first for 16 s; once it holds the
+    lock, another's single update() of that id, through r2 first, completes within 8 s (about
+    1 s is usual here, 3 s the slowest seen; on one server the bound is 2 s, tests/meltano). A
+    holder that ignored the waiter would keep the id for the rest of the 16 s."""
     c = healthy
     warm = start(c, schema, meltano_env, """
 m = make()
@@ -70,7 +70,7 @@ m.close()
     finish(warm, c)
     streamer = start(c, schema, meltano_env, STREAMER, ("r1", "r2", "r3"), "16")
     try:
-        time.sleep(3)
+        assert streamer.stdout.readline().strip() == "streaming", "the streamer stopped before its first update()"
         single = start(c, schema, meltano_env, SINGLE_UPDATE, ("r2", "r3", "r1"))
         took = float(finish(single, c)[0])
     finally:

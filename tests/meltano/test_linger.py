@@ -41,14 +41,17 @@ def state(i):
 
 
 # The fairness test's two processes (tests/cluster/test_linger_cluster.py runs
-# them too): one streams update()s of an id for argv[1] seconds and prints how
-# many; the other makes one update() of it and prints how long that took.
+# them too): one streams update()s of an id for argv[1] seconds, says
+# "streaming" once its first update() holds the lock, and prints how many; the
+# other makes one update() of it and prints how long that took.
 STREAMER = """
 m = make()
 end = time.monotonic() + float(sys.argv[1])
 n = 0
 while time.monotonic() < end:
     m.update(MeltanoState("dev:fair", {}, {"singer_state": {"streamer": n}}))
+    if n == 0:
+        print("streaming", flush=True)
     n += 1
 m.close()
 print(">", n)
@@ -103,9 +106,10 @@ def test_a_process_waiting_for_a_streamed_id_gets_it_within_two_seconds(project)
     another's single update() of that id completes within 2 s."""
     env = project.env(T_URI=project.server.uri(), T_PASSWORD=project.server.password, T_SCHEMA=project.schema)
     streamer = subprocess.Popen(
-        [str(project.venv / "bin" / "python"), "-c", PRELUDE + STREAMER, "6"], cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [str(project.venv / "bin" / "python"), "-c", PRELUDE + STREAMER, "6"], cwd=project.root, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(2)
+        assert streamer.stdout.readline().strip() == "streaming", "the streamer stopped before its first update()"
         lines = run(project, SINGLE_UPDATE)
     finally:
         out, err = streamer.communicate(timeout=60)
