@@ -53,7 +53,9 @@ std::optional<int> ParsePort(absl::string_view text) {
   return port;
 }
 
-std::optional<std::string> PercentDecode(absl::string_view in) {
+}  // namespace
+
+std::optional<std::string> PercentDecodeText(absl::string_view in) {
   std::string out;
   out.reserve(in.size());
   for (size_t i = 0; i < in.size(); ++i) {
@@ -74,6 +76,8 @@ std::optional<std::string> PercentDecode(absl::string_view in) {
   }
   return out;
 }
+
+namespace {
 
 // Leaves `extra_safe` readable (like '/' in a ca_file path); everything that
 // could change how the URI splits is escaped.
@@ -102,7 +106,7 @@ absl::Status BadEscape(absl::string_view part) {
 // Empty decoded text counts as absent, the same rule ResolveConfig applies to
 // every other source.
 absl::Status DecodeInto(absl::string_view raw, absl::string_view part, std::optional<std::string>* out) {
-  std::optional<std::string> decoded = PercentDecode(raw);
+  std::optional<std::string> decoded = PercentDecodeText(raw);
   if (!decoded.has_value()) return BadEscape(part);
   if (!decoded->empty()) *out = std::move(*decoded);
   return absl::OkStatus();
@@ -168,7 +172,7 @@ absl::Status ParseQuery(absl::string_view query, UriParts* parts) {
   std::set<std::string> seen;
   for (absl::string_view item : absl::StrSplit(query, '&', absl::SkipEmpty())) {
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
-    std::optional<std::string> key = PercentDecode(kv.first);
+    std::optional<std::string> key = PercentDecodeText(kv.first);
     if (!key.has_value()) return BadEscape("query parameter name");
     std::optional<std::string>* target = nullptr;
     if (*key == "schema") {
@@ -201,7 +205,7 @@ absl::Status ParseQuery(absl::string_view query, UriParts* parts) {
       if (!s.ok()) return s;
       continue;
     }
-    std::optional<std::string> value = PercentDecode(kv.second);
+    std::optional<std::string> value = PercentDecodeText(kv.second);
     if (!value.has_value()) return BadEscape("value of secure");
     if (value->empty()) continue;
     std::optional<bool> secure = ParseBool(*value);
@@ -297,11 +301,10 @@ class Layers {
 
   std::optional<Found> Lookup(const std::string& key) const {
     const std::string upper = absl::AsciiStrToUpper(key);
-    if (const std::string* v = NonEmpty(sources_.flags, key)) {
-      // Flags are spelled with dashes (--ca-file) where keys use underscores.
-      return Found{*v, absl::StrCat("--", absl::StrReplaceAll(key, {{"_", "-"}}), " flag")};
+    if (const std::string* v = NonEmpty(sources_.flags, key)) return Found{*v, ValueOrigin(sources_.from, key)};
+    if (const std::string* v = NonEmpty(flag_uri_, key)) {
+      return Found{*v, ValueOrigin(sources_.from, "uri", /*meltano_core=*/true)};
     }
-    if (const std::string* v = NonEmpty(flag_uri_, key)) return Found{*v, "--uri flag"};
     const std::string meltano = absl::StrCat(kMeltanoEnvPrefix, upper);
     if (const std::string* v = NonEmpty(sources_.env, meltano)) return Found{*v, meltano};
     if (const std::string* v = NonEmpty(env_uri_, key)) return Found{*v, std::string(kUriEnv)};
@@ -353,14 +356,55 @@ absl::Status ParseHostList(const Found& found, std::vector<std::pair<std::string
   return absl::OkStatus();
 }
 
-std::string MissingMessage(absl::string_view what, absl::string_view uri_hint, absl::string_view key) {
+// A setting as a user of that kind of host types it: --cluster,
+// state_backend.clickhouse.cluster, the cluster setting.
+std::string SettingName(SettingsFrom from, absl::string_view key) {
+  switch (from) {
+    case SettingsFrom::kMeltano:
+      return absl::StrCat("state_backend.clickhouse.", key);
+    case SettingsFrom::kApi:
+      return absl::StrCat("the ", key, " setting");
+    case SettingsFrom::kCli:
+      break;
+  }
+  return absl::StrCat("--", absl::StrReplaceAll(key, {{"_", "-"}}));
+}
+
+std::string MissingMessage(SettingsFrom from, absl::string_view what, absl::string_view uri_hint,
+                           absl::string_view key) {
   const std::string upper = absl::AsciiStrToUpper(key);
+  switch (from) {
+    case SettingsFrom::kMeltano:
+      // Meltano folds its variables into its settings; CLICKHOUSE_* it never reads.
+      return absl::StrCat("ClickHouse ", what, " is not set: give it in state_backend.uri (", uri_hint,
+                          ") or as state_backend.clickhouse.", key, " (", kMeltanoEnvPrefix, upper, ")");
+    case SettingsFrom::kApi:
+      return absl::StrCat("ClickHouse ", what, " is not set: give it in the URI (", uri_hint, "), as the ", key,
+                          " setting, or in ", kMeltanoEnvPrefix, upper, " or CLICKHOUSE_", upper);
+    case SettingsFrom::kCli:
+      break;
+  }
   return absl::StrCat("ClickHouse ", what, " is not set: give it in the URI (", uri_hint, "), with --", key, ", ",
                       kMeltanoEnvPrefix, upper, " (state_backend.clickhouse.", key, " in meltano.yml) or CLICKHOUSE_",
                       upper);
 }
 
 }  // namespace
+
+std::string ValueOrigin(SettingsFrom from, absl::string_view key, bool meltano_core,
+                        absl::string_view meltano_namespace) {
+  switch (from) {
+    case SettingsFrom::kMeltano:
+      return meltano_core ? absl::StrCat("state_backend.", key)
+                          : absl::StrCat("state_backend.", meltano_namespace, ".", key);
+    case SettingsFrom::kApi:
+      return absl::StrCat("the ", key, " setting");
+    case SettingsFrom::kCli:
+      break;
+  }
+  // Flags are spelled with dashes (--ca-file) where keys use underscores.
+  return absl::StrCat("--", absl::StrReplaceAll(key, {{"_", "-"}}), " flag");
+}
 
 std::optional<bool> ParseBool(absl::string_view text) {
   const std::string lower = absl::AsciiStrToLower(text);
@@ -495,7 +539,8 @@ static absl::Status ValidateClusterSettings(const ConnectionConfig& cfg) {
 
 absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources) {
   absl::StatusOr<std::map<std::string, std::string>> flag_uri =
-      UriLayer(sources.flags, "uri", "--uri", /*skip_other_schemes=*/false);
+      UriLayer(sources.flags, "uri", ValueOrigin(sources.from, "uri", /*meltano_core=*/true),
+               /*skip_other_schemes=*/false);
   if (!flag_uri.ok()) return flag_uri.status();
   absl::StatusOr<std::map<std::string, std::string>> env_uri =
       UriLayer(sources.env, std::string(kUriEnv), kUriEnv, /*skip_other_schemes=*/true);
@@ -567,10 +612,10 @@ absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources) {
   }
 
   if (cfg.user.empty()) {
-    return absl::InvalidArgumentError(MissingMessage("user", "clickhouse://USER@host/database", "user"));
+    return absl::InvalidArgumentError(MissingMessage(sources.from, "user", "clickhouse://USER@host/database", "user"));
   }
   if (cfg.database.empty()) {
-    return absl::InvalidArgumentError(MissingMessage("database", "clickhouse://user@host/DATABASE", "database"));
+    return absl::InvalidArgumentError(MissingMessage(sources.from, "database", "clickhouse://user@host/DATABASE", "database"));
   }
   for (const auto& [what, value] : {std::make_pair("schema", &cfg.schema), std::make_pair("table", &cfg.table)}) {
     absl::Status s = ValidateIdentifier(*value, what);
@@ -590,7 +635,8 @@ absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources) {
     if (cfg.cluster.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a quorum is given (by ", quorum->origin, "), which needs cluster mode: name the cluster (?cluster=NAME "
-          "in the URI, --cluster or ", kMeltanoEnvPrefix, "CLUSTER) or leave the quorum out"));
+          "in the URI, ", SettingName(sources.from, "cluster"), " or ", kMeltanoEnvPrefix,
+          "CLUSTER) or leave the quorum out"));
     }
     cfg.quorum = value;
     cfg.origin["quorum"] = quorum->origin;
@@ -601,7 +647,8 @@ absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources) {
     return absl::InvalidArgumentError(absl::StrCat(
         "several hosts are given (by ", cfg.origin["host"],
         "), which needs cluster mode: without it each server keeps its own states and locks. Name the cluster "
-        "(?cluster=NAME in the URI, --cluster or ", kMeltanoEnvPrefix, "CLUSTER) or give one host"));
+        "(?cluster=NAME in the URI, ", SettingName(sources.from, "cluster"), " or ", kMeltanoEnvPrefix,
+        "CLUSTER) or give one host"));
   }
   return cfg;
 }

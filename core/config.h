@@ -115,10 +115,28 @@ struct ConnectionConfig {
   std::string RedactedUri() const;
 };
 
+// How a host's own values are named in messages ("--port flag",
+// "state_backend.clickhouse.port", "the port setting"), so that an error
+// names the place the user typed the value.
+enum class SettingsFrom {
+  kCli,      // command-line flags (chstate)
+  kMeltano,  // Meltano's settings (the adapter; Meltano folded its variables in)
+  kApi,      // an API's table or object (Lua's chstate.open{...}, JS, Python)
+};
+
 struct ConfigSources {
   std::map<std::string, std::string> flags;  // keys: "uri" and kSettingKeys
   std::map<std::string, std::string> env;    // environment variables by name
+  SettingsFrom from = SettingsFrom::kCli;    // how `flags` are named in messages
 };
+
+// Where a value of `key` given in a host's own values came from, as messages
+// name it: "--ca-file flag", "state_backend.clickhouse.ca_file" ("state_backend.uri"
+// for the URI), "the ca_file setting". `meltano_namespace` is the backend's
+// ("clickhouse", "chdb"); `meltano_core` keys are Meltano's own
+// (state_backend.<key>).
+std::string ValueOrigin(SettingsFrom from, absl::string_view key, bool meltano_core = false,
+                        absl::string_view meltano_namespace = "clickhouse");
 
 // Resolves the precedence order above. Errors (kInvalidArgument): a malformed
 // URI or value (names the variable or flag it came from); a missing user or
@@ -128,6 +146,9 @@ struct ConfigSources {
 // replica, hold only [A-Za-z0-9_./{}-] (they are written into DDL); a
 // quorum is a whole number from 2 to 1000, and needs cluster mode.
 absl::StatusOr<ConnectionConfig> ResolveConfig(const ConfigSources& sources);
+
+// Decodes %HH escapes; nullopt for a malformed escape.
+std::optional<std::string> PercentDecodeText(absl::string_view in);
 
 // Parses "true/false/1/0/yes/no/on/off" (case-insensitive).
 std::optional<bool> ParseBool(absl::string_view text);

@@ -17,13 +17,18 @@ namespace chstate {
 inline constexpr int64_t kDefaultConnectTimeoutMs = 5000;
 // One request: sending it and reading its whole answer.
 inline constexpr int64_t kDefaultRequestTimeoutMs = 30000;
-// How long acquiring a lock waits for another holder (Meltano's
-// state_backend.lock_timeout_seconds).
-inline constexpr int64_t kDefaultLockTimeoutMs = 10000;
+// A lock whose holder has not renewed it for this long is taken over: the
+// lock's validity, Meltano's state_backend.lock_timeout_seconds, whose
+// default (10 s) this is in every runtime. A holder renews every third of it.
+inline constexpr int64_t kDefaultStaleLockMs = 10000;
 // Between two attempts at a held lock (Meltano's lock_retry_seconds).
 inline constexpr int64_t kDefaultLockRetryMs = 1000;
-// A lock whose holder has not renewed it for this long is taken over.
-inline constexpr int64_t kDefaultStaleLockMs = 300000;
+// How long acquiring a lock waits for another holder
+// (state_backend.clickhouse.lock_wait_seconds): by default twice the
+// validity plus one retry, long enough to take over the lock of a holder that
+// died, so that a crashed run never fails the next one. The settings resolver
+// computes it from the validity and retry given (core/settings.h).
+inline constexpr int64_t kDefaultLockTimeoutMs = 2 * kDefaultStaleLockMs + kDefaultLockRetryMs;
 // The shortest stale window (lock validity) a store accepts. The lease keeps
 // a tenth of the window, at least 100 ms, as margin for a request in flight;
 // the simulation proves exclusion from 1 s up with delays below that margin

@@ -27,8 +27,11 @@ struct MeltanoState {
 
   // The merged view Meltano hands to a tap: DeepMerge(completed, partial).
   nlohmann::json Merged() const;
-  // True when there is no partial state (Meltano's `is_complete()`).
-  bool IsComplete() const { return partial.empty(); }
+  // Meltano 4.4's `MeltanoState.is_complete()`: the completed side is not
+  // empty (whatever the partial side holds). An update with an empty
+  // completed side merges its partial over the current state's, so an empty
+  // incoming state leaves the current one as it was.
+  bool IsComplete() const { return !completed.empty(); }
   // {"completed": {...}, "partial": {...}} (Meltano's JSON form).
   nlohmann::json ToJson() const;
 };

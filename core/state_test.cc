@@ -98,19 +98,22 @@ TEST(MeltanoStateTest, MergedLaysPartialOverCompleted) {
   MeltanoState s{"dev:tap-x-to-target-y", J(R"({"singer_state":{"bookmarks":{"a":{"v":2}}}})"),
                  J(R"({"singer_state":{"bookmarks":{"a":{"v":1,"k":"id"},"b":{"v":9}}}})")};
   EXPECT_EQ(s.Merged(), J(R"({"singer_state":{"bookmarks":{"a":{"v":2,"k":"id"},"b":{"v":9}}}})"));
-  EXPECT_FALSE(s.IsComplete());
+  EXPECT_TRUE(s.IsComplete());  // a completed side, whatever the partial holds (Meltano 4.4)
 }
 
 TEST(MeltanoStateTest, IsCompleteAndDefaults) {
+  // Meltano 4.4: is_complete() is bool(completed_state).
   MeltanoState s;
-  EXPECT_TRUE(s.IsComplete());
+  EXPECT_FALSE(s.IsComplete());
   EXPECT_TRUE(s.partial.is_object());
   EXPECT_TRUE(s.completed.is_object());
   EXPECT_EQ(s.Merged(), json::object());
-  s.completed = J(R"({"singer_state":{}})");
-  EXPECT_TRUE(s.IsComplete());
   s.partial = J(R"({"singer_state":{}})");
   EXPECT_FALSE(s.IsComplete());
+  s.completed = J(R"({"singer_state":{}})");
+  EXPECT_TRUE(s.IsComplete());
+  s.partial = json::object();
+  EXPECT_TRUE(s.IsComplete());
 }
 
 TEST(MeltanoStateTest, ToJsonShape) {
@@ -396,7 +399,7 @@ TEST(CompleteStateFromInputTest, Table) {
     EXPECT_EQ(got->state_id, "dev:x");
     EXPECT_EQ(got->completed, J(c.text));
     EXPECT_EQ(got->partial, json::object());
-    EXPECT_TRUE(got->IsComplete());
+    EXPECT_EQ(got->IsComplete(), !J(c.text).empty());
   }
 }
 
@@ -423,13 +426,16 @@ TEST(ApplyUpdateTest, Table) {
        R"({"singer_state":{"b":2,"c":1}})"},
       {"current without partial, partial incoming", true, R"({"singer_state":{"a":1}})", "{}", "{}",
        R"({"singer_state":{"b":2}})", R"({"singer_state":{"a":1}})", R"({"singer_state":{"b":2}})"},
-      {"partial incoming keeps current completed, drops incoming completed", true, R"({"singer_state":{"a":1}})",
-       "{}", R"({"singer_state":{"a":99}})", R"({"singer_state":{"b":2}})", R"({"singer_state":{"a":1}})",
+      // Meltano 4.4: a completed side makes the state complete, partial or not.
+      {"both sides incoming replaces", true, R"({"singer_state":{"a":1}})",
+       "{}", R"({"singer_state":{"a":99}})", R"({"singer_state":{"b":2}})", R"({"singer_state":{"a":99}})",
        R"({"singer_state":{"b":2}})"},
+      // An empty incoming state is not complete: it merges nothing, and the
+      // current state stays (it used to be written over with nothing).
+      {"empty incoming keeps current", true, R"({"singer_state":{"a":1}})", R"({"singer_state":{"b":1}})", "{}",
+       "{}", R"({"singer_state":{"a":1}})", R"({"singer_state":{"b":1}})"},
       {"current, complete incoming replaces", true, R"({"singer_state":{"a":1}})", R"({"singer_state":{"b":1}})",
        R"({"singer_state":{"z":9}})", "{}", R"({"singer_state":{"z":9}})", "{}"},
-      {"current, empty complete incoming replaces", true, R"({"singer_state":{"a":1}})",
-       R"({"singer_state":{"b":1}})", "{}", "{}", "{}", "{}"},
       {"nested merge of partial bookmarks", true,
        R"({"singer_state":{"bookmarks":{"orders":{"replication_key_value":"2024-01-01"}}}})",
        R"({"singer_state":{"bookmarks":{"orders":{"replication_key_value":"2024-01-05","replication_key":"ts"},

@@ -103,6 +103,8 @@ class StoreSteps {
   }
 
   const Statements& st() const { return *s_->statements_; }
+  // This store holds the id's lock (a lock scope's, or lingering).
+  bool HoldsLock(const std::string& id) const { return s_->held_.count(id) != 0; }
   const Inputs& inputs() const { return *in_; }
   // Keeps `p` alive as long as these steps; returns the raw pointer.
   template <typename T>
@@ -462,8 +464,12 @@ class StoreSteps {
     m->Acquire(*in_);
     return DriveLock(m, [this, m, id, deadline, then, fail](const LockAction& a) -> Step {
       if (a.kind != LockAction::Kind::kAcquired) return fail(ExplainCluster(a.status));
-      if (!s_->options_.python_locks) return then(m);
-      return ClaimFromPython(id, m, deadline, then, fail);
+      // A mixed fleet is safe by default: a live row of the Python backend
+      // in <table>_lock is honoured whatever python_locks says (that setting
+      // decides whether this store also shows itself there). The Python
+      // backend knows no clusters.
+      if (st().cluster().enabled()) return then(m);
+      return ClaimFromPython(id, m, deadline, then, fail, /*show_marker=*/s_->options_.python_locks);
     });
   }
 
@@ -472,8 +478,10 @@ class StoreSteps {
   // settle time (a Python process that saw the lock free before the marker
   // has written its row by then), look again. Yielding releases the table
   // lock and tries again until the deadline.
+  // Without `show_marker` (python_locks off) it only looks once: a Python
+  // holder is waited for; no <table>_lock table means no Python process.
   Step ClaimFromPython(const std::string& id, const LockPtr& m, int64_t deadline, std::function<Step(LockPtr)> then,
-                       OnFailure fail) {
+                       OnFailure fail, bool show_marker) {
     // Release withdraws the marker first (it is harmless when none was written).
     auto abandon = [this, m, fail](absl::Status st) -> Step {
       return Release(m, [fail, st] { return fail(st); }, [fail, st](absl::Status) { return fail(st); });
@@ -497,6 +505,15 @@ class StoreSteps {
       return Query(st().ForeignLockRows(id), "looking for the Python backend's lock rows", 2, std::move(seen),
                    std::move(failed));
     };
+    if (!show_marker) {
+      return look(
+          [m, then, yield](const Rows& rows) -> Step {
+            return rows.empty() ? then(m) : yield(rows[0][0].value_or(""));
+          },
+          [m, then, abandon](absl::Status st) -> Step {
+            return st.code() == absl::StatusCode::kNotFound ? then(m) : abandon(std::move(st));
+          });
+    }
     return look(
         [this, id, m, then, yield, abandon, look](const Rows& before) -> Step {
           if (!before.empty()) return yield(before[0][0].value_or(""));
@@ -1218,27 +1235,34 @@ std::unique_ptr<Task> Store::Get(std::string state_id) {
   });
 }
 
+namespace {
+
+// Under the id's lock: the one this store holds (the caller's lock scope),
+// renewed when due and lease-checked at the write, or one taken for `body`
+// alone. Which it is, is looked at when the task starts (tasks queue).
+Step UnderIdLock(StoreSteps& s, const std::string& id, std::function<Step(StoreSteps::Finish)> body) {
+  if (s.HoldsLock(id)) {
+    return s.RenewIfDue(id, [body] { return body(StoreSteps::Terminal); }, StoreSteps::Failed);
+  }
+  return s.WithLock(id, std::move(body));
+}
+
+}  // namespace
+
 std::unique_ptr<Task> Store::Set(MeltanoState state) {
   if (absl::Status st = ValidateStateId(state.state_id); !st.ok()) return Invalid(st);
   return MakeTask(this, [state](StoreSteps& s) {
     return s.Connected(
         [&s, state] {
-          return s.RenewIfDue(
-              state.state_id,
-              [&s, state] { return s.WriteState(state, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed); },
-              StoreSteps::Failed);
-        },
-        StoreSteps::Failed);
-  });
-}
-
-std::unique_ptr<Task> Store::SetLocked(MeltanoState state) {
-  if (absl::Status st = ValidateStateId(state.state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [state](StoreSteps& s) {
-    return s.Connected(
-        [&s, state] {
-          return s.WithLock(state.state_id, [&s, state](StoreSteps::Finish finish) {
-            return s.WriteState(state, [&s, finish] { return finish(s.Base()); }, finish);
+          return UnderIdLock(s, state.state_id, [&s, state](StoreSteps::Finish finish) {
+            return s.WriteState(
+                state,
+                [&s, state, finish] {
+                  Result r = s.Base();
+                  r.state = state;
+                  return finish(std::move(r));
+                },
+                finish);
           });
         },
         StoreSteps::Failed);
@@ -1270,20 +1294,47 @@ Step ReadMergeWrite(StoreSteps& s, const MeltanoState& incoming, StoreSteps::Fin
 
 std::unique_ptr<Task> Store::Update(MeltanoState incoming) {
   if (absl::Status st = ValidateStateId(incoming.state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [this, incoming](StoreSteps& s) {
+  return MakeTask(this, [incoming](StoreSteps& s) {
     return s.Connected(
-        [this, &s, incoming] {
-          if (held_.count(incoming.state_id) == 0) {
-            return s.WithLock(incoming.state_id, [&s, incoming](StoreSteps::Finish finish) {
-              return ReadMergeWrite(s, incoming, finish);
-            });
-          }
-          // Held by this store already: under that lock, renewed when due,
-          // the write sent only within its lease.
-          return s.RenewIfDue(
-              incoming.state_id,
-              [&s, incoming] {
-                return ReadMergeWrite(s, incoming, StoreSteps::Terminal);
+        [&s, incoming] {
+          return UnderIdLock(s, incoming.state_id,
+                             [&s, incoming](StoreSteps::Finish finish) { return ReadMergeWrite(s, incoming, finish); });
+        },
+        StoreSteps::Failed);
+  });
+}
+
+std::unique_ptr<Task> Store::MergeFrom(std::string src, std::string dst, bool force) {
+  if (absl::Status st = ValidateStateId(src); !st.ok()) return Invalid(st);
+  if (absl::Status st = ValidateStateId(dst); !st.ok()) return Invalid(st);
+  return MakeTask(this, [src, dst, force](StoreSteps& s) {
+    return s.Connected(
+        [&s, src, dst, force] {
+          // As `meltano state merge --from-state-id`: the source's merged
+          // view, read without its lock, is the incoming partial state.
+          return s.ReadState(
+              src,
+              [&s, src, dst, force](std::optional<MeltanoState> source) -> Step {
+                if (!source) {
+                  return Step::Fail(absl::NotFoundError(
+                      absl::StrCat("state id \"", StoreSteps::Printable(src), "\" has no state to merge")));
+                }
+                MeltanoState incoming;
+                incoming.state_id = dst;
+                incoming.partial = source->Merged();
+                if (incoming.partial.empty()) {
+                  return Step::Fail(absl::InvalidArgumentError(absl::StrCat(
+                      "merge: the state of \"", StoreSteps::Printable(src), "\" is empty, so there is nothing to "
+                      "merge; nothing was written")));
+                }
+                if (!force && !incoming.partial.contains("singer_state")) {
+                  return Step::Fail(absl::InvalidArgumentError(absl::StrCat(
+                      "merge: the state of \"", StoreSteps::Printable(src), "\" has no top-level \"singer_state\" "
+                      "key, which Meltano's states have; nothing was written. Pass force to merge it as it is")));
+                }
+                return UnderIdLock(s, dst, [&s, incoming](StoreSteps::Finish finish) {
+                  return ReadMergeWrite(s, incoming, finish);
+                });
               },
               StoreSteps::Failed);
         },
@@ -1296,23 +1347,7 @@ std::unique_ptr<Task> Store::Delete(std::string state_id) {
   return MakeTask(this, [state_id](StoreSteps& s) {
     return s.Connected(
         [&s, state_id] {
-          return s.RenewIfDue(
-              state_id,
-              [&s, state_id] {
-                return s.DeleteState(state_id, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
-              },
-              StoreSteps::Failed);
-        },
-        StoreSteps::Failed);
-  });
-}
-
-std::unique_ptr<Task> Store::DeleteLocked(std::string state_id) {
-  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [state_id](StoreSteps& s) {
-    return s.Connected(
-        [&s, state_id] {
-          return s.WithLock(state_id, [&s, state_id](StoreSteps::Finish finish) {
+          return UnderIdLock(s, state_id, [&s, state_id](StoreSteps::Finish finish) {
             return s.DeleteState(state_id, [&s, finish] { return finish(s.Base()); }, finish);
           });
         },
@@ -1575,6 +1610,31 @@ std::unique_ptr<Task> Store::ReleaseLingering() {
   });
 }
 
+std::unique_ptr<Task> Store::Close() {
+  return MakeTask(this, [this](StoreSteps& s) {
+    auto count = std::make_shared<int64_t>(0);
+    auto next = std::make_shared<std::function<Step()>>();
+    *next = [this, &s, count, next]() -> Step {
+      for (auto it = held_.begin(); it != held_.end(); ++it) {
+        const std::string id = it->first;
+        if (!it->second.Live()) {
+          held_.erase(it);  // lost: not ours to drop
+          return (*next)();
+        }
+        ++*count;
+        // Best effort: a failed release is forgotten; the lock then expires.
+        return s.ReleaseAndForget(id, it->second.machine, [next] { return (*next)(); },
+                                  [next](absl::Status) { return (*next)(); });
+      }
+      Result r = s.Base();
+      r.count = *count;
+      *next = nullptr;  // no cycle left behind
+      return Step::Done(std::move(r));
+    };
+    return (*next)();
+  });
+}
+
 std::optional<int64_t> Store::NextTimeoutMs() const {
   std::optional<int64_t> next;
   for (const auto& [id, held] : held_) {
@@ -1606,9 +1666,14 @@ std::unique_ptr<Task> Store::ReleaseLock(std::string state_id, std::string lock_
     std::shared_ptr<LockMachine> m = it->second.machine;
     if (m->state() != LockState::kHeld) {
       // Lost earlier (a renewal found another holder or the lease ran out):
-      // it is not ours to drop; forgetting it is the whole release.
+      // it is not ours to drop, so forgetting it is the whole release; but
+      // the scope it guarded was not exclusive, which its user must hear.
       held_.erase(it);
-      return Step::Done(s.Base());
+      return Step::Fail(absl::AbortedError(absl::StrCat(
+          "the lock on state id \"", StoreSteps::Printable(state_id), "\" was lost while held (its lease of ",
+          options_.lock.stale_ms / 1000.0, " s, lock_timeout_seconds, could not be renewed in time, and another "
+          "process may have taken it): what was done under it was not exclusive. Check the work, then run it "
+          "again")));
     }
     if (it->second.lingering) return Step::Done(s.Base());  // released already; lingering
     auto release = [&s, state_id, m] {

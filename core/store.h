@@ -28,7 +28,7 @@
 //   kNotFound            Copy/Move: the source id has no state. (A missing
 //                        table reads as "absent", never as this.)
 //   kAborted             retry at a higher level: AcquireLock and every locked
-//                        operation (SetLocked, Update, DeleteLocked, Copy,
+//                        operation (Set, Update, Delete, MergeFrom, Copy,
 //                        Move) when another holder kept the lock past the lock
 //                        timeout; a write, Tick or RenewLock when this store's
 //                        lock ran out or was taken over (nothing was written
@@ -38,7 +38,7 @@
 //                        lock this store does not hold; a server older than
 //                        18.16; cluster mode over a state table that is not
 //                        replicated; a host calling a task out of order.
-//   kDeadlineExceeded    Delete/DeleteLocked/Move on 18.x: the delete's
+//   kDeadlineExceeded    Delete/Move on 18.x: the delete's
 //                        mutation was accepted but still runs after
 //                        mutation_timeout_ms (it finishes on the server).
 //   kDataLoss            ClickHouse sent a truncated or malformed answer, or a
@@ -129,20 +129,23 @@ class Store {
   std::unique_ptr<Task> Init();
   // Result.state: nullopt when absent. A missing table reads as absent.
   std::unique_ptr<Task> Get(std::string state_id);
-  // Plain overwrite of both sides (Meltano's set()). Takes no lock; but when
-  // this store holds the id's lock (AcquireLock), the write is sent only
-  // within that lock's lease, else kAborted and nothing is written.
+  // Overwrites both sides under the id's lock: the one this store holds (a
+  // lock scope: written only within its lease, else kAborted and nothing is
+  // written), or taken for the write and released after. Result.state: what
+  // was written.
   std::unique_ptr<Task> Set(MeltanoState state);
-  // Overwrite under the per-id lock (`chstate set`).
-  std::unique_ptr<Task> SetLocked(MeltanoState state);
   // Meltano's update(): under the lock, ApplyUpdate(current, incoming), set.
   // When this store already holds the id's lock (AcquireLock), it reads,
   // merges and writes under that lock (within its lease) without taking it
   // again.
   std::unique_ptr<Task> Update(MeltanoState incoming);
-  // Like Set: lease-checked when this store holds the id's lock.
+  // Removes the id's state under its lock, as Set takes it.
   std::unique_ptr<Task> Delete(std::string state_id);
-  std::unique_ptr<Task> DeleteLocked(std::string state_id);
+  // Merges the merged view of `src`'s state into `dst` as Update does
+  // (`meltano state merge --from-state-id`). kNotFound when src has none;
+  // kInvalidArgument (nothing written) when that view is empty, or lacks a
+  // top-level "singer_state" key and `force` is false.
+  std::unique_ptr<Task> MergeFrom(std::string src, std::string dst, bool force);
   // Result.state_ids, sorted; `glob` uses Meltano's * and ?.
   std::unique_ptr<Task> List(std::optional<std::string> glob);
   // Result.count: states removed.
@@ -189,7 +192,10 @@ class Store {
   // store keeps the held lock until ReleaseLock.
   std::unique_ptr<Task> AcquireLock(std::string state_id);
   // kFailedPrecondition without a request when this store does not hold the
-  // lock with that id (a release by a process that never acquired).
+  // lock with that id (a release by a process that never acquired). kAborted
+  // when the lock was lost while held (a renewal found it taken over) or its
+  // lease ran out before the release: the lock is forgotten, and the error
+  // says that what was done under it was not exclusive.
   std::unique_ptr<Task> ReleaseLock(std::string state_id, std::string lock_id);
   // Renews the lease of a lock this store holds (hosts holding a lock for
   // long call it every stale/3). kAborted when the lock was lost: the holder
@@ -212,6 +218,10 @@ class Store {
   // Releases for real every lock lingering after ReleaseLock (linger_locks):
   // a host calls it before it goes away. Result.count: how many.
   std::unique_ptr<Task> ReleaseLingering();
+  // Releases every lock this store holds or keeps lingering (the end of a
+  // store: a host closing it). Best effort: a lock whose release fails is
+  // forgotten and expires after its validity. Result.count: how many.
+  std::unique_ptr<Task> Close();
   // The earliest time (on the host's clock) Tick has work, or nullopt.
   std::optional<int64_t> NextTimeoutMs() const;
 

@@ -2,8 +2,11 @@
 // stdin/stdout, so a driver in any language (tests/modern/pipe_host.py runs
 // the SQL in chDB) can execute the core's requests wherever it likes.
 //
-//   pipe_host [--schema S] [--table T] [--lock-timeout-ms N] [--lock-retry-ms N]
-//             [--stale-lock-ms N] [--mutation-timeout-ms N] [--endpoint NAME]
+//   pipe_host [SETTINGS]
+//
+// SETTINGS is a settings document (hosts/common/protocol.h), e.g.
+// '{"values":{"uri":"clickhouse://u@pipe/db","lock_timeout_seconds":3}}';
+// without one the store opens on clickhouse://pipe@pipe/default.
 //
 // One Store lives for the whole session (its dialect is detected once). Per
 // operation, the driver writes one op line and then answers what the host asks:
@@ -17,10 +20,10 @@
 //                      "count":0,"server_version":"26.9.2.1","dialect":"modern","lock_id":"","waited_ms":0}}
 //          or {"failed":{"code":"NOT_FOUND","message":"..."}}
 //
-// Ops: ping, init, get, set, set_locked, update, delete, delete_locked, list
-// ("pattern": string|null, or "pattern_hex"), clear_all, copy/move ("src_hex",
-// "dst_hex"), acquire_lock, release_lock ("lock_id"). State ids travel as hex
-// so any bytes (NUL, invalid UTF-8) cross JSON unchanged. A response may give
+// Ops are the verbs of core/verbs.h, with the arguments their rows name;
+// {"timer":true} while no op runs is the idle timer, {"close":true} the
+// store's close. State ids travel as hex so any bytes (NUL, invalid UTF-8)
+// cross JSON unchanged. A response may give
 // "body" (text) instead of "body_hex", and "transport_ok":false with
 // "transport_error" and "maybe_delivered".
 //
@@ -38,7 +41,6 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/store.h"
 #include "core/task.h"
@@ -95,64 +97,33 @@ Outcome Drive(protocol::OpDriver& driver, const std::string& op_line) {
   }
 }
 
-// --name=value or --name value.
-absl::Status ParseArgs(int argc, char** argv, StoreOptions* opts) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string name = arg;
-    std::optional<std::string> value;
-    if (size_t eq = arg.find('='); eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-    }
-    auto take = [&]() -> absl::StatusOr<std::string> {
-      if (value) return *value;
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
-      return std::string(argv[++i]);
-    };
-    auto take_ms = [&](int64_t* out) -> absl::Status {
-      absl::StatusOr<std::string> v = take();
-      if (!v.ok()) return v.status();
-      if (!absl::SimpleAtoi(*v, out)) return absl::InvalidArgumentError(absl::StrCat(name, " needs an integer"));
-      return absl::OkStatus();
-    };
-    absl::Status st;
-    if (name == "--schema" || name == "--table" || name == "--endpoint") {
-      absl::StatusOr<std::string> v = take();
-      if (!v.ok()) return v.status();
-      (name == "--schema" ? opts->schema : name == "--table" ? opts->table : opts->endpoint) = *v;
-    } else if (name == "--lock-timeout-ms") {
-      st = take_ms(&opts->lock.timeout_ms);
-    } else if (name == "--lock-retry-ms") {
-      st = take_ms(&opts->lock.retry_ms);
-    } else if (name == "--stale-lock-ms") {
-      st = take_ms(&opts->lock.stale_ms);
-    } else if (name == "--mutation-timeout-ms") {
-      st = take_ms(&opts->mutation_timeout_ms);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown argument ", arg));
-    }
-    if (!st.ok()) return st;
-  }
-  return absl::OkStatus();
-}
-
 int Main(int argc, char** argv) {
   std::ios::sync_with_stdio(false);
-  StoreOptions opts;
-  opts.endpoint = "pipe";
-  if (absl::Status st = ParseArgs(argc, argv, &opts); !st.ok()) {
-    EmitFailed(st);
+  if (argc > 2) {
+    EmitFailed(absl::InvalidArgumentError("pipe_host takes one argument: a settings document"));
     return 2;
   }
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(opts);
-  if (!store.ok()) {
-    EmitFailed(store.status());
+  absl::StatusOr<protocol::OpenedStore> opened =
+      protocol::OpenStore(argc == 2 ? argv[1] : R"({"values":{"uri":"clickhouse://pipe@pipe/default"}})");
+  if (!opened.ok()) {
+    EmitFailed(opened.status());
     return 2;
   }
-  protocol::OpDriver driver(store->get());
+  protocol::OpDriver driver(opened->store.get());
   while (std::optional<std::string> line = ReadLine()) {
     if (line->empty()) continue;
+    if (line->find("\"timer\"") != std::string::npos && line->find("\"op\"") == std::string::npos) {
+      // The idle timer: fed, not started, and driven like an op.
+      json action = driver.Feed(*line, OsInputs());
+      Emit(action);
+      while (Pending(action)) {
+        std::optional<std::string> next = ReadLine();
+        if (!next) return 0;
+        action = driver.Feed(*next, OsInputs());
+        Emit(action);
+      }
+      continue;
+    }
     if (Drive(driver, *line) == Outcome::kEof) break;
   }
   return 0;

@@ -19,6 +19,7 @@
 
 struct chstate_store {
   std::unique_ptr<chstate::Store> store;
+  chstate::Settings settings;
   std::unique_ptr<chstate::protocol::OpDriver> driver;
 };
 
@@ -54,48 +55,57 @@ extern "C" {
 
 int32_t chstate_abi_version(void) { return CHSTATE_ABI_VERSION; }
 
-char* chstate_setting_keys(void) {
+char* chstate_verbs(void) {
   try {
-    nlohmann::json keys = nlohmann::json::array({"uri"});
-    for (const char* k : chstate::kSettingKeys) keys.push_back(k);
-    return Give(chstate::protocol::Dump(nlohmann::json{{"setting_keys", std::move(keys)}}));
+    return Give(chstate::protocol::Dump(chstate::protocol::VerbsJson()));
   } catch (...) {
     return nullptr;
   }
 }
 
-char* chstate_resolve_config(const char* sources_json) {
-  if (sources_json == nullptr) return GiveFailed(absl::InvalidArgumentError("sources_json is NULL"));
+char* chstate_settings_table(void) {
   try {
-    return Give(chstate::protocol::Dump(chstate::protocol::ResolveConfigJson(sources_json)));
+    return Give(chstate::protocol::Dump(chstate::protocol::SettingsTableJson()));
   } catch (...) {
-    return GiveFailed(absl::ResourceExhaustedError("out of memory resolving the configuration"));
+    return nullptr;
   }
 }
 
-chstate_store* chstate_store_new(const char* options_json, char** error_json) {
+char* chstate_resolve_settings(const char* settings_json) {
+  if (settings_json == nullptr) return GiveFailed(absl::InvalidArgumentError("settings_json is NULL"));
+  try {
+    return Give(chstate::protocol::Dump(chstate::protocol::ResolveSettingsJson(settings_json)));
+  } catch (...) {
+    return GiveFailed(absl::ResourceExhaustedError("out of memory resolving the settings"));
+  }
+}
+
+chstate_store* chstate_store_new(const char* settings_json, char** error_json) {
   if (error_json != nullptr) *error_json = nullptr;
   auto fail = [error_json](const absl::Status& status) -> chstate_store* {
     if (error_json != nullptr) *error_json = GiveFailed(status);
     return nullptr;
   };
+  if (settings_json == nullptr) return fail(absl::InvalidArgumentError("settings_json is NULL"));
   try {
-    nlohmann::json options;  // null: all defaults
-    if (options_json != nullptr && options_json[0] != '\0') {
-      absl::StatusOr<nlohmann::json> doc = chstate::protocol::ParseDocument(options_json);
-      if (!doc.ok()) return fail(doc.status());
-      options = *std::move(doc);
-    }
-    absl::StatusOr<chstate::StoreOptions> opts = chstate::protocol::StoreOptionsFromJson(options);
-    if (!opts.ok()) return fail(opts.status());
-    absl::StatusOr<std::unique_ptr<chstate::Store>> store = chstate::Store::Create(*std::move(opts));
-    if (!store.ok()) return fail(store.status());
+    absl::StatusOr<chstate::protocol::OpenedStore> opened = chstate::protocol::OpenStore(settings_json);
+    if (!opened.ok()) return fail(opened.status());
     auto handle = std::make_unique<chstate_store>();
-    handle->store = *std::move(store);
+    handle->store = std::move(opened->store);
+    handle->settings = std::move(opened->settings);
     handle->driver = std::make_unique<chstate::protocol::OpDriver>(handle->store.get());
     return handle.release();
   } catch (...) {
     return fail(absl::ResourceExhaustedError("out of memory creating the store"));
+  }
+}
+
+char* chstate_store_settings(chstate_store* store) {
+  if (store == nullptr) return GiveFailed(absl::InvalidArgumentError("store is NULL"));
+  try {
+    return Give(chstate::protocol::Dump(chstate::protocol::SettingsJson(store->settings)));
+  } catch (...) {
+    return nullptr;
   }
 }
 

@@ -52,36 +52,39 @@ json Take(char* s) {
 
 // The ABI this test was written against. Bumping the version (an
 // incompatible change of a signature or document) must update this test.
-static_assert(CHSTATE_ABI_VERSION == 2, "the header's ABI version changed: review the ABI tests");
+static_assert(CHSTATE_ABI_VERSION == 3, "the header's ABI version changed: review the ABI tests");
 
-TEST(CApi, VersionIsTwo) { EXPECT_EQ(chstate_abi_version(), 2); }
+// The smallest settings a store opens with.
+constexpr char kSettings[] = R"({"values":{"uri":"clickhouse://u@h:1/d"}})";
 
-TEST(CApi, SettingKeysAreTheOnesResolveConfigTakes) {
-  char* text = chstate_setting_keys();
-  ASSERT_NE(text, nullptr);
-  nlohmann::json keys = nlohmann::json::parse(text)["setting_keys"];
-  chstate_string_free(text);
-  ASSERT_GE(keys.size(), 12u);
-  EXPECT_EQ(keys[0], "uri");
-  nlohmann::json flags = nlohmann::json::object();
-  for (const auto& k : keys) flags[k.get<std::string>()] = nullptr;  // null: not given
-  auto resolve = [](const nlohmann::json& f) {
-    char* out = chstate_resolve_config(nlohmann::json{{"flags", f}, {"env", nlohmann::json::object()}}.dump().c_str());
-    EXPECT_NE(out, nullptr);
-    nlohmann::json doc = nlohmann::json::parse(out ? out : "{}");
-    chstate_string_free(out);
-    return doc.contains("failed") ? doc["failed"]["message"].get<std::string>() : std::string();
-  };
-  // Every listed key is accepted (what is missing is the user, not a key)...
-  EXPECT_EQ(resolve(flags).find("unknown setting"), std::string::npos) << resolve(flags);
-  // ...and an unlisted one is not.
-  flags["zzz"] = "x";
-  EXPECT_EQ(resolve(flags).rfind("unknown setting \"zzz\"", 0), 0u) << resolve(flags);
+TEST(CApi, VersionIsThree) { EXPECT_EQ(chstate_abi_version(), 3); }
+
+TEST(CApi, TheTablesAreDocuments) {
+  json verbs = Take(chstate_verbs());
+  ASSERT_TRUE(verbs["verbs"].is_array()) << verbs;
+  EXPECT_EQ(verbs["verbs"][0]["name"], "get");
+  json settings = Take(chstate_settings_table());
+  ASSERT_TRUE(settings["settings"].is_array()) << settings;
+  EXPECT_EQ(settings["settings"][0]["key"], "uri");
+}
+
+TEST(CApi, AStoreOpensFromRawSettingsAndSaysHowToConnect) {
+  char* err = nullptr;
+  chstate_store* s = chstate_store_new(R"({"values":{"uri":"clickhouse://u:pw@h:1/d","secure":"true"}})", &err);
+  ASSERT_NE(s, nullptr) << (err ? err : "");
+  json c = Take(chstate_store_settings(s));
+  EXPECT_EQ(c["settings"]["connection"]["secure"], true);
+  EXPECT_EQ(c["settings"]["connection"]["port"], 1);
+  EXPECT_EQ(c["settings"]["connection"]["password"], "pw");
+  EXPECT_EQ(c["settings"]["store"]["lock_validity_ms"], 10000);
+  chstate_store_free(s);
+  json r = Take(chstate_resolve_settings(R"({"values":{"uri":"clickhouse://u@h:1/d","history_days":"3"}})"));
+  EXPECT_EQ(r["settings"]["store"]["history_days"], 3) << r;
 }
 
 TEST(CApi, DrivesAnOpToTheEnd) {
   char* err = nullptr;
-  chstate_store* s = chstate_store_new(R"({"schema":"meltano","table":"state","endpoint":"h:1"})", &err);
+  chstate_store* s = chstate_store_new(kSettings, &err);
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(err, nullptr);
   json a = Take(chstate_op_start(s, R"({"op":"list","pattern":"dev:*"})", 5, kRandom, sizeof kRandom));
@@ -99,7 +102,7 @@ TEST(CApi, DrivesAnOpToTheEnd) {
 // One store's life: created, an op started and left unfinished, freed. The
 // action string outlives the store: it belongs to the caller.
 void AbandonedGet() {
-  chstate_store* s = chstate_store_new(nullptr, nullptr);
+  chstate_store* s = chstate_store_new(kSettings, nullptr);
   ASSERT_NE(s, nullptr);
   char* action = chstate_op_start(s, R"({"op":"get","state_id_hex":"61"})", 5, kRandom, sizeof kRandom);
   chstate_store_free(s);  // with the op unfinished
@@ -112,14 +115,16 @@ void AbandonedGet() {
 // A store freed while it holds a lock in the middle of a `set` (the INSERT
 // under the lock outstanding).
 void AbandonedSetUnderTheLock() {
-  chstate_store* s = chstate_store_new(nullptr, nullptr);
+  chstate_store* s = chstate_store_new(kSettings, nullptr);
   ASSERT_NE(s, nullptr);
-  json a = Take(chstate_op_start(s, R"({"op":"set_locked","state_id_hex":"61","state":{"completed":{"a":1}}})", 5,
+  json a = Take(chstate_op_start(s, R"({"op":"set","state_id_hex":"61","state":{"a":1},"force":true})", 5,
                                  kRandom, sizeof kRandom));
   ASSERT_EQ(a["request"]["purpose"], "select_version") << a;
   a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body":"18.16.1\t1\n"}})", 6, kRandom,
                            sizeof kRandom));
   ASSERT_EQ(a["request"]["purpose"], "create_lock") << a;
+  a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body":""}})", 7, kRandom, sizeof kRandom));
+  ASSERT_EQ(a["request"]["purpose"], "foreign_lock_rows") << a;
   a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body":""}})", 7, kRandom, sizeof kRandom));
   ASSERT_EQ(a["request"]["purpose"], "insert_state") << a;
   chstate_store_free(s);
@@ -142,7 +147,7 @@ TEST(CApi, FreeingNullIsANoOp) {
   chstate_string_free(nullptr);
   EXPECT_EQ(g_live_news.load(), before);
   // And the library goes on working.
-  chstate_store* s = chstate_store_new(nullptr, nullptr);
+  chstate_store* s = chstate_store_new(kSettings, nullptr);
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(Take(chstate_op_start(s, R"({"op":"get","state_id_hex":"61"})", 5, kRandom, sizeof kRandom))["request"]
                ["purpose"],
@@ -153,7 +158,7 @@ TEST(CApi, FreeingNullIsANoOp) {
 // Starting an op abandons the unfinished one: the new op starts from its own
 // first request, not from where the old one stood.
 TEST(CApi, StartingAnOpAbandonsTheUnfinishedOne) {
-  chstate_store* s = chstate_store_new(nullptr, nullptr);
+  chstate_store* s = chstate_store_new(kSettings, nullptr);
   ASSERT_NE(s, nullptr);
   json a = Take(chstate_op_start(s, R"({"op":"get","state_id_hex":"61"})", 5, kRandom, sizeof kRandom));
   ASSERT_EQ(a["request"]["purpose"], "select_version") << a;
@@ -165,45 +170,44 @@ TEST(CApi, StartingAnOpAbandonsTheUnfinishedOne) {
   chstate_store_free(s);
 }
 
-TEST(CApi, BadStoreOptionsReturnNullAndAnError) {
+TEST(CApi, BadSettingsReturnNullAndAnError) {
   char* err = nullptr;
-  EXPECT_EQ(chstate_store_new(R"({"schema":"no spaces"})", &err), nullptr);
+  EXPECT_EQ(chstate_store_new(R"({"values":{"uri":"clickhouse://u@h:1/d","schema":"no spaces"}})", &err), nullptr);
   json e = Take(err);
   EXPECT_EQ(e["failed"]["code"], "INVALID_ARGUMENT");
   EXPECT_THAT(e["failed"]["message"].get<std::string>(), HasSubstr("schema"));
   err = nullptr;
   EXPECT_EQ(chstate_store_new("{", &err), nullptr);
   EXPECT_EQ(Take(err)["failed"]["code"], "INVALID_ARGUMENT");
-  EXPECT_EQ(chstate_store_new(R"({"tabel":"x"})", nullptr), nullptr);  // no error wanted: no leak either
+  EXPECT_EQ(chstate_store_new(R"({"values":{"tabel":"x"}})", nullptr), nullptr);  // no error wanted: no leak either
+  err = nullptr;
+  EXPECT_EQ(chstate_store_new(nullptr, &err), nullptr);
+  EXPECT_EQ(Take(err)["failed"]["code"], "INVALID_ARGUMENT");
 }
 
 TEST(CApi, NullArgumentsAreErrorsNotCrashes) {
   EXPECT_EQ(Take(chstate_op_start(nullptr, "{}", 0, nullptr, 0))["failed"]["code"], "INVALID_ARGUMENT");
-  chstate_store* s = chstate_store_new("", nullptr);
+  chstate_store* s = chstate_store_new(kSettings, nullptr);
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(Take(chstate_op_start(s, nullptr, 0, nullptr, 0))["failed"]["code"], "INVALID_ARGUMENT");
   EXPECT_EQ(Take(chstate_op_feed(s, nullptr, 0, nullptr, 0))["failed"]["code"], "INVALID_ARGUMENT");
-  EXPECT_EQ(Take(chstate_op_feed(s, R"({"timer":true})", 0, nullptr, 0))["failed"]["code"], "FAILED_PRECONDITION");
-  EXPECT_EQ(Take(chstate_resolve_config(nullptr))["failed"]["code"], "INVALID_ARGUMENT");
+  // While no op runs, a timer is the idle timer: nothing held, nothing due.
+  EXPECT_TRUE(Take(chstate_op_feed(s, R"({"timer":true})", 0, nullptr, 0))["idle"]["next_timeout_ms"].is_null());
+  EXPECT_EQ(Take(chstate_op_feed(s, R"({"response":{}})", 0, nullptr, 0))["failed"]["code"], "FAILED_PRECONDITION");
+  EXPECT_EQ(Take(chstate_resolve_settings(nullptr))["failed"]["code"], "INVALID_ARGUMENT");
+  EXPECT_EQ(Take(chstate_store_settings(nullptr))["failed"]["code"], "INVALID_ARGUMENT");
   chstate_store_free(s);
 }
 
 TEST(CApi, WritesNeedRandomBytes) {
-  chstate_store* s = chstate_store_new(nullptr, nullptr);
-  json a = Take(chstate_op_start(s, R"({"op":"set","state_id_hex":"61","state":{"completed":{"a":1}}})", 5,
+  chstate_store* s = chstate_store_new(kSettings, nullptr);
+  json a = Take(chstate_op_start(s, R"({"op":"set","state_id_hex":"61","state":{"a":1},"force":true})", 5,
                                  nullptr, 0));
   ASSERT_TRUE(a.contains("request"));
   a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body":"18.16.1\t1\n"}})", 6, nullptr, 0));
   ASSERT_TRUE(a.contains("failed")) << a;
   EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("random"));
   chstate_store_free(s);
-}
-
-TEST(CApi, ResolveConfigReturnsTheConfig) {
-  json c = Take(chstate_resolve_config(R"({"flags":{"uri":"clickhouse://u@h:1/d","secure":true}})"));
-  ASSERT_TRUE(c.contains("config")) << c;
-  EXPECT_EQ(c["config"]["secure"], true);
-  EXPECT_EQ(c["config"]["port"], 1);
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
  * same as tools/pipe_host's lines).
  *
  *   char* err = NULL;
- *   chstate_store* s = chstate_store_new("{\"schema\":\"meltano\",\"table\":\"state\"}", &err);
+ *   chstate_store* s = chstate_store_new("{\"values\":{\"uri\":\"clickhouse://me@db:8123/default\"}}", &err);
+ *   char* settings = chstate_store_settings(s);   // where to connect, as whom (for the transport)
  *   char* action = chstate_op_start(s, "{\"op\":\"get\",\"state_id_hex\":\"6465763a61\"}",
  *                                   now_ms, random, 32);
  *   while (action is {"request":...} or {"wait_ms":...}) {
@@ -54,45 +55,54 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a signature, a document or the host's duties
- * (2: resends after transport failures moved from the hosts into the library). */
-#define CHSTATE_ABI_VERSION 2
+ * (2: resends after transport failures moved from the hosts into the library;
+ *  3: stores open from the user's raw settings, ops are the verbs of core/verbs.h,
+ *     the idle timer and close are inputs). */
+#define CHSTATE_ABI_VERSION 3
 
 typedef struct chstate_store chstate_store;
 
 /* CHSTATE_ABI_VERSION of the loaded library; callers check it first. */
 int32_t chstate_abi_version(void);
 
-/* The connection settings chstate_resolve_config takes in "flags", in the order
- * messages list them: {"setting_keys": ["uri", "host", "port", ...]}. */
-char* chstate_setting_keys(void);
+/* The verb table every binding builds its API from: {"verbs": [{"name", "args": [...], "lock",
+ * "checks", "returns", "summary"}, ...]} (core/verbs.h). */
+char* chstate_verbs(void);
 
-/* Resolves connection settings with the core's precedence and URI parser.
- * Input: {"flags": {"uri": ..., "host": ..., "port": ..., ...}, "env": {NAME: value, ...}}.
- * Returns {"config": {"host","port","secure","user","password","database","schema","table",
- * "ca_file","connect_timeout_ms","request_timeout_ms","cluster","zookeeper_path","replica",
- * "redacted_uri","origin":{...}}} or {"failed": {"code","message"}}; a transport connects
- * within connect_timeout_ms (each request carries its own timeout_ms). The password
- * is returned for the caller's transport; no message or other field contains it. */
-char* chstate_resolve_config(const char* sources_json);
+/* The settings table: {"settings": [{"key", "type", "group", "default", "meltano", "env",
+ * "cli_flag", "meaning"}, ...], "renamed": {old: new}} (core/settings.h). */
+char* chstate_settings_table(void);
 
-/* Creates a store. Options (all optional): {"schema","table","endpoint" (for messages),
- * "lock_timeout_ms","lock_retry_ms","stale_lock_ms","mutation_timeout_ms","request_timeout_ms",
- * "history_days","history_versions","python_locks","linger_locks","cluster","zookeeper_path","replica"}; an option not given takes the core's default (core/defaults.h).
- * On failure returns NULL and, when `error_json` is not NULL, sets *error_json to a
- * {"failed": ...} document the caller frees with chstate_string_free. */
-chstate_store* chstate_store_new(const char* options_json, char** error_json);
+/* Resolves a settings document (hosts/common/protocol.h "settings": {"from", "values", "env",
+ * "host"}) without opening a store: {"settings": {"connection", "store", "origin"}} or
+ * {"failed": ...}. The connection holds the password (the transport needs it); no message
+ * contains it. */
+char* chstate_resolve_settings(const char* settings_json);
+
+/* Opens a store from a settings document (the user's settings as given; the core resolves
+ * them, every default included). On failure returns NULL and, when `error_json` is not NULL,
+ * sets *error_json to a {"failed": ...} document the caller frees with chstate_string_free. */
+chstate_store* chstate_store_new(const char* settings_json, char** error_json);
+
+/* What the store was opened with: {"settings": {"connection": {host, port, hosts, secure,
+ * user, password, database, ca_file, connect_timeout_ms, redacted_uri, endpoint, chdb_path},
+ * "store": {...}, "origin": {...}}}. A transport connects within connect_timeout_ms (each
+ * request carries its own timeout_ms) to the host and port each request names. */
+char* chstate_store_settings(chstate_store* store);
 
 /* Releases a store and any unfinished operation. NULL is ignored. */
 void chstate_store_free(chstate_store* store);
 
-/* Starts an operation ({"op": ...}) and returns its first action: {"request": ...},
- * {"wait_ms": N}, {"done": ...} or {"failed": ...}. An unfinished earlier operation on
- * this store is abandoned. */
+/* Starts a verb ({"op": VERB, ...}) or a close ({"close": true}) and returns its first
+ * action: {"request": ...}, {"wait_ms": N}, {"done": ...} or {"failed": ...}. An
+ * unfinished earlier operation on this store is abandoned. */
 char* chstate_op_start(chstate_store* store, const char* op_json, int64_t now_ms, const unsigned char* random,
                        size_t random_len);
 
 /* Answers the last action ({"response": ...} after a request, {"timer": true} after a
- * wait) and returns the next one. */
+ * wait) and returns the next one. While no operation runs, {"timer": true} is the idle
+ * timer (due at the last "done"'s next_timeout_ms): held locks are renewed, lingering
+ * ones released; it ends in {"idle": {"next_timeout_ms": N|null}} or {"failed": ...}. */
 char* chstate_op_feed(chstate_store* store, const char* input_json, int64_t now_ms, const unsigned char* random,
                       size_t random_len);
 

@@ -45,66 +45,24 @@ absl::StatusOr<std::string> HexField(const json& j, const char* key) {
   return HexDecode(*hex, key);
 }
 
-absl::StatusOr<MeltanoState> StateField(const json& j, std::string state_id) {
-  auto it = j.find("state");
-  if (it == j.end() || !it->is_object()) {
-    return absl::InvalidArgumentError("missing object field \"state\" ({\"completed\": {...}, \"partial\": {...}})");
-  }
-  // The core's own parser: checks the keys and the sides' types.
-  return ParseMeltanoStateJson(std::move(state_id), Dump(*it));
-}
-
-// "pattern_hex" (any bytes) or "pattern" (a string); nullopt (every id) when
-// neither is given or it is null.
-absl::StatusOr<std::optional<std::string>> PatternField(const json& op_line) {
-  if (auto it = op_line.find("pattern_hex"); it != op_line.end() && !it->is_null()) {
-    absl::StatusOr<std::string> p = HexField(op_line, "pattern_hex");
-    if (!p.ok()) return p.status();
-    return std::optional<std::string>(*std::move(p));
-  }
-  if (auto it = op_line.find("pattern"); it != op_line.end() && !it->is_null()) {
-    if (!it->is_string()) return absl::InvalidArgumentError("\"pattern\" must be a string or null");
-    return std::optional<std::string>(it->get<std::string>());
-  }
-  return std::optional<std::string>();
-}
-
-// "limit": a positive integer, `fallback` when absent or null.
-absl::StatusOr<int64_t> LimitField(const json& op_line, int64_t fallback, const char* what) {
-  auto it = op_line.find("limit");
-  if (it == op_line.end() || it->is_null()) return fallback;
-  if (!it->is_number_integer() || it->get<int64_t>() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("\"limit\" must be a positive integer (", what, ")"));
-  }
-  return it->get<int64_t>();
-}
-
-// A config source value as the text the core reads; nullopt = not given.
+// A settings value as the text the core reads; nullopt = not given.
 absl::StatusOr<std::optional<std::string>> SettingText(const json& v, absl::string_view where) {
   if (v.is_null()) return std::optional<std::string>();
   if (v.is_string()) return std::optional<std::string>(v.get<std::string>());
   if (v.is_boolean()) return std::optional<std::string>(v.get<bool>() ? "true" : "false");
   if (v.is_number_integer()) return std::optional<std::string>(std::to_string(v.get<int64_t>()));
-  return absl::InvalidArgumentError(absl::StrCat(where, " must be a string, an integer, a boolean or null"));
+  if (v.is_number_float()) return std::optional<std::string>(v.dump());  // shortest text that reads back the same
+  return absl::InvalidArgumentError(absl::StrCat(where, " must be a string, a number or a boolean"));
 }
 
-absl::StatusOr<std::map<std::string, std::string>> SourceMap(const json& sources, const char* key, bool flags) {
+absl::StatusOr<std::map<std::string, std::string>> TextMap(const json& doc, const char* key) {
   std::map<std::string, std::string> out;
-  auto it = sources.find(key);
-  if (it == sources.end() || it->is_null()) return out;
+  auto it = doc.find(key);
+  if (it == doc.end() || it->is_null()) return out;
   if (!it->is_object()) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be an object"));
   for (const auto& [name, value] : it->items()) {
-    if (flags) {
-      bool known = name == "uri";
-      for (const char* k : kSettingKeys) known = known || name == k;
-      if (!known) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "unknown setting \"", name,
-            "\" in \"flags\"; expected uri, ", absl::StrJoin(kSettingKeys, ", ")));
-      }
-    }
     // The name only: a value may be a password.
-    absl::StatusOr<std::optional<std::string>> text = SettingText(value, absl::StrCat(key, ".", name));
+    absl::StatusOr<std::optional<std::string>> text = SettingText(value, absl::StrCat(key, ".", name.substr(0, 100)));
     if (!text.ok()) return text.status();
     if (*text) out[name] = **text;
   }
@@ -180,6 +138,20 @@ json ResultJson(const Result& r) {
     }
     out["states"] = std::move(states);
     out["more"] = r.more;
+  }
+  if (r.locks) {
+    // locks and unlock only, likewise.
+    json locks = json::array();
+    for (const HeldLockInfo& l : *r.locks) {
+      locks.push_back({{"state_id_hex", l.state_id ? json(HexEncode(*l.state_id)) : json(nullptr)},
+                       {"table", l.table},
+                       {"holder", l.holder},
+                       {"held_s", l.held_s},
+                       {"renewed_s", l.renewed_s},
+                       {"validity_s", l.validity_s},
+                       {"stale", l.stale}});
+    }
+    out["locks"] = std::move(locks);
   }
   if (r.versions) {
     // history only, likewise.
@@ -259,233 +231,142 @@ absl::StatusOr<Inputs> InputsFromJson(const json& line, Inputs in) {
   return in;
 }
 
-absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const json& op_line) {
-  absl::StatusOr<std::string> op = StringField(op_line, "op");
-  if (!op.ok()) return op.status();
-  auto id = [&](const char* key = "state_id_hex") { return HexField(op_line, key); };
-
-  if (*op == "ping") return store.Ping();
-  if (*op == "init") return store.Init();
-  if (*op == "tick") return store.Tick();
-  if (*op == "release_lingering") return store.ReleaseLingering();
-  if (*op == "clear_all") return store.ClearAll();
-  if (*op == "get" || *op == "delete" || *op == "delete_locked" || *op == "acquire_lock") {
-    absl::StatusOr<std::string> sid = id();
-    if (!sid.ok()) return sid.status();
-    if (*op == "get") return store.Get(*std::move(sid));
-    if (*op == "delete") return store.Delete(*std::move(sid));
-    if (*op == "delete_locked") return store.DeleteLocked(*std::move(sid));
-    return store.AcquireLock(*std::move(sid));
-  }
-  if (*op == "set" || *op == "set_locked" || *op == "update") {
-    absl::StatusOr<std::string> sid = id();
-    if (!sid.ok()) return sid.status();
-    absl::StatusOr<MeltanoState> state = StateField(op_line, *std::move(sid));
-    if (!state.ok()) return state.status();
-    if (*op == "set") return store.Set(*std::move(state));
-    if (*op == "set_locked") return store.SetLocked(*std::move(state));
-    return store.Update(*std::move(state));
-  }
-  if (*op == "renew_lock") {
-    absl::StatusOr<std::string> sid = id();
-    if (!sid.ok()) return sid.status();
-    return store.RenewLock(*std::move(sid));
-  }
-  if (*op == "release_lock") {
-    absl::StatusOr<std::string> sid = id();
-    if (!sid.ok()) return sid.status();
-    absl::StatusOr<std::string> lock_id = StringField(op_line, "lock_id");
-    if (!lock_id.ok()) return lock_id.status();
-    return store.ReleaseLock(*std::move(sid), *std::move(lock_id));
-  }
-  if (*op == "copy" || *op == "move") {
-    absl::StatusOr<std::string> src = id("src_hex");
-    if (!src.ok()) return src.status();
-    absl::StatusOr<std::string> dst = id("dst_hex");
-    if (!dst.ok()) return dst.status();
-    if (*op == "copy") return store.Copy(*std::move(src), *std::move(dst));
-    return store.Move(*std::move(src), *std::move(dst));
-  }
-  if (*op == "list") {
-    absl::StatusOr<std::optional<std::string>> glob = PatternField(op_line);
-    if (!glob.ok()) return glob.status();
-    return store.List(*std::move(glob));
-  }
-  if (*op == "export_page") {
-    absl::StatusOr<std::optional<std::string>> glob = PatternField(op_line);
-    if (!glob.ok()) return glob.status();
-    std::optional<std::string> after;
-    if (auto it = op_line.find("after_hex"); it != op_line.end() && !it->is_null()) {
-      absl::StatusOr<std::string> a = HexField(op_line, "after_hex");
-      if (!a.ok()) return a.status();
-      after = *std::move(a);
+absl::StatusOr<SettingsSources> SettingsSourcesFromJson(const json& doc) {
+  if (!doc.is_object()) return absl::InvalidArgumentError("a settings document must be a JSON object");
+  SettingsSources src;
+  for (const auto& [key, value] : doc.items()) {
+    if (key != "from" && key != "values" && key != "env" && key != "host") {
+      return absl::InvalidArgumentError(absl::StrCat("unknown member \"", key.substr(0, 100),
+                                                     "\" of the settings document; expected from, values, env, host"));
     }
-    absl::StatusOr<int64_t> limit = LimitField(op_line, kDefaultExportPageStates, "states per page");
-    if (!limit.ok()) return limit.status();
-    return store.ExportPage(*std::move(glob), std::move(after), *limit);
   }
-  if (*op == "history") {
-    absl::StatusOr<std::string> sid = id();
-    if (!sid.ok()) return sid.status();
-    absl::StatusOr<int64_t> limit = LimitField(op_line, kDefaultHistoryLimit, "versions to list");
-    if (!limit.ok()) return limit.status();
-    return store.History(*std::move(sid), *limit);
-  }
-  if (*op == "rollback") {
-    absl::StatusOr<std::string> sid = id();
-    if (!sid.ok()) return sid.status();
-    absl::StatusOr<std::string> version = StringField(op_line, "version");
-    if (!version.ok()) return version.status();
-    return store.Rollback(*std::move(sid), *std::move(version));
-  }
-  if (*op == "import") {
-    auto it = op_line.find("states");
-    if (it == op_line.end() || !it->is_array()) {
-      return absl::InvalidArgumentError(
-          "missing array field \"states\" ([{\"state_id_hex\": ..., \"completed\": {...}, \"partial\": {...}}, ...])");
-    }
-    std::vector<MeltanoState> states;
-    states.reserve(it->size());
-    for (size_t i = 0; i < it->size(); ++i) {
-      const json& entry = (*it)[i];
-      std::string where = absl::StrCat("import entry ", i + 1);
-      auto named = [&where](const absl::Status& st) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": ", st.message(), "; nothing was written"));
-      };
-      if (!entry.is_object()) return named(absl::InvalidArgumentError("an entry must be a JSON object"));
-      absl::StatusOr<std::string> sid = HexField(entry, "state_id_hex");
-      if (!sid.ok()) return named(sid.status());
-      absl::StrAppend(&where, " (state id ", QuoteForMessage(*sid), ")");
-      json sides = json::object();
-      for (const char* side : {"completed", "partial"}) {
-        if (auto f = entry.find(side); f != entry.end()) sides[side] = *f;
-      }
-      absl::StatusOr<MeltanoState> state = MeltanoStateFromJson(*std::move(sid), std::move(sides));
-      if (!state.ok()) return named(state.status());
-      states.push_back(*std::move(state));
-    }
-    return store.Import(std::move(states));
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown op \"", *op,
-                                                 "\"; expected ping, init, get, set, set_locked, update, delete, "
-                                                 "delete_locked, list, export_page, import, history, rollback, clear_all, "
-                                                 "copy, move, acquire_lock, renew_lock, release_lock, tick, "
-                                                 "release_lingering"));
-}
-
-absl::StatusOr<std::vector<Endpoint>> HostsFromJson(const json& j) {
-  const char* kShape = "\"hosts\" must be a list of {\"host\": name, \"port\": number} objects";
-  if (!j.is_array()) return absl::InvalidArgumentError(kShape);
-  std::vector<Endpoint> out;
-  for (const json& e : j) {
-    if (!e.is_object() || !e.contains("host") || !e.contains("port") || !e["host"].is_string() ||
-        !e["port"].is_number_integer()) {
-      return absl::InvalidArgumentError(kShape);
-    }
-    out.push_back(Endpoint{e["host"].get<std::string>(), e["port"].get<int>()});
-  }
-  return out;
-}
-
-absl::StatusOr<StoreOptions> StoreOptionsFromJson(const json& j) {
-  StoreOptions opts;
-  if (j.is_null()) return opts;
-  if (!j.is_object()) return absl::InvalidArgumentError("store options must be a JSON object");
-  for (const auto& [key, value] : j.items()) {
-    if (key == "hosts") {
-      absl::StatusOr<std::vector<Endpoint>> hosts = HostsFromJson(value);
-      if (!hosts.ok()) return hosts.status();
-      opts.hosts = *std::move(hosts);
-      continue;
-    }
-    std::string* text = key == "schema" ? &opts.schema : key == "table" ? &opts.table
-                      : key == "endpoint" ? &opts.endpoint : key == "cluster" ? &opts.cluster.name
-                      : key == "zookeeper_path" ? &opts.cluster.zookeeper_path
-                      : key == "replica" ? &opts.cluster.replica : nullptr;
-    int64_t* ms = key == "lock_timeout_ms" ? &opts.lock.timeout_ms
-                : key == "lock_retry_ms" ? &opts.lock.retry_ms
-                : key == "stale_lock_ms" ? &opts.lock.stale_ms
-                : key == "mutation_timeout_ms" ? &opts.mutation_timeout_ms
-                : key == "request_timeout_ms" ? &opts.transport.request_timeout_ms
-                : key == "history_days" ? &opts.history_days
-                : key == "history_versions" ? &opts.history_versions
-                : key == "quorum_timeout_ms" ? &opts.cluster.quorum_timeout_ms
-                : key == "quorum_busy_ms" ? &opts.cluster.quorum_busy_ms
-                : key == "ddl_timeout_s" ? &opts.cluster.ddl_timeout_s
-                : key == "host_down_ms" ? &opts.host_down_ms : nullptr;
-    bool* flag = key == "python_locks" ? &opts.python_locks : key == "linger_locks" ? &opts.linger_locks : nullptr;
-    if (key == "quorum") {
-      if (!value.is_number_integer() || value.get<int64_t>() < 2 || value.get<int64_t>() > 1000) {
-        return absl::InvalidArgumentError(
-            "\"quorum\" must be a whole number of replicas, at least 2 (a write confirmed by fewer is not a quorum "
-            "write)");
-      }
-      opts.cluster.quorum = value.get<int>();
-    } else if (flag != nullptr) {
-      if (!value.is_boolean()) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a boolean"));
-      *flag = value.get<bool>();
-    } else if (text != nullptr) {
-      if (!value.is_string()) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a string"));
-      *text = value.get<std::string>();
-    } else if (ms != nullptr) {
-      if (!value.is_number_integer() || value.get<int64_t>() < 0) {
-        const char* unit = absl::EndsWith(key, "_ms") ? " (milliseconds)" : absl::EndsWith(key, "_s") ? " (seconds)"
-                         : absl::EndsWith(key, "_days") ? " (days)" : "";
-        return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a non-negative integer", unit));
-      }
-      *ms = value.get<int64_t>();
+  if (auto f = doc.find("from"); f != doc.end() && !f->is_null()) {
+    const std::string from = f->is_string() ? f->get<std::string>() : "";
+    if (from == "api") {
+      src.from = SettingsFrom::kApi;
+    } else if (from == "cli") {
+      src.from = SettingsFrom::kCli;
+    } else if (from == "meltano") {
+      src.from = SettingsFrom::kMeltano;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown store option \"", key,
-          "\"; expected schema, table, endpoint, hosts, cluster, zookeeper_path, replica, lock_timeout_ms, lock_retry_ms, "
-          "stale_lock_ms, mutation_timeout_ms, request_timeout_ms, history_days, history_versions, python_locks, "
-          "linger_locks, quorum, quorum_timeout_ms, quorum_busy_ms, ddl_timeout_s, host_down_ms"));
+      return absl::InvalidArgumentError("\"from\" must be \"api\", \"cli\" or \"meltano\" (how the values are named "
+                                        "in messages)");
     }
   }
-  return opts;
+  absl::StatusOr<std::map<std::string, std::string>> values = TextMap(doc, "values");
+  if (!values.ok()) return values.status();
+  absl::StatusOr<std::map<std::string, std::string>> env = TextMap(doc, "env");
+  if (!env.ok()) return env.status();
+  src.values = *std::move(values);
+  src.env = *std::move(env);
+  if (auto h = doc.find("host"); h != doc.end() && !h->is_null()) {
+    if (!h->is_object()) return absl::InvalidArgumentError("\"host\" must be {\"timers\": bool, \"exit_release\": bool}");
+    for (const auto& [key, value] : h->items()) {
+      bool* target = key == "timers" ? &src.host.timers : key == "exit_release" ? &src.host.exit_release : nullptr;
+      if (target == nullptr || !value.is_boolean()) {
+        return absl::InvalidArgumentError("\"host\" must be {\"timers\": bool, \"exit_release\": bool}");
+      }
+      *target = value.get<bool>();
+    }
+  }
+  return src;
 }
 
-json ResolveConfigJson(absl::string_view sources_json) {
-  absl::StatusOr<json> doc = ParseDocument(sources_json);
-  if (!doc.ok()) return FailedJson(doc.status());
-  for (const auto& [key, value] : doc->items()) {
-    if (key != "flags" && key != "env") {
-      return FailedJson(absl::InvalidArgumentError(
-          absl::StrCat("unknown key \"", key, "\" in config sources; expected \"flags\" and \"env\"")));
-    }
-  }
-  ConfigSources sources;
-  absl::StatusOr<std::map<std::string, std::string>> flags = SourceMap(*doc, "flags", /*flags=*/true);
-  if (!flags.ok()) return FailedJson(flags.status());
-  absl::StatusOr<std::map<std::string, std::string>> env = SourceMap(*doc, "env", /*flags=*/false);
-  if (!env.ok()) return FailedJson(env.status());
-  sources.flags = *std::move(flags);
-  sources.env = *std::move(env);
-  absl::StatusOr<ConnectionConfig> cfg = ResolveConfig(sources);
-  if (!cfg.ok()) return FailedJson(cfg.status());
-  json origin = json::object();
-  for (const auto& [k, v] : cfg->origin) origin[k] = v;
+namespace {
+
+json StoreOptionsJson(const StoreOptions& o) {
   json hosts = json::array();
-  for (const Endpoint& e : cfg->hosts) hosts.push_back({{"host", e.host}, {"port", e.port}});
-  return json{{"config",
-               {{"host", cfg->host},
-                {"port", cfg->port},
-                {"hosts", std::move(hosts)},
-                {"secure", cfg->secure},
-                {"user", cfg->user},
-                {"password", cfg->password},
-                {"database", cfg->database},
-                {"schema", cfg->schema},
-                {"table", cfg->table},
-                {"ca_file", cfg->ca_file},
-                {"connect_timeout_ms", kDefaultConnectTimeoutMs},
-                {"request_timeout_ms", kDefaultRequestTimeoutMs},
-                {"cluster", cfg->cluster},
-                {"zookeeper_path", cfg->zookeeper_path},
-                {"replica", cfg->replica},
-                {"quorum", cfg->quorum},
-                {"redacted_uri", cfg->RedactedUri()},
-                {"origin", std::move(origin)}}}};
+  for (const Endpoint& e : o.hosts) hosts.push_back({{"host", e.host}, {"port", e.port}});
+  return {{"schema", o.schema},
+          {"table", o.table},
+          {"endpoint", o.endpoint},
+          {"hosts", std::move(hosts)},
+          {"lock_wait_ms", o.lock.timeout_ms},
+          {"lock_retry_ms", o.lock.retry_ms},
+          {"lock_validity_ms", o.lock.stale_ms},
+          {"request_timeout_ms", o.transport.request_timeout_ms},
+          {"mutation_timeout_ms", o.mutation_timeout_ms},
+          {"history_days", o.history_days},
+          {"history_versions", o.history_versions},
+          {"python_locks", o.python_locks},
+          {"linger_locks", o.linger_locks},
+          {"host_down_ms", o.host_down_ms},
+          {"cluster", o.cluster.name},
+          {"zookeeper_path", o.cluster.zookeeper_path},
+          {"replica", o.cluster.replica},
+          {"quorum", o.cluster.quorum},
+          {"quorum_timeout_ms", o.cluster.quorum_timeout_ms},
+          {"quorum_busy_ms", o.cluster.quorum_busy_ms},
+          {"ddl_timeout_s", o.cluster.ddl_timeout_s}};
+}
+
+}  // namespace
+
+json SettingsJson(const Settings& st) {
+  const ConnectionConfig& c = st.connection;
+  json hosts = json::array();
+  for (const Endpoint& e : c.hosts) hosts.push_back({{"host", e.host}, {"port", e.port}});
+  json origin = json::object();
+  for (const auto& [k, v] : st.origin) origin[k] = v;
+  json connection = {{"host", c.host},
+                     {"port", c.port},
+                     {"hosts", std::move(hosts)},
+                     {"secure", c.secure},
+                     {"user", c.user},
+                     {"password", c.password},
+                     {"database", c.database},
+                     {"ca_file", c.ca_file},
+                     {"connect_timeout_ms", st.connect_timeout_ms},
+                     {"redacted_uri", st.chdb_path.empty() ? c.RedactedUri() : absl::StrCat("chdb://", st.chdb_path)},
+                     {"endpoint", st.store.endpoint},
+                     {"chdb_path", st.chdb_path}};
+  return json{{"settings",
+               {{"connection", std::move(connection)}, {"store", StoreOptionsJson(st.store)}, {"origin", std::move(origin)}}}};
+}
+
+json ResolveSettingsJson(absl::string_view text) {
+  absl::StatusOr<json> doc = ParseDocument(text);
+  if (!doc.ok()) return FailedJson(doc.status());
+  absl::StatusOr<SettingsSources> src = SettingsSourcesFromJson(*doc);
+  if (!src.ok()) return FailedJson(src.status());
+  absl::StatusOr<Settings> settings = ResolveSettings(*src);
+  if (!settings.ok()) return FailedJson(settings.status());
+  return SettingsJson(*settings);
+}
+
+absl::StatusOr<OpenedStore> OpenStore(absl::string_view text) {
+  absl::StatusOr<json> doc = ParseDocument(text);
+  if (!doc.ok()) return doc.status();
+  absl::StatusOr<SettingsSources> src = SettingsSourcesFromJson(*doc);
+  if (!src.ok()) return src.status();
+  absl::StatusOr<Settings> settings = ResolveSettings(*src);
+  if (!settings.ok()) return settings.status();
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(settings->store);
+  if (!store.ok()) return store.status();
+  return OpenedStore{*std::move(store), *std::move(settings)};
+}
+
+json VerbsJson() { return VerbTableJson(); }
+
+json SettingsTableJson() {
+  static constexpr const char* kTypes[] = {"text", "secret", "bool", "port", "count", "seconds"};
+  static constexpr const char* kGroups[] = {"connection", "cluster", "lock", "timeouts", "history"};
+  json rows = json::array();
+  for (size_t i = 0; i < kSettingsCount; ++i) {
+    const SettingSpec& s = kSettings[i];
+    rows.push_back({{"key", s.key},
+                    {"type", kTypes[static_cast<int>(s.type)]},
+                    {"group", kGroups[static_cast<int>(s.group)]},
+                    {"default", DefaultText(s)},
+                    {"meltano", s.meltano_core ? absl::StrCat("state_backend.", s.key)
+                                               : absl::StrCat("state_backend.clickhouse.", s.key)},
+                    {"env", s.env},
+                    {"cli_flag", absl::StrCat("--", CliFlag(s))},
+                    {"meaning", s.meaning}});
+  }
+  json renamed = json::object();
+  for (size_t i = 0; i < kRenamedSettingsCount; ++i) renamed[kRenamedSettings[i].old_key] = kRenamedSettings[i].new_key;
+  return json{{"settings", std::move(rows)}, {"renamed", std::move(renamed)}};
 }
 
 std::string Dump(const json& doc) {
@@ -522,24 +403,40 @@ void AddMergedViews(json& done) {
 json OpDriver::Abort(const absl::Status& status, const Inputs& in) {
   if (op_ != 0) conn_.Abandon(op_, in);
   op_ = 0;
+  internal_ = false;
   return FailedJson(status);
+}
+
+json OpDriver::Idle(const Inputs& in) {
+  const std::optional<int64_t> next = conn_.PollTimeout();
+  return json{{"idle", {{"next_timeout_ms", next ? json(*next) : json(nullptr)}}}};
 }
 
 json OpDriver::Next(const Inputs& in) {
   if (std::optional<OpEvent> e = conn_.PollEvent()) {
-    // One op at a time and no renewals of its own (this driver never calls
-    // back while idle): the event is the running op's.
+    // One op at a time: the event is the running op's, or (an idle timer's
+    // op) a renewal that found a lock lost.
     op_ = 0;
+    const bool internal = internal_;
+    internal_ = false;
     if (!e->ok) return FailedJson(e->status);
+    if (internal) return Idle(in);
     json done = ResultJson(e->result);
     if (merged_) AddMergedViews(done["done"]);
     return done;
   }
   if (std::optional<Transmit> t = conn_.PollTransmit()) {
+    op_ = t->op;  // an idle timer's op is the connection's own
     awaiting_sql_ = true;
     return RequestJson(t->request);
   }
-  if (std::optional<int64_t> at = conn_.PollTimeout()) {
+  if (internal_ && conn_.idle()) {
+    // The connection's own op ended well (a renewal's success is no event).
+    op_ = 0;
+    internal_ = false;
+    return Idle(in);
+  }
+  if (std::optional<int64_t> at = conn_.PollTimeout(); at && !conn_.idle()) {
     awaiting_sql_ = false;
     return json{{"wait_ms", std::max<int64_t>(*at - in.now_ms, 0)}};
   }
@@ -549,34 +446,51 @@ json OpDriver::Next(const Inputs& in) {
 json OpDriver::Start(absl::string_view op_document, const Inputs& defaults) {
   if (op_ != 0) conn_.Abandon(op_, defaults);
   op_ = 0;
+  internal_ = false;
   absl::StatusOr<json> op = ParseDocument(op_document);
   if (!op.ok()) return Abort(op.status(), defaults);
-  absl::StatusOr<std::unique_ptr<Task>> task = TaskForOp(conn_.store(), *op);
-  if (!task.ok()) return Abort(task.status(), defaults);
+  absl::StatusOr<Inputs> in = InputsFromJson(*op, defaults);
+  if (!in.ok()) return Abort(in.status(), defaults);
   merged_ = false;
+  absl::StatusOr<std::unique_ptr<Task>> task = absl::InternalError("");
+  if (auto c = op->find("close"); c != op->end()) {
+    if (!c->is_boolean() || !c->get<bool>() || op->contains("op")) {
+      return Abort(absl::InvalidArgumentError("a close document is {\"close\": true} and nothing else"), *in);
+    }
+    task = conn_.store().Close();
+  } else {
+    task = TaskForVerb(conn_.store(), *op);
+  }
+  if (!task.ok()) return Abort(task.status(), *in);
   if (auto m = op->find("merged"); m != op->end()) {
     if (!m->is_boolean()) {
       return Abort(absl::InvalidArgumentError("\"merged\" must be true or false (true: a state in the result "
                                               "also carries its merged view)"),
-                   defaults);
+                   *in);
     }
     merged_ = m->get<bool>();
   }
-  absl::StatusOr<Inputs> in = InputsFromJson(*op, defaults);
-  if (!in.ok()) return Abort(in.status(), defaults);
   op_ = conn_.Start(*std::move(task), *in);
   return Next(*in);
 }
 
 json OpDriver::Feed(absl::string_view answer_document, const Inputs& defaults) {
-  if (op_ == 0) {
-    return FailedJson(absl::FailedPreconditionError(
-        "no operation is waiting for an answer: start one first (it may have finished or failed already)"));
-  }
   absl::StatusOr<json> answer = ParseDocument(answer_document);
-  if (!answer.ok()) return Abort(answer.status(), defaults);
+  if (!answer.ok()) return op_ != 0 ? Abort(answer.status(), defaults) : FailedJson(answer.status());
   absl::StatusOr<Inputs> in = InputsFromJson(*answer, defaults);
-  if (!in.ok()) return Abort(in.status(), defaults);
+  if (!in.ok()) return op_ != 0 ? Abort(in.status(), defaults) : FailedJson(in.status());
+  if (op_ == 0 && !internal_) {
+    // No op runs: only the idle timer is expected.
+    if (answer->contains("timer") && !answer->contains("response")) {
+      if (!conn_.idle()) return FailedJson(absl::InternalError("the connection is busy while no op runs"));
+      conn_.HandleTimeout(*in);
+      internal_ = true;  // whatever the timer started is the connection's own
+      return Next(*in);
+    }
+    return FailedJson(absl::FailedPreconditionError(
+        "no operation is waiting for an answer: start one first (it may have finished or failed already); "
+        "while none runs, only {\"timer\": true} (the idle timer) is taken"));
+  }
   if (awaiting_sql_) {
     absl::StatusOr<SqlResponse> resp = ResponseFromJson(*answer);
     if (!resp.ok()) return Abort(resp.status(), *in);

@@ -1,10 +1,12 @@
 // The JSON protocol every out-of-process or foreign-language host speaks to
-// drive chstate::Store: one op in, then "run this SQL" / "wait" requests out
-// and their answers in, until "done" or "failed". tools/pipe_host speaks it as
-// JSON lines; the C ABI (hosts/common/chstate.h, loaded by the Python adapter
-// and later the Wasm and Lua hosts) passes the same documents as strings.
+// drive a chstate store: a store opened from the user's raw settings, one
+// verb in, then "run this SQL" / "wait" requests out and their answers in,
+// until "done" or "failed". tools/pipe_host speaks it as JSON lines; the C
+// ABI (hosts/common/chstate.h: the Python adapter, LuaJIT's FFI, the Wasm
+// module and the Extism plugin) passes the same documents as strings.
 //
-//   chstate::protocol::OpDriver driver(store.get());
+//   absl::StatusOr<OpenedStore> opened = OpenStore(R"({"values":{"uri":"clickhouse://me@db/default"}})");
+//   chstate::protocol::OpDriver driver(opened->store.get());
 //   nlohmann::json action = driver.Start(R"({"op":"get","state_id_hex":"6465763a61"})", inputs);
 //   while (action.contains("request") || action.contains("wait_ms")) {
 //     std::string answer = ...;  // {"response":{...}} or {"timer":true}
@@ -14,43 +16,47 @@
 //
 // Documents (state ids travel as hex so any bytes cross JSON unchanged):
 //
-//   op       {"op":"get","state_id_hex":"..."}; ops: ping, init, get, set, set_locked,
-//            update, delete, delete_locked, list ("pattern": string|null, or
-//            "pattern_hex"), clear_all, copy/move ("src_hex","dst_hex"),
-//            acquire_lock, renew_lock, release_lock ("lock_id"), tick (renews every
-//            held lock that is due, and releases lingering locks that are idle: call it
-//            at "next_timeout_ms"), release_lingering (releases every lingering lock:
-//            the store option "linger_locks"; "count": how many); set, set_locked
-//            and update carry "state": {"completed": {...}, "partial": {...}};
-//            export_page (Meltano's get_all, a page at a time: "pattern"/"pattern_hex",
-//            "after_hex" (the last id of the previous page, or absent), "limit" (default
-//            1000)); import (Meltano's set_all: "states": [{"state_id_hex": ...,
-//            "completed": {...}, "partial": {...}}, ...], all checked before any is sent);
-//            history ("state_id_hex", "limit": versions, default 20); rollback
-//            ("state_id_hex", "version": a name history gave).
+//   settings {"from": "api"|"cli"|"meltano", "values": {KEY: value, ...},
+//             "env": {NAME: value, ...}, "host": {"timers": bool, "exit_release": bool}}
+//            The user's settings as they gave them (core/settings.h): values
+//            may be strings, numbers or booleans (null or "" = not given);
+//            "host" says what the host can do (lock policy follows from it).
+//            Resolved: {"settings": {"connection": {host, port, hosts, secure,
+//            user, password, database, ca_file, connect_timeout_ms,
+//            redacted_uri, endpoint, chdb_path}, "store": {the store's
+//            options}, "origin": {KEY: where it came from}}}.
+//   op       a verb document {"op": VERB, ...}: the verbs and their arguments
+//            are core/verbs.h's table (VerbTableJson). {"merged": true} adds
+//            each state's merged view (partial over completed, Meltano's
+//            rules) as "merged", so no host needs merge rules of its own.
+//   close    {"close": true} in place of an op: releases every lock the store
+//            holds or keeps lingering; done's "count" says how many.
 //   request  {"request":{"sql":"...","url_params":[["k","v"],...],"purpose":"get_state","idempotent":true,
-//                        "attempt":1,"timeout_ms":30000}}: send it once within timeout_ms; the core
-//            resends (a wait, then the same request with attempt + 1) when that is safe
+//                        "attempt":1,"timeout_ms":30000[,"host":"h1","port":8123]}}: send it once
+//            within timeout_ms; the core resends (a wait, then the same request
+//            with attempt + 1) when that is safe
 //   response {"response":{"transport_ok":true,"http_status":200,"exception_code_header":"",
 //                         "body_hex":"..."}} ("body" may replace "body_hex";
 //            "transport_ok":false comes with "transport_error" and "maybe_delivered")
 //   wait     {"wait_ms":1000}, answered by {"timer":true}
+//   idle     {"timer":true} fed while no op runs, at or after next_timeout_ms:
+//            the store renews held locks that are due and releases lingering
+//            ones (a request or two may follow, answered as usual); it ends in
+//            {"idle":{"next_timeout_ms":N|null}} or {"failed":...} (ABORTED: a
+//            held lock was found lost).
 //   done     {"done":{"state":{"state_id_hex":..,"completed":{..},"partial":{..}}|null,
 //                     "state_ids_hex":[..],"count":0,"server_version":"26.9.2.1",
 //                     "dialect":"modern","lock_id":"","waited_ms":0,"next_timeout_ms":N|null}}
-//            next_timeout_ms: when the store next needs a tick (a held lock's
-//            renewal), on the host's clock; null when it holds no lock.
-//            export_page's done also has "states": [{"state_id_hex","completed","partial"}, ...]
-//            (sorted by id) and "more": true when the page is full (ask for the next
-//            page with "after_hex" = its last id). history's done has "versions":
-//            [{"version","unix_ms","updated_at","current","state":{"completed","partial"}}, ...]
-//            newest first; rollback's has the restored "state"
+//            next_timeout_ms: when the store next needs an idle timer (a held
+//            lock's renewal, a lingering lock's release), on the host's clock;
+//            null when it holds no lock. A host that can run code while its
+//            user's code runs (an event loop, a thread) feeds {"timer":true}
+//            then, so that a lock scope keeps its lock however long it runs.
+//            export's done also has "states" (sorted by id) and "more"; history's
+//            "versions" [{"version","unix_ms","updated_at","current","state"}],
+//            newest first; locks and unlock have "locks" [{"state_id_hex"|null,
+//            "table","holder","held_s","renewed_s","validity_s","stale"}].
 //   failed   {"failed":{"code":"NOT_FOUND","message":"..."}} (code: absl::StatusCode name)
-//
-// An op document with "merged": true gets, in every state of its "done"
-// ("state", each of "versions" and "states"), a "merged" member too: partial
-// over completed by Meltano's rules (core/state.h DeepMerge), so that a host
-// shows the view a tap gets without merge rules of its own.
 //
 // Any op or answer document may also carry "now_ms" (integer) and
 // "random_hex", which override the time and random bytes the host supplied
@@ -70,10 +76,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/config.h"
+#include "core/settings.h"
 #include "core/connection.h"
 #include "core/sql_request.h"
 #include "core/store.h"
 #include "core/task.h"
+#include "core/verbs.h"
 #include <nlohmann/json.hpp>
 
 namespace chstate::protocol {
@@ -99,22 +107,25 @@ absl::StatusOr<SqlResponse> ResponseFromJson(const nlohmann::json& answer);
 // `defaults` with the document's "now_ms" / "random_hex" overrides applied.
 absl::StatusOr<Inputs> InputsFromJson(const nlohmann::json& doc, Inputs defaults);
 
-// Builds the task an op document asks for (not started).
-absl::StatusOr<std::unique_ptr<Task>> TaskForOp(Store& store, const nlohmann::json& op);
+// The settings document's sources (see above).
+absl::StatusOr<SettingsSources> SettingsSourcesFromJson(const nlohmann::json& doc);
+// {"settings": {...}} for resolved settings (the password included: the
+// host's transport needs it; no message contains it).
+nlohmann::json SettingsJson(const Settings& settings);
+// Resolves a settings document: {"settings": ...} or {"failed": ...}.
+nlohmann::json ResolveSettingsJson(absl::string_view settings_document);
 
-// Store options from {"schema","table","endpoint","lock_timeout_ms",
-// "lock_retry_ms","stale_lock_ms","mutation_timeout_ms","request_timeout_ms",
-// "history_days","cluster","zookeeper_path","replica"} (all optional;
-// unknown keys are an error so typos do not pass silently).
-absl::StatusOr<StoreOptions> StoreOptionsFromJson(const nlohmann::json& options);
+// A store opened from a settings document, with what it was opened with.
+struct OpenedStore {
+  std::unique_ptr<Store> store;
+  Settings settings;
+};
+absl::StatusOr<OpenedStore> OpenStore(absl::string_view settings_document);
 
-// Config resolution from {"flags": {...}, "env": {...}}: values may be
-// strings, integers or booleans (null or "" = not given); flag keys are "uri"
-// and kSettingKeys. Returns {"config": {host, port, secure, user, password,
-// database, schema, table, ca_file, redacted_uri, origin}} or {"failed": ...}.
-// The password is returned to the caller (its transport needs it) but no
-// message and no other field ever contains it.
-nlohmann::json ResolveConfigJson(absl::string_view sources_json);
+// The tables hosts bind and docs print: {"verbs": [...]} (core/verbs.h) and
+// {"settings": [{"key","type","group","default","meltano","env","cli_flag","meaning"}]}.
+nlohmann::json VerbsJson();
+nlohmann::json SettingsTableJson();
 
 // Serialises a document on one line. Never throws: invalid UTF-8 (impossible
 // for what the core produces) becomes U+FFFD.
@@ -122,17 +133,18 @@ std::string Dump(const nlohmann::json& doc);
 
 // ---- driving one operation at a time ----
 
-// The protocol's view of a chstate::Connection (core/connection.h): one op at
-// a time, each input document turned into the next action document ("after
-// every input, take the next action"): "request" is the connection's
-// PollTransmit, "wait_ms" its PollTimeout (from now), "done"/"failed" its
-// PollEvent. Starting an op while another is unfinished abandons the old
-// one (a host that lost interest, e.g. after an exception, need not drain it).
 // Adds "merged" (DeepMerge of completed and partial) to each state of a
 // "done" document's body: "state", each of "versions" and of "states". An op
 // document with {"merged": true} gets this from OpDriver.
 void AddMergedViews(nlohmann::json& done);
 
+// The protocol's view of a chstate::Connection (core/connection.h), one op
+// at a time, each input document turned into the next action document
+// ("after every input, take the next action"): "request" is the
+// connection's PollTransmit, "wait_ms" its PollTimeout (from now),
+// "done"/"failed" its PollEvent; {"timer":true} while no op runs is its
+// HandleTimeout (the idle timer). Starting an op while another is unfinished
+// abandons the old one (a host that lost interest need not drain it).
 class OpDriver {
  public:
   explicit OpDriver(Store* store) : conn_(store) {}
@@ -148,6 +160,9 @@ class OpDriver {
   bool busy() const { return op_ != 0; }
 
  private:
+  // An idle timer's document: the connection's renewals and lingering
+  // releases, then {"idle": ...}.
+  nlohmann::json Idle(const Inputs& in);
   // The connection's next output for the running op, as a document.
   nlohmann::json Next(const Inputs& in);
   nlohmann::json Abort(const absl::Status& status, const Inputs& in);
@@ -156,6 +171,7 @@ class OpDriver {
   uint64_t op_ = 0;  // the running op (0: none)
   bool merged_ = false;  // the running op's {"merged": true}
   bool awaiting_sql_ = false;
+  bool internal_ = false;  // the running op is the connection's own (an idle timer's)
 };
 
 }  // namespace chstate::protocol

@@ -66,7 +66,7 @@ TEST(OpDriver, GetRunsVersionThenStateAndReportsTheState) {
 TEST(OpDriver, ExportPageReturnsStatesAndWhetherMoreFollow) {
   auto store = MakeStore();
   OpDriver d(store.get());
-  json a = d.Start(Dump(json{{"op", "export_page"}, {"pattern", "dev:*"}, {"after_hex", Hex("dev:a")}, {"limit", 2}}),
+  json a = d.Start(Dump(json{{"op", "export"}, {"pattern", "dev:*"}, {"after_hex", Hex("dev:a")}, {"limit", 2}}),
                    kIn);
   a = d.Feed(Answer("18.16.1\t1\n"), kIn);
   ASSERT_EQ(a["request"]["purpose"], "export_states") << a;
@@ -85,7 +85,7 @@ TEST(OpDriver, ExportPageReturnsStatesAndWhetherMoreFollow) {
   a = d.Feed(Answer(""), kIn);
   EXPECT_FALSE(a["done"].contains("states")) << a;
   // A bad limit is refused before anything is sent.
-  a = d.Start(R"({"op":"export_page","limit":0})", kIn);
+  a = d.Start(R"({"op":"export","limit":0})", kIn);
   EXPECT_EQ(a["failed"]["code"], "INVALID_ARGUMENT") << a;
 }
 
@@ -186,11 +186,11 @@ TEST(OpDriver, ServerErrorCodeComesFromTheBody) {
 }
 
 TEST(OpDriver, NowAndRandomOverridesReachTheTask) {
-  // acquire_lock with a scripted random source: the lock id is made from it.
+  // acquire with a scripted random source: the lock id is made from it.
   auto store = MakeStore();
   OpDriver d(store.get());
   const std::string random_hex(64, 'a');
-  json a = d.Start(Dump(json{{"op", "acquire_lock"}, {"state_id_hex", "6161"}, {"now_ms", 5}}), kIn);
+  json a = d.Start(Dump(json{{"op", "acquire"}, {"state_id_hex", "6161"}, {"now_ms", 5}}), kIn);
   ASSERT_TRUE(a.contains("request")) << a;
   json answer = json::parse(Answer("18.16.1\t1\n"));
   answer["random_hex"] = random_hex;
@@ -213,16 +213,18 @@ TEST(OpDriver, MalformedDocumentsEndTheOpWithAClearError) {
       {"not json", "not json", "", "INVALID_ARGUMENT", "not valid JSON"},
       {"not an object", "[1]", "", "INVALID_ARGUMENT", "not a JSON object"},
       {"no op", "{}", "", "INVALID_ARGUMENT", "\"op\""},
-      {"unknown op", R"({"op":"frobnicate"})", "", "INVALID_ARGUMENT", "unknown op \"frobnicate\""},
+      {"unknown verb", R"({"op":"frobnicate"})", "", "INVALID_ARGUMENT", "unknown verb \"frobnicate\""},
+      {"an op that is no verb any more", R"({"op":"set_locked","state_id_hex":"61"})", "", "INVALID_ARGUMENT",
+       "the verbs are get, set"},
       {"odd hex", R"({"op":"get","state_id_hex":"616"})", "", "INVALID_ARGUMENT", "odd number"},
       {"not hex", R"({"op":"get","state_id_hex":"zz"})", "", "INVALID_ARGUMENT", "not hex"},
       {"empty id", R"({"op":"get","state_id_hex":""})", "", "INVALID_ARGUMENT", "empty"},
-      {"set without state", R"({"op":"set","state_id_hex":"61"})", "", "INVALID_ARGUMENT", "\"state\""},
-      {"bad side", R"({"op":"set","state_id_hex":"61","state":{"completed":[1]}})", "", "INVALID_ARGUMENT",
-       "completed"},
-      {"release without lock id", R"({"op":"release_lock","state_id_hex":"61"})", "", "INVALID_ARGUMENT",
+      {"set without state", R"({"op":"set","state_id_hex":"61"})", "", "INVALID_ARGUMENT", "set needs state"},
+      {"bad side", R"({"op":"set","state_id_hex":"61","state":{"singer_state":{}},"partial":[1]})", "",
+       "INVALID_ARGUMENT", "partial"},
+      {"release without lock id", R"({"op":"release","state_id_hex":"61"})", "", "INVALID_ARGUMENT",
        "lock_id"},
-      {"release of a lock never held", R"({"op":"release_lock","state_id_hex":"61","lock_id":"x"})", "",
+      {"release of a lock never held", R"({"op":"release","state_id_hex":"61","lock_id":"x"})", "",
        "FAILED_PRECONDITION", "does not hold"},
       {"bad now", R"({"op":"ping","now_ms":"soon"})", "", "INVALID_ARGUMENT", "now_ms"},
       {"answer not json", R"({"op":"ping"})", "{", "INVALID_ARGUMENT", "not valid JSON"},
@@ -249,12 +251,75 @@ TEST(OpDriver, MalformedDocumentsEndTheOpWithAClearError) {
   }
 }
 
-TEST(OpDriver, FeedWithoutAnOpIsAMisuse) {
+TEST(OpDriver, AnAnswerWithoutAnOpIsAMisuse) {
   auto store = MakeStore();
   OpDriver d(store.get());
-  json a = d.Feed(R"({"timer":true})", kIn);
+  json a = d.Feed(Answer(""), kIn);
   ASSERT_TRUE(a.contains("failed"));
   EXPECT_EQ(a["failed"]["code"], "FAILED_PRECONDITION");
+  EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("only {\"timer\": true}"));
+}
+
+// Acquires "a" (18.16, a 3 s validity): renewal due 1 s later.
+json AcquireA(OpDriver& d, Inputs in) {
+  json a = d.Start(R"({"op":"acquire","state_id_hex":"61"})", in);
+  a = d.Feed(Answer("18.16.1\t1\n"), in);
+  EXPECT_EQ(a["request"]["purpose"], "create_lock") << a;
+  a = d.Feed(Answer(""), in);
+  EXPECT_EQ(a["request"]["purpose"], "foreign_lock_rows") << a;
+  return d.Feed(Answer(""), in);
+}
+
+TEST(OpDriver, TheIdleTimerRenewsAHeldLockWhileNoOpRuns) {
+  StoreOptions o;
+  o.lock.stale_ms = 3000;
+  auto store = MakeStore(o);
+  OpDriver d(store.get());
+  json a = AcquireA(d, kIn);
+  ASSERT_TRUE(a.contains("done")) << a;
+  ASSERT_EQ(a["done"]["next_timeout_ms"], kIn.now_ms + 1000);
+  // Early: nothing to do, and when to come back.
+  a = d.Feed(R"({"timer":true})", {kIn.now_ms + 500, kIn.random});
+  EXPECT_EQ(a, json::parse(R"({"idle":{"next_timeout_ms":2000}})"));
+  // Due: the renewal's requests, answered as usual, then idle again.
+  Inputs later{kIn.now_ms + 1000, kIn.random};
+  a = d.Feed(R"({"timer":true})", later);
+  ASSERT_EQ(a["request"]["purpose"], "renew_lock") << a;
+  a = d.Feed(Answer(""), later);
+  ASSERT_EQ(a["request"]["purpose"], "inspect_lock") << a;
+  a = d.Feed(Answer(std::string(32, '1') + "\t0\t1\t2\t3\n\t255\t1\t2\t0\n"), later);
+  ASSERT_TRUE(a.contains("idle")) << a;
+  EXPECT_EQ(a["idle"]["next_timeout_ms"], later.now_ms + 1000);
+  EXPECT_TRUE(store->LeaseValid("a", later.now_ms + 2500));  // renewed: the lease runs from now
+  EXPECT_FALSE(d.busy());
+  // A renewal that finds the lock taken over is a failure the host hears of,
+  // and the scope's release then says the scope was not exclusive.
+  Inputs lost{later.now_ms + 1000, kIn.random};
+  a = d.Feed(R"({"timer":true})", lost);
+  a = d.Feed(Answer(""), lost);
+  a = d.Feed(Answer(std::string(32, 'f') + "\t0\t1\t2\t3\n\t255\t1\t2\t0\n"), lost);
+  ASSERT_TRUE(a.contains("failed")) << a;
+  EXPECT_EQ(a["failed"]["code"], "ABORTED");
+  a = d.Start(Dump(json{{"op", "release"}, {"state_id_hex", "61"}, {"lock_id", std::string(32, '1')}}), lost);
+  ASSERT_TRUE(a.contains("failed")) << a;
+  EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("was lost while held"));
+  EXPECT_EQ(a["failed"]["code"], "ABORTED");
+}
+
+TEST(OpDriver, CloseReleasesWhatTheStoreHolds) {
+  auto store = MakeStore();
+  OpDriver d(store.get());
+  ASSERT_TRUE(AcquireA(d, kIn).contains("done"));
+  json a = d.Start(R"({"close":true})", kIn);
+  ASSERT_EQ(a["request"]["purpose"], "inspect_lock") << a;
+  a = d.Feed(Answer(std::string(32, '1') + "\t0\t1\t2\t3\n\t255\t1\t2\t0\n"), kIn);
+  ASSERT_EQ(a["request"]["purpose"], "drop_lock") << a;
+  a = d.Feed(Answer(""), kIn);
+  ASSERT_TRUE(a.contains("done")) << a;
+  EXPECT_EQ(a["done"]["count"], 1);
+  EXPECT_TRUE(a["done"]["next_timeout_ms"].is_null());
+  a = d.Start(R"({"close":true,"op":"get"})", kIn);
+  EXPECT_EQ(a["failed"]["code"], "INVALID_ARGUMENT") << a;
 }
 
 TEST(OpDriver, StartAbandonsAnUnfinishedOp) {
@@ -277,7 +342,7 @@ TEST(OpDriver, WaitIsAnsweredByATimer) {
   o.lock.timeout_ms = 1000;
   auto store = MakeStore(o);
   OpDriver d(store.get());
-  d.Start(R"({"op":"acquire_lock","state_id_hex":"61"})", kIn);
+  d.Start(R"({"op":"acquire","state_id_hex":"61"})", kIn);
   d.Feed(Answer("18.16.1\t1\n"), kIn);
   json a = d.Feed(Answer("Code: 57, e.displayText() = DB::Exception: Table already exists\n", 500), kIn);
   ASSERT_TRUE(a.contains("request")) << a;
@@ -295,119 +360,88 @@ TEST(OpDriver, WaitIsAnsweredByATimer) {
   EXPECT_THAT(wrong["failed"]["message"].get<std::string>(), HasSubstr("timer"));
 }
 
-TEST(StoreOptionsFromJson, ReadsEveryOptionAndRefusesUnknownOnes) {
-  absl::StatusOr<StoreOptions> o = StoreOptionsFromJson(json::parse(
-      R"({"schema":"s","table":"t","endpoint":"e","lock_timeout_ms":1,"lock_retry_ms":2,"stale_lock_ms":3,
-          "mutation_timeout_ms":4,"cluster":"c1","zookeeper_path":"/zk/{shard}","replica":"r{replica}"})"));
-  ASSERT_THAT(o, IsOk());
-  EXPECT_EQ(o->cluster.name, "c1");
-  EXPECT_EQ(o->cluster.zookeeper_path, "/zk/{shard}");
-  EXPECT_EQ(o->cluster.replica, "r{replica}");
-  EXPECT_FALSE(StoreOptionsFromJson(json::parse("{}"))->cluster.enabled());
-  EXPECT_EQ(o->schema, "s");
-  EXPECT_EQ(o->table, "t");
-  EXPECT_EQ(o->endpoint, "e");
-  EXPECT_EQ(o->lock.timeout_ms, 1);
-  EXPECT_EQ(o->lock.retry_ms, 2);
-  EXPECT_EQ(o->lock.stale_ms, 3);
-  EXPECT_EQ(o->mutation_timeout_ms, 4);
-  EXPECT_THAT(StoreOptionsFromJson(json::parse(R"({"shema":"s"})")),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"shema\"")));
-  EXPECT_THAT(StoreOptionsFromJson(json::parse(R"({"lock_timeout_ms":"10"})")),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lock_timeout_ms")));
-  EXPECT_THAT(StoreOptionsFromJson(json::parse(R"({"lock_retry_ms":-1})")),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-negative")));
-  EXPECT_THAT(StoreOptionsFromJson(json(nullptr)), IsOk());
-}
-
-TEST(StoreOptionsFromJson, ClusterSettings) {
-  absl::StatusOr<StoreOptions> o = StoreOptionsFromJson(json::parse(
-      R"({"cluster":"c","quorum":3,"quorum_timeout_ms":11,"quorum_busy_ms":12,"ddl_timeout_s":13,
-          "host_down_ms":14})"));
-  ASSERT_THAT(o, IsOk());
-  EXPECT_EQ(o->cluster.quorum, 3);
-  EXPECT_EQ(o->cluster.quorum_timeout_ms, 11);
-  EXPECT_EQ(o->cluster.quorum_busy_ms, 12);
-  EXPECT_EQ(o->cluster.ddl_timeout_s, 13);
-  EXPECT_EQ(o->host_down_ms, 14);
-  const StoreOptions d = *StoreOptionsFromJson(json::parse("{}"));
-  EXPECT_EQ(d.cluster.quorum, kDefaultQuorum);
-  EXPECT_EQ(d.cluster.quorum_busy_ms, kDefaultQuorumBusyMs);
-  EXPECT_EQ(d.host_down_ms, kDefaultHostDownMs);
-  for (const char* bad : {R"({"quorum":1})", R"({"quorum":"3"})", R"({"quorum":2.5})"}) {
-    EXPECT_THAT(StoreOptionsFromJson(json::parse(bad)),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at least 2"))) << bad;
-  }
-  EXPECT_THAT(StoreOptionsFromJson(json::parse(R"({"ddl_timeout_s":-1})")),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-negative integer (seconds)")));
-  EXPECT_THAT(StoreOptionsFromJson(json::parse(R"({"history_days":-1})")),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-negative integer (days)")));
-}
-
-TEST(ResolveConfigJson, GranularFlagsOverrideTheUriComponentWise) {
-  json out = ResolveConfigJson(R"({"flags":{"uri":"clickhouse://me:s3cret@db.internal:9000/analytics?schema=x",
-                                   "port":8124,"secure":false,"table":"st","host":null,"user":""},"env":{}})");
-  ASSERT_TRUE(out.contains("config")) << out;
-  const json& c = out["config"];
+TEST(Settings, ADocumentOfRawValuesBecomesConnectionStoreAndOrigins) {
+  json out = ResolveSettingsJson(R"({"values":{"uri":"clickhouse://me:s3cret@db.internal:9000/analytics?schema=x",
+                                     "port":8124,"secure":false,"table":"st","host":null,"user":"",
+                                     "lock_timeout_seconds":2.5,"python_locks":true},
+                                     "env":{"MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS":"7"}})");
+  ASSERT_TRUE(out.contains("settings")) << out;
+  const json& c = out["settings"]["connection"];
   EXPECT_EQ(c["host"], "db.internal");
   EXPECT_EQ(c["port"], 8124);
-  EXPECT_EQ(c["secure"], false);
   EXPECT_EQ(c["user"], "me");
-  EXPECT_EQ(c["password"], "s3cret");
-  EXPECT_EQ(c["database"], "analytics");
-  EXPECT_EQ(c["schema"], "x");
-  EXPECT_EQ(c["cluster"], "");  // one server unless a cluster is named
-  EXPECT_EQ(c["replica"], "{replica}");
-  EXPECT_EQ(c["table"], "st");
-  EXPECT_EQ(c["origin"]["port"], "--port flag");
-  EXPECT_EQ(c["origin"]["host"], "--uri flag");
-  EXPECT_THAT(c["redacted_uri"].get<std::string>(), Not(HasSubstr("s3cret")));
+  EXPECT_EQ(c["password"], "s3cret");  // for the transport
+  EXPECT_EQ(c["endpoint"], "db.internal:8124");
+  EXPECT_EQ(c["connect_timeout_ms"], 5000);
   EXPECT_THAT(c["redacted_uri"].get<std::string>(), HasSubstr("me:***@db.internal:8124"));
+  const json& st = out["settings"]["store"];
+  EXPECT_EQ(st["schema"], "x");
+  EXPECT_EQ(st["table"], "st");
+  EXPECT_EQ(st["lock_validity_ms"], 2500);
+  EXPECT_EQ(st["lock_wait_ms"], 6000);
+  EXPECT_EQ(st["history_days"], 7);
+  EXPECT_EQ(st["python_locks"], true);
+  EXPECT_EQ(out["settings"]["origin"]["port"], "the port setting");
+  EXPECT_EQ(out["settings"]["origin"]["history_days"], "MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS");
+  EXPECT_EQ(out["settings"]["origin"]["host"], "the uri setting");
+  // The password is in the connection only.
+  json without = out;
+  without["settings"]["connection"].erase("password");
+  EXPECT_THAT(Dump(without), Not(HasSubstr("s3cret")));
 }
 
-TEST(ResolveConfigJson, ClusterSettingsComeFromTheUriAndTheirVariables) {
-  json out = ResolveConfigJson(R"({"flags":{"uri":"clickhouse://u@h/d?cluster=c1"},
-                                   "env":{"MELTANO_STATE_BACKEND_CLICKHOUSE_ZOOKEEPER_PATH":"/zk/{shard}"}})");
-  ASSERT_TRUE(out.contains("config")) << out;
-  EXPECT_EQ(out["config"]["cluster"], "c1");
-  EXPECT_EQ(out["config"]["zookeeper_path"], "/zk/{shard}");
-  EXPECT_EQ(out["config"]["replica"], "{replica}");
+TEST(Settings, OpeningAStoreFromSettingsAndTheHostsCapabilities) {
+  absl::StatusOr<OpenedStore> opened =
+      OpenStore(R"({"from":"meltano","values":{"uri":"clickhouse://u@h/d"},"host":{"timers":true,"exit_release":true}})");
+  ASSERT_THAT(opened, IsOk());
+  EXPECT_TRUE(opened->store->options().linger_locks);
+  EXPECT_EQ(opened->settings.origin.at("host"), "state_backend.uri");
+  EXPECT_THAT(OpenStore(R"({"values":{"uri":"clickhouse://u@h/d","lock_timeout_seconds":"0.2"}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the lock_timeout_seconds setting")));
 }
 
-TEST(ResolveConfigJson, EnvironmentIsTheCoresLowerLayers) {
-  json out = ResolveConfigJson(R"({"flags":{},"env":{"MELTANO_STATE_BACKEND_URI":"clickhouse://u@h/d",
-                                   "CLICKHOUSE_PASSWORD":"pw"}})");
-  ASSERT_TRUE(out.contains("config")) << out;
-  EXPECT_EQ(out["config"]["host"], "h");
-  EXPECT_EQ(out["config"]["password"], "pw");
-  EXPECT_EQ(out["config"]["port"], 8123);
-}
-
-struct BadConfig {
-  const char* sources;
-  const char* message;
-};
-
-TEST(ResolveConfigJson, ErrorsNameTheProblemAndNeverThePassword) {
-  static const BadConfig kCases[] = {
+TEST(Settings, ErrorsNameTheProblemAndNeverThePassword) {
+  static const struct {
+    const char* sources;
+    const char* message;
+  } kCases[] = {
       {"nope", "not valid JSON"},
-      {R"({"flags":{"hots":"x"}})", "unknown setting \"hots\""},
-      {R"({"flagz":{}})", "unknown key \"flagz\""},
-      {R"({"flags":{"port":1.5}})", "flags.port"},
-      {R"({"flags":{"uri":"clickhouse://u:hunter2@h"}})", "database"},
-      {R"({"flags":{"uri":"clickhouse://u:hunter2@h:99999/d"}})", "port"},
-      {R"({"flags":{"uri":"clickhouse://:hunter2@h/d"}})", "user"},
-      {R"({"flags":{"uri":"mysql://u:hunter2@h/d"}})", "scheme"},
-      {R"({"flags":{"uri":"clickhouse://u@h/d","password":"hunter2","schema":"bad-name"}})", "schema"},
+      {R"({"values":{"hots":"x"}})", "unknown setting \"hots\""},
+      {R"({"valuez":{}})", "unknown member \"valuez\""},
+      {R"({"values":{"port":[1]}})", "values.port"},
+      {R"({"from":"lua","values":{}})", "\"from\" must be"},
+      {R"({"host":{"threads":true}})", "\"host\" must be"},
+      {R"({"values":{"uri":"clickhouse://u:hunter2@h"}})", "database"},
+      {R"({"values":{"uri":"clickhouse://u:hunter2@h:99999/d"}})", "port"},
+      {R"({"values":{"uri":"mysql://u:hunter2@h/d"}})", "scheme"},
+      {R"({"values":{"uri":"clickhouse://u@h/d","password":"hunter2","port":"hunter2"}})", "port"},
   };
-  for (const BadConfig& c : kCases) {
-    json out = ResolveConfigJson(c.sources);
+  for (const auto& c : kCases) {
+    json out = ResolveSettingsJson(c.sources);
     ASSERT_TRUE(out.contains("failed")) << c.sources << ": " << out;
     EXPECT_EQ(out["failed"]["code"], "INVALID_ARGUMENT") << c.sources;
-    const std::string message = out["failed"]["message"].get<std::string>();
-    EXPECT_THAT(message, HasSubstr(c.message)) << c.sources;
+    EXPECT_THAT(out["failed"]["message"].get<std::string>(), HasSubstr(c.message)) << c.sources;
     EXPECT_THAT(Dump(out), Not(HasSubstr("hunter2"))) << c.sources;
   }
+}
+
+TEST(Tables, TheVerbAndSettingTablesAreDocuments) {
+  json verbs = VerbsJson();
+  ASSERT_TRUE(verbs["verbs"].is_array());
+  EXPECT_GE(verbs["verbs"].size(), 20u);
+  json settings = SettingsTableJson();
+  ASSERT_TRUE(settings["settings"].is_array());
+  bool found = false;
+  for (const json& row : settings["settings"]) {
+    if (row["key"] == "lock_timeout_seconds") {
+      found = true;
+      EXPECT_EQ(row["default"], "10");
+      EXPECT_EQ(row["meltano"], "state_backend.lock_timeout_seconds");
+      EXPECT_EQ(row["cli_flag"], "--stale-lock");
+    }
+  }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(settings["renamed"]["stale_lock"], "lock_timeout_seconds");
 }
 
 TEST(Documents, RequestJsonCarriesEveryField) {

@@ -9,6 +9,7 @@
 --    local chstate = require "chstate"
 --    local store = chstate.open{uri = "clickhouse://meltano@localhost:8123/default"}
 --    store:set("dev:tap-a-to-target-b", {singer_state = {bookmarks = {}}})
+--    store:merge("dev:tap-a-to-target-b", {singer_state = {bookmarks = {users = {id = 7}}}})
 --    store:with_lock("dev:tap-a-to-target-b", function()
 --      local state = store:get("dev:tap-a-to-target-b")
 --      ...
@@ -17,9 +18,11 @@
 --
 -- Errors are raised as chstate error objects ({code=, op=, message=}, with
 -- __tostring); `chstate.safe` has the same functions returning
--- `nil, message, code` instead. The core decides everything (SQL, the lock,
--- Meltano's merge rules); this file only moves requests between the core and
--- a transport, and checks arguments.
+-- `nil, message, code` instead. The core decides everything (settings and
+-- their defaults, the verbs and their checks, SQL, the lock, Meltano's merge
+-- rules): the store's methods are made from the core's verb table, and this
+-- file only converts Lua values and moves requests between the core and a
+-- transport.
 -- @module chstate
 
 local C = ...
@@ -141,13 +144,7 @@ local function check(self, op)
   return rec
 end
 
-local function check_id(op, id)
-  if type(id) ~= "string" or id == "" then
-    argerror(op, 1, "state id expected: a non-empty string, got " .. describe(id))
-  end
-end
-
--- State ids and patterns travel as hex in op documents, so any bytes cross.
+-- State ids and patterns travel as hex in verb documents, so any bytes cross.
 local function hex(s)
   return (s:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
 end
@@ -208,12 +205,9 @@ local function send(rec, req)
   return code, body or "", header(headers, "x-clickhouse-exception-code")
 end
 
--- Pumps one op document to its end: sends each request once and sleeps when
--- told (resends are the core's). Returns the "done" or "failed" document, or
--- nil, message when a value in it cannot become JSON.
-local function pump(rec, doc, side, state)
-  local a, err = rec.ud:start(rec.now_ms(), doc, side, state)
-  if a == nil then return nil, err end
+-- Answers actions until the op (or idle timer) ends: sends each request once
+-- and sleeps when told (resends are the core's). Returns the last action.
+local function answer(rec, a)
   while true do
     if a.request then
       local status, body, extra = send(rec, a.request)
@@ -227,44 +221,165 @@ local function pump(rec, doc, side, state)
   end
 end
 
--- Runs one op: first, when the core's timer is due, a tick (renewals of held
--- locks); its failure is the caller's (a lock it holds may be lost). A
--- release goes without: its own outcome says what became of its lock.
-local function drive(rec, opname, doc, side, state)
-  if doc.op ~= "release_lock" and rec.next_tick ~= nil and rec.now_ms() >= rec.next_tick then
-    local t = pump(rec, {op = "tick"})
-    if t.failed then
-      for _, h in pairs(rec.held) do h.suspect = true end  -- one of them may be lost: with_lock asks
-      raise(t.failed.code, opname, t.failed.message)
-    end
-    rec.next_tick = tointeger(t.done.next_timeout_ms)
-  end
-  doc.merged = true  -- states in the result also carry the view a tap gets (the core's merge)
-  local a, err = pump(rec, doc, side, state)
-  if a == nil then argerror(opname, 2, err) end
-  if a.failed then raise(a.failed.code, opname, a.failed.message) end
-  rec.next_tick = tointeger(a.done.next_timeout_ms)  -- null (no lock held) becomes nil
-  return a.done
+local function note_timer(rec, a)
+  local body = a.done or a.idle
+  if body then rec.next_tick = tointeger(body.next_timeout_ms) end  -- null (nothing held) becomes nil
 end
 
-local function run(rec, opname, doc, side, state)
+-- The core's idle timer, when due: held locks renewed, lingering ones
+-- released. A lock it finds lost is the core's to report (at the scope's
+-- release, and to any write under it), so its failure is not raised here.
+local function tick(rec)
+  if rec.next_tick == nil or rec.now_ms() < rec.next_tick then return end
+  local a = answer(rec, rec.ud:timer(rec.now_ms()))
+  if a.failed then rec.next_tick = nil else note_timer(rec, a) end
+end
+
+-- Runs one verb document to its end; returns the "done" body or raises.
+local function run(rec, opname, doc)
   rec.busy = true
-  local ok, done = pcall(drive, rec, opname, doc, side, state)
+  local ok, res = pcall(function()
+    -- Every call renews what is due first (hosts that cannot run code while
+    -- their user's does: plain Lua with a transport of its own).
+    if not rec.renews then tick(rec) end
+    doc.merged = true  -- states in the result also carry the view a tap gets (the core's merge)
+    local a, err = rec.ud:start(rec.now_ms(), doc)
+    if a == nil then argerror(opname, 2, err) end
+    a = answer(rec, a)
+    note_timer(rec, a)
+    if a.failed then raise(a.failed.code, opname, a.failed.message) end
+    return a.done
+  end)
   rec.busy = false
-  if not ok then error(done, 0) end
-  return done
+  if rec.schedule then rec.schedule(rec) end
+  if not ok then error(res, 0) end
+  return res
 end
 
--- The merged view and the whole state of a "done" document; nil when absent.
-local function views(done)
+-- ---------------------------------------------------------------- the verbs
+
+local function side(s)
+  return {completed = s.completed, partial = s.partial}
+end
+
+local function state_of(done)
   local s = done.state
-  if s == C.null then return nil end
-  return s.merged, {completed = s.completed, partial = s.partial}
+  if s == nil or s == C.null then return nil end
+  return s.merged, side(s)
+end
+
+-- What each kind of result (the verb table's "returns") is in Lua.
+local RETURNS = {
+  nothing = function() return true end,
+  server = function(done) return done.server_version, done.dialect end,
+  state = state_of,
+  maybe_state = state_of,
+  state_ids = function(done)
+    local ids = M.array()
+    for i, h in ipairs(done.state_ids_hex) do ids[i] = unhex(h) end
+    return ids
+  end,
+  count = function(done) return tointeger(done.count) end,
+  page = function(done)
+    local states = M.array()
+    for i, s in ipairs(done.states) do
+      states[i] = {state_id = unhex(s.state_id_hex), completed = s.completed, partial = s.partial, merged = s.merged}
+    end
+    return states, done.more
+  end,
+  versions = function(done)
+    local out = M.array()
+    for i, v in ipairs(done.versions) do
+      out[i] = {version = v.version, updated_at = v.updated_at, current = v.current, merged = v.state.merged,
+                state = side(v.state)}
+    end
+    return out
+  end,
+  locks = function(done)
+    local out = M.array()
+    for i, l in ipairs(done.locks) do
+      out[i] = {state_id = l.state_id_hex ~= C.null and unhex(l.state_id_hex) or nil, table = l.table,
+                holder = l.holder, held_s = l.held_s, renewed_s = l.renewed_s, validity_s = l.validity_s,
+                stale = l.stale}
+    end
+    return out
+  end,
+  lock = function(done) return done.lock_id, tointeger(done.waited_ms) end,
+}
+
+-- One argument of a verb into its document member; Lua values the core
+-- cannot take are named here (a state id must be a string).
+local function put_arg(verb, n, arg, v, doc)
+  if v == nil then return end
+  local t = arg.type
+  if t == "state_id" then
+    if type(v) ~= "string" then argerror(verb, n, arg.name .. " expected: a string, got " .. describe(v)) end
+    doc[arg.field] = hex(v)
+  elseif t == "pattern" then
+    if type(v) ~= "string" then argerror(verb, n, "pattern expected: a string or nil, got " .. type(v)) end
+    doc.pattern_hex = hex(v)
+  elseif t == "states" then
+    if type(v) ~= "table" then argerror(verb, n, "states expected: a list of {state_id=, completed=, partial=}") end
+    local entries = M.array()
+    for i, e in ipairs(v) do
+      if type(e) ~= "table" or type(e.state_id) ~= "string" then
+        argerror(verb, n, ("states[%d] expected: {state_id = string, completed = {...}, partial = {...}}"):format(i))
+      end
+      entries[i] = {state_id_hex = hex(e.state_id), completed = e.completed, partial = e.partial}
+    end
+    doc[arg.field] = entries
+  else
+    doc[arg.field] = v
+  end
+end
+
+-- A method for a verb of the table: positional arguments in the row's order,
+-- then a table of the named ones ({force = true}, {limit = 5}).
+local function bind(verb)
+  local positional, named = {}, {}
+  for _, arg in ipairs(verb.args) do
+    if arg.positional then positional[#positional + 1] = arg else named[arg.name] = arg end
+  end
+  return function(self, ...)
+    local rec = check(self, verb.name)
+    local doc = {op = verb.name}
+    local n = select("#", ...)
+    for i, arg in ipairs(positional) do put_arg(verb.name, i, arg, (select(i, ...)), doc) end
+    if n > #positional + 1 then
+      argerror(verb.name, #positional + 2, ("%s takes %d arguments and a table of options"):format(verb.name,
+               #positional))
+    end
+    local opts = n > #positional and select(#positional + 1, ...) or nil
+    if opts ~= nil then
+      if type(opts) ~= "table" then
+        argerror(verb.name, #positional + 1, "table of options expected, got " .. type(opts))
+      end
+      for k, v in pairs(opts) do
+        local arg = named[k]
+        if arg == nil then
+          local names = {}
+          for name in pairs(named) do names[#names + 1] = name end
+          table.sort(names)
+          argerror(verb.name, #positional + 1, ("unknown option '%s' (options: %s)"):format(
+                     tostring(k), #names > 0 and table.concat(names, ", ") or "none"))
+        end
+        put_arg(verb.name, #positional + 1, arg, v, doc)
+      end
+    end
+    return RETURNS[verb.returns](run(rec, verb.name, doc))
+  end
+end
+
+-- Every verb but the scope's ends (acquire and release are with_lock).
+M.verbs = {}
+for _, verb in ipairs(C.verbs) do
+  M.verbs[#M.verbs + 1] = verb.name
+  if verb.name ~= "acquire" and verb.name ~= "release" then Store[verb.name] = bind(verb) end
 end
 
 Store.__tostring = function(self)
   local rec = records[self]
-  return "chstate.store(" .. rec.info.redacted_uri .. (rec.closed and ", closed" or "") .. ")"
+  return "chstate.store(" .. rec.info.connection.redacted_uri .. (rec.closed and ", closed" or "") .. ")"
 end
 
 -- `local store <close> = chstate.open{...}` closes it at the end of the scope.
@@ -273,149 +388,24 @@ Store.__close = function(self)
   if rec and not rec.closed then self:close() end
 end
 
---- The merged view of a state (partial over completed, what a tap gets), and
--- the whole state {completed=, partial=}; nil when the id has no state.
-function Store:get(id)
-  local rec = check(self, "get")
-  check_id("get", id)
-  return views(run(rec, "get", {op = "get", state_id_hex = hex(id)}))
-end
-
---- Writes a complete state (completed = state, partial = {}), as Meltano's
--- set(). Takes the id's lock, unless this store holds it (inside with_lock).
-function Store:set(id, state)
-  local rec = check(self, "set")
-  check_id("set", id)
-  if type(state) ~= "table" then argerror("set", 2, "state expected: a table, got " .. describe(state)) end
-  run(rec, "set", {op = rec.held[id] and "set" or "set_locked", state_id_hex = hex(id)}, "completed", state)
-  return true
-end
-
---- Merges a partial state as Meltano's update() does (objects merge
--- recursively, lists and scalars replace), under the id's lock (the one
--- with_lock holds, or its own). Returns the new merged view and whole state.
-function Store:merge(id, partial)
-  local rec = check(self, "merge")
-  check_id("merge", id)
-  if type(partial) ~= "table" then argerror("merge", 2, "partial state expected: a table, got " .. describe(partial)) end
-  if next(partial) == nil then
-    argerror("merge", 2, "nothing to merge: the partial state is empty (use set to write a state)")
-  end
-  return views(run(rec, "merge", {op = "update", state_id_hex = hex(id)}, "partial", partial))
-end
-
---- State ids, sorted; `pattern` uses Meltano's `*` and `?` (nil: all).
-function Store:list(pattern)
-  local rec = check(self, "list")
-  if pattern ~= nil and type(pattern) ~= "string" then
-    argerror("list", 1, "pattern expected: a string or nil, got " .. type(pattern))
-  end
-  local done = run(rec, "list", {op = "list", pattern_hex = pattern and hex(pattern)})
-  local ids = M.array()
-  for i, h in ipairs(done.state_ids_hex) do ids[i] = unhex(h) end
-  return ids
-end
-
---- Removes one state (under its lock unless held). Absent ids are fine.
-function Store:delete(id)
-  local rec = check(self, "delete")
-  check_id("delete", id)
-  run(rec, "delete", {op = rec.held[id] and "delete" or "delete_locked", state_id_hex = hex(id)})
-  return true
-end
-
---- Removes every state; returns how many.
-function Store:clear_all()
-  local rec = check(self, "clear_all")
-  return run(rec, "clear_all", {op = "clear_all"}).count
-end
-
---- The versions of a state kept in its history, newest first (at most
--- `limit`, default 20): an array of {version=, updated_at=, current=,
--- merged=, state={completed=, partial=}}.
-function Store:history(id, limit)
-  local rec = check(self, "history")
-  check_id("history", id)
-  if limit ~= nil and (type(limit) ~= "number" or tointeger(limit) == nil or limit < 1) then
-    argerror("history", 2, "limit expected: a positive integer or nil, got " .. describe(limit))
-  end
-  local done = run(rec, "history", {op = "history", state_id_hex = hex(id), limit = limit and tointeger(limit)})
-  local out = M.array()
-  for i, v in ipairs(done.versions) do
-    out[i] = {version = v.version, updated_at = v.updated_at, current = v.current, merged = v.state.merged,
-              state = {completed = v.state.completed, partial = v.state.partial}}
-  end
-  return out
-end
-
---- Restores a version (as history names it) under the id's lock; the
--- restored state is a new version. Returns its merged view and whole state.
-function Store:rollback(id, version)
-  local rec = check(self, "rollback")
-  check_id("rollback", id)
-  if type(version) ~= "string" then argerror("rollback", 2, "version expected: a string, got " .. describe(version)) end
-  return views(run(rec, "rollback", {op = "rollback", state_id_hex = hex(id), version = version}))
-end
-
---- Creates the database and tables (writes also do it when missing).
-function Store:init()
-  local rec = check(self, "init")
-  run(rec, "init", {op = "init"})
-  return true
-end
-
---- The server's version and the SQL dialect chstate uses with it.
-function Store:ping()
-  local rec = check(self, "ping")
-  local done = run(rec, "ping", {op = "ping"})
-  return done.server_version, done.dialect
-end
-
---- Renews the lease of a lock held by with_lock now (every operation first
--- renews held locks that are due; a function that works long without the
--- store calls this at least every third of the stale-lock window).
-function Store:renew(id)
-  local rec = check(self, "renew")
-  check_id("renew", id)
-  local ok, err = pcall(run, rec, "renew", {op = "renew_lock", state_id_hex = hex(id)})
-  if not ok then
-    if rec.held[id] and M.is_error(err) and err.code == "ABORTED" then rec.held[id].lost = true end
-    error(err, 0)
-  end
-  return true
-end
-
---- Runs fn(...) holding the state id's lock and returns what fn returns. The
--- lock is released when fn returns or raises (the error is re-raised as is).
--- fn may yield: the lock stays held while its coroutine is suspended.
+--- Runs fn(...) holding the state id's lock (a lock scope) and returns what
+-- fn returns. Released when fn returns or raises (fn's error is raised as
+-- is). With the module's own transport a thread renews the lock while fn
+-- runs, however long; with a transport function of your own (and in LuaJIT
+-- outside nginx) nothing can run while fn does, so every store call renews
+-- when due, and a scope that outlived its lease ends with ABORTED naming the
+-- lease. fn may yield: the lock stays held while its coroutine is suspended.
 function Store:with_lock(id, fn, ...)
   local rec = check(self, "with_lock")
-  check_id("with_lock", id)
   if not callable(fn) then argerror("with_lock", 2, "function expected, got " .. describe(fn)) end
-  if rec.held[id] ~= nil then
-    raise("FAILED_PRECONDITION", "with_lock",
-          "this store already holds the lock on this state id (with_lock calls on one id do not nest)")
-  end
-  local release = {op = "release_lock", state_id_hex = hex(id)}
-  release.lock_id = run(rec, "with_lock", {op = "acquire_lock", state_id_hex = release.state_id_hex}).lock_id
-  local h = {lock_id = release.lock_id}
-  rec.held[id] = h
+  local doc = {op = "acquire"}
+  put_arg("with_lock", 1, {name = "state_id", type = "state_id", field = "state_id_hex"}, id, doc)
+  local lock_id = run(rec, "with_lock", doc).lock_id
   local results = pack(pcall(fn, ...))
-  if rec.held[id] == h then rec.held[id] = nil end
   local released, release_error = true, nil
-  if not rec.closed and not h.released then
-    if h.suspect and not h.lost then
-      -- A tick failed while fn ran: the core answers a renewal of a lost lock at once.
-      local ok, err = pcall(run, rec, "with_lock", {op = "renew_lock", state_id_hex = release.state_id_hex})
-      h.lost = not ok and M.is_error(err) and err.code == "ABORTED"
-    end
-    released, release_error = pcall(run, rec, "with_lock", release)  -- a lost lock is forgotten, nothing sent
-  end
-  if h.lost then
-    -- A renewal failed while fn ran (and fn carried on): the lock is gone.
-    released, release_error = pcall(raise, "ABORTED", "with_lock",
-      "the lock on this state id was lost while the function ran (its lease could not be renewed); " ..
-      "what the function did was not necessarily exclusive")
+  if not rec.closed then
+    released, release_error = pcall(run, rec, "with_lock",
+                                    {op = "release", state_id_hex = doc.state_id_hex, lock_id = lock_id})
   end
   if not results[1] then error(results[2], 0) end  -- fn's error matters more
   if not released then error(release_error, 0) end
@@ -428,12 +418,14 @@ function Store:close()
   if rec == nil then argerror("close", 0, "a chstate store expected: call it as store:close()") end
   if rec.closed then return true end
   if rec.busy then raise("FAILED_PRECONDITION", "close", "an operation is still running on this store") end
-  for id, h in pairs(rec.held) do
-    -- best effort: a lock whose release fails goes stale anyway
-    pcall(run, rec, "close", {op = "release_lock", state_id_hex = hex(id), lock_id = h.lock_id})
-    h.released = true
-  end
-  rec.held = {}
+  -- Best effort: a lock whose release fails goes stale anyway.
+  pcall(function()
+    rec.busy = true
+    local a = answer(rec, rec.ud:start(rec.now_ms(), {close = true}))
+    rec.busy = false
+    return a
+  end)
+  rec.busy = false
   rec.ud:close()
   rec.closed = true
   return true
@@ -445,77 +437,35 @@ function Store:is_closed()
   return rec == nil or rec.closed
 end
 
--- Connection settings: the core's keys (core/config.h kSettingKeys) and uri.
-local SETTINGS = {uri = true}
-local SETTING_NAMES = {"uri"}
-for _, key in ipairs(C.setting_keys) do
-  SETTINGS[key] = true
-  SETTING_NAMES[#SETTING_NAMES + 1] = key
-end
-local OPTIONS = {env = true, transport = true, sleep = true, now = true, lock_timeout = true, lock_retry = true,
-                 stale_lock = true, connect_timeout = true, timeout = true, history_days = true}
-
--- Milliseconds from an option or its variable; nil when neither is given
--- (the core's default applies: core/defaults.h).
-local function seconds(opts, env, key, env_name, zero_ok)
-  local v, origin = opts[key], "option '" .. key .. "'"
-  if v == nil and env_name and env[env_name] and env[env_name] ~= "" then
-    v, origin = tonumber(env[env_name]), env_name
-    if v == nil then argerror("open", 1, env_name .. " is not a number of seconds") end
-  end
-  if v == nil then return nil end
-  if type(v) ~= "number" or v ~= v or v > 1e9 or v < 0 or (v == 0 and not zero_ok) then
-    argerror("open", 1, origin .. " must be a number of seconds " .. (zero_ok and "(0 or more)" or "(more than 0)"))
-  end
-  return math.max(math.floor(v * 1000 + 0.5), zero_ok and 0 or 1)
+--- True when held locks are renewed while your own code runs (the module's
+-- transport: a thread; inside nginx: ngx.timer); false where only store
+-- calls renew them (a transport function of your own; LuaJIT outside nginx).
+function Store:renews_in_background()
+  local rec = check(self, "renews_in_background")
+  return rec.renews
 end
 
--- state_backend.clickhouse.history_days: the option, else its variable;
--- nil when neither is given.
-local function days(opts, env)
-  local v, origin = opts.history_days, "option 'history_days'"
-  local name = "MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS"
-  if v == nil and env[name] and env[name] ~= "" then
-    v, origin = tonumber(env[name]), name
-    if v == nil then argerror("open", 1, name .. " is not a whole number of days") end
-  end
-  if v == nil then return nil end
-  if type(v) ~= "number" or v ~= math.floor(v) or v < 0 or v > 1000000 then
-    argerror("open", 1, origin .. " must be a whole number of days (0: no history)")
-  end
-  return tointeger(v)
-end
+-- What chstate.open takes besides settings: the hooks of an orchestrator's
+-- own event loop, and the environment to read.
+local HOOKS = {env = true, transport = true, sleep = true, now = true}
 
---- Opens a store. Settings (all optional, Meltano's names): uri, host, port,
--- database, user, password, secure, schema, table, ca_file (and the cluster
--- settings cluster, zookeeper_path, replica, quorum: README "Cluster mode"); they beat the
--- environment (MELTANO_STATE_BACKEND_*, CLICKHOUSE_*) with the CLI's
--- precedence. Options: env (a table to use instead of the process
--- environment, or false for none), lock_timeout, lock_retry, stale_lock,
--- connect_timeout, timeout (seconds), history_days, and the hooks transport(request),
--- sleep(seconds) and now() (seconds) for an orchestrator's own event loop.
--- Nothing is sent until the first operation.
+--- Opens a store. Every key but the hooks is a setting, by the names of the
+-- core's settings table (Meltano's: uri, host, port, database, user,
+-- password, secure, schema, table, lock_timeout_seconds, lock_wait_seconds,
+-- history_days, ...; README "Settings"); the core resolves them with the
+-- environment (MELTANO_STATE_BACKEND_*, CLICKHOUSE_*) and its defaults, and
+-- refuses unknown names. Hooks: env (a table to read instead of the process
+-- environment, or false for none), transport(request), sleep(seconds) and
+-- now() (seconds) for an orchestrator's own event loop. Nothing is sent
+-- until the first operation.
 function M.open(opts)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then argerror("open", 1, "table of settings expected, got " .. type(opts)) end
-  local flags = {}
+  local values = {}
   for k, v in pairs(opts) do
-    if SETTINGS[k] then
-      local t = type(v)
-      if t == "string" then
-        flags[k] = v
-      elseif (k == "port" or k == "quorum") and t == "number" and tointeger(v) then
-        flags[k] = ("%d"):format(v)
-      elseif k == "secure" and t == "boolean" then
-        flags[k] = tostring(v)
-      else
-        argerror("open", 1, ("setting '%s' must be a string%s, got %s"):format(
-                   k, (k == "port" or k == "quorum") and " or an integer" or k == "secure" and " or a boolean" or "", t))
-      end
-    elseif not OPTIONS[k] then
-      argerror("open", 1, ("unknown setting '%s' (settings: %s; options: env, transport, sleep, now, " ..
-                           "lock_timeout, lock_retry, stale_lock, connect_timeout, timeout, history_days)"):format(
-                             tostring(k), table.concat(SETTING_NAMES, ", ")))
+    if not HOOKS[k] then
+      if type(k) ~= "string" then argerror("open", 1, "setting names are strings, got " .. type(k)) end
+      values[k] = v
     end
   end
   local env = opts.env
@@ -531,21 +481,11 @@ function M.open(opts)
       argerror("open", 1, ("option '%s' must be a function, got %s"):format(hook, type(opts[hook])))
     end
   end
-  local native = {
-    native = opts.transport == nil,
-    -- Meltano's lock_timeout_seconds is the lock's validity (stale_lock);
-    -- the wait (lock_timeout) is state_backend.clickhouse.lock_wait_seconds.
-    lock_timeout_ms = seconds(opts, env, "lock_timeout", "MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS", true),
-    lock_retry_ms = seconds(opts, env, "lock_retry", "MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS", false),
-    stale_ms = seconds(opts, env, "stale_lock", "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS", false),
-    connect_timeout_ms = seconds(opts, env, "connect_timeout", nil, false),
-    timeout_ms = seconds(opts, env, "timeout", nil, false),
-    history_days = days(opts, env),
-  }
-  local ud, info = C.new_store(flags, env, native)
-  if ud == nil then raise("INVALID_ARGUMENT", "open", info) end
+  local native = opts.transport == nil
+  local ud, info = C.open({from = "api", values = values, env = env}, native)
+  if ud == nil then raise(info.code, "open", info.message) end
   local now, sleep = opts.now, opts.sleep
-  local conn = opts.transport and ud:connection() or nil
+  local conn = not native and ud:connection() or nil
   if conn then
     conn.scheme, conn.path = conn.secure and "https://" or "http://", "/?database=" .. urlencode(conn.database)
     conn.url = conn.scheme .. host_port(conn.host, conn.port) .. conn.path  -- the first host's
@@ -557,11 +497,21 @@ function M.open(opts)
     conn = conn,
     now_ms = now and function() return math.floor(now() * 1000) end or C.monotonic_ms,
     sleep_ms = sleep and function(ms) sleep(ms / 1000) end or C.sleep_ms,
-    next_tick = nil,  -- when the core next needs a tick (its next_timeout_ms)
-    held = {},        -- id -> {lock_id=} for the locks with_lock holds
+    next_tick = nil,   -- when the core next wants its idle timer (its next_timeout_ms)
+    renews = ud:renews(),
     busy = false,
     closed = false,
   }
+  if not rec.renews and C.scheduler then
+    -- Inside nginx: ngx.timer calls the idle timer back while a scope's code runs.
+    rec.schedule = C.scheduler(function() return not rec.closed and not rec.busy end,
+                               function()
+                                 rec.busy = true
+                                 pcall(tick, rec)
+                                 rec.busy = false
+                               end)
+    rec.renews = true
+  end
   local store = setmetatable({}, Store)
   records[store] = rec
   return store
@@ -582,8 +532,11 @@ SafeStore.__index = SafeStore
 SafeStore.__tostring = function(self) return tostring(inner[self]) end
 SafeStore.__close = function(self) inner[self]:close() end
 
-for _, name in ipairs{"get", "set", "merge", "list", "delete", "clear_all", "init", "ping", "renew",
-                      "with_lock", "close", "is_closed"} do
+local SAFE = {"with_lock", "close", "is_closed", "renews_in_background"}
+for _, verb in ipairs(C.verbs) do
+  if Store[verb.name] then SAFE[#SAFE + 1] = verb.name end
+end
+for _, name in ipairs(SAFE) do
   SafeStore[name] = function(self, ...)
     local store = inner[self]
     if store == nil then
@@ -621,11 +574,11 @@ function M.safe.from_json(text)
 end
 
 --- The core's JSON protocol itself (hosts/common/protocol.h), for an
--- orchestrator that drives it on its own: `chstate.protocol.store(options_json)`
+-- orchestrator that drives it on its own: `chstate.protocol.store(settings_json)`
 -- gives a store with `:start(op_json, now_ms, random)` and `:feed(answer_json,
 -- now_ms, random)` returning the next action document (strings in and out;
 -- `random` is 16 or more fresh random bytes), and `:free()`;
--- `chstate.protocol.resolve_config(sources_json)` resolves settings.
-M.protocol = {store = C.protocol_store, resolve_config = C.resolve_config}
+-- `chstate.protocol.resolve_settings(settings_json)` resolves settings.
+M.protocol = {store = C.protocol_store, resolve_settings = C.resolve_settings}
 
 return M

@@ -8,9 +8,13 @@
 //   local chstate = require "chstate"          -- loads chstate.so
 //   local store = chstate.open{uri = "clickhouse://meltano@localhost:8123/default"}
 //
-// What is here, per store: start an op document, answer its request or wait,
-// and send a request with the native executor; every rule (SQL, resends, the
-// lock and its renewal, Meltano's merge) is the core's.
+// What is here, per store: open it from the user's raw settings (the core
+// resolves them), start a verb document, answer its request or wait, send a
+// request with the native executor, and, with that executor, a thread that
+// feeds the core's idle timer at its next_timeout_ms while Lua code runs, so
+// that a lock scope keeps its lock however long its function runs. Every
+// rule (settings, SQL, resends, the lock and its renewal, Meltano's merge)
+// is the core's.
 //
 // lua_error longjmps over C++ frames, so no function raises while a C++
 // object with a destructor is alive: work happens in a scope that pushes its
@@ -18,16 +22,22 @@
 #include <time.h>
 
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
+#include "core/settings.h"
 #include "core/defaults.h"
 #include "core/quoting.h"
 #include "core/store.h"
@@ -53,11 +63,27 @@ using nlohmann::json;
 // ---------------------------------------------------------------- stores
 
 struct OpenStore {
-  ConnectionConfig config;
+  // The Lua thread's calls and the renewer take turns on the store.
+  std::mutex mu;
+  Settings settings;
   std::unique_ptr<Store> store;
   std::unique_ptr<protocol::OpDriver> driver;  // declared after the store: destroyed first
   std::unique_ptr<native::HttpExecutor> exec;  // null when Lua supplies the transport
   SqlRequest pending;                          // the last request, for store:execute
+  // The renewer (native transport only): feeds the idle timer when due.
+  std::thread renewer;
+  std::condition_variable wake;
+  std::optional<int64_t> next_timeout_ms;  // from the last "done"/"idle"
+  bool stopping = false;
+
+  ~OpenStore() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stopping = true;
+    }
+    wake.notify_all();
+    if (renewer.joinable()) renewer.join();
+  }
 };
 
 // The userdata holds one pointer, so that a closed store owns nothing (Lua
@@ -84,115 +110,110 @@ void SetField(lua_State* L, const char* k, const std::string& v) {
   lua_setfield(L, -2, k);
 }
 
-// Reads a string->string Lua table into a map (values must be strings).
-bool ReadStringMap(lua_State* L, int idx, const char* what, std::map<std::string, std::string>& out,
-                   std::string& err) {
-  if (lua_isnoneornil(L, idx)) return true;
-  if (!lua_istable(L, idx)) {
-    err = absl::StrCat(what, " must be a table of strings");
-    return false;
-  }
-  lua_pushnil(L);
-  while (lua_next(L, idx) != 0) {
-    if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING) {
-      lua_pop(L, 2);
-      err = absl::StrCat(what, " must map strings to strings");
-      return false;
+Inputs InputsAt(int64_t now_ms) { return Inputs{now_ms, native::OsRandomBytes()}; }
+
+// Remembers when the core next wants its idle timer, from an action document.
+void NoteTimer(OpenStore* box, const json& action) {
+  const json* body = action.contains("done") ? &action["done"] : action.contains("idle") ? &action["idle"] : nullptr;
+  if (body == nullptr) return;
+  auto it = body->find("next_timeout_ms");
+  if (it == body->end()) return;
+  box->next_timeout_ms = it->is_number_integer() ? std::optional<int64_t>(it->get<int64_t>()) : std::nullopt;
+  box->wake.notify_all();
+}
+
+// The request document as the native executor takes it (the inverse of
+// protocol::RequestJson; the executor reads the SQL, the settings, the
+// timeout and where to send it).
+SqlRequest RequestFromJson(const json& r);
+
+// The renewer's loop: while no operation runs and the core's timer is due,
+// the idle timer runs to its end over the native executor. A lock found lost
+// is the core's to report: the scope's release says so.
+void Renew(OpenStore* box) {
+  std::unique_lock<std::mutex> lock(box->mu);
+  while (!box->stopping) {
+    if (!box->next_timeout_ms) {
+      box->wake.wait(lock);
+      continue;
     }
-    out[lua_tostring(L, -2)] = std::string(lua_tostring(L, -1), lua_rawlen(L, -1));
-    lua_pop(L, 1);
+    const int64_t now = native::MonotonicMs();
+    if (now < *box->next_timeout_ms) {
+      box->wake.wait_for(lock, std::chrono::milliseconds(*box->next_timeout_ms - now));
+      continue;
+    }
+    if (box->driver->busy()) {
+      // An op runs (its pump renews what it needs); look again shortly.
+      box->wake.wait_for(lock, std::chrono::milliseconds(10));
+      continue;
+    }
+    json action = box->driver->Feed(R"({"timer":true})", InputsAt(now));
+    while (!box->stopping && (action.contains("request") || action.contains("wait_ms"))) {
+      if (action.contains("request")) {
+        SqlResponse r = box->exec->Execute(RequestFromJson(action["request"]));
+        json answer = r.transport_ok ? json{{"transport_ok", true},
+                                            {"http_status", r.http_status},
+                                            {"exception_code_header", r.exception_code_header},
+                                            {"body_hex", HexEncode(r.body)}}
+                                     : json{{"transport_ok", false},
+                                            {"transport_error", r.transport_error},
+                                            {"maybe_delivered", r.maybe_delivered}};
+        action = box->driver->Feed(protocol::Dump(json{{"response", std::move(answer)}}),
+                                   InputsAt(native::MonotonicMs()));
+      } else {
+        box->wake.wait_for(lock, std::chrono::milliseconds(action["wait_ms"].get<int64_t>()));
+        action = box->driver->Feed(R"({"timer":true})", InputsAt(native::MonotonicMs()));
+      }
+    }
+    if (action.contains("failed")) {
+      box->next_timeout_ms = box->store->NextTimeoutMs();  // a lost lock is no longer renewed
+    } else {
+      NoteTimer(box, action);
+    }
   }
-  return true;
 }
 
-int64_t IntField(lua_State* L, int idx, const char* k, int64_t dflt) {
-  lua_getfield(L, idx, k);
-  int64_t v = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : dflt;
-  lua_pop(L, 1);
-  return v;
-}
-
-// C.new_store(flags, env, opts) -> store, info | nil, message
-// flags: {uri=, host=, ...} strings (kSettingKeys and "uri"); env: NAME ->
-// value; opts: {native=bool, lock_timeout_ms, lock_retry_ms, stale_ms,
-// connect_timeout_ms, timeout_ms, history_days}.
-int NewStore(lua_State* L) {
-  luaL_checktype(L, 3, LUA_TTABLE);
-  lua_getfield(L, 3, "native");
-  const bool native = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  const int64_t lock_timeout = IntField(L, 3, "lock_timeout_ms", kDefaultLockTimeoutMs);
-  const int64_t lock_retry = IntField(L, 3, "lock_retry_ms", kDefaultLockRetryMs);
-  const int64_t stale = IntField(L, 3, "stale_ms", kDefaultStaleLockMs);
-  const int64_t connect_timeout = IntField(L, 3, "connect_timeout_ms", kDefaultConnectTimeoutMs);
-  const int64_t timeout = IntField(L, 3, "timeout_ms", kDefaultRequestTimeoutMs);
-  const int64_t history_days = IntField(L, 3, "history_days", kDefaultHistoryDays);
+// C.open(settings, native) -> store, info | nil, failed
+// settings: the settings document as a Lua table ({from=, values=, env=,
+// host=}); native: the module's own HTTP executor (and its renewer) serve
+// the store. `info` holds what Lua shows (never the password); `failed` is
+// {code=, message=}.
+int Open(lua_State* L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  const bool native = lua_toboolean(L, 2);
   StoreBox* ud = static_cast<StoreBox*>(lua_newuserdatauv(L, sizeof(StoreBox), 0));
   ud->open = nullptr;
   luaL_setmetatable(L, kStoreMeta);
   bool ok = false;
   {
-    ConfigSources sources;
+    json doc;
     std::string err;
-    absl::StatusOr<ConnectionConfig> config = absl::InvalidArgumentError("");
-    if (!ReadStringMap(L, 1, "the connection settings", sources.flags, err) ||
-        !ReadStringMap(L, 2, "env", sources.env, err)) {
-      config = absl::InvalidArgumentError(err);
+    absl::StatusOr<protocol::OpenedStore> opened = absl::InvalidArgumentError("");
+    if (!ToJson(L, 1, "settings", doc, err)) {
+      opened = absl::InvalidArgumentError(err);
     } else {
-      config = ResolveConfig(sources);
+      if (native) doc["host"] = {{"timers", true}, {"exit_release", false}};
+      opened = protocol::OpenStore(protocol::Dump(doc));
     }
-    absl::StatusOr<std::unique_ptr<Store>> store = absl::InvalidArgumentError("");
-    if (config.ok()) {
-      StoreOptions options;
-      options.schema = config->schema;
-      options.table = config->table;
-      // Every host of the connection: the core picks one per request (and
-      // names them in its messages); the executor connects where it says.
-      options.hosts = config->hosts;
-      if (options.hosts.empty()) {
-        options.endpoint = absl::StrCat(config->host.find(':') != std::string::npos ? "[" + config->host + "]"
-                                                                                     : config->host,
-                                        ":", config->port);
-      }
-      options.lock.timeout_ms = lock_timeout;
-      options.lock.retry_ms = lock_retry;
-      options.lock.stale_ms = stale;
-      options.transport.request_timeout_ms = timeout;
-      options.history_days = history_days;
-      options.cluster.name = config->cluster;
-      options.cluster.zookeeper_path = config->zookeeper_path;
-      options.cluster.replica = config->replica;
-      options.cluster.quorum = config->quorum;
-      store = Store::Create(std::move(options));
-    }
-    if (!config.ok() || !store.ok()) {
-      absl::Status st = config.ok() ? store.status() : config.status();
+    if (!opened.ok()) {
       lua_pushnil(L);
-      lua_pushlstring(L, st.message().data(), st.message().size());
+      PushJson(L, protocol::FailedJson(opened.status())["failed"]);
     } else {
       ok = true;
       OpenStore* box = new OpenStore();
       ud->open = box;
-      box->config = *std::move(config);
-      box->store = *std::move(store);
+      box->settings = std::move(opened->settings);
+      box->store = std::move(opened->store);
       box->driver = std::make_unique<protocol::OpDriver>(box->store.get());
       if (native) {
         native::ExecutorOptions eo;
-        eo.connect_timeout_ms = connect_timeout;
-        box->exec = std::make_unique<native::HttpExecutor>(box->config, eo);
+        eo.connect_timeout_ms = box->settings.connect_timeout_ms;
+        box->exec = std::make_unique<native::HttpExecutor>(box->settings.connection, eo);
+        box->renewer = std::thread(Renew, box);
       }
-      lua_createtable(L, 0, 10);
-      SetField(L, "redacted_uri", box->config.RedactedUri());
-      SetField(L, "host", box->config.host);
-      lua_pushinteger(L, box->config.port);
-      lua_setfield(L, -2, "port");
-      lua_pushboolean(L, box->config.secure);
-      lua_setfield(L, -2, "secure");
-      SetField(L, "user", box->config.user);
-      SetField(L, "database", box->config.database);
-      SetField(L, "schema", box->config.schema);
-      SetField(L, "table", box->config.table);
-      SetField(L, "endpoint", box->store->options().endpoint);
+      json info = protocol::SettingsJson(box->settings)["settings"];
+      info["connection"].erase("password");
+      PushJson(L, info);
     }
   }
   if (!ok) return 2;
@@ -204,16 +225,27 @@ int NewStore(lua_State* L) {
 // store:connection() -> the settings a Lua transport needs, password included.
 int StoreConnection(lua_State* L) {
   OpenStore* box = CheckStore(L, 1);
-  lua_createtable(L, 0, 7);
-  SetField(L, "host", box->config.host);
-  lua_pushinteger(L, box->config.port);
+  const ConnectionConfig& c = box->settings.connection;
+  lua_createtable(L, 0, 8);
+  SetField(L, "host", c.host);
+  lua_pushinteger(L, c.port);
   lua_setfield(L, -2, "port");
-  lua_pushboolean(L, box->config.secure);
+  lua_pushboolean(L, c.secure);
   lua_setfield(L, -2, "secure");
-  SetField(L, "user", box->config.user);
-  SetField(L, "password", box->config.password);
-  SetField(L, "database", box->config.database);
-  SetField(L, "ca_file", box->config.ca_file);
+  SetField(L, "user", c.user);
+  SetField(L, "password", c.password);
+  SetField(L, "database", c.database);
+  SetField(L, "ca_file", c.ca_file);
+  lua_pushinteger(L, box->settings.connect_timeout_ms);
+  lua_setfield(L, -2, "connect_timeout_ms");
+  return 1;
+}
+
+// store:renews() -> true when a thread of the module renews held locks
+// while Lua code runs (the native transport).
+int StoreRenews(lua_State* L) {
+  OpenStore* box = CheckStore(L, 1);
+  lua_pushboolean(L, box->exec != nullptr);
   return 1;
 }
 
@@ -229,8 +261,6 @@ int StoreIsClosed(lua_State* L) {
 }
 
 // ---------------------------------------------------------------- operations
-
-Inputs InputsAt(int64_t now_ms) { return Inputs{now_ms, native::OsRandomBytes()}; }
 
 // The request document as the native executor takes it (the inverse of
 // protocol::RequestJson; the executor reads the SQL, the settings, the
@@ -260,6 +290,7 @@ int PushAction(lua_State* L, OpenStore* box, json action) {
   if (auto r = action.find("request"); r != action.end()) {
     if (box->exec) box->pending = RequestFromJson(*r);
   }
+  NoteTimer(box, action);
   if (!PushJson(L, action)) {
     PushJson(L, protocol::FailedJson(absl::InternalError("the result is nested too deeply for the Lua stack")));
   }
@@ -268,35 +299,35 @@ int PushAction(lua_State* L, OpenStore* box, json action) {
 
 // Feeds one answer document to the running op and pushes the next action.
 int Feed(lua_State* L, OpenStore* box, const json& answer, int64_t now_ms) {
-  return PushAction(L, box, box->driver->Feed(protocol::Dump(answer), InputsAt(now_ms)));
+  json action;
+  {
+    std::lock_guard<std::mutex> lock(box->mu);
+    action = box->driver->Feed(protocol::Dump(answer), InputsAt(now_ms));
+  }
+  return PushAction(L, box, std::move(action));
 }
 
-// store:start(now_ms, op[, side, state]) -> action | nil, message
-// `op` is an op document as a Lua table (chstate.lua asks for "merged"
-// views, the core's DeepMerge); `state`, when given, becomes its
-// "state" member {[side] = state} (converted here so that a value JSON cannot
-// hold is named by its path below "state").
+// store:start(now_ms, op) -> action | nil, message
+// `op` is a verb document as a Lua table (a value JSON cannot hold is named
+// by its path).
 int StoreStart(lua_State* L) {
   OpenStore* box = CheckStore(L, 1);
   const int64_t now = luaL_checkinteger(L, 2);
   luaL_checktype(L, 3, LUA_TTABLE);
-  const bool has_state = !lua_isnoneornil(L, 5);
-  if (has_state) luaL_checkstring(L, 4);
   int results = 2;
   {
-    json op, state;
+    json op;
     std::string err;
-    if (!ToJson(L, 3, "op", op, err) || (has_state && !ToJson(L, 5, "state", state, err))) {
-      // err names the value
-    } else if (has_state && !state.is_object()) {
-      err = "state must be a table with string keys (a JSON object), not an array";
-    } else {
-      if (has_state) op["state"] = json::object({{lua_tostring(L, 4), std::move(state)}});
-      results = PushAction(L, box, box->driver->Start(protocol::Dump(op), InputsAt(now)));
-    }
-    if (!err.empty()) {
+    if (!ToJson(L, 3, "op", op, err)) {
       lua_pushnil(L);
       lua_pushlstring(L, err.data(), err.size());
+    } else {
+      json action;
+      {
+        std::lock_guard<std::mutex> lock(box->mu);
+        action = box->driver->Start(protocol::Dump(op), InputsAt(now));
+      }
+      results = PushAction(L, box, std::move(action));
     }
   }
   return results;
@@ -340,7 +371,11 @@ int StoreExecute(lua_State* L) {
   OpenStore* box = CheckStore(L, 1);
   if (!box->exec) return luaL_error(L, "this store has no native transport");
   {
-    SqlResponse r = box->exec->Execute(box->pending);
+    SqlResponse r;
+    {
+      std::lock_guard<std::mutex> lock(box->mu);
+      r = box->exec->Execute(box->pending);
+    }
     if (!r.transport_ok) {
       lua_pushnil(L);
       lua_pushlstring(L, r.transport_error.data(), r.transport_error.size());
@@ -411,23 +446,19 @@ ProtocolStore* CheckProtocolStore(lua_State* L) {
 
 void PushString(lua_State* L, const std::string& s) { lua_pushlstring(L, s.data(), s.size()); }
 
-// C.protocol_store(options_json) -> store | nil, failed_json
+// C.protocol_store(settings_json) -> store | nil, failed_json
 int ProtocolStoreNew(lua_State* L) {
   size_t n = 0;
   const char* text = luaL_checklstring(L, 1, &n);
-  absl::StatusOr<json> doc = protocol::ParseDocument(absl::string_view(text, n));
-  absl::StatusOr<StoreOptions> options =
-      doc.ok() ? protocol::StoreOptionsFromJson(*doc) : absl::StatusOr<StoreOptions>(doc.status());
-  absl::StatusOr<std::unique_ptr<Store>> store =
-      options.ok() ? Store::Create(*std::move(options)) : absl::StatusOr<std::unique_ptr<Store>>(options.status());
-  if (!store.ok()) {
+  absl::StatusOr<protocol::OpenedStore> opened = protocol::OpenStore(absl::string_view(text, n));
+  if (!opened.ok()) {
     lua_pushnil(L);
-    PushString(L, protocol::Dump(protocol::FailedJson(store.status())));
+    PushString(L, protocol::Dump(protocol::FailedJson(opened.status())));
     return 2;
   }
   auto** box = static_cast<ProtocolStore**>(lua_newuserdatauv(L, sizeof(ProtocolStore*), 0));
   *box = new ProtocolStore();
-  (*box)->store = *std::move(store);
+  (*box)->store = std::move(opened->store);
   (*box)->driver = std::make_unique<protocol::OpDriver>((*box)->store.get());
   luaL_setmetatable(L, kProtocolMeta);
   return 1;
@@ -460,11 +491,11 @@ int ProtocolStoreFree(lua_State* L) {
   return 0;
 }
 
-// C.resolve_config(sources_json) -> config_or_failed_json
-int ProtocolResolveConfig(lua_State* L) {
+// C.resolve_settings(settings_json) -> settings_or_failed_json
+int ProtocolResolveSettings(lua_State* L) {
   size_t n = 0;
   const char* text = luaL_checklstring(L, 1, &n);
-  std::string out = protocol::Dump(protocol::ResolveConfigJson(absl::string_view(text, n)));
+  std::string out = protocol::Dump(protocol::ResolveSettingsJson(absl::string_view(text, n)));
   PushString(L, out);
   return 1;
 }
@@ -476,13 +507,13 @@ const luaL_Reg kProtocolMethods[] = {
 const luaL_Reg kStoreMethods[] = {
     {"start", StoreStart},           {"response", StoreResponse}, {"timer", StoreTimer},
     {"execute", StoreExecute},       {"connection", StoreConnection}, {"close", StoreClose},
-    {"is_closed", StoreIsClosed},    {nullptr, nullptr},
+    {"is_closed", StoreIsClosed},    {"renews", StoreRenews},         {nullptr, nullptr},
 };
 
 const luaL_Reg kFunctions[] = {
-    {"new_store", NewStore},  {"to_json", LuaToJson},         {"from_json", LuaFromJson},
+    {"open", Open},           {"to_json", LuaToJson},         {"from_json", LuaFromJson},
     {"environ", LuaEnviron},  {"monotonic_ms", LuaMonotonicMs}, {"sleep_ms", LuaSleepMs},
-    {"protocol_store", ProtocolStoreNew}, {"resolve_config", ProtocolResolveConfig},
+    {"protocol_store", ProtocolStoreNew}, {"resolve_settings", ProtocolResolveSettings},
     {nullptr, nullptr},
 };
 
@@ -518,14 +549,9 @@ extern "C" __attribute__((visibility("default"))) int luaopen_chstate(lua_State*
   lua_setfield(L, -2, "array_mt");
   lua_pushlightuserdata(L, nullptr);
   lua_setfield(L, -2, "null");
-  // The connection settings chstate.open accepts: the core's, plus "uri".
-  lua_newtable(L);
-  lua_Integer n = 0;
-  for (const char* key : chstate::kSettingKeys) {
-    lua_pushstring(L, key);
-    lua_rawseti(L, -2, ++n);
-  }
-  lua_setfield(L, -2, "setting_keys");
+  // The verb table the Lua half binds (core/verbs.h).
+  chstate::lua::PushJson(L, chstate::protocol::VerbsJson()["verbs"]);
+  lua_setfield(L, -2, "verbs");
   lua_call(L, 1, 1);  // chstate.lua returns the module table
   return 1;
 }

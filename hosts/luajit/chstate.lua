@@ -22,7 +22,7 @@ local ffi = require "ffi"
 local json = require "chstate.json"
 local http = require "chstate.http"
 
-local ABI_VERSION = 2
+local ABI_VERSION = 3
 local LIBRARY_ENV = "CHSTATE_LIBRARY"
 
 -- Each declaration on its own, so that one another module made first (a
@@ -30,9 +30,10 @@ local LIBRARY_ENV = "CHSTATE_LIBRARY"
 for _, decl in ipairs{
   "typedef struct chstate_store chstate_store;",
   "int32_t chstate_abi_version(void);",
-  "char* chstate_setting_keys(void);",
-  "char* chstate_resolve_config(const char* sources_json);",
-  "chstate_store* chstate_store_new(const char* options_json, char** error_json);",
+  "char* chstate_verbs(void);",
+  "char* chstate_resolve_settings(const char* settings_json);",
+  "chstate_store* chstate_store_new(const char* settings_json, char** error_json);",
+  "char* chstate_store_settings(chstate_store* store);",
   "void chstate_store_free(chstate_store* store);",
   "char* chstate_op_start(chstate_store*, const char*, int64_t, const unsigned char*, size_t);",
   "char* chstate_op_feed(chstate_store*, const char*, int64_t, const unsigned char*, size_t);",
@@ -137,10 +138,8 @@ function C.from_json(text)
   return json.decode(text)
 end
 
-C.setting_keys = {}
-for i, key in ipairs(json.decode(take(lib.chstate_setting_keys())).setting_keys) do
-  if i > 1 then C.setting_keys[#C.setting_keys + 1] = key end  -- the first is "uri"
-end
+-- The verb table the Lua half binds (core/verbs.h).
+C.verbs = json.decode(take(lib.chstate_verbs())).verbs
 
 -- The variables configuration reads (CLICKHOUSE_*, MELTANO_STATE_BACKEND_*).
 function C.environ()
@@ -187,19 +186,11 @@ local function check_open(box)
   if box.store == nil then error("the store is closed", 2) end
 end
 
--- box:start(now_ms, op[, side, state]) -> action | nil, message
-function Native.start(box, now, op, side, state)
+-- box:start(now_ms, op) -> action | nil, message
+function Native.start(box, now, op)
   check_open(box)
   local op_text, err = json.encode(op, "op")
   if op_text == nil then return nil, err end
-  if state ~= nil then
-    local state_text, serr = json.encode(state, "state")
-    if state_text == nil then return nil, serr end
-    if state_text:sub(1, 1) ~= "{" then
-      return nil, "state must be a table with string keys (a JSON object), not an array"
-    end
-    op_text = op_text:sub(1, -2) .. ',"state":{' .. json.encode(side) .. ":" .. state_text .. "}}"
-  end
   return action(box, take(lib.chstate_op_start(box.store, op_text, now, random_bytes(), RANDOM_LEN)))
 end
 
@@ -238,7 +229,13 @@ function Native.connection(box)
   check_open(box)
   local c = box.conn
   return {host = c.host, port = c.port, secure = c.secure, user = c.user, password = c.password,
-          database = c.database, ca_file = c.ca_file}
+          database = c.database, ca_file = c.ca_file, connect_timeout_ms = c.connect_timeout_ms}
+end
+
+-- Nothing here runs while Lua code does (no threads in LuaJIT; inside nginx
+-- the Lua half schedules ngx.timer itself through C.scheduler).
+function Native.renews()
+  return false
 end
 
 function Native.close(box)
@@ -250,38 +247,49 @@ function Native.is_closed(box)
   return box.store == nil
 end
 
--- C.new_store(flags, env, opts) -> store, info | nil, message (as lua_chstate.cc's).
-function C.new_store(flags, env, opts)
-  local sources, err = json.encode({flags = flags, env = env}, "settings")
-  if sources == nil then return nil, err end
-  local resolved = json.decode(take(lib.chstate_resolve_config(sources)))
-  if resolved.failed then return nil, resolved.failed.message end
-  local cfg = resolved.config
-  local host = cfg.host:find(":", 1, true) and ("[" .. cfg.host .. "]") or cfg.host
-  local options = {
-    schema = cfg.schema, table = cfg.table, endpoint = host .. ":" .. cfg.port,
-    lock_timeout_ms = opts.lock_timeout_ms, lock_retry_ms = opts.lock_retry_ms, stale_lock_ms = opts.stale_ms,
-    request_timeout_ms = opts.timeout_ms, history_days = opts.history_days,
-    cluster = cfg.cluster, zookeeper_path = cfg.zookeeper_path, replica = cfg.replica, quorum = cfg.quorum,
-    hosts = cfg.hosts,  -- every host of the connection: the core picks one per request
-  }
-  if cfg.hosts ~= nil then options.endpoint = nil end  -- the core names the hosts in its messages
+-- C.open(settings, native) -> store, info | nil, failed (as lua_chstate.cc's).
+function C.open(settings, native)
+  local text, err = json.encode(settings, "settings")
+  if text == nil then return nil, {code = "INVALID_ARGUMENT", message = err} end
   local errp = ffi.new("char*[1]")
-  local store = lib.chstate_store_new(json.encode(options), errp)
+  local store = lib.chstate_store_new(text, errp)
   if store == nil then
-    local failed = json.decode(take(errp[0]) or '{"failed":{"message":"out of memory"}}')
-    return nil, failed.failed.message
+    local failed = json.decode(take(errp[0]) or '{"failed":{"code":"RESOURCE_EXHAUSTED","message":"out of memory"}}')
+    return nil, failed.failed
   end
+  store = ffi.gc(store, lib.chstate_store_free)  -- collected without close: freed, no I/O
+  local resolved = json.decode(take(lib.chstate_store_settings(store))).settings
   local box = setmetatable({
-    store = ffi.gc(store, lib.chstate_store_free),  -- collected without close: freed, no I/O
-    conn = cfg,
-    connect_ms = opts.connect_timeout_ms or cfg.connect_timeout_ms,
-    http = opts.native and http.new(monotonic_ms) or nil,
+    store = store,
+    conn = resolved.connection,
+    connect_ms = resolved.connection.connect_timeout_ms,
+    http = native and http.new(monotonic_ms) or nil,
   }, Native)
-  local info = {redacted_uri = cfg.redacted_uri, host = cfg.host, port = cfg.port, secure = cfg.secure,
-                user = cfg.user, database = cfg.database, schema = cfg.schema, table = cfg.table,
-                endpoint = host .. ":" .. cfg.port}
-  return box, info
+  resolved.connection.password = nil
+  return box, resolved
+end
+
+-- Inside nginx: a timer that calls `run` at the core's next timeout while
+-- `allowed()` (the store is open and idle); chstate.lua calls the returned
+-- function after every operation. Cosockets are fine in timer context.
+if http.in_nginx() then
+  function C.scheduler(allowed, run)
+    return function(rec)
+      if rec.next_tick == nil or rec.timer_at == rec.next_tick then return end
+      rec.timer_at = rec.next_tick
+      local function fire(premature)
+        if premature or rec.next_tick == nil then return end
+        if not allowed() then  -- an operation runs (it renews what it needs): look again shortly
+          ngx.timer.at(0.01, fire)
+          return
+        end
+        rec.timer_at = nil
+        run()
+        if rec.schedule then rec.schedule(rec) end
+      end
+      ngx.timer.at(math.max(0, (rec.next_tick - monotonic_ms()) / 1000), fire)
+    end
+  end
 end
 
 -- ------------------------------------------------------------ the protocol, as documents
@@ -308,15 +316,15 @@ end
 
 Protocol.free = free_store
 
-function C.protocol_store(options_json)
+function C.protocol_store(settings_json)
   local errp = ffi.new("char*[1]")
-  local store = lib.chstate_store_new(options_json, errp)
+  local store = lib.chstate_store_new(settings_json, errp)
   if store == nil then return nil, take(errp[0]) end
   return setmetatable({store = ffi.gc(store, lib.chstate_store_free)}, Protocol)
 end
 
-function C.resolve_config(sources_json)
-  return take(lib.chstate_resolve_config(sources_json))
+function C.resolve_settings(settings_json)
+  return take(lib.chstate_resolve_settings(settings_json))
 end
 
 -- ------------------------------------------------------------ the shared API

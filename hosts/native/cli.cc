@@ -1,7 +1,9 @@
-// The `chstate` command line: table-driven argument parsing, connection
-// settings from flags and the environment (resolved by core/config.h), one
-// store operation run through the native executor, and the outcome printed
-// as text or --json with a documented exit code.
+// The `chstate` command line: the core's verbs as commands, the core's
+// settings as flags. Arguments are parsed from two tables (the settings'
+// flags come from core/settings.h, the rest are below); the settings are
+// resolved by the core (flags, environment, defaults), each command runs its
+// verb (core/verbs.h) through the native executor, and the outcome is
+// printed as text or --json with a documented exit code.
 #include "hosts/native/cli.h"
 
 #include <algorithm>
@@ -25,8 +27,11 @@
 #include "core/config.h"
 #include "core/defaults.h"
 #include "core/dialect.h"
+#include "core/quoting.h"
+#include "core/settings.h"
 #include "core/state.h"
 #include "core/store.h"
+#include "core/verbs.h"
 #include "hosts/native/executor.h"
 #include "hosts/native/lock_command.h"
 #include <nlohmann/json.hpp>
@@ -38,65 +43,28 @@ using json = nlohmann::json;
 using Env = std::map<std::string, std::string>;
 
 constexpr char kVersion[] = "0.1.0";
-// Meltano's lock settings mean what Meltano says: lock_timeout_seconds is how
-// long a lock stays valid (the stale window); the wait is chstate's own
-// state_backend.clickhouse.lock_wait_seconds.
-constexpr char kLockWaitEnv[] = "MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS";
-constexpr char kLockRetryEnv[] = "MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS";
-constexpr char kLockValidityEnv[] = "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS";
-constexpr char kHistoryDaysEnv[] = "MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS";
 
 // ---------------------------------------------------------------------------
 // Tables: every option and command, with the text `--help` prints.
 
 struct OptionSpec {
-  const char* name;     // long name, without "--"
+  std::string name;     // long name, without "--"
   char short_name;      // '\0': none
   const char* metavar;  // nullptr: a switch (which also takes --name=true|false)
   const char* group;    // heading in `chstate --help`; nullptr: a command option
-  const char* help;
-  // A duration option's default from core/defaults.h, which --help prints
-  // (in seconds) after the text; -1 for the others.
-  int64_t default_ms = -1;
+  std::string help;
+  // The setting of core/settings.h this flag gives (nullptr: a command's own option).
+  const SettingSpec* setting = nullptr;
 };
 
 constexpr char kConnection[] = "Connection";
+constexpr char kCluster[] = "Cluster mode";
 constexpr char kLocking[] = "Locking and timeout";
+constexpr char kHistory[] = "History";
 constexpr char kOutput[] = "Output";
 
-constexpr OptionSpec kOptions[] = {
-    {"uri", 0, "URI", kConnection, "clickhouse://USER@HOST:PORT/DATABASE[?secure=true&schema=S&table=T]"},
-    {"host", 0, "HOST", kConnection,
-     "server host (default localhost); several (cluster mode): repeat it, or h1:8123,h2:8123"},
-    {"port", 0, "PORT", kConnection, "HTTP(S) port (default 8123; 8443 with --secure)"},
-    {"database", 0, "NAME", kConnection, "database to connect to (required)"},
-    {"user", 0, "NAME", kConnection, "user name (required)"},
-    {"password", 0, "SECRET", kConnection,
-     "discouraged: other users can read it from the process list; set "
-     "MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD instead"},
-    {"secure", 0, nullptr, kConnection, "use HTTPS and verify the server's certificate"},
-    {"schema", 0, "NAME", kConnection, "database that holds the state tables (default meltano)"},
-    {"table", 0, "NAME", kConnection, "state table (default state)"},
-    {"ca-file", 0, "FILE", kConnection, "CA bundle for --secure (default: the system's)"},
-    {"cluster", 0, "NAME", kConnection,
-     "cluster mode: ON CLUSTER DDL, replicated tables, quorum writes (README \"Cluster mode\")"},
-    {"zookeeper-path", 0, "PATH", kConnection, "cluster mode: replicated tables' path prefix "
-     "(default /clickhouse/tables/{shard})"},
-    {"replica", 0, "NAME", kConnection, "cluster mode: replica name (default {replica})"},
-    {"quorum", 0, "N", kConnection, "cluster mode: replicas that confirm each write (default 2, at least 2)"},
-    {"lock-timeout", 0, "SECONDS", kLocking,
-     "give up on a state id's lock after this long (MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS)",
-     kDefaultLockTimeoutMs},
-    {"lock-retry", 0, "SECONDS", kLocking, "wait between lock attempts (MELTANO_STATE_BACKEND_LOCK_RETRY_SECONDS)",
-     kDefaultLockRetryMs},
-    {"stale-lock", 0, "SECONDS", kLocking,
-     "a lock stays valid this long without renewal; older, it is taken over (at least 1; "
-     "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS, Meltano's lock validity)",
-     kDefaultStaleLockMs},
-    {"connect-timeout", 0, "SECONDS", kLocking, "connect timeout", kDefaultConnectTimeoutMs},
-    {"timeout", 0, "SECONDS", kLocking,
-     "timeout for each request; for `lock`, also how long to wait for the lock",
-     kDefaultRequestTimeoutMs},
+// The options of the commands themselves (settings are the core's table).
+const OptionSpec kCommandOptions[] = {
     {"json", 0, nullptr, kOutput, "print results, and errors, as one JSON object on stdout"},
     {"help", 'h', nullptr, kOutput, "show help; `chstate COMMAND --help` for one command"},
     {"version", 0, nullptr, kOutput, "print the version"},
@@ -108,17 +76,56 @@ constexpr OptionSpec kOptions[] = {
     {"from-state-id", 0, "SRC", nullptr, "merge the state of SRC (its merged view) into ID"},
     {"all", 0, nullptr, nullptr, "remove every state id"},
     {"limit", 0, "N", nullptr, "list at most N versions (default 20)"},
-    {"python-locks", 0, nullptr, kLocking,
-     "share locks with processes of the Python ClickHouse backend on the same schema (a migration; "
-     "MELTANO_STATE_BACKEND_CLICKHOUSE_PYTHON_LOCKS; README \"Moving state\")"},
-    {"history-days", 0, "DAYS", kConnection,
-     "keep each state version this many days; 0: no history table (MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS, "
-     "default 30)"},
-    {"history-versions", 0, "N", kConnection,
-     "keep at most N versions of each state id; 0: no limit (MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_VERSIONS, "
-     "default 0)"},
     {"output", 'o', "FILE", nullptr, "write to FILE (replaced only once the whole export is read) instead of stdout"},
 };
+
+const char* GroupOf(const SettingSpec& s) {
+  switch (s.group) {
+    case SettingGroup::kConnection: return kConnection;
+    case SettingGroup::kCluster: return kCluster;
+    case SettingGroup::kLock:
+    case SettingGroup::kTimeouts: return kLocking;
+    case SettingGroup::kHistory: return kHistory;
+  }
+  return kConnection;
+}
+
+const char* MetavarOf(const SettingSpec& s) {
+  switch (s.type) {
+    case SettingType::kBool: return nullptr;
+    case SettingType::kSeconds: return "SECONDS";
+    case SettingType::kCount: return "N";
+    case SettingType::kPort: return "PORT";
+    case SettingType::kSecret: return "SECRET";
+    case SettingType::kText: break;
+  }
+  const std::string key = s.key;
+  if (key == "uri") return "URI";
+  if (key == "host") return "HOST";
+  if (key == "ca_file") return "FILE";
+  if (key == "zookeeper_path") return "PATH";
+  return "NAME";
+}
+
+// Every option: one per setting the CLI can use, then the commands' own.
+const std::vector<OptionSpec>& Options() {
+  static const std::vector<OptionSpec>* const kAll = [] {
+    auto* all = new std::vector<OptionSpec>();
+    for (size_t i = 0; i < kSettingsCount; ++i) {
+      const SettingSpec& st = kSettings[i];
+      // The command line never keeps a lock lingering (it does not run on between commands).
+      if (std::string(st.key) == "linger_locks") continue;
+      std::string help = st.meaning;
+      const std::string dflt = DefaultText(st);
+      if (!dflt.empty()) absl::StrAppend(&help, " (default ", dflt, ")");
+      if (st.env[0] != '\0') absl::StrAppend(&help, "; ", st.env);
+      all->push_back(OptionSpec{CliFlag(st), 0, MetavarOf(st), GroupOf(st), std::move(help), &st});
+    }
+    for (const OptionSpec& o : kCommandOptions) all->push_back(o);
+    return all;
+  }();
+  return *kAll;
+}
 
 struct Session;
 using Handler = absl::Status (*)(Session&);
@@ -139,14 +146,14 @@ struct CommandSpec {
 const std::vector<CommandSpec>& Commands();
 
 const OptionSpec* FindOption(absl::string_view name) {
-  for (const OptionSpec& o : kOptions) {
+  for (const OptionSpec& o : Options()) {
     if (name == o.name) return &o;
   }
   return nullptr;
 }
 
 const OptionSpec* FindShortOption(char c) {
-  for (const OptionSpec& o : kOptions) {
+  for (const OptionSpec& o : Options()) {
     if (o.short_name != 0 && o.short_name == c) return &o;
   }
   return nullptr;
@@ -269,7 +276,7 @@ Invocation Parse(const std::vector<std::string>& argv) {
       if (value) {
         // --host given several times lists several hosts (README "Cluster mode").
         auto it = inv.values.find(spec->name);
-        if (std::string(spec->name) == "host" && it != inv.values.end()) {
+        if (spec->name == "host" && it != inv.values.end()) {
           absl::StrAppend(&it->second, ",", *value);
         } else {
           inv.values[spec->name] = *std::move(value);
@@ -403,152 +410,62 @@ json StateJson(const MeltanoState& state) {
 // ---------------------------------------------------------------------------
 // Connection and execution
 
-// A duration in seconds from a flag, else an environment variable, else the
-// default; as milliseconds.
-// A setting's text from its flag, else its environment variable (when it
-// has one), with where it came from for messages; nullopt when neither.
-struct GivenText {
-  std::string text;
-  std::string origin;
-};
-std::optional<GivenText> FlagOrEnv(const Invocation& inv, const Env& env, const std::string& flag,
-                                   const char* env_name) {
-  if (const std::string* v = inv.Value(flag)) return GivenText{*v, absl::StrCat("--", flag)};
-  if (auto it = env_name ? env.find(env_name) : env.end(); it != env.end() && !it->second.empty()) {
-    return GivenText{it->second, env_name};
-  }
-  return std::nullopt;
-}
-
-absl::StatusOr<int64_t> Millis(const Invocation& inv, const Env& env, const std::string& flag, const char* env_name,
-                               double default_seconds, bool zero_ok) {
-  std::optional<GivenText> given = FlagOrEnv(inv, env, flag, env_name);
-  if (!given) return std::llround(default_seconds * 1000);
-  const std::string& text = given->text;
-  const std::string& origin = given->origin;
-  double seconds = 0;
-  // A year is far beyond any useful wait and keeps the product in range.
-  if (!absl::SimpleAtod(text, &seconds) || !std::isfinite(seconds) || seconds < 0 || seconds > 366 * 86400.0 ||
-      (seconds == 0 && !zero_ok)) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, " is ", Quoted(text), ", which is not a number of seconds ",
-                                                   zero_ok ? "(0 or more)" : "(more than 0)"));
-  }
-  return std::max<int64_t>(std::llround(seconds * 1000), zero_ok ? 0 : 1);
-}
-
-// A whole number of at least 0 from a flag, else an environment variable,
-// else the default.
-absl::StatusOr<int64_t> WholeNumber(const Invocation& inv, const Env& env, const std::string& flag,
-                                    const char* env_name, int64_t default_value) {
-  std::optional<GivenText> given = FlagOrEnv(inv, env, flag, env_name);
-  if (!given) return default_value;
-  int64_t n = 0;
-  if (!absl::SimpleAtoi(given->text, &n) || n < 0 || n > 1000000) {
-    return absl::InvalidArgumentError(absl::StrCat(given->origin, " is ", Quoted(given->text),
-                                                   ", which is not a whole number from 0 to 1000000"));
-  }
-  return n;
-}
-
 // Everything one command needs: its arguments, streams and, once Connect
-// has run, the resolved configuration, transport and store.
+// has run, the resolved settings, transport and store.
 struct Session {
   const Invocation& inv;
   const Env& env;
   std::istream& in;
   Reporter& report;
-  ConnectionConfig config{};
+  Settings settings{};
   std::unique_ptr<native::HttpExecutor> exec{};
   std::unique_ptr<Store> store{};
   std::unique_ptr<Connection> conn{};  // pumps `store`
 
   int exit_code = 0;  // set by commands whose exit code is not their status's (lock)
 
-  absl::StatusOr<Result> Run(std::unique_ptr<Task> task) { return native::RunOp(*conn, std::move(task), *exec); }
+  // Runs a verb document (core/verbs.h): the core checks it and decides.
+  absl::StatusOr<Result> Verb(json doc) {
+    absl::StatusOr<std::unique_ptr<Task>> task = TaskForVerb(*store, doc);
+    if (!task.ok()) return task.status();
+    return native::RunOp(*conn, *std::move(task), *exec);
+  }
   const std::string& arg(size_t i) const { return inv.args[i]; }
+  const ConnectionConfig& config() const { return settings.connection; }
 };
 
-// Resolves the configuration and builds the transport and store; nothing is
-// sent yet.
+// Resolves the settings (the core's: flags, environment, defaults) and builds
+// the transport and store; nothing is sent yet.
 absl::Status Connect(Session& s) {
-  ConfigSources sources;
+  SettingsSources sources;
+  sources.from = SettingsFrom::kCli;
   sources.env = s.env;
-  for (const OptionSpec& o : kOptions) {
-    const std::string key = absl::StrReplaceAll(o.name, {{"-", "_"}});
-    if (key != "uri" && std::find(std::begin(kSettingKeys), std::end(kSettingKeys), key) == std::end(kSettingKeys)) {
-      continue;
-    }
+  for (const OptionSpec& o : Options()) {
+    if (o.setting == nullptr) continue;
     if (o.metavar != nullptr) {
-      if (const std::string* v = s.inv.Value(o.name)) sources.flags[key] = *v;
+      if (const std::string* v = s.inv.Value(o.name)) sources.values[o.setting->key] = *v;
     } else if (auto it = s.inv.switches.find(o.name); it != s.inv.switches.end()) {
-      sources.flags[key] = it->second ? "true" : "false";
+      sources.values[o.setting->key] = it->second ? "true" : "false";
     }
-  }
-  absl::StatusOr<ConnectionConfig> config = ResolveConfig(sources);
-  if (!config.ok()) return config.status();
-  s.config = *std::move(config);
-  s.report.AddSecret(s.config.password);
-
-  StoreOptions options;
-  options.schema = s.config.schema;
-  options.table = s.config.table;
-  options.cluster.name = s.config.cluster;
-  options.cluster.zookeeper_path = s.config.zookeeper_path;
-  options.cluster.replica = s.config.replica;
-  options.cluster.quorum = s.config.quorum;
-  native::ExecutorOptions exec_options;
-  int64_t request_timeout_ms = 0;
-  struct Duration {
-    const char* flag;
-    const char* env;
-    double default_seconds;
-    bool zero_ok;
-    int64_t* target;
-  };
-  const Duration durations[] = {
-      {"lock-timeout", kLockWaitEnv, kDefaultLockTimeoutMs / 1000.0, /*zero_ok=*/true, &options.lock.timeout_ms},
-      {"lock-retry", kLockRetryEnv, kDefaultLockRetryMs / 1000.0, false, &options.lock.retry_ms},
-      {"stale-lock", kLockValidityEnv, kDefaultStaleLockMs / 1000.0, false, &options.lock.stale_ms},
-      {"connect-timeout", nullptr, kDefaultConnectTimeoutMs / 1000.0, false, &exec_options.connect_timeout_ms},
-      {"timeout", nullptr, kDefaultRequestTimeoutMs / 1000.0, false, &request_timeout_ms},
-  };
-  for (const Duration& d : durations) {
-    absl::StatusOr<int64_t> ms = Millis(s.inv, s.env, d.flag, d.env, d.default_seconds, d.zero_ok);
-    if (!ms.ok()) return ms.status();
-    *d.target = *ms;
   }
   // For `lock`, --timeout is also how long to wait for the lock (flock -w).
-  if (s.inv.command != nullptr && std::string(s.inv.command->name) == "lock" && s.inv.Value("timeout") != nullptr) {
-    options.lock.timeout_ms = request_timeout_ms;
+  if (s.inv.command != nullptr && std::string(s.inv.command->name) == "lock" && s.inv.Value("timeout") != nullptr &&
+      s.inv.Value("lock-timeout") == nullptr) {
+    sources.values["lock_wait_seconds"] = *s.inv.Value("timeout");
   }
-  options.transport.request_timeout_ms = request_timeout_ms;
-  absl::StatusOr<int64_t> days = WholeNumber(s.inv, s.env, "history-days", kHistoryDaysEnv, kDefaultHistoryDays);
-  if (!days.ok()) return days.status();
-  options.history_days = *days;
-  absl::StatusOr<int64_t> versions = WholeNumber(s.inv, s.env, "history-versions",
-                                                 "MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_VERSIONS",
-                                                 kDefaultHistoryVersions);
-  if (!versions.ok()) return versions.status();
-  options.history_versions = *versions;
-  if (auto it = s.inv.switches.find("python-locks"); it != s.inv.switches.end()) {
-    options.python_locks = it->second;
-  } else if (auto env = s.env.find("MELTANO_STATE_BACKEND_CLICKHOUSE_PYTHON_LOCKS"); env != s.env.end() &&
-             !env->second.empty()) {
-    std::optional<bool> on = ParseBool(env->second);
-    if (!on) {
-      return absl::InvalidArgumentError(absl::StrCat("MELTANO_STATE_BACKEND_CLICKHOUSE_PYTHON_LOCKS is ",
-                                                     Quoted(env->second), "; it must be true or false"));
-    }
-    options.python_locks = *on;
+  absl::StatusOr<Settings> settings = ResolveSettings(sources);
+  if (!settings.ok()) return settings.status();
+  s.settings = *std::move(settings);
+  s.report.AddSecret(s.settings.connection.password);
+  if (!s.settings.chdb_path.empty()) {
+    return absl::InvalidArgumentError(
+        "the URI is chdb://, the embedded engine the Meltano adapter runs in its own process; the chstate command "
+        "talks to a ClickHouse server over HTTP: give a clickhouse:// URI");
   }
-
-  s.exec = std::make_unique<native::HttpExecutor>(s.config, exec_options);
-  options.endpoint = s.exec->endpoint();
-  if (s.config.hosts.size() > 1) {
-    options.hosts = s.config.hosts;
-    options.endpoint.clear();  // the store names every host
-  }
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(std::move(options));
+  native::ExecutorOptions exec_options;
+  exec_options.connect_timeout_ms = s.settings.connect_timeout_ms;
+  s.exec = std::make_unique<native::HttpExecutor>(s.settings.connection, exec_options);
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(s.settings.store);
   if (!store.ok()) return store.status();
   s.store = *std::move(store);
   s.conn = std::make_unique<Connection>(s.store.get());
@@ -594,10 +511,31 @@ absl::StatusOr<std::optional<std::string>> StateInput(Session& s, size_t arg_ind
 // ---------------------------------------------------------------------------
 // Commands
 
+// A verb document for this command: {"op": VERB, ...}.
+json Op(const char* verb) { return json{{"op", verb}}; }
+json Op(const char* verb, const std::string& state_id) {
+  return json{{"op", verb}, {"state_id_hex", HexEncode(state_id)}};
+}
+void AddPattern(const Session& s, json& doc) {
+  if (const std::string* p = s.inv.Value("pattern")) doc["pattern_hex"] = HexEncode(*p);
+}
+
+// JSON input text as the verbs take it; the parse error names where it broke.
+absl::StatusOr<json> InputJson(const std::string& text, const char* what) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // The core's parser words the position; only its message is wanted.
+    absl::StatusOr<MeltanoState> probe = CompleteStateFromInput("-", text, /*require_singer_state=*/false);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the ", what, " is not valid JSON", probe.ok() ? std::string() : absl::StrCat(": ", probe.status().message())));
+  }
+  return j;
+}
+
 absl::Status List(Session& s) {
-  std::optional<std::string> glob;
-  if (const std::string* p = s.inv.Value("pattern")) glob = *p;
-  absl::StatusOr<Result> r = s.Run(s.store->List(glob));
+  json doc = Op("list");
+  AddPattern(s, doc);
+  absl::StatusOr<Result> r = s.Verb(doc);
   if (!r.ok()) return r.status();
   if (s.report.json_mode()) {
     s.report.Emit({{"state_ids", r->state_ids}});
@@ -611,7 +549,7 @@ absl::Status List(Session& s) {
 }
 
 absl::Status Get(Session& s) {
-  absl::StatusOr<Result> r = s.Run(s.store->Get(s.arg(0)));
+  absl::StatusOr<Result> r = s.Verb(Op("get", s.arg(0)));
   if (!r.ok()) return r.status();
   if (!r->state) {
     return absl::NotFoundError(
@@ -632,11 +570,14 @@ absl::Status Set(Session& s) {
     return absl::InvalidArgumentError(
         "set needs the state: chstate set ID JSON, chstate set ID --input-file FILE, or chstate set ID - (stdin)");
   }
-  absl::StatusOr<MeltanoState> state = CompleteStateFromInput(s.arg(0), **text, !s.inv.On("force"));
+  absl::StatusOr<json> state = InputJson(**text, "state");
   if (!state.ok()) return state.status();
-  absl::StatusOr<Result> r = s.Run(s.store->SetLocked(*state));
+  json doc = Op("set", s.arg(0));
+  doc["state"] = *std::move(state);
+  if (s.inv.On("force")) doc["force"] = true;
+  absl::StatusOr<Result> r = s.Verb(std::move(doc));
   if (!r.ok()) return r.status();
-  if (s.report.json_mode()) s.report.Emit(StateJson(*state));
+  if (s.report.json_mode() && r->state) s.report.Emit(StateJson(*r->state));
   return absl::OkStatus();
 }
 
@@ -647,40 +588,27 @@ absl::Status Merge(Session& s) {
   if (source != nullptr && *text) {
     return absl::InvalidArgumentError("give one of a JSON argument, --input-file or --from-state-id, not several");
   }
-  MeltanoState incoming;
-  incoming.state_id = s.arg(0);
+  json doc = Op("merge", s.arg(0));
   if (source != nullptr) {
-    // As `meltano state merge --from-state-id`: the source's merged view
-    // becomes the incoming partial state.
-    absl::StatusOr<Result> r = s.Run(s.store->Get(*source));
-    if (!r.ok()) return r.status();
-    if (!r->state) return absl::NotFoundError(absl::StrCat("state id ", Quoted(*source), " has no state to merge"));
-    incoming.partial = r->state->Merged();
+    doc["from_hex"] = HexEncode(*source);  // `meltano state merge --from-state-id`
   } else if (*text) {
-    // Meltano validates merge input as it does set input.
-    absl::StatusOr<MeltanoState> parsed = CompleteStateFromInput(s.arg(0), **text, !s.inv.On("force"));
-    if (!parsed.ok()) return parsed.status();
-    incoming.partial = std::move(parsed->completed);
+    absl::StatusOr<json> partial = InputJson(**text, "state");
+    if (!partial.ok()) return partial.status();
+    doc["partial"] = *std::move(partial);
   } else {
     return absl::InvalidArgumentError(
         "merge needs the state: chstate merge ID JSON, --input-file FILE, - (stdin) or --from-state-id SRC");
   }
-  // An empty partial counts as a complete state, which Update writes as a
-  // plain overwrite: merging "nothing" would erase the destination.
-  if (incoming.partial.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("nothing to merge: the incoming state is empty, and writing it "
-                                                   "would erase the state of ",
-                                                   Quoted(s.arg(0))));
-  }
-  absl::StatusOr<Result> r = s.Run(s.store->Update(std::move(incoming)));
+  if (s.inv.On("force")) doc["force"] = true;
+  absl::StatusOr<Result> r = s.Verb(std::move(doc));
   if (!r.ok()) return r.status();
   if (s.report.json_mode() && r->state) s.report.Emit(StateJson(*r->state));
   return absl::OkStatus();
 }
 
 absl::Status CopyOrMove(Session& s, bool move) {
-  absl::StatusOr<Result> r =
-      s.Run(move ? s.store->Move(s.arg(0), s.arg(1)) : s.store->Copy(s.arg(0), s.arg(1)));
+  absl::StatusOr<Result> r = s.Verb(
+      {{"op", move ? "move" : "copy"}, {"src_hex", HexEncode(s.arg(0))}, {"dst_hex", HexEncode(s.arg(1))}});
   if (!r.ok()) return r.status();
   if (s.report.json_mode()) s.report.Emit({{"source", s.arg(0)}, {"destination", s.arg(1)}});
   return absl::OkStatus();
@@ -695,7 +623,7 @@ absl::Status Clear(Session& s) {
     return absl::InvalidArgumentError("clear takes either a state ID or --all; usage: chstate clear (ID | --all)");
   }
   if (all) {
-    absl::StatusOr<Result> r = s.Run(s.store->ClearAll());
+    absl::StatusOr<Result> r = s.Verb(Op("clear_all"));
     if (!r.ok()) return r.status();
     if (s.report.json_mode()) {
       s.report.Emit({{"cleared", r->count}});
@@ -704,7 +632,7 @@ absl::Status Clear(Session& s) {
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<Result> r = s.Run(s.store->DeleteLocked(s.arg(0)));
+  absl::StatusOr<Result> r = s.Verb(Op("delete", s.arg(0)));
   if (!r.ok()) return r.status();
   if (s.report.json_mode()) s.report.Emit({{"state_id", s.arg(0)}});
   return absl::OkStatus();
@@ -715,8 +643,6 @@ absl::Status Clear(Session& s) {
 // --output the file appears (renamed from FILE.chstate-partial) only once
 // every page was read: a failed export never leaves a truncated document.
 absl::Status Export(Session& s) {
-  std::optional<std::string> glob;
-  if (const std::string* p = s.inv.Value("pattern")) glob = *p;
   const std::string* output = s.inv.Value("output");
   if (output != nullptr && *output == "-") output = nullptr;
   std::ofstream file;
@@ -741,7 +667,10 @@ absl::Status Export(Session& s) {
   std::optional<std::string> after;
   out << "{";
   while (true) {
-    absl::StatusOr<Result> r = s.Run(s.store->ExportPage(glob, after));
+    json page = Op("export");
+    AddPattern(s, page);
+    if (after) page["after_hex"] = HexEncode(*after);
+    absl::StatusOr<Result> r = s.Verb(std::move(page));
     if (!r.ok()) return abandon(r.status());
     for (const MeltanoState& state : *r->states) {
       absl::StatusOr<std::string> entry = ExportEntryJson(state);
@@ -783,7 +712,13 @@ absl::Status Import(Session& s) {
   }
   absl::StatusOr<std::vector<MeltanoState>> states = ParseExportDocument(text);
   if (!states.ok()) return states.status();
-  absl::StatusOr<Result> r = s.Run(s.store->Import(*std::move(states)));
+  json entries = json::array();
+  for (MeltanoState& st : *states) {
+    entries.push_back({{"state_id_hex", HexEncode(st.state_id)},
+                       {"completed", std::move(st.completed)},
+                       {"partial", std::move(st.partial)}});
+  }
+  absl::StatusOr<Result> r = s.Verb({{"op", "import"}, {"states", std::move(entries)}});
   if (!r.ok()) return r.status();
   if (s.report.json_mode()) {
     s.report.Emit({{"imported", r->count}});
@@ -795,10 +730,15 @@ absl::Status Import(Session& s) {
 
 // `chstate history ID`: the versions kept, newest first.
 absl::Status History(Session& s) {
-  absl::StatusOr<int64_t> limit = WholeNumber(s.inv, s.env, "limit", nullptr, kDefaultHistoryLimit);
-  if (!limit.ok()) return limit.status();
-  if (*limit < 1) return absl::InvalidArgumentError("--limit must be at least 1");
-  absl::StatusOr<Result> r = s.Run(s.store->History(s.arg(0), *limit));
+  json doc = Op("history", s.arg(0));
+  if (const std::string* limit = s.inv.Value("limit")) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(*limit, &n)) {
+      return absl::InvalidArgumentError(absl::StrCat("--limit is ", Quoted(*limit), ", which is not a whole number"));
+    }
+    doc["limit"] = n;  // the verb checks it
+  }
+  absl::StatusOr<Result> r = s.Verb(std::move(doc));
   if (!r.ok()) return r.status();
   if (s.report.json_mode()) {
     json versions = json::array();
@@ -824,7 +764,9 @@ absl::Status History(Session& s) {
 
 // `chstate rollback ID VERSION`: that version, restored under the lock.
 absl::Status Rollback(Session& s) {
-  absl::StatusOr<Result> r = s.Run(s.store->Rollback(s.arg(0), s.arg(1)));
+  json doc = Op("rollback", s.arg(0));
+  doc["version"] = s.arg(1);
+  absl::StatusOr<Result> r = s.Verb(std::move(doc));
   if (!r.ok()) return r.status();
   if (s.report.json_mode()) {
     s.report.Emit(StateJson(*r->state));
@@ -846,9 +788,9 @@ json LockJson(const HeldLockInfo& l) {
 
 // `chstate locks`: who holds which lock, by the server's clock.
 absl::Status Locks(Session& s) {
-  std::optional<std::string> glob;
-  if (const std::string* p = s.inv.Value("pattern")) glob = *p;
-  absl::StatusOr<Result> r = s.Run(s.store->Locks(glob));
+  json doc = Op("locks");
+  AddPattern(s, doc);
+  absl::StatusOr<Result> r = s.Verb(std::move(doc));
   if (!r.ok()) return r.status();
   if (s.report.json_mode()) {
     json locks = json::array();
@@ -871,7 +813,7 @@ absl::Status Unlock(Session& s) {
         "unlock removes the lock on ", Quoted(s.arg(0)), " whoever holds it; if its holder is still running it "
         "loses the lock at its next renewal. Run `chstate locks` to see who holds it, then add --force"));
   }
-  absl::StatusOr<Result> r = s.Run(s.store->ForceUnlock(s.arg(0)));
+  absl::StatusOr<Result> r = s.Verb(Op("unlock", s.arg(0)));
   if (!r.ok()) return r.status();
   const HeldLockInfo& l = r->locks->front();
   if (s.report.json_mode()) {
@@ -888,17 +830,17 @@ absl::Status Unlock(Session& s) {
 std::string DialectText(const Result& r) { return r.dialect ? DialectName(*r.dialect) : ""; }
 
 absl::Status Init(Session& s) {
-  absl::StatusOr<Result> r = s.Run(s.store->Init());
+  absl::StatusOr<Result> r = s.Verb(Op(s.inv.command->name));  // init or compact
   if (!r.ok()) return r.status();
   const std::string version = s.report.Redact(r->server_version);
   if (s.report.json_mode()) {
-    s.report.Emit({{"schema", s.config.schema},
-                   {"table", s.config.table},
+    s.report.Emit({{"schema", s.config().schema},
+                   {"table", s.config().table},
                    {"server_version", version},
                    {"dialect", DialectText(*r)}});
   } else {
     const bool compact = std::string(s.inv.command->name) == "compact";
-    s.report.out() << (compact ? "compacted: " : "ready: ") << s.config.schema << "." << s.config.table
+    s.report.out() << (compact ? "compacted: " : "ready: ") << s.config().schema << "." << s.config().table
                    << " on ClickHouse " << version << '\n';
   }
   return absl::OkStatus();
@@ -906,11 +848,11 @@ absl::Status Init(Session& s) {
 
 absl::Status Ping(Session& s) {
   const int64_t start = native::MonotonicMs();
-  absl::StatusOr<Result> r = s.Run(s.store->Ping());
+  absl::StatusOr<Result> r = s.Verb(Op("ping"));
   const int64_t round_trip_ms = native::MonotonicMs() - start;
   if (!r.ok()) return r.status();
   const std::string version = s.report.Redact(r->server_version);
-  const std::string uri = s.report.Redact(s.config.RedactedUri());
+  const std::string uri = s.report.Redact(s.config().RedactedUri());
   if (s.report.json_mode()) {
     s.report.Emit({{"server_version", version},
                    {"dialect", DialectText(*r)},
@@ -1064,12 +1006,6 @@ void AppendRow(std::string* out, const std::string& label, absl::string_view hel
   AppendWrapped(out, help, kHelpColumn, kHelpColumn);
 }
 
-// The option's text, with its default from core/defaults.h.
-std::string OptionHelp(const OptionSpec& o) {
-  if (o.default_ms < 0) return o.help;
-  return absl::StrCat(o.help, " (default ", absl::SixDigits(o.default_ms / 1000.0), ")");
-}
-
 std::string GeneralHelp() {
   std::string out = absl::StrCat("chstate ", kVersion,
                                  ": Meltano state stored in ClickHouse\n\n"
@@ -1077,18 +1013,18 @@ std::string GeneralHelp() {
   for (const CommandSpec& c : Commands()) {
     AppendRow(&out, absl::StrCat(c.name, c.synopsis[0] ? " " : "", c.synopsis), c.summary);
   }
-  for (const char* group : {kConnection, kLocking, kOutput}) {
+  for (const char* group : {kConnection, kCluster, kLocking, kHistory, kOutput}) {
     absl::StrAppend(&out, "\n", group, " options (before or after the command):\n");
-    for (const OptionSpec& o : kOptions) {
-      if (o.group == group) AppendRow(&out, OptionLabel(o), OptionHelp(o));
+    for (const OptionSpec& o : Options()) {
+      if (o.group == group) AppendRow(&out, OptionLabel(o), o.help);
     }
   }
   out.push_back('\n');
   AppendWrapped(&out,
-                "Each connection setting comes from the first of: its flag; the --uri flag; "
-                "MELTANO_STATE_BACKEND_CLICKHOUSE_<KEY>; MELTANO_STATE_BACKEND_URI; CLICKHOUSE_<KEY> (HOST, PORT, "
-                "USER, PASSWORD, DATABASE, SECURE only); the default. Keys: HOST, PORT, DATABASE, USER, PASSWORD, "
-                "SECURE, SCHEMA, TABLE, CA_FILE. User and database have no default.",
+                "Each setting comes from the first of: its flag; for connection settings the --uri flag; its "
+                "variable (shown above); for connection settings MELTANO_STATE_BACKEND_URI, then CLICKHOUSE_<KEY> "
+                "(HOST, PORT, USER, PASSWORD, DATABASE, SECURE, SCHEMA, TABLE); the default. User and database "
+                "have no default.",
                 0, 0);
   out.push_back('\n');
   AppendWrapped(&out, "State ids may hold any bytes. Put an id that begins with '-' after `--`: chstate get -- -id",
@@ -1104,7 +1040,7 @@ std::string CommandHelp(const CommandSpec& c) {
     absl::StrAppend(&out, "\nOptions:\n");
     for (const char* name : c.options) {
       const OptionSpec* o = FindOption(name);
-      AppendRow(&out, OptionLabel(*o), OptionHelp(*o));
+      AppendRow(&out, OptionLabel(*o), o->help);
     }
   }
   absl::StrAppend(&out,

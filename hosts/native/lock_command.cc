@@ -14,6 +14,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/quoting.h"
+#include "core/verbs.h"
+#include <nlohmann/json.hpp>
 
 extern char** environ;
 
@@ -69,17 +72,26 @@ void StopChild(pid_t child, int* status) {
   }
 }
 
+
+// The lock scope's verbs (core/verbs.h): acquire, then release.
+absl::StatusOr<Result> RunVerb(Connection& conn, HttpExecutor& exec, const nlohmann::json& doc) {
+  absl::StatusOr<std::unique_ptr<Task>> task = TaskForVerb(conn.store(), doc);
+  if (!task.ok()) return task.status();
+  return RunOp(conn, *std::move(task), exec);
+}
+
 }  // namespace
 
 absl::Status RunLocked(Connection& conn, HttpExecutor& exec, const std::string& state_id,
                        const std::vector<std::string>& command, std::ostream& err, int* exit_code) {
   SignalGuard guard;
   g_signal = 0;
-  absl::StatusOr<Result> acquired = RunOp(conn, conn.store().AcquireLock(state_id), exec);
+  const std::string id_hex = HexEncode(state_id);
+  absl::StatusOr<Result> acquired = RunVerb(conn, exec, {{"op", "acquire"}, {"state_id_hex", id_hex}});
   if (!acquired.ok()) return acquired.status();
   const std::string lock_id = acquired->lock_id;
   auto release = [&]() -> absl::Status {
-    return RunOp(conn, conn.store().ReleaseLock(state_id, lock_id), exec).status();
+    return RunVerb(conn, exec, {{"op", "release"}, {"state_id_hex", id_hex}, {"lock_id", lock_id}}).status();
   };
 
   if (g_signal != 0) {

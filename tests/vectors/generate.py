@@ -14,10 +14,11 @@ after an intended change of the core's output and review the diff:
 
 A case is a list of steps; each step calls one C ABI function with a
 document and states the exact document it must return:
-  {"call": "resolve_config", "doc": {...}, "expect": "..."}
+  {"call": "resolve_settings", "doc": {...}, "expect": "..."}
   {"call": "start" | "feed", "now_ms": N, "doc": {...}, "expect": "..."}
 Every start/feed passes the file's "random_hex" bytes as the random input.
-Cases with "store" first create a store with those options.
+Cases with "store" first open a store from that settings document (a feed of
+{"timer": true} while no op runs is the store's idle timer).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def dumps(doc) -> str:
 def library() -> ctypes.CDLL:
     out = subprocess.run(["bazel", "info", "bazel-bin"], cwd=REPO, capture_output=True, text=True, check=True)
     lib = ctypes.CDLL(str(Path(out.stdout.strip()) / "hosts/python/libchstate.so"))
-    lib.chstate_resolve_config.restype = ctypes.c_void_p
-    lib.chstate_resolve_config.argtypes = [ctypes.c_char_p]
+    lib.chstate_resolve_settings.restype = ctypes.c_void_p
+    lib.chstate_resolve_settings.argtypes = [ctypes.c_char_p]
     lib.chstate_store_new.restype = ctypes.c_void_p
     lib.chstate_store_new.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
     lib.chstate_store_free.argtypes = [ctypes.c_void_p]
@@ -86,23 +87,23 @@ def hexid(s: str | bytes) -> str:
 # ---- config vectors ----
 
 CONFIG_CASES = [
-    ("uri_minimal", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics"}}),
-    ("uri_password_is_redacted", {"flags": {"uri": "clickhouse://alice:s3cret@db.example:8123/analytics"}}),
-    ("uri_percent_decoding", {"flags": {"uri": "clickhouse://al%40ice:p%2Fw@db.example:8123/my%5Fdb"}}),
-    ("uri_ipv6_host", {"flags": {"uri": "clickhouse://alice@[::1]:8123/analytics"}}),
-    ("uri_secure_and_tables", {"flags": {
+    ("uri_minimal", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:8123/analytics"}}),
+    ("uri_password_is_redacted", {"from": "cli", "values": {"uri": "clickhouse://alice:s3cret@db.example:8123/analytics"}}),
+    ("uri_percent_decoding", {"from": "cli", "values": {"uri": "clickhouse://al%40ice:p%2Fw@db.example:8123/my%5Fdb"}}),
+    ("uri_ipv6_host", {"from": "cli", "values": {"uri": "clickhouse://alice@[::1]:8123/analytics"}}),
+    ("uri_secure_and_tables", {"from": "cli", "values": {
         "uri": "clickhouse://alice@db.example:8443/analytics?secure=true&schema=ops&table=bookmarks"}}),
-    ("uri_ca_file", {"flags": {"uri": "clickhouse://alice@db.example:8443/analytics?secure=true&ca_file=/etc/ca.pem"}}),
-    ("uri_default_port", {"flags": {"uri": "clickhouse://alice@db.example/analytics"}}),
-    ("uri_wrong_scheme", {"flags": {"uri": "postgres://alice@db.example:5432/analytics"}}),
-    ("uri_bad_port", {"flags": {"uri": "clickhouse://alice@db.example:99999/analytics"}}),
-    ("uri_unknown_parameter", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?colour=blue"}}),
-    ("uri_bad_percent_escape", {"flags": {"uri": "clickhouse://alice@db.example:8123/ana%zzlytics"}}),
-    ("flags_only", {"flags": {"host": "10.0.0.5", "port": 9000, "user": "bob", "database": "warehouse",
+    ("uri_ca_file", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:8443/analytics?secure=true&ca_file=/etc/ca.pem"}}),
+    ("uri_default_port", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example/analytics"}}),
+    ("uri_wrong_scheme", {"from": "cli", "values": {"uri": "postgres://alice@db.example:5432/analytics"}}),
+    ("uri_bad_port", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:99999/analytics"}}),
+    ("uri_unknown_parameter", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:8123/analytics?colour=blue"}}),
+    ("uri_bad_percent_escape", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:8123/ana%zzlytics"}}),
+    ("flags_only", {"from": "cli", "values": {"host": "10.0.0.5", "port": 9000, "user": "bob", "database": "warehouse",
                               "secure": False}}),
-    ("flag_overrides_uri_part", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics",
+    ("flag_overrides_uri_part", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:8123/analytics",
                                            "host": "override.example"}}),
-    ("uri_flag_overrides_meltano_env", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics"},
+    ("uri_flag_overrides_meltano_env", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:8123/analytics"},
                                         "env": {"MELTANO_STATE_BACKEND_CLICKHOUSE_HOST": "env.example"}}),
     ("meltano_setting_env_over_backend_uri", {"env": {
         "MELTANO_STATE_BACKEND_URI": "clickhouse://carol@uri.example:8123/db1",
@@ -112,35 +113,68 @@ CONFIG_CASES = [
         "CLICKHOUSE_HOST": "plain.example", "CLICKHOUSE_USER": "dave"}}),
     ("clickhouse_env_only", {"env": {"CLICKHOUSE_HOST": "plain.example", "CLICKHOUSE_USER": "dave",
                                      "CLICKHOUSE_DATABASE": "db2", "CLICKHOUSE_PASSWORD": "pw"}}),
-    ("missing_user_and_database", {"flags": {"host": "db.example"}}),
-    ("empty_sources", {}),
-    ("null_and_empty_are_not_given", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics",
+    ("missing_user_and_database", {"from": "cli", "values": {"host": "db.example"}}),
+    ("empty_sources", {"from": "cli"}),
+    ("null_and_empty_are_not_given", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:8123/analytics",
                                                 "host": None, "port": ""}}),
-    ("unknown_flag", {"flags": {"hostname": "db.example"}}),
-    ("unknown_top_level_key", {"flags": {}, "environment": {}}),
-    ("flag_of_wrong_type", {"flags": {"port": 8123.5}}),
-    ("bad_schema_identifier", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?schema=bad-name"}}),
-    ("secure_not_boolean", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?secure=maybe"}}),
-    ("non_ascii_database", {"flags": {"uri": "clickhouse://alice@db.example:8123/donn%C3%A9es"}}),
-    ("cluster_from_uri_and_env", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?cluster=ops"},
+    ("unknown_flag", {"from": "cli", "values": {"hostname": "db.example"}}),
+    ("unknown_top_level_key", {"values": {}, "environment": {}}),
+    ("flag_of_wrong_type", {"from": "cli", "values": {"port": 8123.5}}),
+    ("bad_schema_identifier", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:8123/analytics?schema=bad-name"}}),
+    ("secure_not_boolean", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:8123/analytics?secure=maybe"}}),
+    ("non_ascii_database", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:8123/donn%C3%A9es"}}),
+    ("cluster_from_uri_and_env", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:8123/analytics?cluster=ops"},
                                   "env": {"MELTANO_STATE_BACKEND_CLICKHOUSE_REPLICA": "r_{replica}"}}),
-    ("cluster_several_hosts", {"flags": {"uri": "clickhouse://alice@h1:8123,[::1]:8124,h3/analytics?cluster=ops",
+    ("cluster_several_hosts", {"from": "cli", "values": {"uri": "clickhouse://alice@h1:8123,[::1]:8124,h3/analytics?cluster=ops",
                                          "port": "9000"}}),
-    ("several_hosts_need_cluster", {"flags": {"uri": "clickhouse://alice@h1,h2/analytics"}}),
-    ("cluster_bad_zookeeper_path", {"flags": {"uri": "clickhouse://alice@db.example:8123/analytics?cluster=ops",
+    ("several_hosts_need_cluster", {"from": "cli", "values": {"uri": "clickhouse://alice@h1,h2/analytics"}}),
+    ("cluster_bad_zookeeper_path", {"from": "cli", "values": {"uri": "clickhouse://alice@db.example:8123/analytics?cluster=ops",
                                               "zookeeper_path": "no-leading-slash"}}),
-    ("cluster_quorum", {"flags": {"uri": "clickhouse://alice@h1,h2,h3,h4,h5/analytics?cluster=ops&quorum=3"}}),
-    ("cluster_quorum_of_one", {"flags": {"uri": "clickhouse://alice@h1,h2/analytics?cluster=ops"},
+    ("cluster_quorum", {"from": "cli", "values": {"uri": "clickhouse://alice@h1,h2,h3,h4,h5/analytics?cluster=ops&quorum=3"}}),
+    ("cluster_quorum_of_one", {"from": "cli", "values": {"uri": "clickhouse://alice@h1,h2/analytics?cluster=ops"},
                                "env": {"MELTANO_STATE_BACKEND_CLICKHOUSE_QUORUM": "1"}}),
+]
+# The settings beyond the connection, as every kind of host gives them: the
+# same inputs give the same store options everywhere.
+URI = "clickhouse://alice@db.example:8123/analytics"
+CONFIG_CASES += [
+    ("settings_every_default", {"values": {"uri": URI}}),
+    ("settings_lock_from_the_api", {"values": {"uri": URI, "lock_timeout_seconds": 2.5, "lock_retry_seconds": "0.25"}}),
+    ("settings_lock_wait_given", {"values": {"uri": URI, "lock_wait_seconds": 0}}),
+    ("settings_from_meltano", {"from": "meltano", "values": {
+        "uri": URI, "lock_timeout_seconds": 30, "lock_retry_seconds": 1, "history_versions": "50",
+        "python_locks": "true"}}),
+    ("settings_from_the_environment", {"values": {"uri": URI}, "env": {
+        "MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS": "20", "MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS": "5",
+        "MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS": "7", "MELTANO_STATE_BACKEND_CLICKHOUSE_REQUEST_TIMEOUT_SECONDS":
+        "12"}}),
+    ("settings_the_value_beats_the_environment", {"values": {"uri": URI, "history_days": 3},
+                                                  "env": {"MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS": "7"}}),
+    ("settings_from_cli_flags", {"from": "cli", "values": {"uri": URI, "lock_timeout_seconds": "60",
+                                                           "lock_wait_seconds": "5"}}),
+    ("settings_cluster_timeouts", {"values": {"uri": "clickhouse://alice@h1,h2,h3/analytics?cluster=ops",
+                                              "quorum_timeout_seconds": "2.5", "quorum_busy_seconds": 4,
+                                              "ddl_timeout_seconds": 3, "host_down_seconds": "0.5"}}),
+    ("settings_host_that_lingers", {"values": {"uri": URI}, "host": {"timers": True, "exit_release": True}}),
+    ("settings_linger_asked_where_it_cannot", {"values": {"uri": URI, "linger_locks": True}}),
+    ("settings_chdb_uri", {"values": {"uri": "chdb:///var/lib/meltano/state?table=bookmarks"}}),
+    ("settings_chdb_uri_relative", {"values": {"uri": "chdb://relative/dir"}}),
+    ("settings_unknown_key", {"values": {"uri": URI, "colour": "blue"}}),
+    ("settings_renamed_key", {"values": {"uri": URI, "stale_lock": 30}}),
+    ("settings_validity_below_the_floor", {"values": {"uri": URI, "lock_timeout_seconds": 0.5}}),
+    ("settings_not_a_number", {"from": "meltano", "values": {"uri": URI, "lock_retry_seconds": "soon"}}),
+    ("settings_password_never_in_messages", {"values": {"uri": "clickhouse://alice:hunter2@db.example/analytics",
+                                                        "port": "hunter2"}}),
 ]
 
 
 def config_file(lib) -> dict:
     cases = []
     for name, sources in CONFIG_CASES:
-        expect = take(lib, lib.chstate_resolve_config(dumps(sources).encode()))
-        cases.append({"name": name, "steps": [{"call": "resolve_config", "doc": sources, "expect": expect}]})
-    return {"what": "URI and configuration resolution (chstate_resolve_config)", "cases": cases}
+        expect = take(lib, lib.chstate_resolve_settings(dumps(sources).encode()))
+        cases.append({"name": name, "steps": [{"call": "resolve_settings", "doc": sources, "expect": expect}]})
+    return {"what": "Settings resolution (chstate_resolve_settings): raw values in, connection, store options "
+                    "and origins out", "cases": cases}
 
 
 # ---- scripted operations ----
@@ -151,9 +185,13 @@ def script(lib, name: str, op: dict, answers: list, store: dict | None = None, s
     repeats) or, when `answers` is a dict, the n-th request of a purpose with
     answers[purpose][n] (the last one repeats); timers fire after their delay
     (or `timer_ms`). Records every step."""
-    store_options = {"schema": "meltano", "table": "state", "endpoint": "127.0.0.1:8123",
-                     "lock_timeout_ms": 3000, "lock_retry_ms": 1000, "stale_lock_ms": 30000}
-    store_options.update(store or {})
+    values = {"uri": "clickhouse://default@127.0.0.1:8123/default", "lock_wait_seconds": 3, "lock_retry_seconds": 1,
+              "lock_timeout_seconds": 30}
+    host = dict((store or {}).pop("host", {}))
+    values.update(store or {})
+    store_options = {"values": values}
+    if host:
+        store_options["host"] = host
     err = ctypes.c_void_p()
     handle = lib.chstate_store_new(dumps(store_options).encode(), ctypes.byref(err))
     if not handle:
@@ -164,7 +202,8 @@ def script(lib, name: str, op: dict, answers: list, store: dict | None = None, s
     # `op` is one op document, or a list of them run one after another on the
     # same store, each optionally {"after_ms": N, "op": {...}} (N ms after
     # the previous op ended) or {"abandon_after": K, "op": {...}} (the op is
-    # left unfinished after K actions: the next start abandons it).
+    # left unfinished after K actions: the next start abandons it). The op
+    # IDLE is the idle timer: {"timer": true} fed while no op runs.
     ops = op if isinstance(op, list) else [op]
     try:
         for entry in ops:
@@ -172,6 +211,8 @@ def script(lib, name: str, op: dict, answers: list, store: dict | None = None, s
             now += entry.get("after_ms", 0) if doc is not entry else 0
             limit = entry.get("abandon_after", MAX_STEPS) if doc is not entry else MAX_STEPS
             call = "start"
+            if doc is IDLE:
+                doc, call = {"timer": True}, "feed"
             for _ in range(limit):
                 fn = lib.chstate_op_start if call == "start" else lib.chstate_op_feed
                 out = take(lib, fn(handle, dumps(doc).encode(), now, RANDOM, len(RANDOM)))
@@ -199,8 +240,8 @@ def script(lib, name: str, op: dict, answers: list, store: dict | None = None, s
     return {"name": name, "store": store_options, "steps": steps}
 
 
-STATE = {"completed": {"singer_state": {"bookmarks": {"users": {"updated_at": "2024-01-02T03:04:05Z"}}}},
-         "partial": {}}
+IDLE = {"timer": True}  # the idle timer (compared by identity in script())
+STATE = {"singer_state": {"bookmarks": {"users": {"updated_at": "2024-01-02T03:04:05Z"}}}}
 ROW = "{}\t{\\\"singer_state\\\":{\\\"bookmarks\\\":{}}}\n"  # partial, completed (TSV-escaped JSON)
 
 
@@ -218,47 +259,57 @@ def sql_file(lib) -> dict:
             [ok(f"1796155032000\teaab4add\t2026-12-01 19:57:12{frac}\t\\N\t{{\\\"singer_state\\\":{{}}}}\n"
                 f"1796155031000\tfa86211b\t2026-12-01 19:57:11{frac}\t{{\\\"p\\\":1}}\t\\N\n"),
              ok("\\N\t{\\\"singer_state\\\":{}}\n")])
-        add("export_page", {"op": "export_page", "pattern": "dev:*", "after_hex": hexid("dev:a"), "limit": 2},
+        add("export_page", {"op": "export", "pattern": "dev:*", "after_hex": hexid("dev:a"), "limit": 2},
             [ok("dev:b\t\\N\t{\\\"singer_state\\\":{}}\ndev:c\t{\\\"p\\\":1}\t\\N\n")])
         add("import", {"op": "import", "states": [
             {"state_id_hex": hexid("dev:a"), "completed": {"singer_state": {"n": 1}}, "partial": {}},
             {"state_id_hex": hexid(b"dev:'\x00"), "partial": {"p": [1]}}]}, [ok("")])
         add("init_without_history", {"op": "init"}, [ok("")] * 3 + [ok("")], store={"history_days": 0})
+        add("compact", {"op": "compact"}, [ok("")] * 6 + [ok("")])
         add("get_found", {"op": "get", "state_id_hex": hexid("dev:tap-users")}, [ok(ROW)])
         add("get_absent", {"op": "get", "state_id_hex": hexid("dev:tap-users")}, [ok("")])
         add("get_missing_table", {"op": "get", "state_id_hex": hexid("dev:x")},
             [ch_error(60, "Table meltano.state doesn't exist.")])
         add("get_binary_id", {"op": "get", "state_id_hex": hexid(b"dev:\x00\xff'\\\t`%_")}, [ok("")])
-        add("set", {"op": "set", "state_id_hex": hexid("dev:tap-users"), "state": STATE}, [ok("")])
+        # set and delete take the id's lock around the write: create, look for
+        # the Python backend's rows, write, look, drop.
+        mine = ok("000102030405060708090a0b0c0d0e0f\t0\t1000000\t1000001\t30\n\t255\t1000000\t1000001\t0\n")
+        add("set", {"op": "set", "state_id_hex": hexid("dev:tap-users"), "state": STATE},
+            [ok(""), ok(""), ok(""), mine, ok("")])
         add("set_quote_injection", {"op": "set", "state_id_hex": hexid("x'); DROP TABLE state; --"),
-                                    "state": {"completed": {"k": "'; DROP TABLE t; --\\"}, "partial": {}}}, [ok("")])
-        add("delete", {"op": "delete", "state_id_hex": hexid("dev:tap-users")}, [ok(""), ok("0\t1\n")])
+                                    "state": {"k": "'; DROP TABLE t; --\\"}, "force": True},
+            [ok(""), ok(""), ok(""), mine, ok("")])
+        add("delete", {"op": "delete", "state_id_hex": hexid("dev:tap-users")},
+            [ok(""), ok(""), ok("")] + ([ok("0\t1\n")] if dialect == "clickhouse18" else []) + [mine, ok("")])
         add("list_all", {"op": "list", "pattern": None}, [ok("dev:a\t1\ndev:b\t1\n")])
         add("list_glob_escapes_like", {"op": "list", "pattern_hex": hexid("dev:*_100%?")}, [ok("dev:x_100%a\t1\n")])
         add("clear_all", {"op": "clear_all"}, [ok("2\t1\n"), ok(""), ok("0\t1\n")])
+        add("locks", {"op": "locks"}, [ok("dev:a\t1\n"), ok("state_lock_0123456789abcdef\t1\n"),
+                                      ok("ffffffffffffffffffffffffffffffff\t0\t990\t1000\t30\n\t255\t990\t1000\t0\n")])
         add("server_error_is_classified", {"op": "get", "state_id_hex": hexid("dev:x")},
             [ch_error(516, "alice: Authentication failed: password is incorrect")])
         add("exception_after_200", {"op": "get", "state_id_hex": hexid("dev:x")},
             [ok("Code: 241, e.displayText() = DB::Exception: Memory limit exceeded\n")])
-    cluster = {"cluster": "ops", "zookeeper_path": "/clickhouse/tables/{shard}", "replica": "{replica}"}
+    cluster = {"uri": "clickhouse://default@127.0.0.1:8123/default?cluster=ops",
+               "zookeeper_path": "/clickhouse/tables/{shard}", "replica": "{replica}"}
     for name, op, answers in (
             ("get", {"op": "get", "state_id_hex": hexid("dev:tap-users")}, [ok(ROW)]),
-            ("set", {"op": "set", "state_id_hex": hexid("dev:tap-users"), "state": STATE}, [ok("")]),
-            ("delete", {"op": "delete", "state_id_hex": hexid("dev:tap-users")}, [ok("")] * 2),
             # The lock as claims: read, claim, read again (ours alone).
-            ("acquire_lock", {"op": "acquire_lock", "state_id_hex": hexid("dev:tap-users")},
+            ("acquire_lock", {"op": "acquire", "state_id_hex": hexid("dev:tap-users")},
              # (an acquisition's claims: its random prefix and a number)
              [ok(""), ok(""), ok(f"{RANDOM[:12].hex()}00000001\t1\t0\t100\t30\t\t100\n")])):
         engine = ok("ReplicatedReplacingMergeTree\t1\n")
         cases.append(script(lib, f"cluster_clickhouse18_{name}", op, [version("18.16.1"), engine] + answers,
                             store=cluster))
     # The quorum and its timeout are store options: the write carries them.
+    claimed = ok(f"{RANDOM[:12].hex()}00000001\t1\t0\t100\t30\t\t100\n")
     cases.append(script(lib, "cluster_quorum_of_three", {"op": "set", "state_id_hex": hexid("dev:q"), "state": STATE},
-                        [version("18.16.1"), ok("ReplicatedReplacingMergeTree\t1\n"), ok("")],
-                        store=dict(cluster, quorum=3, quorum_timeout_ms=2500)))
+                        [version("18.16.1"), ok("ReplicatedReplacingMergeTree\t1\n"), ok(""), ok(""), claimed, ok(""),
+                         claimed, ok("")],
+                        store=dict(cluster, quorum=3, quorum_timeout_seconds=2.5)))
     # Several hosts: every request names its host; a refused one is followed
     # at once by the next, and the next request keeps to the one that answered.
-    several = dict(cluster, hosts=[{"host": "h1", "port": 8123}, {"host": "h2", "port": 8124}])
+    several = dict(cluster, uri="clickhouse://default@h1:8123,h2:8124/default?cluster=ops")
     cases.append(script(lib, "cluster_several_hosts_fail_over", [{"op": "get", "state_id_hex": hexid("dev:a")},
                                                                  {"op": "get", "state_id_hex": hexid("dev:a")}],
                         [REFUSED, version("18.16.1"), ok("ReplicatedReplacingMergeTree\t1\n"), ok(ROW), ok(ROW)],
@@ -268,6 +319,12 @@ def sql_file(lib) -> dict:
     cases.append(script(lib, "too_old_server_refused", {"op": "ping"}, [version("1.1.54390")]))
     cases.append(script(lib, "custom_schema_and_table", {"op": "get", "state_id_hex": hexid("a")},
                         [version("18.16.1"), ok("")], store={"schema": "ops", "table": "bookmarks"}))
+    # A mixed fleet is safe by default: a live row of the Python backend makes
+    # the acquirer give the table lock back and wait (here: give up).
+    cases.append(script(lib, "python_backend_row_is_honoured", {"op": "acquire", "state_id_hex": hexid("dev:m")},
+                        [version("18.16.1"), ok(""), ok("python-holder\t1\n"),
+                         ok("000102030405060708090a0b0c0d0e0f\t0\t100\t100\t30\n\t255\t100\t100\t0\n"), ok("")],
+                        store={"lock_wait_seconds": 0.5}))
     return {"what": "SQL per dialect: ops started against a scripted server version; the exact requests",
             "random_hex": RANDOM.hex(), "cases": cases}
 
@@ -282,16 +339,16 @@ def lock_file(lib) -> dict:
     cases = []
 
     def add(name, op, answers, **kw):
-        answers = {"select_version": [version("18.16.1")], **answers}
+        answers = {"select_version": [version("18.16.1")], "foreign_lock_rows": [ok("")], **answers}
         cases.append(script(lib, name, op, answers, **kw))
 
     # inspect_lock rows: lock_id, seq, locked_at, now, stale_s (+ the system.tables row)
-    add("acquire_free", {"op": "acquire_lock", "state_id_hex": sid}, {"create_lock": [ok("")]})
-    add("acquire_held_live_then_timeout", {"op": "acquire_lock", "state_id_hex": sid},
+    add("acquire_free", {"op": "acquire", "state_id_hex": sid}, {"create_lock": [ok("")], "foreign_lock_rows": [ok("")]})
+    add("acquire_held_live_then_timeout", {"op": "acquire", "state_id_hex": sid},
         {"create_lock": [exists], "inspect_lock": [live_other], "announce_lock_waiter": [ok("")]})
-    add("acquire_stale_takeover", {"op": "acquire_lock", "state_id_hex": sid},
+    add("acquire_stale_takeover", {"op": "acquire", "state_id_hex": sid},
         {"create_lock": [exists, ok("")], "inspect_lock": [stale_other], "entomb_lock": [ok("")]})
-    add("acquire_takeover_race_lost", {"op": "acquire_lock", "state_id_hex": sid},
+    add("acquire_takeover_race_lost", {"op": "acquire", "state_id_hex": sid},
         {"create_lock": [exists], "inspect_lock": [stale_other, live_other],
          "entomb_lock": [ch_error(57, "Table meltano.state_lock_x_dead_1 already exists.")],
          "announce_lock_waiter": [ok("")]})
@@ -299,33 +356,32 @@ def lock_file(lib) -> dict:
     # takes the lock back (no request); a tick after the linger time
     # releases it for real; a look for waiters once the check time passed,
     # and yielding to one; release_lingering before a host goes away.
-    acquire = {"op": "acquire_lock", "state_id_hex": sid}
-    release = {"op": "release_lock", "state_id_hex": sid, "lock_id": lock_id}
-    lingering = {"linger_locks": True}
-    add("linger_release_and_take_back", [acquire, release, acquire, release, {"after_ms": 1000, "op": {"op": "tick"}}],
+    acquire = {"op": "acquire", "state_id_hex": sid}
+    release = {"op": "release", "state_id_hex": sid, "lock_id": lock_id}
+    lingering = {"host": {"timers": True, "exit_release": True}}  # a host that can keep a lock lingering
+    add("linger_release_and_take_back", [acquire, release, acquire, release, {"after_ms": 1000, "op": IDLE}],
         {"create_lock": [ok("")], "inspect_lock": [ours], "drop_lock": [ok("")]}, store=lingering)
     add("linger_looks_for_waiters_and_yields",
         [acquire, {"after_ms": 200, "op": release}, acquire, {"after_ms": 200, "op": release}, acquire],
         {"create_lock": [ok("")], "lock_waiters": [ok(""), ok("ffffffffffffffffffffffffffffffff\t1\n")],
          "inspect_lock": [ours], "drop_lock": [ok("")]}, store=lingering)
-    add("linger_released_before_the_host_goes", [acquire, release, {"op": "release_lingering"}],
+    add("linger_released_before_the_host_goes", [acquire, release, {"close": True}],
         {"create_lock": [ok("")], "inspect_lock": [ours], "drop_lock": [ok("")]}, store=lingering)
-    add("acquire_lost_answer_then_inspect_finds_ours", {"op": "acquire_lock", "state_id_hex": sid},
+    add("acquire_lost_answer_then_inspect_finds_ours", {"op": "acquire", "state_id_hex": sid},
         {"create_lock": [LOST], "inspect_lock": [ours]})
-    add("acquire_server_down", {"op": "acquire_lock", "state_id_hex": sid},
+    add("acquire_server_down", {"op": "acquire", "state_id_hex": sid},
         {"select_version": [REFUSED]})
-    add("acquire_refused_during_create", {"op": "acquire_lock", "state_id_hex": sid},
+    add("acquire_refused_during_create", {"op": "acquire", "state_id_hex": sid},
         {"create_lock": [REFUSED], "inspect_lock": [REFUSED]})
-    add("update_merges_under_lock", {"op": "update", "state_id_hex": sid,
-                                     "state": {"completed": {}, "partial": {"singer_state": {"x": 1}}}},
+    add("merge_under_lock", {"op": "merge", "state_id_hex": sid, "partial": {"singer_state": {"x": 1}}},
         {"create_lock": [ok("")], "get_state": [ok(ROW)], "insert_state": [ok("")], "inspect_lock": [ours],
          "drop_lock": [ok("")]})
-    add("update_lock_lost_before_write", {"op": "update", "state_id_hex": sid,
-                                          "state": {"completed": {"a": 1}, "partial": {}}},
-        {"create_lock": [ok("")], "get_state": [ok(ROW)], "inspect_lock": [live_other], "drop_lock": [ok("")]},
-        step_ms=40000)
-    add("release_without_acquire", {"op": "release_lock", "state_id_hex": sid, "lock_id": lock_id}, {})
-    add("delete_locked", {"op": "delete_locked", "state_id_hex": sid},
+    add("set_lock_lost_before_write", {"op": "set", "state_id_hex": sid, "state": {"a": 1}, "force": True},
+        {"create_lock": [ok("")], "inspect_lock": [live_other], "drop_lock": [ok("")]}, step_ms=40000)
+    add("scope_release_after_the_lease_ran_out", [acquire, {"after_ms": 40000, "op": release}],
+        {"create_lock": [ok("")], "inspect_lock": [ours], "drop_lock": [ok("")]})
+    add("release_without_acquire", {"op": "release", "state_id_hex": sid, "lock_id": lock_id}, {})
+    add("delete_under_its_lock", {"op": "delete", "state_id_hex": sid},
         {"create_lock": [ok("")], "delete_state": [ok("")], "pending_mutations": [ok("0\t1\n")],
          "inspect_lock": [ours], "drop_lock": [ok("")]})
     return {"what": "Lock decisions: scripted server answers and timers -> the lock's actions",
@@ -343,11 +399,11 @@ def policy_file(lib) -> dict:
     renewed = ok(f"{lock_id}\t0\t1000012\t1000012\t30\n\t255\t1000000\t1000012\t0\n")
     other = ok("ffffffffffffffffffffffffffffffff\t0\t999990\t1000000\t30\n\t255\t999990\t1000000\t0\n")
     exists = ch_error(57, "Table meltano.state_lock_x already exists.")
-    state = {"completed": {"singer_state": {"x": 1}}, "partial": {}}
+    state = {"singer_state": {"x": 1}}
     cases = []
 
     def add(name, op, answers, **kw):
-        answers = {"select_version": [version("18.16.1")], **answers}
+        answers = {"select_version": [version("18.16.1")], "foreign_lock_rows": [ok("")], **answers}
         cases.append(script(lib, name, op, answers, **kw))
 
     get = {"op": "get", "state_id_hex": sid}
@@ -357,31 +413,33 @@ def policy_file(lib) -> dict:
     add("read_answer_lost_then_answered", get, {"get_state": [LOST, ok(ROW)]})
     add("read_refused_twice_then_answered", get, {"get_state": [REFUSED, REFUSED, ok("")]})
     add("server_error_is_not_a_transport_failure", get, {"get_state": [ch_error(202, "Too many queries")]})
-    # Writes: resent only when they provably never left.
-    add("write_answer_lost_is_not_resent", put, {"insert_state": [LOST]})
-    add("write_refused_is_resent", put, {"insert_state": [REFUSED, ok("")]})
-    add("write_refused_every_attempt", put, {"insert_state": [REFUSED]})
+    # Writes: resent only when they provably never left (a set takes the
+    # id's lock around its write).
+    locked = {"create_lock": [ok("")], "inspect_lock": [ours], "drop_lock": [ok("")]}
+    add("write_answer_lost_is_not_resent", put, {"insert_state": [LOST], **locked})
+    add("write_refused_is_resent", put, {"insert_state": [REFUSED, ok("")], **locked})
+    add("write_refused_every_attempt", put, {"insert_state": [REFUSED], **locked})
     # The lock: a CREATE whose answer was lost is resolved by looking, never resent.
-    add("lock_create_lost_is_inspected", {"op": "acquire_lock", "state_id_hex": sid},
+    add("lock_create_lost_is_inspected", {"op": "acquire", "state_id_hex": sid},
         {"create_lock": [LOST], "inspect_lock": [ours]})
-    add("lock_create_refused_is_resent", {"op": "acquire_lock", "state_id_hex": sid},
+    add("lock_create_refused_is_resent", {"op": "acquire", "state_id_hex": sid},
         {"create_lock": [REFUSED, ok("")]})
     # Renewal of a held lock after a long wait, then the lease's end.
-    acquire = {"op": "acquire_lock", "state_id_hex": sid}
-    add("renewal_after_a_long_wait", [acquire, {"after_ms": 12000, "op": {"op": "renew_lock", "state_id_hex": sid}},
+    acquire = {"op": "acquire", "state_id_hex": sid}
+    add("renewal_after_a_long_wait", [acquire, {"after_ms": 12000, "op": {"op": "renew", "state_id_hex": sid}},
                                       {"after_ms": 12000, "op": put}],
         {"create_lock": [ok("")], "renew_lock": [ok("")], "inspect_lock": [renewed], "insert_state": [ok("")]})
-    tick = {"op": "tick"}
-    add("tick_before_due_sends_nothing_then_renews_when_due",
+    tick = IDLE
+    add("idle_timer_before_due_sends_nothing_then_renews_when_due",
         [acquire, {"after_ms": 5000, "op": tick}, {"after_ms": 5000, "op": tick}],
         {"create_lock": [ok("")], "renew_lock": [ok("")], "inspect_lock": [renewed]})
-    add("tick_finds_the_lock_lost_then_writes_are_refused",
-        [acquire, {"after_ms": 10000, "op": tick}, put, {"op": "release_lock", "state_id_hex": sid, "lock_id": lock_id}],
+    add("idle_timer_finds_the_lock_lost_then_writes_are_refused",
+        [acquire, {"after_ms": 10000, "op": tick}, put, {"op": "release", "state_id_hex": sid, "lock_id": lock_id}],
         {"create_lock": [ok("")], "renew_lock": [ok("")], "inspect_lock": [other]})
     add("update_of_a_held_id_uses_that_lock",
-        [acquire, {"op": "update", "state_id_hex": sid, "state": {"completed": {}, "partial": {"x": 2}}}],
+        [acquire, {"op": "merge", "state_id_hex": sid, "partial": {"singer_state": {"x": 2}}}],
         {"create_lock": [ok("")], "get_state": [ok(ROW)], "insert_state": [ok("")]})
-    add("renewal_finds_another_holder", [acquire, {"after_ms": 12000, "op": {"op": "renew_lock", "state_id_hex": sid}}],
+    add("renewal_finds_another_holder", [acquire, {"after_ms": 12000, "op": {"op": "renew", "state_id_hex": sid}}],
         {"create_lock": [ok("")], "renew_lock": [ok("")], "inspect_lock": [other]})
     add("write_after_the_lease_ran_out_is_refused", [acquire, {"after_ms": 40000, "op": put}],
         {"create_lock": [ok("")]})

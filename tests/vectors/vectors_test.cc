@@ -81,8 +81,8 @@ TEST_P(VectorsTest, NativeOutputIsByteIdentical) {
     std::string call = step["call"];
     std::string input = Compact(step["doc"]);
     char* out = nullptr;
-    if (call == "resolve_config") {
-      out = chstate_resolve_config(input.c_str());
+    if (call == "resolve_settings") {
+      out = chstate_resolve_settings(input.c_str());
     } else if (call == "start") {
       out = chstate_op_start(store, input.c_str(), step["now_ms"].get<int64_t>(), random, c.random.size());
     } else if (call == "feed") {
