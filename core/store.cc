@@ -1528,6 +1528,12 @@ std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
   return MakeTask(this, [this, state_id](StoreSteps& s) {
     const int64_t started_ms = s.inputs().now_ms;
+    if (auto it = held_.find(state_id); it != held_.end() && !it->second.lingering) {
+      // Waiting for a lock this store holds would wait for itself.
+      return Step::Fail(absl::FailedPreconditionError(absl::StrCat(
+          "this store already holds the lock on state id \"", StoreSteps::Printable(state_id),
+          "\": lock scopes on one id do not nest (writes inside the scope already run under it)")));
+    }
     if (auto it = held_.find(state_id); it != held_.end() && it->second.lingering) {
       // Lingering since its last release and still within its lease (the
       // task's start forgot it otherwise): taken back, no request.

@@ -204,6 +204,17 @@ TEST(Verbs, SetAndDeleteTakeTheIdsLockOutsideAScopeAndUseTheScopesInside) {
   }
 }
 
+TEST(Verbs, LockScopesOnOneIdDoNotNest) {
+  auto store = MakeStore();
+  int64_t clock = 1000;
+  json acquire = {{"op", "acquire"}, {"state_id_hex", Hex("dev:a")}};
+  ASSERT_EQ(Drive(**TaskForVerb(*store, acquire), kLockAnswers, &clock).last.kind, Action::Kind::kDone);
+  Ran again = Drive(**TaskForVerb(*store, acquire), kLockAnswers, &clock);
+  EXPECT_EQ(again.last.status.code(), absl::StatusCode::kFailedPrecondition) << again.last.status;
+  EXPECT_THAT(std::string(again.last.status.message()), HasSubstr("do not nest"));
+  EXPECT_TRUE(again.purposes.empty());
+}
+
 TEST(Verbs, AMixedFleetIsSafeByDefault) {
   // Without python_locks, a live row of the Python backend in <table>_lock
   // still keeps an acquirer waiting (and giving up, naming it).
