@@ -223,10 +223,12 @@ absl::StatusOr<bool> ParseFlag(const Given& given) {
   return *on;
 }
 
-// Unknown keys fail loudly: a typo must not pass as "not given".
+// Unknown keys fail loudly: a typo must not pass as "not given". Meltano's
+// are the exception: it passes every state_backend.<key> it defines (a later
+// Meltano may define more), and validates its own settings itself.
 absl::Status CheckKeys(const SettingsSources& src) {
   for (const auto& [key, value] : src.values) {
-    if (FindSetting(key) != nullptr) continue;
+    if (FindSetting(key) != nullptr || src.from == SettingsFrom::kMeltano) continue;
     for (size_t i = 0; i < kRenamedSettingsCount; ++i) {
       if (key == kRenamedSettings[i].old_key) {
         const SettingSpec* now = FindSetting(kRenamedSettings[i].new_key);

@@ -119,6 +119,13 @@ TEST(SettingsTest, BadValuesNameWhereTheyCameFrom) {
   }
 }
 
+TEST(SettingsTest, MeltanosOwnSettingsWeDoNotKnowAreNotOurs) {
+  SettingsSources src = Api({{"uri", kUri}, {"some_future_setting", "1"}});
+  EXPECT_THAT(ResolveSettings(src), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("some_future_setting")));
+  src.from = SettingsFrom::kMeltano;
+  EXPECT_THAT(ResolveSettings(src), IsOk());
+}
+
 TEST(SettingsTest, LingeringFollowsWhatTheHostCanDo) {
   SettingsSources src = Api({{"uri", kUri}});
   src.host = {true, true};

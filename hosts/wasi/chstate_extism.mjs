@@ -1,76 +1,65 @@
 // A host for chstate_extism.wasm with Extism's JavaScript SDK
-// (@extism/extism): the pump every chstate host is. It sends the request the
-// plugin's core asks for, sleeps for its waits, and passes the clock and
-// fresh random bytes with every call; retries, renewals and defaults are the
-// core's. The plugin comes from the caller's SDK:
+// (@extism/extism). ExtismCore is the plugin's exports as the core's calls;
+// the shared JS binding (chstate_binding.mjs) is the rest, as for node:wasi:
+// it sends the request the core asks for, sleeps for its waits, calls the
+// core back on the event loop at its timeout (a lock scope keeps its lock
+// while its code runs), and passes the clock and fresh random bytes.
+// Retries, renewals, settings and defaults are the core's.
 //
 //   import createPlugin from "@extism/extism";
-//   import { ExtismChstate } from "chstate-wasi/extism";        // this file
-//   import { httpTransport, storeOptions } from "chstate-wasi"; // or any (request) => Promise<response>
-//   const chstate = new ExtismChstate(await createPlugin("chstate_extism.wasm", { useWasi: true }));
-//   const { config } = await chstate.resolveConfig({ flags: { uri: "clickhouse://meltano@127.0.0.1:8123/default" } });
-//   const store = await chstate.openStore(storeOptions(config), httpTransport(config));  // request.host, .port
-//   await store.run({ op: "get", state_id_hex: Buffer.from("dev:a").toString("hex") });   // the "done" document
-import { randomBytes } from "node:crypto";
-import { performance } from "node:perf_hooks";
-import { setTimeout as sleep } from "node:timers/promises";
+//   import { open } from "chstate-wasi/extism";
+//   const store = await open(createPlugin, "clickhouse://meltano@127.0.0.1:8123/default", { password: "..." });
+//   await store.set("dev:a", { singer_state: {} });
+//   await store.close();
+import { httpTransport } from "./chstate_wasi.mjs";
+import { ChstateError, Store, failed, openStore } from "./chstate_binding.mjs";
 
-export class ChstateError extends Error {
-  constructor(code, message) {
-    super(`${code}: ${message}`);
-    this.code = code;
-    this.detail = message;
-  }
-}
+export { ChstateError, Store };
 
-export class ExtismChstate {
-  constructor(plugin, clockMs = () => Math.floor(performance.timeOrigin + performance.now())) {
+export class ExtismCore {
+  constructor(plugin) {
     this.plugin = plugin;
-    this.clockMs = clockMs;
+    this.settings = new Map();
   }
 
-  async call(name, doc) {
-    const out = await this.plugin.call(name, typeof doc === "string" ? doc : JSON.stringify(doc));
+  async call(name, text) {
+    const out = await this.plugin.call(name, text);
     return JSON.parse(out.text());
   }
 
-  resolveConfig(sources) { return this.call("resolve_config", sources); }
+  async verbs() { return (await this.call("verbs", "")).verbs; }
 
-  step(name, handle, key, doc, nowMs = this.clockMs(), random = randomBytes(32)) {
-    return this.call(name, { store: handle, now_ms: nowMs, random_hex: random.toString("hex"), [key]: doc });
+  async storeNew(settings) {
+    const r = await this.call("store_new", JSON.stringify(settings));
+    if (r.failed) throw failed(r);
+    this.settings.set(r.store, r.settings);
+    return r.store;
   }
 
-  async openStore(options, transport) {
-    const r = await this.call("store_new", options);
-    if (r.failed) throw new ChstateError(r.failed.code, r.failed.message);
-    return new ExtismStore(this, r.store, transport);
+  storeSettings(handle) { return this.settings.get(handle); }
+
+  // The inner document goes in as it is (already JSON).
+  #step(name, key, handle, text, nowMs, random) {
+    const randomHex = Buffer.from(random).toString("hex");
+    return this.call(name, `{"store":${handle},"now_ms":${nowMs},"random_hex":"${randomHex}","${key}":${text}}`);
+  }
+
+  start(handle, text, nowMs, random) { return this.#step("op_start", "op", handle, text, nowMs, random); }
+
+  feed(handle, text, nowMs, random) { return this.#step("op_feed", "answer", handle, text, nowMs, random); }
+
+  async storeFree(handle) {
+    await this.call("store_free", JSON.stringify({ store: handle }));
+    this.settings.delete(handle);
   }
 }
 
-export class ExtismStore {
-  constructor(chstate, handle, transport) {
-    this.chstate = chstate;
-    this.handle = handle;
-    this.transport = transport;
-  }
-
-  async run(op) {
-    let action = await this.chstate.step("op_start", this.handle, "op", op);
-    for (;;) {
-      let answer;
-      if (action.request) answer = { response: await this.transport(action.request) };
-      else if (action.wait_ms !== undefined) {
-        await sleep(Math.max(0, action.wait_ms));
-        answer = { timer: true };
-      } else if (action.done) return action.done;
-      else throw new ChstateError(action.failed.code, action.failed.message);
-      action = await this.chstate.step("op_feed", this.handle, "answer", answer);
-    }
-  }
-
-  async close() {
-    if (this.handle !== null) await this.chstate.call("store_free", { store: this.handle });
-    this.handle = null;
-    this.transport.close?.();
-  }
+// Opens a store in one call: the plugin (chstate_extism.wasm beside this
+// file, or `options.wasm`) made by the caller's SDK (`createPlugin` of
+// @extism/extism) with WASI and no other authority, the settings by the
+// core's names (any key of `options` but wasm, transport and env).
+export async function open(createPlugin, uri, options = {}) {
+  const { wasm, transport, env, ...settings } = options;
+  const plugin = await createPlugin(wasm ?? new URL("./chstate_extism.wasm", import.meta.url).pathname, { useWasi: true });
+  return openStore(new ExtismCore(plugin), { uri, ...settings }, { transport, env, makeTransport: httpTransport });
 }

@@ -1,78 +1,91 @@
-"""A host for chstate_extism.wasm with Extism's Python SDK: the pump every
-chstate host is. It sends the request the plugin's core asks for, sleeps for
-its waits, and passes the clock and fresh random bytes with every call;
-retries, renewals and defaults are the core's.
+"""A host for chstate_extism.wasm with Extism's Python SDK.
 
-    import extism
-    from chstate_extism import ExtismChstate
-    from chstate_wasmtime import HttpTransport, store_options   # or any callable: request -> response document
+`ExtismCore` is the plugin's exports as the core's calls; the Python binding
+of chstate's verbs (chstate_meltano.binding) is the rest, as for the native
+library and wasmtime: it sends the request the core asks for, sleeps for its
+waits, calls the core back at its timeout from a thread (a lock scope keeps
+its lock while its block runs), and passes the clock and fresh random bytes.
+Retries, renewals, settings and defaults are the core's.
 
-    chstate = ExtismChstate(extism.Plugin(open("chstate_extism.wasm", "rb").read(), wasi=True))
-    cfg = chstate.resolve_config({"flags": {"uri": "clickhouse://meltano@127.0.0.1:8123/default"}})["config"]
-    store = chstate.open_store(store_options(cfg), HttpTransport(cfg))   # requests carry "host" and "port"
-    store.run({"op": "get", "state_id_hex": "dev:a".encode().hex()})   # the "done" document
+    import chstate_extism as chstate
+    store = chstate.open("clickhouse://meltano@127.0.0.1:8123/default", password="...")
+    store.set("dev:tap", {"singer_state": {"bookmarks": {}}})
+    store.close()
+
+With a plugin of your own (Extism's manifest, allowed hosts, limits):
+    store = chstate.Store(chstate.ExtismCore(extism.Plugin(wasm_bytes, wasi=True)), {"uri": ...})
 """
 
 from __future__ import annotations
 
 import json
-import os
-import time
-from typing import Any, Callable, Mapping, Optional
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+try:
+    from chstate_meltano.binding import ChstateError, Core, Store, failed  # noqa: F401
+except ImportError:  # in a checkout: the binding beside this folder
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+    from chstate_meltano.binding import ChstateError, Core, Store, failed  # noqa: F401
+
+# Where open() looks when given no plugin: beside this file.
+DEFAULT_WASM = Path(__file__).resolve().parent / "chstate_extism.wasm"
 
 
-class ChstateError(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code, self.message = code, message
+class ExtismCore(Core):
+    """The plugin's exports (each a JSON document in and out) as the core's calls."""
 
+    def __init__(self, plugin: Any):
+        self.plugin = plugin
+        self._settings: dict = {}
 
-class ExtismChstate:
-    """The plugin's five exports, each a JSON document in and out."""
+    def call(self, name: str, doc: Mapping[str, Any] | str | bytes) -> dict:
+        data = doc if isinstance(doc, (str, bytes)) else json.dumps(doc)
+        return json.loads(self.plugin.call(name, data if isinstance(data, bytes) else data.encode()))
 
-    def __init__(self, plugin: Any, clock_ms: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000):
-        self.plugin, self.clock_ms = plugin, clock_ms
+    def verbs(self) -> list:
+        return self.call("verbs", b"")["verbs"]
 
-    def call(self, name: str, doc: Mapping[str, Any] | str) -> dict:
-        text = doc if isinstance(doc, str) else json.dumps(doc)
-        return json.loads(self.plugin.call(name, text.encode()))
-
-    def resolve_config(self, sources: Mapping[str, Any]) -> dict:
-        return self.call("resolve_config", sources)
-
-    def step(self, name: str, handle: int, key: str, doc: Mapping[str, Any], now_ms: Optional[int] = None,
-             random: Optional[bytes] = None) -> dict:
-        return self.call(name, {"store": handle, "now_ms": self.clock_ms() if now_ms is None else now_ms,
-                                "random_hex": (random or os.urandom(32)).hex(), key: doc})
-
-    def open_store(self, options: Mapping[str, Any], transport: Callable[[dict], dict]) -> "ExtismStore":
-        r = self.call("store_new", options)
+    def store_new(self, settings: Mapping[str, Any]) -> Any:
+        r = self.call("store_new", settings)
         if "failed" in r:
-            raise ChstateError(r["failed"]["code"], r["failed"]["message"])
-        return ExtismStore(self, r["store"], transport)
+            raise failed(r)
+        self._settings[r["store"]] = {"settings": r["settings"]}
+        return r["store"]
+
+    def store_settings(self, handle: Any) -> dict:
+        return self._settings[handle]
+
+    def _step(self, name: str, key: str, handle: Any, doc: bytes, now_ms: int, random: bytes) -> dict:
+        # The inner document goes in as it is (already JSON).
+        text = (b'{"store":%d,"now_ms":%d,"random_hex":"%s","%s":' % (handle, now_ms, random.hex().encode(),
+                                                                        key.encode())) + doc + b"}"
+        return self.call(name, text)
+
+    def start(self, handle: Any, doc: bytes, now_ms: int, random: bytes) -> dict:
+        return self._step("op_start", "op", handle, doc, now_ms, random)
+
+    def feed(self, handle: Any, doc: bytes, now_ms: int, random: bytes) -> dict:
+        return self._step("op_feed", "answer", handle, doc, now_ms, random)
+
+    def store_free(self, handle: Any) -> None:
+        self.call("store_free", {"store": handle})
+        self._settings.pop(handle, None)
 
 
-class ExtismStore:
-    """One store in the plugin instance; run() drives one operation to its end."""
+def open(uri: Optional[str] = None, *, wasm: str | Path | None = None, transport: Any = None,  # noqa: A001
+         env: Optional[Mapping[str, str]] = None, **settings: Any) -> Store:
+    """Opens a store in one call: the plugin at `wasm` (default:
+    chstate_extism.wasm beside this file) in Extism with WASI and no other
+    authority, the settings by the core's names (uri, password,
+    lock_timeout_seconds, ...), resolved by the core with `env` (default: this
+    process's MELTANO_STATE_BACKEND_* and CLICKHOUSE_* variables)."""
+    import extism
 
-    def __init__(self, chstate: ExtismChstate, handle: int, transport: Callable[[dict], dict]):
-        self.chstate, self.handle, self.transport = chstate, handle, transport
-
-    def run(self, op: Mapping[str, Any]) -> dict:
-        action = self.chstate.step("op_start", self.handle, "op", op)
-        while True:
-            if "request" in action:
-                answer = {"response": self.transport(action["request"])}
-            elif "wait_ms" in action:
-                time.sleep(max(0, int(action["wait_ms"])) / 1000)
-                answer = {"timer": True}
-            elif "done" in action:
-                return action["done"]
-            else:
-                raise ChstateError(action["failed"]["code"], action["failed"]["message"])
-            action = self.chstate.step("op_feed", self.handle, "answer", answer)
-
-    def close(self) -> None:
-        if self.handle is not None:
-            self.chstate.call("store_free", {"store": self.handle})
-        self.handle = None
+    path = Path(wasm) if wasm is not None else DEFAULT_WASM
+    if not path.is_file():
+        raise ChstateError("NOT_FOUND", f"no chstate_extism.wasm at {path}: pass wasm=PATH (in a checkout: "
+                           "bazel build --config=wasi //hosts/wasi:chstate_extism.wasm)")
+    plugin = extism.Plugin(path.read_bytes(), wasi=True)
+    return Store(ExtismCore(plugin), {"uri": uri, **settings}, transport=transport, env=env)

@@ -1,15 +1,18 @@
 // A Node host for the chstate WebAssembly module (hosts/wasi/module.cc): loads
-// the module under node:wasi with no arguments, environment or files, runs
-// the SQL it asks for over HTTP(S), and passes it the clock and random bytes.
-// It is also the README's minimal example for plugin-runtime authors.
+// the module under node:wasi with no arguments, environment or directories,
+// runs the SQL it asks for over HTTP(S), and passes it the clock and random
+// bytes. The verbs, the pump and the idle timer are the shared JS binding
+// (chstate_binding.mjs), as for the Extism plugin.
 //
-//   import { loadChstate, httpTransport, storeOptions } from "./chstate_wasi.mjs";
-//   const chstate = await loadChstate("bazel-bin/hosts/wasi/chstate.wasm");  // npm package: loadChstate()
-//   const { config } = chstate.resolveConfig({ flags: { uri: "clickhouse://default@127.0.0.1:8123/meltano" } });
-//   const store = chstate.openStore(storeOptions(config), httpTransport(config));
-//   await store.set("dev:tap-x", { completed: { bookmarks: {} }, partial: {} });
-//   console.log(await store.get("dev:tap-x"));
-//   store.close();
+//   import * as chstate from "chstate-wasi";
+//   const store = await chstate.open("clickhouse://default@127.0.0.1:8123/meltano", { password: "..." });
+//   await store.set("dev:tap-x", { singer_state: { bookmarks: {} } });
+//   console.log((await store.get("dev:tap-x")).merged);
+//   await store.close();
+//
+// The lower-level pieces stay available: loadChstate(path) gives the module,
+// WasiCore(module) its calls as a core, httpTransport(connection) the
+// transport, openStore(core, settings, {transport}) the binding's store.
 import fs from "node:fs";
 import http from "node:http";
 import https from "node:https";
@@ -17,20 +20,12 @@ import { webcrypto } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import { fileURLToPath } from "node:url";
 import { WASI } from "node:wasi";
+import { ChstateError, Store, failed, hex, openStore, unhex } from "./chstate_binding.mjs";
+
+export { ChstateError, Store, hex, openStore, unhex };
 
 const enc = new TextEncoder();
 const dec = new TextDecoder("utf-8", { fatal: true });
-
-export class ChstateError extends Error {
-  constructor(code, message) {
-    super(`${code}: ${message}`);
-    this.code = code;
-    this.detail = message;
-  }
-}
-
-export const hex = (s) => Buffer.from(s, "utf8").toString("hex");
-export const unhex = (h) => Buffer.from(h, "hex").toString("utf8");
 
 // The module's exports behind document-in, document-out calls. Every
 // document is copied into a block the host owns (chstate_alloc) and the
@@ -88,9 +83,13 @@ export class ChstateModule {
     return [this.random, 32];
   }
 
-  resolveConfig(sources) {
-    const [p, n] = this.input(enc.encode(JSON.stringify(sources)));
-    return JSON.parse(this.output((o, c) => this.x.chstate_resolve_config(p, n, o, c)));
+  resolveSettings(settings) {
+    const [p, n] = this.input(enc.encode(JSON.stringify(settings)));
+    return JSON.parse(this.output((o, c) => this.x.chstate_resolve_settings(p, n, o, c)));
+  }
+
+  verbs() {
+    return JSON.parse(this.output((o, c) => this.x.chstate_verbs(o, c))).verbs;
   }
 
   // Raw store calls (tests drive these directly).
@@ -99,16 +98,40 @@ export class ChstateModule {
     return JSON.parse(this.output((o, c) => this.x.chstate_store_new(p, n, o, c)));
   }
 
-  step(fn, handle, docText, nowMs = BigInt(Math.floor(performance.now()))) {
+  step(fn, handle, docText, nowMs = BigInt(Math.floor(performance.now())), random = null) {
     const [p, n] = this.input(enc.encode(docText));
-    const [rp, rn] = this.fillRandom();
+    let rp, rn;
+    if (random) [rp, rn] = this.input(random, "random_in");
+    else [rp, rn] = this.fillRandom();
     return JSON.parse(this.output((o, c) => this.x[fn](handle, p, n, nowMs, rp, rn, o, c)));
   }
+}
 
-  openStore(options, transport) {
-    const r = this.storeNew(JSON.stringify(options ?? {}));
-    if (r.failed) throw new ChstateError(r.failed.code, r.failed.message);
-    return new Store(this, r.store, transport);
+// The module's calls as the binding's core.
+export class WasiCore {
+  constructor(mod) {
+    this.mod = mod;
+    this.settings = new Map();
+  }
+
+  verbs() { return this.mod.verbs(); }
+
+  storeNew(settings) {
+    const r = this.mod.storeNew(JSON.stringify(settings));
+    if (r.failed) throw failed(r);
+    this.settings.set(r.store, r.settings);
+    return r.store;
+  }
+
+  storeSettings(handle) { return this.settings.get(handle); }
+
+  start(handle, text, nowMs, random) { return this.mod.step("chstate_op_start", handle, text, BigInt(nowMs), random); }
+
+  feed(handle, text, nowMs, random) { return this.mod.step("chstate_op_feed", handle, text, BigInt(nowMs), random); }
+
+  storeFree(handle) {
+    this.mod.x.chstate_store_free(handle);
+    this.settings.delete(handle);
   }
 }
 
@@ -138,27 +161,12 @@ export async function loadChstate(path = defaultWasmUrl) {
   return new ChstateModule(instance);
 }
 
-// The store options a resolved config implies: where the state lives, cluster
-// mode when a cluster is named, and every host of the connection (the core
-// picks one for each request). `extra` adds or overrides options
-// (lock_timeout_ms, history_days, ...).
-export function storeOptions(config, extra = {}) {
-  const options = { schema: config.schema, table: config.table };
-  if (config.cluster) {
-    Object.assign(options, { cluster: config.cluster, zookeeper_path: config.zookeeper_path, replica: config.replica,
-                             quorum: config.quorum });
-  }
-  if (Array.isArray(config.hosts) && config.hosts.length > 0) {
-    options.hosts = config.hosts.map(({ host, port }) => ({ host, port }));
-  }
-  return { ...options, ...extra };
-}
-
-// The HTTP(S) transport: one POST per request to the host and port the
-// request names (the core picks one of the connection's hosts; config.host
-// and config.port when it names none), over keep-alive connections kept per
-// host:port (the agent's pools), credentials in headers (never in the URL),
-// the answer as the core wants it.
+// The HTTP(S) transport for a resolved connection (the "connection" of the
+// settings a store was opened with): one POST per request to the host and
+// port the request names (the core picks one of the connection's hosts;
+// config.host and config.port when it names none), over keep-alive
+// connections kept per host:port (the agent's pools), credentials in headers
+// (never in the URL), the answer as the core wants it.
 // TLS verification is always on; config.ca_file (when set) is the trust
 // anchor. Each request is given its own timeout_ms. Failures without an
 // answer come back as transport_ok=false; "maybe_delivered" is false only
@@ -237,86 +245,13 @@ export function httpTransport(config) {
   return transport;
 }
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-// One store handle driven to completion per operation; ops run one at a time.
-export class Store {
-  constructor(mod, handle, transport) {
-    this.mod = mod;
-    this.handle = handle;
-    this.transport = transport;
-    this.queue = Promise.resolve();
-  }
-
-  // Runs one op document to its end: the "done" document, or throws ChstateError.
-  run(op) {
-    const next = this.queue.then(() => this.#drive(op));
-    this.queue = next.catch(() => {});
-    return next;
-  }
-
-  async #drive(op) {
-    if (this.handle === null) throw new ChstateError("FAILED_PRECONDITION", "the store was closed");
-    let action = this.mod.step("chstate_op_start", this.handle, JSON.stringify(op));
-    for (;;) {
-      if (action.request) {
-        // Sent once: whether a failed request goes again is the core's call.
-        const response = await this.transport(action.request);
-        action = this.mod.step("chstate_op_feed", this.handle, JSON.stringify({ response }));
-      } else if (action.wait_ms !== undefined) {
-        await sleep(action.wait_ms);
-        action = this.mod.step("chstate_op_feed", this.handle, '{"timer":true}');
-      } else if (action.done) {
-        return action.done;
-      } else {
-        throw new ChstateError(action.failed.code, action.failed.message);
-      }
-    }
-  }
-
-  // The merged view is the caller's business; this returns both sides, or null.
-  async get(id) {
-    const done = await this.run({ op: "get", state_id_hex: hex(id) });
-    return done.state && { completed: done.state.completed, partial: done.state.partial };
-  }
-  set(id, state) { return this.run({ op: "set", state_id_hex: hex(id), state }); }
-  // Merges `partial` into the id's partial state under its lock (Meltano's update()).
-  merge(id, partial) { return this.run({ op: "update", state_id_hex: hex(id), state: { completed: {}, partial } }); }
-  async list(pattern = null) {
-    const done = await this.run(pattern === null ? { op: "list", pattern: null } : { op: "list", pattern_hex: hex(pattern) });
-    return done.state_ids_hex.map(unhex);
-  }
-  delete(id) { return this.run({ op: "delete", state_id_hex: hex(id) }); }
-  async clearAll() { return (await this.run({ op: "clear_all" })).count; }
-  // The versions kept in the state history, newest first: [{version, updated_at, current, state}, ...].
-  async history(id, limit = null) {
-    const op = { op: "history", state_id_hex: hex(id) };
-    if (limit !== null) op.limit = limit;
-    return (await this.run(op)).versions;
-  }
-  // Restores a version (as history() names it) under the id's lock; resolves to the restored state.
-  async rollback(id, version) {
-    const done = await this.run({ op: "rollback", state_id_hex: hex(id), version });
-    return { completed: done.state.completed, partial: done.state.partial };
-  }
-
-  // Runs fn() while holding the id's lock; the lock is released afterwards,
-  // also when fn throws. Inside, setLocked() writes within the lock's lease.
-  async withLock(id, fn) {
-    const { lock_id } = await this.run({ op: "acquire_lock", state_id_hex: hex(id) });
-    try {
-      return await fn({
-        setLocked: (state) => this.run({ op: "set", state_id_hex: hex(id), state }),
-        renew: () => this.run({ op: "renew_lock", state_id_hex: hex(id) }),
-      });
-    } finally {
-      await this.run({ op: "release_lock", state_id_hex: hex(id), lock_id });
-    }
-  }
-
-  close() {
-    if (this.handle !== null) this.mod.x.chstate_store_free(this.handle);
-    this.handle = null;
-    this.transport.close?.();
-  }
+// Opens a store in one call: the module (the packaged chstate.wasm, or
+// `options.wasm`), the settings by the core's names (uri, password,
+// lock_timeout_seconds, ...; any key of `options` but wasm, transport and
+// env), resolved by the core with `options.env` (default: this process's
+// MELTANO_STATE_BACKEND_* and CLICKHOUSE_* variables).
+export async function open(uri, options = {}) {
+  const { wasm, transport, env, ...settings } = options;
+  const mod = await loadChstate(wasm ?? defaultWasmUrl);
+  return openStore(new WasiCore(mod), { uri, ...settings }, { transport, env, makeTransport: httpTransport });
 }

@@ -2,46 +2,40 @@
 
 The module (hosts/wasi/module.cc) imports nothing: it is instantiated with an
 empty WASI context (no arguments, environment or directories), given the
-clock and random bytes with each call, and asks this host to run its SQL,
-which `HttpTransport` does with http.client.
+clock and random bytes with each call, and asks this host to run its SQL.
+`WasmtimeCore` is the module's calls; the Python binding of chstate's verbs
+(chstate_meltano.binding: the pump, the idle timer, the methods made from the
+core's verb table) does the rest, as for the native library and Extism.
 
-    mod = ChstateModule("bazel-bin/hosts/wasi/chstate.wasm")
-    config = mod.resolve_config({"flags": {"uri": "clickhouse://default@127.0.0.1:8123/default"}})["config"]
-    store = mod.open_store(store_options(config), HttpTransport(config))
-    store.set("dev:tap", {"completed": {"bookmarks": {}}, "partial": {}})
-    print(store.get("dev:tap"))
+    import chstate_wasmtime as chstate
+    store = chstate.open("clickhouse://meltano@127.0.0.1:8123/default", password="...")
+    store.set("dev:tap", {"singer_state": {"bookmarks": {}}})
+    print(store.get("dev:tap")["merged"])
     store.close()
 """
 
 from __future__ import annotations
 
 import ctypes
-import http.client
 import json
 import os
-import ssl
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
-from urllib.parse import quote
 
 import wasmtime
 
+try:
+    from chstate_meltano.binding import ChstateError, Core, Store, failed, id_from_hex, id_hex  # noqa: F401
+except ImportError:  # in a checkout: the binding beside this folder
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+    from chstate_meltano.binding import ChstateError, Core, Store, failed, id_from_hex, id_hex  # noqa: F401
+
 OUT_BLOCK = 64 * 1024
-
-
-class ChstateError(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
-
-def id_hex(state_id: str) -> str:
-    return state_id.encode("utf-8", "surrogateescape").hex()
-
-
-def id_from_hex(h: str) -> str:
-    return bytes.fromhex(h).decode("utf-8", "surrogateescape")
+# Where open() looks when given no module: beside this file, else a checkout's
+# build output (bazel build --config=wasi //hosts/wasi:chstate.wasm).
+DEFAULT_WASM = Path(__file__).resolve().parent / "chstate.wasm"
 
 
 def _fast_call(store: wasmtime.Store, func: wasmtime.Func) -> Callable[..., Any]:
@@ -178,168 +172,61 @@ class ChstateModule:
     def random(self) -> tuple[int, int]:
         return self.put(os.urandom(32), "random")
 
-    def resolve_config(self, sources: Mapping[str, Any]) -> dict:
-        p, n = self.put(json.dumps(sources).encode())
-        return json.loads(self.output(lambda o, c: self.call("chstate_resolve_config", p, n, o, c)))
+    def resolve_settings(self, settings: Mapping[str, Any]) -> dict:
+        p, n = self.put(json.dumps(settings).encode())
+        return json.loads(self.output(lambda o, c: self.call("chstate_resolve_settings", p, n, o, c)))
 
-    def store_new(self, options_text: bytes) -> dict:
-        p, n = self.put(options_text)
+    def store_new(self, settings_text: bytes) -> dict:
+        p, n = self.put(settings_text)
         return json.loads(self.output(lambda o, c: self.call("chstate_store_new", p, n, o, c)))
 
-    def step(self, fn: str, handle: int, doc: bytes, now_ms: Optional[int] = None) -> dict:
+    def step(self, fn: str, handle: int, doc: bytes, now_ms: Optional[int] = None,
+             random: Optional[bytes] = None) -> dict:
         now_ms = time.monotonic_ns() // 1_000_000 if now_ms is None else now_ms
         p, n = self.put(doc)
-        rp, rn = self.random()
+        rp, rn = self.put(random if random is not None else os.urandom(32), "random")
         return json.loads(self.output(lambda o, c: self.call(fn, handle, p, n, now_ms, rp, rn, o, c)))
 
-    def open_store(self, options: Mapping[str, Any], transport: Callable[[dict], dict]) -> "Store":
-        r = self.store_new(json.dumps(options).encode())
+
+class WasmtimeCore(Core):
+    """The module's calls as the binding's Core (one instance, its stores)."""
+
+    def __init__(self, module: ChstateModule):
+        self.mod = module
+        self._settings: dict = {}
+
+    def verbs(self) -> list:
+        return json.loads(self.mod.output(lambda o, c: self.mod.call("chstate_verbs", o, c)))["verbs"]
+
+    def store_new(self, settings: Mapping[str, Any]) -> Any:
+        r = self.mod.store_new(json.dumps(settings).encode())
         if "failed" in r:
-            raise ChstateError(r["failed"]["code"], r["failed"]["message"])
-        return Store(self, r["store"], transport)
+            raise failed(r)
+        self._settings[r["store"]] = {"settings": r["settings"]}
+        return r["store"]
+
+    def store_settings(self, handle: Any) -> dict:
+        return self._settings[handle]
+
+    def start(self, handle: Any, doc: bytes, now_ms: int, random: bytes) -> dict:
+        return self.mod.step("chstate_op_start", handle, doc, now_ms, random)
+
+    def feed(self, handle: Any, doc: bytes, now_ms: int, random: bytes) -> dict:
+        return self.mod.step("chstate_op_feed", handle, doc, now_ms, random)
+
+    def store_free(self, handle: Any) -> None:
+        self.mod.call("chstate_store_free", handle)
+        self._settings.pop(handle, None)
 
 
-def store_options(config: Mapping[str, Any], **extra: Any) -> dict:
-    """The store options a resolved config implies: schema, table, the cluster
-    settings when a cluster is named, and every host of the connection (the
-    core picks one for each request); `extra` adds or overrides options."""
-    options: dict = {"schema": config["schema"], "table": config["table"]}
-    if config.get("cluster"):
-        options.update({k: config[k] for k in ("cluster", "zookeeper_path", "replica", "quorum")})
-    if config.get("hosts"):
-        options["hosts"] = [{"host": h["host"], "port": h["port"]} for h in config["hosts"]]
-    return {**options, **extra}
-
-
-def _shown(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-class HttpTransport:
-    """POSTs each request to ClickHouse, at the request's "host" and "port"
-    (the core picks one of the store's hosts), else at config's; a new
-    connection per request; credentials in headers only."""
-
-    def __init__(self, config: Mapping[str, Any]):
-        self.host, self.port, self.secure = str(config["host"]), int(config["port"]), bool(config.get("secure"))
-        self.ca_file = config.get("ca_file") or None
-        self.connect_timeout = int(config["connect_timeout_ms"]) / 1000  # the core's default
-        self.headers = {"X-ClickHouse-User": str(config["user"]), "Content-Type": "text/plain; charset=UTF-8"}
-        if config.get("password"):
-            self.headers["X-ClickHouse-Key"] = str(config["password"])
-        self.base = "/?database=" + quote(str(config["database"]), safe="")
-
-    def __repr__(self) -> str:  # never the password
-        return f"HttpTransport({self.host}:{self.port})"
-
-    def __call__(self, request: Mapping[str, Any]) -> dict:
-        host, port = str(request.get("host") or self.host), int(request.get("port") or self.port)
-        path = self.base + "".join(f"&{quote(str(k), safe='')}={quote(str(v), safe='')}"
-                                   for k, v in request.get("url_params", []))
-        if self.secure:
-            ctx = ssl.create_default_context(cafile=self.ca_file)
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                host, port, timeout=self.connect_timeout, context=ctx)
-        else:
-            conn = http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
-        try:
-            try:
-                conn.connect()
-            except OSError as e:
-                return {"transport_ok": False, "maybe_delivered": False,
-                        "transport_error": f"cannot connect to {_shown(host, port)}: {e.strerror or e}"}
-            try:
-                if request.get("timeout_ms"):
-                    conn.sock.settimeout(int(request["timeout_ms"]) / 1000)
-                conn.request("POST", path, body=str(request["sql"]).encode(), headers=self.headers)
-                res = conn.getresponse()
-                body = res.read()
-            except (OSError, http.client.HTTPException) as e:
-                return {"transport_ok": False, "maybe_delivered": True,
-                        "transport_error": f"no answer from {_shown(host, port)}: {e}"}
-            return {"transport_ok": True, "http_status": res.status,
-                    "exception_code_header": res.getheader("X-ClickHouse-Exception-Code") or "",
-                    "body_hex": body.hex()}
-        finally:
-            conn.close()
-
-
-class Store:
-    """One store handle; each method drives one operation to its end."""
-
-    def __init__(self, mod: ChstateModule, handle: int, transport: Callable[[dict], dict]):
-        self.mod, self.handle, self.transport = mod, handle, transport
-
-    def run(self, op: Mapping[str, Any]) -> dict:
-        if self.handle is None:
-            raise ChstateError("FAILED_PRECONDITION", "the store was closed")
-        action = self.mod.step("chstate_op_start", self.handle, json.dumps(op).encode())
-        while True:
-            if "request" in action:
-                request = action["request"]
-                response = self.transport(request)  # once: resending is the core's decision
-                action = self.mod.step("chstate_op_feed", self.handle, json.dumps({"response": response}).encode())
-            elif "wait_ms" in action:
-                time.sleep(max(0, int(action["wait_ms"])) / 1000)
-                action = self.mod.step("chstate_op_feed", self.handle, b'{"timer":true}')
-            elif "done" in action:
-                return action["done"]
-            else:
-                raise ChstateError(action["failed"]["code"], action["failed"]["message"])
-
-    def get(self, state_id: str) -> Optional[dict]:
-        st = self.run({"op": "get", "state_id_hex": id_hex(state_id)})["state"]
-        return None if st is None else {"completed": st["completed"], "partial": st["partial"]}
-
-    def set(self, state_id: str, state: Mapping[str, Any]) -> None:
-        self.run({"op": "set", "state_id_hex": id_hex(state_id), "state": state})
-
-    def merge(self, state_id: str, partial: Mapping[str, Any]) -> None:
-        """Merges `partial` into the id's partial state under its lock (Meltano's update())."""
-        self.run({"op": "update", "state_id_hex": id_hex(state_id), "state": {"completed": {}, "partial": partial}})
-
-    def list(self, pattern: Optional[str] = None) -> list[str]:
-        op = {"op": "list", "pattern": None} if pattern is None else {"op": "list", "pattern_hex": id_hex(pattern)}
-        return [id_from_hex(h) for h in self.run(op)["state_ids_hex"]]
-
-    def delete(self, state_id: str) -> None:
-        self.run({"op": "delete", "state_id_hex": id_hex(state_id)})
-
-    def clear_all(self) -> int:
-        return int(self.run({"op": "clear_all"})["count"])
-
-    def history(self, state_id: str, limit: Optional[int] = None) -> list[dict]:
-        """The versions kept in the state history, newest first: [{version, updated_at, current, state}, ...]."""
-        op: dict = {"op": "history", "state_id_hex": id_hex(state_id)}
-        if limit is not None:
-            op["limit"] = limit
-        return self.run(op)["versions"]
-
-    def rollback(self, state_id: str, version: str) -> dict:
-        """Restores a version (as history() names it) under the id's lock; returns the restored state."""
-        st = self.run({"op": "rollback", "state_id_hex": id_hex(state_id), "version": version})["state"]
-        return {"completed": st["completed"], "partial": st["partial"]}
-
-    def locked(self, state_id: str) -> "_Lock":
-        """`with store.locked(id) as lock: lock.set(state)`; released on exit, also on errors."""
-        return _Lock(self, state_id)
-
-    def close(self) -> None:
-        if self.handle is not None:
-            self.mod.call("chstate_store_free", self.handle)
-        self.handle = None
-
-
-class _Lock:
-    def __init__(self, store: Store, state_id: str):
-        self.store, self.state_id, self.lock_id = store, state_id, ""
-
-    def __enter__(self) -> "_Lock":
-        self.lock_id = self.store.run({"op": "acquire_lock", "state_id_hex": id_hex(self.state_id)})["lock_id"]
-        return self
-
-    def set(self, state: Mapping[str, Any]) -> None:
-        self.store.set(self.state_id, state)
-
-    def __exit__(self, *exc: Any) -> None:
-        self.store.run({"op": "release_lock", "state_id_hex": id_hex(self.state_id), "lock_id": self.lock_id})
+def open(uri: Optional[str] = None, *, wasm: str | os.PathLike | None = None, transport: Any = None,
+         env: Optional[Mapping[str, str]] = None, **settings: Any) -> Store:  # noqa: A001 - chstate.open
+    """Opens a store in one call: the module at `wasm` (default: chstate.wasm
+    beside this file), the settings by the core's names (uri, password,
+    lock_timeout_seconds, ...), resolved by the core with `env` (default:
+    this process's MELTANO_STATE_BACKEND_* and CLICKHOUSE_* variables)."""
+    path = Path(wasm) if wasm is not None else DEFAULT_WASM
+    if not path.is_file():
+        raise ChstateError("NOT_FOUND", f"no chstate.wasm at {path}: pass wasm=PATH (in a checkout: bazel build "
+                           "--config=wasi //hosts/wasi:chstate.wasm)")
+    return Store(WasmtimeCore(ChstateModule(path)), {"uri": uri, **settings}, transport=transport, env=env)

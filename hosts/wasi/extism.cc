@@ -5,8 +5,9 @@
 // through output_set. The plugin has no clock and no randomness, so the time
 // and fresh random bytes come in every document that may need them:
 //
-//   resolve_config  {"flags": {...}, "env": {...}}        -> {"config": {...}} | {"failed": ...}
-//   store_new       {store options, hosts/common/protocol.h}  -> {"store": N} | {"failed": ...}
+//   verbs           (no input)                             -> {"verbs": [...]} (core/verbs.h)
+//   resolve_settings  a settings document (hosts/common/protocol.h) -> {"settings": {...}} | {"failed": ...}
+//   store_new       a settings document                   -> {"store": N, "settings": {...}} | {"failed": ...}
 //   op_start        {"store": N, "now_ms": T, "random_hex": "<32+ hex>", "op": {...}}
 //   op_feed         {"store": N, "now_ms": T, "random_hex": "...", "answer": {"response": ...} | {"timer": true}}
 //                   -> the next action: {"request": ...}, {"wait_ms": N}, {"done": ...} or {"failed": ...}
@@ -159,10 +160,12 @@ int32_t Step(const char* document_key, char* (*call)(chstate_store*, const char*
 
 }  // namespace
 
-EXTISM_EXPORT("resolve_config") int32_t resolve_config(void) {
+EXTISM_EXPORT("verbs") int32_t verbs(void) { return OutputOwned(chstate_verbs()); }
+
+EXTISM_EXPORT("resolve_settings") int32_t resolve_settings(void) {
   std::string text;
   if (!ReadInput(&text)) return Failed("the input is larger than 16 MiB");
-  return OutputOwned(chstate_resolve_config(text.c_str()));
+  return OutputOwned(chstate_resolve_settings(text.c_str()));
 }
 
 EXTISM_EXPORT("store_new") int32_t store_new(void) {
@@ -173,7 +176,12 @@ EXTISM_EXPORT("store_new") int32_t store_new(void) {
   if (store == nullptr) return OutputOwned(error);
   const int64_t handle = next_handle++;
   Stores()[handle] = store;
-  return Output(json({{"store", handle}}).dump());
+  // What it was opened with (where to connect: the host's transport needs it).
+  char* settings = chstate_store_settings(store);
+  json out = json::parse(settings == nullptr ? "{}" : settings, nullptr, false);
+  chstate_string_free(settings);
+  out["store"] = handle;
+  return Output(out.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
 EXTISM_EXPORT("op_start") int32_t op_start(void) { return Step("op", chstate_op_start); }

@@ -8,7 +8,8 @@
 //
 //   ptr  = chstate_alloc(n)                 // a block in module memory
 //   ... host writes n bytes of UTF-8 JSON at ptr ...
-//   r    = chstate_store_new(ptr, n, out, cap)        // {"store":1} or {"failed":...}
+//   r    = chstate_store_new(ptr, n, out, cap)        // a settings document -> {"store":1,"settings":{...}}
+//                                                     // or {"failed":...}
 //   r    = chstate_op_start(1, op, op_len, now_ms, rnd, 32, out, cap)
 //   while the document at `out` is {"request":...} / {"wait_ms":N}:
 //     ... run the SQL or sleep ...
@@ -58,7 +59,7 @@ namespace {
 
 // Version of this module's export list and calling convention (the JSON
 // documents are versioned by CHSTATE_ABI_VERSION, reported alongside).
-constexpr int32_t kWasmAbiVersion = 1;
+constexpr int32_t kWasmAbiVersion = 2;  // 2: settings documents, the verb table, store_new says how to connect
 
 // Largest block chstate_alloc hands out and largest document accepted.
 // A state of 16 MiB parses into a few hundred MiB of tree at worst, well
@@ -285,23 +286,28 @@ CHSTATE_EXPORT("chstate_last") int32_t wasm_last(uint32_t out_ptr, uint32_t out_
   return n;
 }
 
-// chstate_resolve_config of chstate.h: {"flags":{...},"env":{...}} ->
-// {"config":{...}} or {"failed":...}. The module has no environment of its
+// chstate_resolve_settings of chstate.h: a settings document ->
+// {"settings":{...}} or {"failed":...}. The module has no environment of its
 // own: the host passes the variables it wants considered.
-CHSTATE_EXPORT("chstate_resolve_config")
-int32_t wasm_resolve_config(uint32_t in_ptr, uint32_t in_len, uint32_t out_ptr, uint32_t out_cap) {
+CHSTATE_EXPORT("chstate_resolve_settings")
+int32_t wasm_resolve_settings(uint32_t in_ptr, uint32_t in_len, uint32_t out_ptr, uint32_t out_cap) {
   std::string doc;
-  absl::Status status = ReadDocument(in_ptr, in_len, "config sources document", &doc);
+  absl::Status status = ReadDocument(in_ptr, in_len, "settings document", &doc);
   if (!status.ok()) return Deliver(Failed(status), out_ptr, out_cap);
-  return Deliver(Take(chstate_resolve_config(doc.c_str())), out_ptr, out_cap);
+  return Deliver(Take(chstate_resolve_settings(doc.c_str())), out_ptr, out_cap);
 }
 
-// Store options (chstate.h chstate_store_new; empty = defaults) ->
-// {"store": HANDLE} or {"failed": ...}.
+// The verb table (chstate_verbs of chstate.h).
+CHSTATE_EXPORT("chstate_verbs") int32_t wasm_verbs(uint32_t out_ptr, uint32_t out_cap) {
+  return Deliver(Take(chstate_verbs()), out_ptr, out_cap);
+}
+
+// A settings document (chstate.h chstate_store_new) ->
+// {"store": HANDLE, "settings": {...}} or {"failed": ...}.
 CHSTATE_EXPORT("chstate_store_new")
 int32_t wasm_store_new(uint32_t in_ptr, uint32_t in_len, uint32_t out_ptr, uint32_t out_cap) {
   std::string doc;
-  absl::Status status = ReadDocument(in_ptr, in_len, "store options document", &doc);
+  absl::Status status = ReadDocument(in_ptr, in_len, "settings document", &doc);
   auto& slots = Slots();
   size_t index = 0;
   while (index < slots.size() && slots[index].store != nullptr) ++index;
@@ -319,7 +325,9 @@ int32_t wasm_store_new(uint32_t in_ptr, uint32_t in_len, uint32_t out_ptr, uint3
   if (slot.generation == 0) slot.generation = 1;
   slot.store = store;
   auto handle = static_cast<int32_t>((slot.generation << 16) | (index + 1));
-  return Deliver(absl::StrCat("{\"store\":", handle, "}"), out_ptr, out_cap);
+  // What it was opened with: where to connect (the host's transport needs it).
+  std::string settings = Take(chstate_store_settings(store));
+  return Deliver(absl::StrCat("{\"store\":", handle, ",", settings.substr(1)), out_ptr, out_cap);
 }
 
 // Releases a store and its unfinished operation: 0, or -1 for a handle that is

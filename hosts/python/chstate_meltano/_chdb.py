@@ -28,7 +28,7 @@ import re
 import threading
 from typing import Any, Mapping
 
-from ._native import ChstateError
+from .binding import ChstateError
 
 HTTP_ONLY_PARAMS = frozenset({"wait_end_of_query", "database", "default_format", "query_id", "session_id"})
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
