@@ -57,8 +57,8 @@ std::unique_ptr<Connection> Holding() {
   auto c = MakeConnection(30000);
   uint64_t op = c->Start(c->store().AcquireLock("id"), {0, kRandom});
   Answer(*c, op, "select_version", kVersion, 1);
-  Answer(*c, op, "create_lock", Ok(), 2);
   Answer(*c, op, "foreign_lock_rows", Ok(""), 2);  // no Python backend's row
+  Answer(*c, op, "create_lock", Ok(), 2);
   std::optional<OpEvent> e = c->PollEvent();
   EXPECT_TRUE(e.has_value() && e->ok && e->result.lock_id == kLockId);
   return c;
@@ -95,8 +95,8 @@ TEST(Connection, OperationsRunInTheOrderStarted) {
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->op, first);
   // A set takes the id's lock around its write.
-  Answer(*c, second, "create_lock", Ok(), 3);
   Answer(*c, second, "foreign_lock_rows", Ok(""), 3);
+  Answer(*c, second, "create_lock", Ok(), 3);
   Answer(*c, second, "insert_state", Ok(), 3);
   Answer(*c, second, "inspect_lock", Held(kLockId, 0, 0), 3);
   Answer(*c, second, "drop_lock", Ok(), 3);

@@ -458,18 +458,50 @@ class StoreSteps {
       }
       s_->yielded_until_.erase(y);
     }
+    // A mixed fleet is safe by default: a live row of the Python backend in
+    // <table>_lock is waited for whatever python_locks says (that setting
+    // decides whether this store also shows itself there, and looks again
+    // after taking its own lock). Looked at before taking the lock, so that
+    // a failed look leaves nothing to release. The Python backend knows no
+    // clusters.
+    if (!s_->options_.python_locks && !st().cluster().enabled()) {
+      return Query(
+          st().ForeignLockRows(id), "looking for the Python backend's lock rows", 2,
+          [this, id, then, fail, deadline](const Rows& rows) -> Step {
+            if (rows.empty()) return TakeLock(id, then, fail, deadline);
+            return WaitForPython(id, rows[0][0].value_or(""), then, fail, deadline);
+          },
+          [this, id, then, fail, deadline](absl::Status st) -> Step {
+            // No such table: no Python process ever ran on this schema.
+            if (st.code() == absl::StatusCode::kNotFound) return TakeLock(id, then, fail, deadline);
+            return fail(std::move(st));
+          });
+    }
+    return TakeLock(id, then, fail, deadline);
+  }
+
+  // A Python backend's process holds the id: try again after the retry
+  // wait, or give up naming it.
+  Step WaitForPython(const std::string& id, const std::string& python_lock_id, std::function<Step(LockPtr)> then,
+                     OnFailure fail, int64_t deadline) {
+    if (in_->now_ms + s_->options_.lock.retry_ms >= deadline) {
+      return fail(absl::AbortedError(absl::StrCat(
+          "state id \"", Printable(id), "\" is locked by a process of the Python ClickHouse backend (its lock row ",
+          Printable(python_lock_id), " in ", s_->options_.table, "_lock); it was not free within the lock timeout")));
+    }
+    return Step::Wait(s_->options_.lock.retry_ms,
+                      [this, id, then, fail, deadline] { return Acquire(id, then, fail, deadline); });
+  }
+
+  Step TakeLock(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail, int64_t deadline) {
     LockOptions options = s_->options_.lock;
     options.timeout_ms = std::max<int64_t>(deadline - in_->now_ms, 0);
     auto m = std::make_shared<LockMachine>(st(), id, options);
     m->Acquire(*in_);
     return DriveLock(m, [this, m, id, deadline, then, fail](const LockAction& a) -> Step {
       if (a.kind != LockAction::Kind::kAcquired) return fail(ExplainCluster(a.status));
-      // A mixed fleet is safe by default: a live row of the Python backend
-      // in <table>_lock is honoured whatever python_locks says (that setting
-      // decides whether this store also shows itself there). The Python
-      // backend knows no clusters.
-      if (st().cluster().enabled()) return then(m);
-      return ClaimFromPython(id, m, deadline, then, fail, /*show_marker=*/s_->options_.python_locks);
+      if (!s_->options_.python_locks) return then(m);
+      return ClaimFromPython(id, m, deadline, then, fail);
     });
   }
 
@@ -478,10 +510,8 @@ class StoreSteps {
   // settle time (a Python process that saw the lock free before the marker
   // has written its row by then), look again. Yielding releases the table
   // lock and tries again until the deadline.
-  // Without `show_marker` (python_locks off) it only looks once: a Python
-  // holder is waited for; no <table>_lock table means no Python process.
   Step ClaimFromPython(const std::string& id, const LockPtr& m, int64_t deadline, std::function<Step(LockPtr)> then,
-                       OnFailure fail, bool show_marker) {
+                       OnFailure fail) {
     // Release withdraws the marker first (it is harmless when none was written).
     auto abandon = [this, m, fail](absl::Status st) -> Step {
       return Release(m, [fail, st] { return fail(st); }, [fail, st](absl::Status) { return fail(st); });
@@ -505,15 +535,6 @@ class StoreSteps {
       return Query(st().ForeignLockRows(id), "looking for the Python backend's lock rows", 2, std::move(seen),
                    std::move(failed));
     };
-    if (!show_marker) {
-      return look(
-          [m, then, yield](const Rows& rows) -> Step {
-            return rows.empty() ? then(m) : yield(rows[0][0].value_or(""));
-          },
-          [m, then, abandon](absl::Status st) -> Step {
-            return st.code() == absl::StatusCode::kNotFound ? then(m) : abandon(std::move(st));
-          });
-    }
     return look(
         [this, id, m, then, yield, abandon, look](const Rows& before) -> Step {
           if (!before.empty()) return yield(before[0][0].value_or(""));
@@ -1528,7 +1549,7 @@ std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
   return MakeTask(this, [this, state_id](StoreSteps& s) {
     const int64_t started_ms = s.inputs().now_ms;
-    if (auto it = held_.find(state_id); it != held_.end() && !it->second.lingering) {
+    if (auto it = held_.find(state_id); it != held_.end() && !it->second.lingering && it->second.Live()) {
       // Waiting for a lock this store holds would wait for itself.
       return Step::Fail(absl::FailedPreconditionError(absl::StrCat(
           "this store already holds the lock on state id \"", StoreSteps::Printable(state_id),

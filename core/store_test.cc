@@ -395,6 +395,8 @@ TEST(Store, TimeoutRightAfterALostRequestIsUnavailableNotBusy) {
   auto t = store->AcquireLock("a");
   Action a = t->Start({clock, kRandom});
   a = t->OnResponse(Ok("18.16.1\t1\n"), {clock, kRandom});
+  ASSERT_EQ(a.request.purpose, "foreign_lock_rows");
+  a = t->OnResponse(Ok(""), {clock, kRandom});
   ASSERT_EQ(a.request.purpose, "create_lock");
   a = t->OnResponse(Refused(), {clock, kRandom});
   ASSERT_EQ(a.request.purpose, "inspect_lock");
@@ -547,9 +549,9 @@ TEST(Store, WriteAfterTheLeaseRanOutIsNotSent) {
   auto t = store->Update(incoming);
   Action a = t->Start({clock, kRandom});
   a = t->OnResponse(Ok("18.16.1\t1\n"), {clock, kRandom});
-  ASSERT_EQ(a.request.purpose, "create_lock");
-  a = t->OnResponse(Ok(), {clock, kRandom});
   ASSERT_EQ(a.request.purpose, "foreign_lock_rows");
+  a = t->OnResponse(Ok(), {clock, kRandom});
+  ASSERT_EQ(a.request.purpose, "create_lock");
   a = t->OnResponse(Ok(), {clock, kRandom});
   ASSERT_EQ(a.request.purpose, "get_state");
   clock += 5000;  // the read took longer than the lease
@@ -728,13 +730,13 @@ TEST(LingeringStore, ALingeringLockPastItsLeaseIsForgottenNotUsed) {
   auto t = store->AcquireLock("id");
   Action a = t->Start({clock, kRandom});
   ASSERT_EQ(a.kind, Action::Kind::kRunSql);
-  EXPECT_EQ(a.request.purpose, "create_lock");
+  EXPECT_EQ(a.request.purpose, "foreign_lock_rows");
   // And a write does not go out under it.
   MeltanoState state{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")};
   auto set = store->Set(state);
   a = set->Start({clock, kRandom});
   ASSERT_EQ(a.kind, Action::Kind::kRunSql);
-  EXPECT_EQ(a.request.purpose, "create_lock");  // a lock of its own, as with no lock held
+  EXPECT_EQ(a.request.purpose, "foreign_lock_rows");  // a lock of its own, as with no lock held
 }
 
 TEST(Store, LegacyDeleteWaitsForItsMutation) {
@@ -1664,6 +1666,8 @@ TEST(Store, MissingRandomnessIsAnError) {
   auto t = store->AcquireLock("a");
   Action a = t->Start({0, "short"});
   a = t->OnResponse(Ok("18.16.1\t1\n"), {0, "short"});
+  ASSERT_EQ(a.request.purpose, "foreign_lock_rows");
+  a = t->OnResponse(Ok(""), {0, "short"});
   EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("random")));
 }
 

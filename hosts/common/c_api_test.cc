@@ -122,9 +122,9 @@ void AbandonedSetUnderTheLock() {
   ASSERT_EQ(a["request"]["purpose"], "select_version") << a;
   a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body":"18.16.1\t1\n"}})", 6, kRandom,
                            sizeof kRandom));
-  ASSERT_EQ(a["request"]["purpose"], "create_lock") << a;
-  a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body":""}})", 7, kRandom, sizeof kRandom));
   ASSERT_EQ(a["request"]["purpose"], "foreign_lock_rows") << a;
+  a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body":""}})", 7, kRandom, sizeof kRandom));
+  ASSERT_EQ(a["request"]["purpose"], "create_lock") << a;
   a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body":""}})", 7, kRandom, sizeof kRandom));
   ASSERT_EQ(a["request"]["purpose"], "insert_state") << a;
   chstate_store_free(s);
@@ -205,6 +205,8 @@ TEST(CApi, WritesNeedRandomBytes) {
                                  nullptr, 0));
   ASSERT_TRUE(a.contains("request"));
   a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body":"18.16.1\t1\n"}})", 6, nullptr, 0));
+  ASSERT_EQ(a["request"]["purpose"], "foreign_lock_rows") << a;
+  a = Take(chstate_op_feed(s, R"({"response":{"http_status":200,"body":""}})", 6, nullptr, 0));
   ASSERT_TRUE(a.contains("failed")) << a;
   EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("random"));
   chstate_store_free(s);

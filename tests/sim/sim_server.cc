@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "re2/re2.h"
 
@@ -76,6 +77,11 @@ struct Patterns {
   RE2 rmt_select_final{"SELECT lock_id, toInt64\\(locked_at\\), toInt64\\(now\\(\\)\\) FROM " ID "\\." ID
                        " FINAL WHERE state_id = " LIT " FORMAT TabSeparated"};
   RE2 rmt_delete{"ALTER TABLE " ID "\\." ID " DELETE WHERE state_id = " LIT " AND lock_id = " LIT};
+  // A chstate acquirer looking for the Python backend's live rows (always,
+  // since a mixed fleet is safe by default; core/statements.h ForeignLockRows).
+  RE2 foreign_rows{"SELECT lock_id, 1 FROM " ID "\\." ID " WHERE state_id = (?:" LIT "|\\{state_id:String\\}) AND "
+                   "locked_at >= now\\(\\) - (\\d+) "
+                   "AND NOT startsWith\\(lock_id, 'chstate:'\\) FORMAT TabSeparated"};
 };
 
 const Patterns& P() {
@@ -465,6 +471,28 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     }
     if (!best) return Ok("", now_ms, "0 rows");
     return Ok(absl::StrCat(TsvEscape(best->lock_id), "\t", best->locked_at_s, "\t", now_s, "\n"), now_ms, "1 row");
+  }
+
+  int64_t window_s = 0;
+  if (RE2::FullMatch(sql, p.foreign_rows, &db, &name, &lit, &window_s)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto it = tables_.find(name);
+    if (it == tables_.end()) return UnknownTable(name, now_ms);
+    if (it->second.engine != Table::Engine::kReplacingMergeTree) {
+      return Unrecognized(request, "a look for lock rows in a Log table", now_ms);
+    }
+    // 18.x: a literal; modern servers: the id as a query parameter.
+    std::string state_id = Unquote(lit);
+    for (const auto& [k, v] : request.url_params) {
+      if (k == "param_state_id") state_id = Unquote(v);
+    }
+    std::string out;
+    for (const Row& r : it->second.rows) {
+      if (r.visible_ms > now_ms || r.state_id != state_id || r.locked_at_s < now_s - window_s) continue;
+      if (absl::StartsWith(r.lock_id, "chstate:")) continue;
+      absl::StrAppend(&out, TsvEscape(r.lock_id), "\t1\n");
+    }
+    return Ok(out, now_ms, out.empty() ? "no Python row" : "a Python row");
   }
 
   if (RE2::FullMatch(sql, p.rmt_delete, &db, &name, &lit, &lit2)) {

@@ -320,11 +320,9 @@ def sql_file(lib) -> dict:
     cases.append(script(lib, "custom_schema_and_table", {"op": "get", "state_id_hex": hexid("a")},
                         [version("18.16.1"), ok("")], store={"schema": "ops", "table": "bookmarks"}))
     # A mixed fleet is safe by default: a live row of the Python backend makes
-    # the acquirer give the table lock back and wait (here: give up).
+    # the acquirer wait before it takes the table lock (here: give up).
     cases.append(script(lib, "python_backend_row_is_honoured", {"op": "acquire", "state_id_hex": hexid("dev:m")},
-                        [version("18.16.1"), ok(""), ok("python-holder\t1\n"),
-                         ok("000102030405060708090a0b0c0d0e0f\t0\t100\t100\t30\n\t255\t100\t100\t0\n"), ok("")],
-                        store={"lock_wait_seconds": 0.5}))
+                        [version("18.16.1"), ok("python-holder\t1\n")], store={"lock_wait_seconds": 2.5}))
     return {"what": "SQL per dialect: ops started against a scripted server version; the exact requests",
             "random_hex": RANDOM.hex(), "cases": cases}
 
