@@ -285,28 +285,39 @@ SqlRequest Statements::InsertStates(const std::vector<StateRow>& rows, absl::str
   return r;
 }
 
+namespace {
+// A glob as a condition on state_id (none for "all"), with a modern
+// server's parameter added to `r`.
+std::optional<std::string> GlobCondition(Dialect dialect, SqlRequest* r, const std::optional<std::string>& glob) {
+  if (!glob || *glob == "*") return std::nullopt;
+  std::string like = GlobToLike(*glob);
+  if (dialect == Dialect::kModern) {
+    r->url_params.emplace_back("param_pattern", EscapeParamValue(like));
+    return std::string("state_id LIKE {pattern:String}");
+  }
+  return absl::StrCat("state_id LIKE ", QuoteStringLiteral(like));
+}
+
+// `state_id <op> <id>` with a literal (18.x) or a parameter named `name`.
+std::string CompareId(Dialect dialect, SqlRequest* r, const char* op, const char* name, absl::string_view id) {
+  if (dialect == Dialect::kModern) {
+    r->url_params.emplace_back(absl::StrCat("param_", name), EscapeParamValue(id));
+    return absl::StrCat("state_id ", op, " {", name, ":String}");
+  }
+  return absl::StrCat("state_id ", op, " ", QuoteStringLiteral(id));
+}
+}  // namespace
+
 SqlRequest Statements::ExportStates(const std::optional<std::string>& glob, const std::optional<std::string>& after,
-                                    int64_t limit) const {
+                                    const std::optional<std::string>& upto, int64_t limit) const {
   SqlRequest r = Read("export_states");
   ReadSettings(&r);
   std::vector<std::string> conditions;
-  if (glob && *glob != "*") {
-    std::string like = GlobToLike(*glob);
-    if (dialect_ == Dialect::kModern) {
-      r.url_params.emplace_back("param_pattern", EscapeParamValue(like));
-      conditions.push_back("state_id LIKE {pattern:String}");
-    } else {
-      conditions.push_back(absl::StrCat("state_id LIKE ", QuoteStringLiteral(like)));
-    }
-  }
-  if (after) {
-    if (dialect_ == Dialect::kModern) {
-      r.url_params.emplace_back("param_after", EscapeParamValue(*after));
-      conditions.push_back("state_id > {after:String}");
-    } else {
-      conditions.push_back(absl::StrCat("state_id > ", QuoteStringLiteral(*after)));
-    }
-  }
+  if (std::optional<std::string> like = GlobCondition(dialect_, &r, glob)) conditions.push_back(*std::move(like));
+  if (after) conditions.push_back(CompareId(dialect_, &r, ">", "after", *after));
+  // The upper end bounds the primary key range FINAL reads and merges: without
+  // it 18.16 merges everything after `after` for every page.
+  if (upto) conditions.push_back(CompareId(dialect_, &r, "<=", "upto", *upto));
   std::string where = conditions.empty() ? "" : absl::StrCat(" WHERE ", absl::StrJoin(conditions, " AND "));
   std::string tail = absl::StrCat(" ORDER BY state_id LIMIT ", std::max<int64_t>(limit, 1), " FORMAT TabSeparated");
   if (cluster_.enabled()) {
@@ -315,6 +326,26 @@ SqlRequest Statements::ExportStates(const std::optional<std::string>& glob, cons
     return r;
   }
   r.sql = absl::StrCat("SELECT state_id, partial_state, completed_state FROM ", StateTable(), " FINAL", where, tail);
+  return r;
+}
+
+SqlRequest Statements::SampleStateIds(const std::optional<std::string>& glob, const std::optional<std::string>& after,
+                                      int64_t every, int64_t count) const {
+  SqlRequest r = Read("sample_state_ids");
+  ReadSettings(&r);
+  // The id column alone and no FINAL: a sample needs neither the states nor
+  // their newest versions, and any id (even a deleted one) bounds a range.
+  // The hash picks about one id in `every` whatever order the server reads
+  // in; ids longer than kMaxSampledIdBytes are skipped so that the sample's
+  // size stays bounded by `count`.
+  std::vector<std::string> conditions = {
+      absl::StrCat("cityHash64(state_id) % ", std::max<int64_t>(every, 1), " = 0"),
+      absl::StrCat("length(state_id) <= ", kMaxSampledIdBytes)};
+  if (std::optional<std::string> like = GlobCondition(dialect_, &r, glob)) conditions.push_back(*std::move(like));
+  if (after) conditions.push_back(CompareId(dialect_, &r, ">", "after", *after));
+  r.sql = absl::StrCat("SELECT state_id, 1 FROM ", StateTable(), " WHERE ", absl::StrJoin(conditions, " AND "),
+                       " GROUP BY state_id ORDER BY state_id LIMIT ", std::max<int64_t>(count, 1),
+                       " FORMAT TabSeparated");
   return r;
 }
 
@@ -353,15 +384,7 @@ SqlRequest Statements::ListStateIds(const std::optional<std::string>& glob) cons
   SqlRequest r = Read("list_state_ids");
   ReadSettings(&r);
   std::string where;
-  if (glob && *glob != "*") {
-    std::string like = GlobToLike(*glob);
-    if (dialect_ == Dialect::kModern) {
-      r.url_params.emplace_back("param_pattern", EscapeParamValue(like));
-      where = " WHERE state_id LIKE {pattern:String}";
-    } else {
-      where = absl::StrCat(" WHERE state_id LIKE ", QuoteStringLiteral(like));
-    }
-  }
+  if (std::optional<std::string> like = GlobCondition(dialect_, &r, glob)) where = absl::StrCat(" WHERE ", *like);
   if (cluster_.enabled()) {
     r.sql = absl::StrCat("SELECT state_id, 1 FROM ", LiveStates("state_id", where),
                          " ORDER BY state_id FORMAT TabSeparated");

@@ -65,6 +65,10 @@ inline constexpr int64_t kPythonLockWindowS = 300;
 // The prefix of chstate's marker rows in `<table>_lock`.
 inline constexpr const char* kLockMarkerPrefix = "chstate:";
 
+// Export samples only ids up to this long as page boundaries, so a sample
+// of `count` ids stays small whatever ids the table holds.
+inline constexpr int64_t kMaxSampledIdBytes = 1024;
+
 // The completed_state of a tombstone row (cluster mode deletes): not JSON, so
 // no state written by chstate or Meltano can look like it.
 inline constexpr const char* kTombstone = "chstate:deleted";
@@ -126,9 +130,15 @@ class Statements {
   SqlRequest InsertStates(const std::vector<StateRow>& rows, absl::string_view dedup_token) const;
   // Export: up to `limit` rows (state_id, partial_state, completed_state),
   // sorted by id, of the ids matching `glob` (all when nullopt) that sort
-  // after `after` (from the first when nullopt): one page of a keyset scan.
+  // after `after` (from the first when nullopt) and not after `upto` (to the
+  // last when nullopt): one page, a range of the primary key.
   SqlRequest ExportStates(const std::optional<std::string>& glob, const std::optional<std::string>& after,
-                          int64_t limit) const;
+                          const std::optional<std::string>& upto, int64_t limit) const;
+  // Export's page boundaries: rows (state_id, 1), sorted, at most `count`, of
+  // about one id in `every` among those matching `glob` that sort after
+  // `after`, read from the id column alone (one cheap scan).
+  SqlRequest SampleStateIds(const std::optional<std::string>& glob, const std::optional<std::string>& after,
+                            int64_t every, int64_t count) const;
   SqlRequest DeleteState(absl::string_view state_id) const;
   // kClickHouse18 only: one row, the number of unfinished mutations of the
   // state table. DeleteState is done when it reads 0.

@@ -734,6 +734,100 @@ class StoreSteps {
     return then();
   }
 
+  // ---- export (Store::ExportPage) ----
+
+  // Samples the page boundaries beyond `from` into the store's export
+  // cursor, then reads the next page.
+  Step ExportSample(std::optional<std::string> from, int64_t limit) {
+    Store::ExportCursor& c = *s_->export_;
+    return Query(
+        st().SampleStateIds(c.glob, from, kExportSampleEvery, kExportSampleCount), "sampling state ids to export", 2,
+        [this, from, limit](const Rows& rows) {
+          Store::ExportCursor& c = *s_->export_;
+          c.bounds.clear();
+          for (const Row& row : rows) {
+            std::string id = row[0].value_or("");
+            // Sorted by the server; kept strictly ascending and beyond `from`
+            // whatever it sent, so that every range is well formed.
+            if ((from && id <= *from) || (!c.bounds.empty() && id <= c.bounds.back())) continue;
+            c.bounds.push_back(std::move(id));
+          }
+          c.sampled_to_end = static_cast<int64_t>(rows.size()) < kExportSampleCount || c.bounds.empty();
+          return ExportRange(from, limit);
+        },
+        [this](absl::Status st) { return ExportFailed(std::move(st)); });
+  }
+
+  // Reads the states after `from` up to the next boundaries (as many ranges
+  // as make about kDefaultExportPageBytes, at most `limit` states).
+  Step ExportRange(std::optional<std::string> from, int64_t limit) {
+    Store::ExportCursor& c = *s_->export_;
+    if (c.bounds.empty() && !c.sampled_to_end) return ExportSample(from, limit);
+    // The first page is one range; later ones as many as the size of the
+    // states read so far lets into the byte budget.
+    size_t ranges = 1;
+    if (c.bytes_per_state > 0) {
+      const int64_t states = std::min(limit, kDefaultExportPageBytes / c.bytes_per_state);
+      ranges = static_cast<size_t>(std::max<int64_t>(states / kExportSampleEvery, 1));
+    }
+    std::optional<std::string> upto;
+    if (c.bounds.size() >= ranges) {
+      upto = c.bounds[ranges - 1];
+    } else if (!c.bounds.empty() && !c.sampled_to_end) {
+      upto = c.bounds.back();  // sampled again from there once it is read
+    } else if (!c.bounds.empty()) {
+      upto = std::nullopt;  // the last ranges, to the end
+    }
+    return Sql(
+        st().ExportStates(c.glob, from, upto, limit), "exporting states",
+        [this, from, upto, limit](const std::string& body) -> Step {
+          absl::StatusOr<Rows> rows = ParseTabSeparated(body, 3);
+          if (!rows.ok()) return ExportFailed(rows.status());
+          Result r = Base();
+          r.states.emplace();
+          r.states->reserve(rows->size());
+          for (const Row& row : *rows) {
+            MeltanoState state;
+            state.state_id = row[0].value_or("");
+            absl::StatusOr<nlohmann::json> partial = FromColumn(row[1], state.state_id, "partial_state");
+            if (!partial.ok()) return ExportFailed(partial.status());
+            absl::StatusOr<nlohmann::json> completed = FromColumn(row[2], state.state_id, "completed_state");
+            if (!completed.ok()) return ExportFailed(completed.status());
+            state.partial = std::move(*partial);
+            state.completed = std::move(*completed);
+            r.states->push_back(std::move(state));
+          }
+          Store::ExportCursor& c = *s_->export_;
+          const bool full = static_cast<int64_t>(rows->size()) >= limit;
+          // A full page may have stopped inside its range: the next one goes
+          // on from its last id towards the same boundaries.
+          const std::optional<std::string> reached = full ? std::optional<std::string>(r.states->back().state_id) : upto;
+          while (!c.bounds.empty() && (!reached || c.bounds.front() <= *reached)) c.bounds.pop_front();
+          if (!rows->empty()) {
+            c.bytes_per_state = std::max<int64_t>(static_cast<int64_t>(body.size() / rows->size()), 1);
+          }
+          r.more = full || upto.has_value();
+          if (r.more && r.states->empty()) return ExportRange(upto, limit);  // an empty range: on to the next
+          if (r.more) {
+            c.after = r.states->back().state_id;
+          } else {
+            s_->export_.reset();
+          }
+          return Step::Done(std::move(r));
+        },
+        [this](absl::Status st) { return ExportFailed(std::move(st)); });
+  }
+
+  // A failed page forgets the export (the next page samples afresh); a
+  // missing table is an export of no states.
+  Step ExportFailed(absl::Status st) {
+    s_->export_.reset();
+    if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
+    Result r = Base();
+    r.states.emplace();
+    return Step::Done(std::move(r));
+  }
+
   // For messages: ids are user data and may hold anything.
   static std::string Printable(const std::string& id) {
     std::string escaped = EscapeParamValue(id.size() > 200 ? id.substr(0, 200) : id);
@@ -1346,35 +1440,13 @@ std::unique_ptr<Task> Store::ExportPage(std::optional<std::string> glob, std::op
   if (after) {
     if (absl::Status st = ValidateStateId(*after); !st.ok()) return Invalid(st);
   }
-  return MakeTask(this, [glob, after, limit](StoreSteps& s) {
+  // What continues is looked at when the task starts (see RenewLock).
+  return MakeTask(this, [this, glob, after, limit](StoreSteps& s) {
     return s.Connected(
-        [&s, glob, after, limit] {
-          return s.Query(
-              s.st().ExportStates(glob, after, limit), "exporting states", 3,
-              [&s, limit](const Rows& rows) {
-                Result r = s.Base();
-                r.states.emplace();
-                r.states->reserve(rows.size());
-                for (const Row& row : rows) {
-                  MeltanoState state;
-                  state.state_id = row[0].value_or("");
-                  absl::StatusOr<nlohmann::json> partial = FromColumn(row[1], state.state_id, "partial_state");
-                  if (!partial.ok()) return Step::Fail(partial.status());
-                  absl::StatusOr<nlohmann::json> completed = FromColumn(row[2], state.state_id, "completed_state");
-                  if (!completed.ok()) return Step::Fail(completed.status());
-                  state.partial = std::move(*partial);
-                  state.completed = std::move(*completed);
-                  r.states->push_back(std::move(state));
-                }
-                r.more = static_cast<int64_t>(rows.size()) >= limit;
-                return Step::Done(std::move(r));
-              },
-              [&s](absl::Status st) {
-                if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
-                Result r = s.Base();
-                r.states.emplace();
-                return Step::Done(std::move(r));
-              });
+        [this, &s, glob, after, limit] {
+          if (export_ && after && export_->after == after && export_->glob == glob) return s.ExportRange(after, limit);
+          export_ = ExportCursor{glob, after};
+          return s.ExportSample(after, limit);
         },
         StoreSteps::Failed);
   });

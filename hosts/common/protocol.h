@@ -41,8 +41,8 @@
 //            next_timeout_ms: when the store next needs a tick (a held lock's
 //            renewal), on the host's clock; null when it holds no lock.
 //            export_page's done also has "states": [{"state_id_hex","completed","partial"}, ...]
-//            (sorted by id) and "more": true when the page is full (ask for the next
-//            page with "after_hex" = its last id). history's done has "versions":
+//            (sorted by id) and "more": true when more may follow (ask for the next
+//            page with "after_hex" = its last id; a page is never empty while more follow). history's done has "versions":
 //            [{"version","unix_ms","updated_at","current","state":{"completed","partial"}}, ...]
 //            newest first; rollback's has the restored "state"
 //   failed   {"failed":{"code":"NOT_FOUND","message":"..."}} (code: absl::StatusCode name)
