@@ -75,6 +75,22 @@ inline constexpr int64_t kDefaultLockLingerMs = 1000;
 inline constexpr int64_t kDefaultLockWaiterCheckMs = 200;
 inline constexpr int64_t kDefaultLockYieldMarginMs = 200;
 
+// Cluster mode: `<table>_claims` keeps a row per claim, renewal and end. An
+// acquisition that read this many claims of the id that no reader counts any
+// more (ended, taken over, stale by their own window) removes them (an ALTER
+// ... DELETE of those lock ids: asynchronous, replicated by the table), so the
+// id's rows stay bounded by its claims of the last few seconds and a read of
+// them costs the same after 100,000 acquisitions as after 10. A store does
+// it for one id at most every kClaimsPruneEveryMs (the mutation takes a
+// moment to land and should not be asked for again meanwhile).
+inline constexpr int64_t kClaimsPruneAt = 32;
+inline constexpr int64_t kClaimsPruneEveryMs = 10000;
+// A claim is prunable as stale one second later than a taker may take it
+// over (whole-second times); rows of a claim whose claim row never showed
+// (its insert's outcome unknown) after a day.
+inline constexpr int64_t kClaimPruneSlackS = 1;
+inline constexpr int64_t kClaimOrphanS = 86400;
+
 // State history keeps each version this many days (0: no history table).
 inline constexpr int64_t kDefaultHistoryDays = 30;
 // ... and at most this many versions of each id (0: no limit by count).
@@ -130,6 +146,9 @@ inline constexpr DefaultSetting kDefaults[] = {
      "linger_locks: after yielding, the holder stays away lock_retry_ms plus this"},
     {"python_lock_settle_ms", kDefaultPythonLockSettleMs, "ms",
      "mixed fleet: a new holder waits this long before it looks for the Python backend's lock rows"},
+    {"claims_prune_at", kClaimsPruneAt, "count",
+     "cluster: an acquisition that read this many ended or stale claims of its id removes them"},
+    {"claims_prune_every_ms", kClaimsPruneEveryMs, "ms", "cluster: a store removes one id's old claims at most this often"},
     {"history_days", kDefaultHistoryDays, "days", "state history: versions are kept this long (0: no history)"},
     {"history_limit", kDefaultHistoryLimit, "count", "`chstate history`: versions listed"},
     {"export_page_states", kDefaultExportPageStates, "count", "export: states per page at most (one SELECT of a range of ids)"},

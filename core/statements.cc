@@ -664,6 +664,18 @@ SqlRequest Statements::InspectClaims(absl::string_view state_id) const {
   return r;
 }
 
+SqlRequest Statements::PruneClaims(absl::string_view state_id, const std::vector<std::string>& lock_ids) const {
+  SqlRequest r = Request("prune_claims", true);
+  std::vector<std::string> ids;
+  ids.reserve(lock_ids.size());
+  for (const std::string& id : lock_ids) ids.push_back(QuoteStringLiteral(id));
+  // A literal list, not a subquery: every replica and every part deletes
+  // the same rows, whatever it has seen (a mutation runs part by part).
+  r.sql = absl::StrCat("ALTER TABLE ", ClaimsTable(), " DELETE WHERE name = ", QuoteStringLiteral(LockTableName(state_id)),
+                       " AND lock_id IN (", absl::StrJoin(ids, ", "), ") AND (seq != 2 OR at < now() - 3600)");
+  return r;
+}
+
 SqlRequest Statements::ListClaims() const {
   SqlRequest r = Read("list_claims");
   ReadSettings(&r);

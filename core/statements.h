@@ -230,6 +230,11 @@ class Statements {
   // time, the claim's stale_s, the claim's `over`, server now). No rows: no
   // claim at all. Code 60 without the table.
   SqlRequest InspectClaims(absl::string_view state_id) const;
+  // Removes the rows of the claims `lock_ids` of the id (ParseClaimInspection's
+  // dead ones): an ALTER ... DELETE, asynchronous and replicated by the table;
+  // removing them twice is harmless. A waiter's row (seq 2) goes only after
+  // an hour, so that a holder still sees a process that waits.
+  SqlRequest PruneClaims(absl::string_view state_id, const std::vector<std::string>& lock_ids) const;
   // `chstate locks` in cluster mode: per (name, lock_id) of every claim,
   // (name, lock_id, claimed at, newest row, stale_s, now, end rows, over).
   SqlRequest ListClaims() const;

@@ -405,6 +405,7 @@ class StoreSteps {
                              (!st().cluster().enabled() ||
                               insp->age_s * 1000 <= std::max(m->options().stale_ms, insp->stale_s * 1000));
               if (seen_holder_) seen_holder_id_ = insp->holder;
+              if (insp.ok()) last_dead_ = insp->dead;
             }
             m->OnResponse(r, *in_);
             return DriveLock(m, on_outcome);
@@ -460,11 +461,28 @@ class StoreSteps {
     options.timeout_ms = std::max<int64_t>(deadline - in_->now_ms, 0);
     auto m = std::make_shared<LockMachine>(st(), id, options);
     m->Acquire(*in_);
+    last_dead_.clear();
     return DriveLock(m, [this, m, id, deadline, then, fail](const LockAction& a) -> Step {
       if (a.kind != LockAction::Kind::kAcquired) return fail(ExplainCluster(a.status));
-      if (!s_->options_.python_locks) return then(m);
+      if (!s_->options_.python_locks) return PruneClaims(id, [this, m, then] { return then(m); });
       return ClaimFromPython(id, m, deadline, then, fail);
     });
+  }
+
+  // Cluster mode, just acquired: when the claims read last held
+  // kClaimsPruneAt claims of the id that no reader counts any more, they
+  // are removed (kClaimsPruneAt). A failure changes nothing: they are
+  // removed by a later acquisition.
+  Step PruneClaims(const std::string& id, Then then) {
+    if (!st().cluster().enabled() || static_cast<int64_t>(last_dead_.size()) < kClaimsPruneAt) return then();
+    auto last = s_->claims_pruned_ms_.find(id);
+    if (last != s_->claims_pruned_ms_.end() && in_->now_ms - last->second < kClaimsPruneEveryMs) return then();
+    s_->claims_pruned_ms_[id] = in_->now_ms;
+    std::vector<std::string> dead = std::move(last_dead_);
+    last_dead_.clear();
+    return Sql(
+        st().PruneClaims(id, dead), "removing ended lock claims", [then](const std::string&) { return then(); },
+        [then](absl::Status) { return then(); });
   }
 
   // python_locks: the table lock is ours; now the Python backend's rows.
@@ -841,6 +859,7 @@ class StoreSteps {
   bool seen_holder_ = false;  // the last lock inspection found another live holder
   std::string seen_holder_id_;  // cluster mode: the holder the waiter row names
   std::string announced_to_;  // the holder this task's waiter row named last
+  std::vector<std::string> last_dead_;  // cluster mode: the prunable claims the last read found
   std::vector<std::shared_ptr<void>> keep_;
 };
 

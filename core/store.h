@@ -256,6 +256,9 @@ class Store {
   // Ids whose lingering lock was given up to a waiting process: this store
   // acquires them again only after the time given (see linger_locks).
   std::map<std::string, int64_t> yielded_until_;
+  // Cluster mode: when this store last removed each id's old claims (on the
+  // host's clock; see kClaimsPruneAt).
+  std::map<std::string, int64_t> claims_pruned_ms_;
   bool Lingers() const { return options_.linger_locks && !options_.python_locks; }
   // How often a lingering holder looks for waiting processes.
   int64_t WaiterCheckEveryMs() const { return std::min(kDefaultLockWaiterCheckMs, options_.lock.retry_ms / 2); }

@@ -1230,6 +1230,53 @@ absl::StatusOr<std::unique_ptr<Store>> LingeringClusterStore() {
   return Store::Create(o);
 }
 
+TEST(ClusterStore, AnAcquisitionThatReadManyOverClaimsRemovesThemOnceInAWhile) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  // The id's old claims: kClaimsPruneAt - 1 ended, one stale by its window,
+  // and one live one of a process that is still within its window.
+  std::string old;
+  for (int i = 0; i < kClaimsPruneAt - 1; ++i) old += ClaimRow(absl::StrCat("ended", i), 1, 50, 1000);
+  old += ClaimRow("stale", 0, 698, 1000);
+  auto t = store->AcquireLock("id");
+  Outcome o = Drive(*t,
+                    {kVersion18, kEngine, Q("inspect_claims", Ok(old)), Q("claim_lock", Ok()),
+                     Q("inspect_claims", Ok(old + ClaimRow(kClaimId, 0, 1000, 1000))),
+                     Q("prune_claims", Ok(),
+                       absl::StrCat("ALTER TABLE `meltano`.`state_claims` DELETE WHERE name = 'state_lock_",
+                                    absl::StrFormat("%016x", Fnv1a64("id")), "' AND lock_id IN ('ended0', 'ended1', ",
+                                    "'ended2', ")),
+                     },
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.lock_id, kClaimId);
+  auto r = store->ReleaseLock("id", kClaimId);
+  ASSERT_EQ(Drive(*r, {Q("end_claim", Ok())}, &clock).last.kind, Action::Kind::kDone);
+  // Within kClaimsPruneEveryMs the same store does not ask again.
+  clock += kClaimsPruneEveryMs / 2;
+  auto again = store->AcquireLock("id");
+  o = Drive(*again,
+            {Q("inspect_claims", Ok(old)), Q("claim_lock", Ok()),
+             Q("inspect_claims", Ok(old + ClaimRow(kClaimId, 0, 1001, 1001)))},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status << " " << o.last.request.purpose;
+  EXPECT_EQ(o.purposes.back(), "inspect_claims");
+}
+
+TEST(ClusterStore, FewerOverClaimsThanThePruneCountAreLeftAlone) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  std::string old;
+  for (int i = 0; i < kClaimsPruneAt - 1; ++i) old += ClaimRow(absl::StrCat("ended", i), 1, 50, 1000);
+  auto t = store->AcquireLock("id");
+  Outcome o = Drive(*t,
+                    {kVersion18, kEngine, Q("inspect_claims", Ok(old)), Q("claim_lock", Ok()),
+                     Q("inspect_claims", Ok(old + ClaimRow(kClaimId, 0, 1000, 1000)))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status << " " << o.last.request.purpose;
+  EXPECT_EQ(o.purposes.back(), "inspect_claims") << "one prunable claim fewer than the count: nothing removed";
+}
+
 TEST(ClusterStore, LocksAreClaimsAndLinger) {
   absl::StatusOr<std::unique_ptr<Store>> store = LingeringClusterStore();
   ASSERT_THAT(store, IsOk());
