@@ -94,7 +94,22 @@ inline constexpr int64_t kClaimOrphanS = 86400;
 // State history keeps each version this many days (0: no history table).
 inline constexpr int64_t kDefaultHistoryDays = 30;
 // ... and at most this many versions of each id (0: no limit by count).
-inline constexpr int64_t kDefaultHistoryVersions = 0;
+// Meltano writes a version per STATE message, so without a cap a pipeline
+// that emits a STATE a second keeps 2.6 million versions of its id in 30
+// days, each a whole state. A thousand keeps the versions rollback is for:
+// hundreds of runs of a batch pipeline (a few STATE messages a run), the last
+// quarter of an hour of a stream at one a second, and any version of the last
+// day of an id written less than every minute and a half; more by setting it.
+// A count, not a time window, since the rate of STATE messages varies by
+// pipeline by orders of magnitude, and a count bounds the table either way.
+inline constexpr int64_t kDefaultHistoryVersions = 1000;
+// Both limits are kept as writes go, with no `chstate compact`: one write in
+// this many (chosen by the write's random bytes) counts its id's versions and
+// removes those beyond history_versions or older than history_days (an ALTER
+// ... DELETE of that id's rows: a mutation on 18.x, which has no TTL). The
+// look is one read of the id's versions, so it costs a write 1/64 of a read
+// on average, and an id holds at most about history_versions + 64 versions.
+inline constexpr int64_t kHistoryUpkeepEvery = 64;
 // `chstate history` lists at most this many versions unless told otherwise.
 inline constexpr int64_t kDefaultHistoryLimit = 20;
 
@@ -150,6 +165,9 @@ inline constexpr DefaultSetting kDefaults[] = {
      "cluster: an acquisition that read this many ended or stale claims of its id removes them"},
     {"claims_prune_every_ms", kClaimsPruneEveryMs, "ms", "cluster: a store removes one id's old claims at most this often"},
     {"history_days", kDefaultHistoryDays, "days", "state history: versions are kept this long (0: no history)"},
+    {"history_versions", kDefaultHistoryVersions, "count", "state history: versions kept per id (0: no limit)"},
+    {"history_upkeep_every", kHistoryUpkeepEvery, "count",
+     "state history: one write in this many removes its id's versions beyond both limits"},
     {"history_limit", kDefaultHistoryLimit, "count", "`chstate history`: versions listed"},
     {"export_page_states", kDefaultExportPageStates, "count", "export: states per page at most (one SELECT of a range of ids)"},
     {"export_page_bytes", kDefaultExportPageBytes, "bytes", "export: a page's states, by the size of those read before, about"},

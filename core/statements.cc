@@ -214,6 +214,38 @@ SqlRequest Statements::TrimHistory(int64_t keep) const {
   return r;
 }
 
+SqlRequest Statements::HistoryOverLimits(absl::string_view state_id, int64_t keep, int64_t days) const {
+  SqlRequest r = Read("history_over_limits");
+  std::string where = StateIdEquals(&r, state_id);
+  const std::string beyond =
+      absl::StrCat("arrayElement(arrayReverseSort(groupArray(updated_at)), ", std::max<int64_t>(keep, 0) + 1, ")");
+  // An index past the array's end gives 1970-01-01, read as "none".
+  std::string cutoff = "toUInt64(0)";
+  if (keep > 0) {
+    cutoff = dialect_ == Dialect::kModern ? absl::StrCat("toUnixTimestamp64Milli(", beyond, ")")
+                                          : absl::StrCat("toUInt64(toUnixTimestamp(", beyond, ")) * 1000");
+  }
+  r.sql = absl::StrCat("SELECT count(), countIf(updated_at < now() - INTERVAL ", days, " DAY), ", cutoff, " FROM ",
+                       HistoryTable(), " WHERE ", where, " FORMAT TabSeparated");
+  return r;
+}
+
+SqlRequest Statements::TrimHistoryOf(absl::string_view state_id, int64_t cutoff_ms, int64_t days) const {
+  SqlRequest r = Request("trim_history_of", true);
+  std::string older = absl::StrCat("updated_at < now() - INTERVAL ", days, " DAY");
+  if (cutoff_ms > 0) {
+    const std::string at = dialect_ == Dialect::kModern
+                               ? absl::StrCat("fromUnixTimestamp64Milli(toInt64(", cutoff_ms, "))")
+                               : absl::StrCat("toDateTime(", cutoff_ms / 1000, ")");
+    older = absl::StrCat("updated_at <= ", at, " OR ", older);
+  }
+  // A literal, not a parameter, on every server: a mutation runs later,
+  // from its text alone.
+  r.sql = absl::StrCat("ALTER TABLE ", HistoryTable(), " DELETE WHERE state_id = ", QuoteStringLiteral(state_id),
+                       " AND (", older, ")");
+  return r;
+}
+
 std::string Statements::HistoryRows() const {
   const char* ms = dialect_ == Dialect::kModern ? "toUnixTimestamp64Milli(updated_at)"
                                                 : "toUInt64(toUnixTimestamp(updated_at)) * 1000";

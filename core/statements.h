@@ -107,6 +107,13 @@ class Statements {
   // Removes all but the newest `keep` versions of each state id (several
   // written in one second of 18.x count as one).
   SqlRequest TrimHistory(int64_t keep) const;
+  // One row (versions of `state_id`, how many are older than `days`, unix ms
+  // of its newest version beyond the newest `keep`, 0 when none or keep is 0).
+  SqlRequest HistoryOverLimits(absl::string_view state_id, int64_t keep, int64_t days) const;
+  // Removes `state_id`'s versions written at or before `cutoff_ms` (0: none
+  // by count) and those older than `days`: an ALTER ... DELETE on both
+  // dialects (asynchronous, so the write it follows does not wait for it).
+  SqlRequest TrimHistoryOf(absl::string_view state_id, int64_t cutoff_ms, int64_t days) const;
   // Rows (unix ms, hash8, updated_at as UTC text, partial_state,
   // completed_state) of `state_id`'s versions, newest first, at most `limit`.
   // A version's name is "<unix ms>-<hash8>": its write time and the first 8

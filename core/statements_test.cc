@@ -79,6 +79,17 @@ TEST(Statements, ExactSqlPerDialect) {
        "SELECT count(), 1 FROM system.mutations WHERE database = 'meltano' AND table = 'state' AND is_done = 0 FORMAT "
        "TabSeparated",
        kRead, true},
+      {"history over its limits, modern: milliseconds", Dialect::kModern,
+       [](const Statements& s) { return s.HistoryOverLimits("a", 5, 30); },
+       "SELECT count(), countIf(updated_at < now() - INTERVAL 30 DAY), toUnixTimestamp64Milli(arrayElement("
+       "arrayReverseSort(groupArray(updated_at)), 6)) FROM `meltano`.`state_history` WHERE state_id = "
+       "{state_id:String} FORMAT TabSeparated",
+       {{"wait_end_of_query", "1"}, {"param_state_id", "a"}}, true},
+      {"trim one id's history, modern: a mutation with a literal", Dialect::kModern,
+       [](const Statements& s) { return s.TrimHistoryOf("a'", 1796155031123, 30); },
+       "ALTER TABLE `meltano`.`state_history` DELETE WHERE state_id = 'a\\'' AND (updated_at <= "
+       "fromUnixTimestamp64Milli(toInt64(1796155031123)) OR updated_at < now() - INTERVAL 30 DAY)",
+       {}, true},
       {"export page 18: a range of the key", Dialect::kClickHouse18,
        [](const Statements& s) { return s.ExportStates(std::string("dev:*"), std::string("a"), std::string("b"), 5); },
        "SELECT state_id, partial_state, completed_state FROM `meltano`.`state` FINAL WHERE state_id LIKE 'dev:%' AND "

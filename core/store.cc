@@ -207,14 +207,46 @@ class StoreSteps {
     if (!token.ok()) return fail(token.status());
     SqlRequest req =
         st().InsertState(state.state_id, ToColumn(state.partial), ToColumn(state.completed), *token);
+    const std::string id = state.state_id;
     return QuorumWrite(
-        std::move(req), "writing state", in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5, then,
+        std::move(req), "writing state", in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5,
+        [this, id, then] { return HistoryUpkeep(id, then); },
         [this, state, then, fail, schema_made](absl::Status st) -> Step {
           if (st.code() == absl::StatusCode::kNotFound && !schema_made) {
             return EnsureSchema([this, state, then, fail] { return WriteState(state, then, fail, true); }, fail);
           }
           return fail(std::move(st));
         });
+  }
+
+  // After a write of `id`, one time in kHistoryUpkeepEvery (by the fresh
+  // random bytes of the write's answer): the id's versions beyond
+  // history_versions or older than history_days are removed. The write is
+  // done either way; a failure here is left to a later write.
+  Step HistoryUpkeep(const std::string& id, Then then) {
+    const StoreOptions& o = s_->options_;
+    if (o.history_days <= 0 || in_->random.size() < 16 ||
+        static_cast<unsigned char>(in_->random[15]) % kHistoryUpkeepEvery != 0) {
+      return then();
+    }
+    return Query(
+        st().HistoryOverLimits(id, o.history_versions, o.history_days), "counting the state's versions", 3,
+        [this, id, then](const Rows& rows) -> Step {
+          const StoreOptions& o = s_->options_;
+          int64_t count = 0, expired = 0, cutoff_ms = 0;
+          if (rows.empty() || !absl::SimpleAtoi(rows[0][0].value_or(""), &count) ||
+              !absl::SimpleAtoi(rows[0][1].value_or(""), &expired) ||
+              !absl::SimpleAtoi(rows[0][2].value_or(""), &cutoff_ms)) {
+            return then();
+          }
+          const bool over_count = o.history_versions > 0 && count > o.history_versions && cutoff_ms > 0;
+          if (!over_count && expired == 0) return then();
+          return Sql(
+              st().TrimHistoryOf(id, over_count ? cutoff_ms : 0, o.history_days),
+              "removing the state's old versions", [then](const std::string&) { return then(); },
+              [then](absl::Status) { return then(); });
+        },
+        [then](absl::Status) { return then(); });
   }
 
   // Import: the states from `from` on, in multi-row INSERTs (see

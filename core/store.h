@@ -98,7 +98,8 @@ struct StoreOptions {
   // State history (README "State history"): versions are kept this many
   // days; 0 creates no history table (an existing one is still fed).
   int64_t history_days = kDefaultHistoryDays;
-  // ... and at most this many versions per id are kept by Init (0: no limit).
+  // ... and at most this many versions per id (0: no limit). Both are kept
+  // as writes go (kHistoryUpkeepEvery) and by Init.
   int64_t history_versions = kDefaultHistoryVersions;
   // A mixed fleet with the Python ClickHouse backend on one schema (README
   // "Migrating from the Python backend"): a holder also shows itself in

@@ -53,8 +53,9 @@ struct Outcome {
 };
 
 // Runs `task` through `script`, failing the test on any deviation.
-Outcome Drive(Task& task, const std::vector<Exchange>& script, int64_t* clock) {
+Outcome Drive(Task& task, const std::vector<Exchange>& script, int64_t* clock, const std::string& random = kRandom) {
   Outcome out;
+  const std::string& kRandom = random;  // every input carries these bytes
   Action a = task.Start({*clock, kRandom});
   for (const Exchange& e : script) {
     if (e.purpose.empty()) {
@@ -708,6 +709,7 @@ TEST(Store, InitCreatesTheSchemaAndDropsOldTombstones) {
                     {kVersion18, Q("create_database", Ok()), Q("create_state_table", Ok()), Q("create_lock_table", Ok()),
                      Q("create_history_table", Ok()), Q("create_history_view", Ok()),
                      Q("expire_history", Ok(), "DELETE WHERE updated_at < now() - INTERVAL 30 DAY"),
+                     Q("trim_history", Ok(), "arraySlice(arrayReverseSort(groupArray(updated_at)), 1001)"),
                      Q("list_tombstones", Ok("state_lock_0000000000000001_dead_0000000000000002\t1\n"), "now() - 600"),
                      Q("drop_table", Ok(), "DROP TABLE IF EXISTS `meltano`.`state_lock_0000000000000001_dead_")},
                     &clock);
@@ -730,6 +732,88 @@ TEST(Store, ClearAllCountsThenTruncates) {
   Outcome o = Drive(*t, {kVersion18, Q("count_states", Ok("7\t1\n")), Q("truncate_states", Ok())}, &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone);
   EXPECT_EQ(o.last.result.count, 7);
+}
+
+// ---- the state history kept within its limits as writes go ----
+
+// Random bytes whose byte 15 picks a write for the history's upkeep.
+std::string UpkeepRandom() {
+  std::string r = kRandom;
+  r[15] = static_cast<char>(kHistoryUpkeepEvery);  // a multiple: this write looks
+  return r;
+}
+
+TEST(Store, OneWriteInSoManyTrimsItsIdsVersionsBeyondTheLimits) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  MeltanoState state{"dev:a", nlohmann::json::object(), nlohmann::json{{"singer_state", 1}}};
+  // Most writes (the random byte not a multiple of kHistoryUpkeepEvery) are
+  // one INSERT.
+  auto t = store->Set(state);
+  Outcome o = Drive(*t, {kVersion18, Q("insert_state", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // The one in so many counts the id's versions; beyond the limit, the
+  // versions up to the newest one beyond it go, and those past the days.
+  t = store->Set(state);
+  o = Drive(*t,
+            {Q("insert_state", Ok()),
+             Q("history_over_limits", Ok("1064\t0\t1796155031000\n"),
+               "SELECT count(), countIf(updated_at < now() - INTERVAL 30 DAY), toUInt64(toUnixTimestamp("
+               "arrayElement(arrayReverseSort(groupArray(updated_at)), 1001))) * 1000 FROM `meltano`.`state_history` "
+               "WHERE state_id = 'dev:a'"),
+             Q("trim_history_of", Ok(),
+               "ALTER TABLE `meltano`.`state_history` DELETE WHERE state_id = 'dev:a' AND (updated_at <= "
+               "toDateTime(1796155031) OR updated_at < now() - INTERVAL 30 DAY)")},
+            &clock, UpkeepRandom());
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // Within both limits: nothing removed.
+  t = store->Set(state);
+  o = Drive(*t, {Q("insert_state", Ok()), Q("history_over_limits", Ok("999\t0\t0\n"))}, &clock, UpkeepRandom());
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // Versions past the days alone.
+  t = store->Set(state);
+  o = Drive(*t,
+            {Q("insert_state", Ok()), Q("history_over_limits", Ok("12\t3\t0\n")),
+             Q("trim_history_of", Ok(), "state_id = 'dev:a' AND (updated_at < now() - INTERVAL 30 DAY)")},
+            &clock, UpkeepRandom());
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // A failed look or trim leaves the write done.
+  t = store->Set(state);
+  o = Drive(*t,
+            {Q("insert_state", Ok()), Q("history_over_limits", Ok("2000\t0\t1796155031000\n")),
+             Q("trim_history_of", Err(500, 241, "Memory limit exceeded"))},
+            &clock, UpkeepRandom());
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  t = store->Set(state);
+  o = Drive(*t, {Q("insert_state", Ok()), Q("history_over_limits", Err(404, 60, "Table doesn't exist."))}, &clock,
+            UpkeepRandom());
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+TEST(Store, HistoryUpkeepFollowsTheSettings) {
+  StoreOptions opts;
+  opts.history_versions = 0;  // no limit by count: only the days
+  opts.history_days = 7;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(opts);
+  ASSERT_THAT(store, IsOk());
+  int64_t clock = 0;
+  MeltanoState state{"dev:a", nlohmann::json::object(), nlohmann::json{{"singer_state", 1}}};
+  auto t = (*store)->Update(state);
+  Outcome o = Drive(*t,
+                    {kVersionModern, Q("create_lock", Ok()), Q("get_state", Ok("")), Q("insert_state", Ok()),
+                     Q("history_over_limits", Ok("9000\t1\t0\n"), "INTERVAL 7 DAY), toUInt64(0) FROM"),
+                     Q("trim_history_of", Ok(), "ALTER TABLE `meltano`.`state_history` DELETE WHERE state_id = "
+                                                "'dev:a' AND (updated_at < now() - INTERVAL 7 DAY)"),
+                     Q("inspect_lock", Held(MakeLockId(UpkeepRandom()), 100, 100)), Q("drop_lock", Ok())},
+                    &clock, UpkeepRandom());
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // Without a history, no look.
+  opts.history_days = 0;
+  store = Store::Create(opts);
+  ASSERT_THAT(store, IsOk());
+  t = (*store)->Set(state);
+  o = Drive(*t, {kVersionModern, Q("insert_state", Ok())}, &clock, UpkeepRandom());
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 }
 
 // ---- export and import (Meltano's get_all / set_all) ----

@@ -80,8 +80,8 @@ CHDB_LOCK_WAIT_SECONDS = SettingDefinition(name="state_backend.chdb.lock_wait_se
 _HISTORY = ("Days each state version is kept in the state history (default 30; 0: no history table). "
             "`chstate history ID` lists the versions and `chstate rollback ID VERSION` restores one; chstate only")
 CLICKHOUSE_HISTORY_DAYS = _setting("history_days", "State History (days)", _HISTORY, SettingKind.INTEGER)
-_VERSIONS = ("At most this many versions of each state id are kept in the state history (default 0: no limit); "
-             "applied by `meltano upgrade` and `chstate compact`; chstate only")
+_VERSIONS = ("At most this many versions of each state id are kept in the state history (default 1000; 0: no "
+             "limit); applied as states are written, and by `meltano upgrade` and `chstate compact`; chstate only")
 CLICKHOUSE_HISTORY_VERSIONS = _setting("history_versions", "State History (versions per id)", _VERSIONS,
                                        SettingKind.INTEGER)
 CHDB_HISTORY_VERSIONS = SettingDefinition(name="state_backend.chdb.history_versions",
