@@ -85,6 +85,10 @@ inline constexpr int64_t kDefaultLockYieldMarginMs = 200;
 // moment to land and should not be asked for again meanwhile).
 inline constexpr int64_t kClaimsPruneAt = 32;
 inline constexpr int64_t kClaimsPruneEveryMs = 10000;
+// At most this many claims per removal (36 bytes each in the statement, which
+// must stay below the server's max_query_size of 256 KiB); more (a backlog
+// from before claims were removed) go a slice at a time at every acquisition.
+inline constexpr int64_t kClaimsPruneMax = 5000;
 // A claim is prunable as stale one second later than a taker may take it
 // over (whole-second times); rows of a claim whose claim row never showed
 // (its insert's outcome unknown) after a day.
@@ -164,6 +168,7 @@ inline constexpr DefaultSetting kDefaults[] = {
     {"claims_prune_at", kClaimsPruneAt, "count",
      "cluster: an acquisition that read this many ended or stale claims of its id removes them"},
     {"claims_prune_every_ms", kClaimsPruneEveryMs, "ms", "cluster: a store removes one id's old claims at most this often"},
+    {"claims_prune_max", kClaimsPruneMax, "count", "cluster: old claims removed per statement (a backlog: at every acquisition)"},
     {"history_days", kDefaultHistoryDays, "days", "state history: versions are kept this long (0: no history)"},
     {"history_versions", kDefaultHistoryVersions, "count", "state history: versions kept per id (0: no limit)"},
     {"history_upkeep_every", kHistoryUpkeepEvery, "count",

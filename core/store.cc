@@ -507,11 +507,23 @@ class StoreSteps {
   // removed by a later acquisition.
   Step PruneClaims(const std::string& id, Then then) {
     if (!st().cluster().enabled() || static_cast<int64_t>(last_dead_.size()) < kClaimsPruneAt) return then();
-    auto last = s_->claims_pruned_ms_.find(id);
-    if (last != s_->claims_pruned_ms_.end() && in_->now_ms - last->second < kClaimsPruneEveryMs) return then();
-    s_->claims_pruned_ms_[id] = in_->now_ms;
     std::vector<std::string> dead = std::move(last_dead_);
     last_dead_.clear();
+    // A backlog (claims from before pruning existed) goes kClaimsPruneMax
+    // at a time, a slice at a random offset, at every acquisition until it
+    // is gone (a statement must stay below max_query_size, 256 KiB).
+    const bool backlog = static_cast<int64_t>(dead.size()) > kClaimsPruneMax;
+    auto last = s_->claims_pruned_ms_.find(id);
+    if (!backlog && last != s_->claims_pruned_ms_.end() && in_->now_ms - last->second < kClaimsPruneEveryMs) {
+      return then();
+    }
+    s_->claims_pruned_ms_[id] = in_->now_ms;
+    if (backlog) {
+      uint64_t r = 0;
+      for (size_t i = 0; i < in_->random.size() && i < 8; ++i) r = (r << 8) | static_cast<unsigned char>(in_->random[i]);
+      const size_t from = static_cast<size_t>(r % (dead.size() - kClaimsPruneMax + 1));
+      dead = std::vector<std::string>(dead.begin() + from, dead.begin() + from + kClaimsPruneMax);
+    }
     return Sql(
         st().PruneClaims(id, dead), "removing ended lock claims", [then](const std::string&) { return then(); },
         [then](absl::Status) { return then(); });

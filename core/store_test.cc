@@ -1347,6 +1347,26 @@ TEST(ClusterStore, AnAcquisitionThatReadManyOverClaimsRemovesThemOnceInAWhile) {
   EXPECT_EQ(o.purposes.back(), "inspect_claims");
 }
 
+TEST(ClusterStore, ABacklogOfOverClaimsGoesASliceAtEveryAcquisition) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  std::string old;
+  for (int i = 0; i < kClaimsPruneMax + 10; ++i) old += ClaimRow(absl::StrFormat("ended%05d", i), 1, 50, 1000);
+  for (int round = 0; round < 2; ++round) {  // no 10 s wait between them
+    auto t = store->AcquireLock("id");
+    std::vector<Exchange> script;
+    if (round == 0) script = {kVersion18, kEngine};
+    script.push_back(Q("inspect_claims", Ok(old)));
+    script.push_back(Q("claim_lock", Ok()));
+    script.push_back(Q("inspect_claims", Ok(old + ClaimRow(kClaimId, 0, 1000, 1000))));
+    script.push_back(Q("prune_claims", Ok(), "('ended0"));
+    Outcome o = Drive(*t, script, &clock);
+    ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+    auto r = store->ReleaseLock("id", kClaimId);
+    ASSERT_EQ(Drive(*r, {Q("end_claim", Ok())}, &clock).last.kind, Action::Kind::kDone);
+  }
+}
+
 TEST(ClusterStore, FewerOverClaimsThanThePruneCountAreLeftAlone) {
   auto store = MakeClusterStore();
   int64_t clock = 0;
