@@ -80,16 +80,62 @@ inline constexpr int64_t kDefaultLockLingerMs = 1000;
 inline constexpr int64_t kDefaultLockWaiterCheckMs = 200;
 inline constexpr int64_t kDefaultLockYieldMarginMs = 200;
 
+// Cluster mode: `<table>_claims` keeps a row per claim, renewal and end. An
+// acquisition that read this many claims of the id that no reader counts any
+// more (ended, taken over, stale by their own window) removes them (an ALTER
+// ... DELETE of those lock ids: asynchronous, replicated by the table), so the
+// id's rows stay bounded by its claims of the last few seconds and a read of
+// them costs the same after 100,000 acquisitions as after 10. A store does
+// it for one id at most every kClaimsPruneEveryMs (the mutation takes a
+// moment to land and should not be asked for again meanwhile).
+inline constexpr int64_t kClaimsPruneAt = 32;
+inline constexpr int64_t kClaimsPruneEveryMs = 10000;
+// At most this many claims per removal (36 bytes each in the statement, which
+// must stay below the server's max_query_size of 256 KiB); more (a backlog
+// from before claims were removed) go a slice at a time at every acquisition.
+inline constexpr int64_t kClaimsPruneMax = 5000;
+// A claim is prunable as stale one second later than a taker may take it
+// over (whole-second times); rows of a claim whose claim row never showed
+// (its insert's outcome unknown) after a day.
+inline constexpr int64_t kClaimPruneSlackS = 1;
+inline constexpr int64_t kClaimOrphanS = 86400;
+
 // State history keeps each version this many days (0: no history table).
 inline constexpr int64_t kDefaultHistoryDays = 30;
 // ... and at most this many versions of each id (0: no limit by count).
-inline constexpr int64_t kDefaultHistoryVersions = 0;
+// Meltano writes a version per STATE message, so without a cap a pipeline
+// that emits a STATE a second keeps 2.6 million versions of its id in 30
+// days, each a whole state. A thousand keeps the versions rollback is for:
+// hundreds of runs of a batch pipeline (a few STATE messages a run), the last
+// quarter of an hour of a stream at one a second, and any version of the last
+// day of an id written less than every minute and a half; more by setting it.
+// A count, not a time window, since the rate of STATE messages varies by
+// pipeline by orders of magnitude, and a count bounds the table either way.
+inline constexpr int64_t kDefaultHistoryVersions = 1000;
+// Both limits are kept as writes go, with no `chstate compact`: one write in
+// this many (chosen by the write's random bytes) counts its id's versions and
+// removes those beyond history_versions or older than history_days (an ALTER
+// ... DELETE of that id's rows: a mutation on 18.x, which has no TTL). The
+// look is one read of the id's versions, so it costs a write 1/64 of a read
+// on average, and an id holds at most about history_versions + 64 versions.
+inline constexpr int64_t kHistoryUpkeepEvery = 64;
 // `chstate history` lists at most this many versions unless told otherwise.
 inline constexpr int64_t kDefaultHistoryLimit = 20;
 
-// Export reads states in pages of this many (a keyset scan, one SELECT ...
-// FINAL per page): memory stays flat in the number of states.
-inline constexpr int64_t kDefaultExportPageStates = 1000;
+// Export reads states a page at a time, each page one SELECT ... FINAL of a
+// range of ids (bounded by a sample of the id column taken as the export
+// starts), so the server reads each row about once and memory stays flat in
+// the number of states. A page holds at most this many states, and about
+// kDefaultExportPageBytes of them by the size of the states read so far:
+// pages of 1,000 states cost 18.16 a query (about 2 ms, mostly fixed) per
+// 1,000, twice the time of one scan at 1,000,000 states.
+inline constexpr int64_t kDefaultExportPageStates = 10000;
+inline constexpr int64_t kDefaultExportPageBytes = 4 * 1024 * 1024;
+// The sample takes about one id in this many as a range boundary (the first
+// page of an export is one such range), and at most this many boundaries at
+// a time (an export beyond them samples again from where it is).
+inline constexpr int64_t kExportSampleEvery = 1000;
+inline constexpr int64_t kExportSampleCount = 10000;
 // Import writes this many states per multi-row INSERT, fewer when their SQL
 // would pass kDefaultImportBatchBytes.
 inline constexpr int64_t kDefaultImportBatchStates = 1000;
@@ -124,9 +170,17 @@ inline constexpr DefaultSetting kDefaults[] = {
      "linger_locks: after yielding, the holder stays away lock_retry_ms plus this"},
     {"python_lock_settle_ms", kDefaultPythonLockSettleMs, "ms",
      "mixed fleet: a new holder waits this long before it looks for the Python backend's lock rows"},
+    {"claims_prune_at", kClaimsPruneAt, "count",
+     "cluster: an acquisition that read this many ended or stale claims of its id removes them"},
+    {"claims_prune_every_ms", kClaimsPruneEveryMs, "ms", "cluster: a store removes one id's old claims at most this often"},
+    {"claims_prune_max", kClaimsPruneMax, "count", "cluster: old claims removed per statement (a backlog: at every acquisition)"},
     {"history_days", kDefaultHistoryDays, "days", "state history: versions are kept this long (0: no history)"},
+    {"history_versions", kDefaultHistoryVersions, "count", "state history: versions kept per id (0: no limit)"},
+    {"history_upkeep_every", kHistoryUpkeepEvery, "count",
+     "state history: one write in this many removes its id's versions beyond both limits"},
     {"history_limit", kDefaultHistoryLimit, "count", "`chstate history`: versions listed"},
-    {"export_page_states", kDefaultExportPageStates, "count", "export: states per SELECT (a keyset page)"},
+    {"export_page_states", kDefaultExportPageStates, "count", "export: states per page at most (one SELECT of a range of ids)"},
+    {"export_page_bytes", kDefaultExportPageBytes, "bytes", "export: a page's states, by the size of those read before, about"},
     {"import_batch_states", kDefaultImportBatchStates, "count", "import: states per INSERT at most"},
     {"import_batch_bytes", kDefaultImportBatchBytes, "bytes", "import: SQL bytes per INSERT at most"},
 };

@@ -2,6 +2,7 @@
 // after the hazard it prevents: LockMachine driven with scripted server
 // answers and a fake clock. Every test here was checked to fail with its
 // defence removed (the mutation is named above each test).
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -411,6 +412,41 @@ TEST(LockDefence, TakerWithAShorterWindow_UsesTheHoldersLongerOne) {
 // ClickHouse code 159 (TIMEOUT_EXCEEDED; on ON CLUSTER DDL: a host did not
 // run it within distributed_ddl_task_timeout) is UNAVAILABLE, "retry later",
 // with the code attached (the CLI maps UNAVAILABLE to exit code 5).
+// Cluster mode: which claims may be removed (Statements::PruneClaims). A
+// claim is prunable only when its holder's lease is over by the holder's own
+// window: ended (the end row is written within the lease), taken over (a
+// taker judged it stale), or stale by its own window; never ours, never a
+// live claim, whatever the reader's window.
+// Mutations: claims-prune-live, claims-prune-slack, claims-prune-orphan-early.
+TEST(LockDefence, PrunableClaims_AreOnlyThoseWhoseHolderNoLongerActs) {
+  struct Case {
+    const char* what;
+    std::string row;  // lock id, claims, ends, newest, stale_s, over, now
+    bool dead;
+  };
+  const std::string ours = "ours";
+  static const Case kCases[] = {
+      {"live, renewed just now", "a\t1\t0\t1000\t300\t\t1000\n", false},
+      {"live at the edge of its own window and slack", "a\t1\t0\t699\t300\t\t1000\n", false},
+      {"stale by its own window", "a\t1\t0\t698\t300\t\t1000\n", true},
+      {"a short window, stale by it though a longer reader counts it live", "a\t1\t0\t990\t5\t\t1000\n", true},
+      {"ended", "a\t1\t1\t1000\t300\t\t1000\n", true},
+      {"taken over by another claim", "a\t1\t0\t1000\t300\t\t1000\nb\t1\t0\t1000\t300\ta\t1000\n", true},
+      {"ours, ended", "ours\t1\t1\t1000\t300\t\t1000\n", false},
+      {"an end row of a claim never seen, recent", "a\t0\t1\t1000\t0\t\t1000\n", false},
+      {"an end row of a claim never seen, a day old", "a\t0\t1\t1000\t0\t\t87401\n", true},
+      {"the same, exactly a day old", "a\t0\t1\t1000\t0\t\t87400\n", false},
+  };
+  for (const Case& c : kCases) {
+    absl::StatusOr<LockInspection> insp = ParseClaimInspection(c.row, ours, /*stale_s=*/3000);
+    ASSERT_TRUE(insp.ok()) << c.what << ": " << insp.status();
+    const bool dead = std::find(insp->dead.begin(), insp->dead.end(), "a") != insp->dead.end() ||
+                      std::find(insp->dead.begin(), insp->dead.end(), "ours") != insp->dead.end();
+    EXPECT_EQ(dead, c.dead) << c.what;
+    EXPECT_EQ(std::count(insp->dead.begin(), insp->dead.end(), "b"), 0) << c.what << ": the live taker";
+  }
+}
+
 TEST(ErrorClassification, Code159IsUnavailableWithTheCodeAndRetryLater) {
   absl::Status s = CheckResponse(Err(500, 159,
                                      "Watching task /clickhouse/task_queue/ddl/query-0000000001 is executing longer "

@@ -176,6 +176,12 @@ absl::StatusOr<LockInspection> ParseClaimInspection(const std::string& body, con
       ours_ended = ends > 0;
       continue;
     }
+    // Prunable: its holder's lease is over by its own window (the end row is
+    // written within the lease; a taker judged it stale; or it is), or it
+    // is rows of a claim that never showed, long ago. A claim judged live
+    // by a reader with a longer window is no less over.
+    const bool judged_over = ends > 0 || taken.count(*row[0]) || now - newest > row_stale + kClaimPruneSlackS;
+    if (claims > 0 ? judged_over : now - newest > kClaimOrphanS) out.dead.push_back(*row[0]);
     // An earlier claim of this very acquisition (ended, its end row maybe not
     // yet visible): never another process's.
     if (!own_prefix.empty() && absl::StartsWith(*row[0], own_prefix)) continue;

@@ -76,6 +76,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "core/lock.h"
@@ -128,6 +129,11 @@ struct LockInspection {
   // Cluster mode: the lock ids of every claim not ended but our own (all
   // stale when holder is not live): what a claim made now takes over.
   std::string over;
+  // Cluster mode: claims (not ours) no reader counts any more, whose rows
+  // may be removed (Statements::PruneClaims): ended, taken over by another
+  // claim, or stale by their own window (so their holder's lease is over,
+  // whoever reads); and rows of a claim never seen, older than a day.
+  std::vector<std::string> dead;
 };
 // What names a lock instance's tombstone (Statements::EntombLock): the
 // holder's random id, or the table's creation time while no creation row is

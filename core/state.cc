@@ -371,8 +371,10 @@ absl::StatusOr<std::string> ExportEntryJson(const MeltanoState& state) {
         " is not valid UTF-8, so Meltano's JSON export cannot carry it unchanged; copy it to a UTF-8 id "
         "(chstate copy) or leave it out with --pattern"));
   }
-  nlohmann::json sides = {{"completed", state.completed}, {"partial", state.partial}};
-  return absl::StrCat(DumpJson(nlohmann::json(state.state_id)), ": ", DumpJson(sides));
+  // {"completed": ..., "partial": ...} as dump() writes that object, without
+  // copying both sides into one (an export writes millions of these).
+  return absl::StrCat(DumpJson(nlohmann::json(state.state_id)), ": {\"completed\":", DumpJson(state.completed),
+                      ",\"partial\":", DumpJson(state.partial), "}");
 }
 
 absl::StatusOr<MeltanoState> CompleteStateFromInput(std::string state_id, absl::string_view text,

@@ -618,6 +618,9 @@ TEST(ExportDocumentTest, EntryRoundTripsThroughTheDocument) {
   MeltanoState s{"dev:\xC3\xA9\n\"x\"", J(R"({"p": {"q": 1.5}})"), J(R"({"singer_state": {"b": [true, null]}})")};
   absl::StatusOr<std::string> entry = ExportEntryJson(s);
   ASSERT_THAT(entry, IsOk());
+  // Byte for byte what dumping the sides as one object writes.
+  EXPECT_EQ(*entry, absl::StrCat(DumpJson(json(s.state_id)), ": ",
+                                 DumpJson(json{{"completed", s.completed}, {"partial", s.partial}})));
   absl::StatusOr<std::vector<MeltanoState>> back = ParseExportDocument(absl::StrCat("{", *entry, "}"));
   ASSERT_THAT(back, IsOk());
   ASSERT_EQ(back->size(), 1u);

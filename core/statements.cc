@@ -214,6 +214,38 @@ SqlRequest Statements::TrimHistory(int64_t keep) const {
   return r;
 }
 
+SqlRequest Statements::HistoryOverLimits(absl::string_view state_id, int64_t keep, int64_t days) const {
+  SqlRequest r = Read("history_over_limits");
+  std::string where = StateIdEquals(&r, state_id);
+  const std::string beyond =
+      absl::StrCat("arrayElement(arrayReverseSort(groupArray(updated_at)), ", std::max<int64_t>(keep, 0) + 1, ")");
+  // An index past the array's end gives 1970-01-01, read as "none".
+  std::string cutoff = "toUInt64(0)";
+  if (keep > 0) {
+    cutoff = dialect_ == Dialect::kModern ? absl::StrCat("toUnixTimestamp64Milli(", beyond, ")")
+                                          : absl::StrCat("toUInt64(toUnixTimestamp(", beyond, ")) * 1000");
+  }
+  r.sql = absl::StrCat("SELECT count(), countIf(updated_at < now() - INTERVAL ", days, " DAY), ", cutoff, " FROM ",
+                       HistoryTable(), " WHERE ", where, " FORMAT TabSeparated");
+  return r;
+}
+
+SqlRequest Statements::TrimHistoryOf(absl::string_view state_id, int64_t cutoff_ms, int64_t days) const {
+  SqlRequest r = Request("trim_history_of", true);
+  std::string older = absl::StrCat("updated_at < now() - INTERVAL ", days, " DAY");
+  if (cutoff_ms > 0) {
+    const std::string at = dialect_ == Dialect::kModern
+                               ? absl::StrCat("fromUnixTimestamp64Milli(toInt64(", cutoff_ms, "))")
+                               : absl::StrCat("toDateTime(", cutoff_ms / 1000, ")");
+    older = absl::StrCat("updated_at <= ", at, " OR ", older);
+  }
+  // A literal, not a parameter, on every server: a mutation runs later,
+  // from its text alone.
+  r.sql = absl::StrCat("ALTER TABLE ", HistoryTable(), " DELETE WHERE state_id = ", QuoteStringLiteral(state_id),
+                       " AND (", older, ")");
+  return r;
+}
+
 std::string Statements::HistoryRows() const {
   const char* ms = dialect_ == Dialect::kModern ? "toUnixTimestamp64Milli(updated_at)"
                                                 : "toUInt64(toUnixTimestamp(updated_at)) * 1000";
@@ -285,28 +317,39 @@ SqlRequest Statements::InsertStates(const std::vector<StateRow>& rows, absl::str
   return r;
 }
 
+namespace {
+// A glob as a condition on state_id (none for "all"), with a modern
+// server's parameter added to `r`.
+std::optional<std::string> GlobCondition(Dialect dialect, SqlRequest* r, const std::optional<std::string>& glob) {
+  if (!glob || *glob == "*") return std::nullopt;
+  std::string like = GlobToLike(*glob);
+  if (dialect == Dialect::kModern) {
+    r->url_params.emplace_back("param_pattern", EscapeParamValue(like));
+    return std::string("state_id LIKE {pattern:String}");
+  }
+  return absl::StrCat("state_id LIKE ", QuoteStringLiteral(like));
+}
+
+// `state_id <op> <id>` with a literal (18.x) or a parameter named `name`.
+std::string CompareId(Dialect dialect, SqlRequest* r, const char* op, const char* name, absl::string_view id) {
+  if (dialect == Dialect::kModern) {
+    r->url_params.emplace_back(absl::StrCat("param_", name), EscapeParamValue(id));
+    return absl::StrCat("state_id ", op, " {", name, ":String}");
+  }
+  return absl::StrCat("state_id ", op, " ", QuoteStringLiteral(id));
+}
+}  // namespace
+
 SqlRequest Statements::ExportStates(const std::optional<std::string>& glob, const std::optional<std::string>& after,
-                                    int64_t limit) const {
+                                    const std::optional<std::string>& upto, int64_t limit) const {
   SqlRequest r = Read("export_states");
   ReadSettings(&r);
   std::vector<std::string> conditions;
-  if (glob && *glob != "*") {
-    std::string like = GlobToLike(*glob);
-    if (dialect_ == Dialect::kModern) {
-      r.url_params.emplace_back("param_pattern", EscapeParamValue(like));
-      conditions.push_back("state_id LIKE {pattern:String}");
-    } else {
-      conditions.push_back(absl::StrCat("state_id LIKE ", QuoteStringLiteral(like)));
-    }
-  }
-  if (after) {
-    if (dialect_ == Dialect::kModern) {
-      r.url_params.emplace_back("param_after", EscapeParamValue(*after));
-      conditions.push_back("state_id > {after:String}");
-    } else {
-      conditions.push_back(absl::StrCat("state_id > ", QuoteStringLiteral(*after)));
-    }
-  }
+  if (std::optional<std::string> like = GlobCondition(dialect_, &r, glob)) conditions.push_back(*std::move(like));
+  if (after) conditions.push_back(CompareId(dialect_, &r, ">", "after", *after));
+  // The upper end bounds the primary key range FINAL reads and merges: without
+  // it 18.16 merges everything after `after` for every page.
+  if (upto) conditions.push_back(CompareId(dialect_, &r, "<=", "upto", *upto));
   std::string where = conditions.empty() ? "" : absl::StrCat(" WHERE ", absl::StrJoin(conditions, " AND "));
   std::string tail = absl::StrCat(" ORDER BY state_id LIMIT ", std::max<int64_t>(limit, 1), " FORMAT TabSeparated");
   if (cluster_.enabled()) {
@@ -315,6 +358,26 @@ SqlRequest Statements::ExportStates(const std::optional<std::string>& glob, cons
     return r;
   }
   r.sql = absl::StrCat("SELECT state_id, partial_state, completed_state FROM ", StateTable(), " FINAL", where, tail);
+  return r;
+}
+
+SqlRequest Statements::SampleStateIds(const std::optional<std::string>& glob, const std::optional<std::string>& after,
+                                      int64_t every, int64_t count) const {
+  SqlRequest r = Read("sample_state_ids");
+  ReadSettings(&r);
+  // The id column alone and no FINAL: a sample needs neither the states nor
+  // their newest versions, and any id (even a deleted one) bounds a range.
+  // The hash picks about one id in `every` whatever order the server reads
+  // in; ids longer than kMaxSampledIdBytes are skipped so that the sample's
+  // size stays bounded by `count`.
+  std::vector<std::string> conditions = {
+      absl::StrCat("cityHash64(state_id) % ", std::max<int64_t>(every, 1), " = 0"),
+      absl::StrCat("length(state_id) <= ", kMaxSampledIdBytes)};
+  if (std::optional<std::string> like = GlobCondition(dialect_, &r, glob)) conditions.push_back(*std::move(like));
+  if (after) conditions.push_back(CompareId(dialect_, &r, ">", "after", *after));
+  r.sql = absl::StrCat("SELECT state_id, 1 FROM ", StateTable(), " WHERE ", absl::StrJoin(conditions, " AND "),
+                       " GROUP BY state_id ORDER BY state_id LIMIT ", std::max<int64_t>(count, 1),
+                       " FORMAT TabSeparated");
   return r;
 }
 
@@ -353,15 +416,7 @@ SqlRequest Statements::ListStateIds(const std::optional<std::string>& glob) cons
   SqlRequest r = Read("list_state_ids");
   ReadSettings(&r);
   std::string where;
-  if (glob && *glob != "*") {
-    std::string like = GlobToLike(*glob);
-    if (dialect_ == Dialect::kModern) {
-      r.url_params.emplace_back("param_pattern", EscapeParamValue(like));
-      where = " WHERE state_id LIKE {pattern:String}";
-    } else {
-      where = absl::StrCat(" WHERE state_id LIKE ", QuoteStringLiteral(like));
-    }
-  }
+  if (std::optional<std::string> like = GlobCondition(dialect_, &r, glob)) where = absl::StrCat(" WHERE ", *like);
   if (cluster_.enabled()) {
     r.sql = absl::StrCat("SELECT state_id, 1 FROM ", LiveStates("state_id", where),
                          " ORDER BY state_id FORMAT TabSeparated");
@@ -638,6 +693,18 @@ SqlRequest Statements::InspectClaims(absl::string_view state_id) const {
       "anyIf(over, seq = 0), materialize(toInt64(now())) FROM ",
       ClaimsTable(), " WHERE name = ", QuoteStringLiteral(LockTableName(state_id)),
       " GROUP BY lock_id ORDER BY lock_id FORMAT TabSeparated");
+  return r;
+}
+
+SqlRequest Statements::PruneClaims(absl::string_view state_id, const std::vector<std::string>& lock_ids) const {
+  SqlRequest r = Request("prune_claims", true);
+  std::vector<std::string> ids;
+  ids.reserve(lock_ids.size());
+  for (const std::string& id : lock_ids) ids.push_back(QuoteStringLiteral(id));
+  // A literal list, not a subquery: every replica and every part deletes
+  // the same rows, whatever it has seen (a mutation runs part by part).
+  r.sql = absl::StrCat("ALTER TABLE ", ClaimsTable(), " DELETE WHERE name = ", QuoteStringLiteral(LockTableName(state_id)),
+                       " AND lock_id IN (", absl::StrJoin(ids, ", "), ") AND (seq != 2 OR at < now() - 3600)");
   return r;
 }
 

@@ -65,6 +65,10 @@ inline constexpr int64_t kPythonLockWindowS = 300;
 // The prefix of chstate's marker rows in `<table>_lock`.
 inline constexpr const char* kLockMarkerPrefix = "chstate:";
 
+// Export samples only ids up to this long as page boundaries, so a sample
+// of `count` ids stays small whatever ids the table holds.
+inline constexpr int64_t kMaxSampledIdBytes = 1024;
+
 // The completed_state of a tombstone row (cluster mode deletes): not JSON, so
 // no state written by chstate or Meltano can look like it.
 inline constexpr const char* kTombstone = "chstate:deleted";
@@ -103,6 +107,13 @@ class Statements {
   // Removes all but the newest `keep` versions of each state id (several
   // written in one second of 18.x count as one).
   SqlRequest TrimHistory(int64_t keep) const;
+  // One row (versions of `state_id`, how many are older than `days`, unix ms
+  // of its newest version beyond the newest `keep`, 0 when none or keep is 0).
+  SqlRequest HistoryOverLimits(absl::string_view state_id, int64_t keep, int64_t days) const;
+  // Removes `state_id`'s versions written at or before `cutoff_ms` (0: none
+  // by count) and those older than `days`: an ALTER ... DELETE on both
+  // dialects (asynchronous, so the write it follows does not wait for it).
+  SqlRequest TrimHistoryOf(absl::string_view state_id, int64_t cutoff_ms, int64_t days) const;
   // Rows (unix ms, hash8, updated_at as UTC text, partial_state,
   // completed_state) of `state_id`'s versions, newest first, at most `limit`.
   // A version's name is "<unix ms>-<hash8>": its write time and the first 8
@@ -126,9 +137,15 @@ class Statements {
   SqlRequest InsertStates(const std::vector<StateRow>& rows, absl::string_view dedup_token) const;
   // Export: up to `limit` rows (state_id, partial_state, completed_state),
   // sorted by id, of the ids matching `glob` (all when nullopt) that sort
-  // after `after` (from the first when nullopt): one page of a keyset scan.
+  // after `after` (from the first when nullopt) and not after `upto` (to the
+  // last when nullopt): one page, a range of the primary key.
   SqlRequest ExportStates(const std::optional<std::string>& glob, const std::optional<std::string>& after,
-                          int64_t limit) const;
+                          const std::optional<std::string>& upto, int64_t limit) const;
+  // Export's page boundaries: rows (state_id, 1), sorted, at most `count`, of
+  // about one id in `every` among those matching `glob` that sort after
+  // `after`, read from the id column alone (one cheap scan).
+  SqlRequest SampleStateIds(const std::optional<std::string>& glob, const std::optional<std::string>& after,
+                            int64_t every, int64_t count) const;
   SqlRequest DeleteState(absl::string_view state_id) const;
   // kClickHouse18 only: one row, the number of unfinished mutations of the
   // state table. DeleteState is done when it reads 0.
@@ -220,6 +237,11 @@ class Statements {
   // time, the claim's stale_s, the claim's `over`, server now). No rows: no
   // claim at all. Code 60 without the table.
   SqlRequest InspectClaims(absl::string_view state_id) const;
+  // Removes the rows of the claims `lock_ids` of the id (ParseClaimInspection's
+  // dead ones): an ALTER ... DELETE, asynchronous and replicated by the table;
+  // removing them twice is harmless. A waiter's row (seq 2) goes only after
+  // an hour, so that a holder still sees a process that waits.
+  SqlRequest PruneClaims(absl::string_view state_id, const std::vector<std::string>& lock_ids) const;
   // `chstate locks` in cluster mode: per (name, lock_id) of every claim,
   // (name, lock_id, claimed at, newest row, stale_s, now, end rows, over).
   SqlRequest ListClaims() const;

@@ -79,6 +79,32 @@ TEST(Statements, ExactSqlPerDialect) {
        "SELECT count(), 1 FROM system.mutations WHERE database = 'meltano' AND table = 'state' AND is_done = 0 FORMAT "
        "TabSeparated",
        kRead, true},
+      {"history over its limits, modern: milliseconds", Dialect::kModern,
+       [](const Statements& s) { return s.HistoryOverLimits("a", 5, 30); },
+       "SELECT count(), countIf(updated_at < now() - INTERVAL 30 DAY), toUnixTimestamp64Milli(arrayElement("
+       "arrayReverseSort(groupArray(updated_at)), 6)) FROM `meltano`.`state_history` WHERE state_id = "
+       "{state_id:String} FORMAT TabSeparated",
+       {{"wait_end_of_query", "1"}, {"param_state_id", "a"}}, true},
+      {"trim one id's history, modern: a mutation with a literal", Dialect::kModern,
+       [](const Statements& s) { return s.TrimHistoryOf("a'", 1796155031123, 30); },
+       "ALTER TABLE `meltano`.`state_history` DELETE WHERE state_id = 'a\\'' AND (updated_at <= "
+       "fromUnixTimestamp64Milli(toInt64(1796155031123)) OR updated_at < now() - INTERVAL 30 DAY)",
+       {}, true},
+      {"export page 18: a range of the key", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.ExportStates(std::string("dev:*"), std::string("a"), std::string("b"), 5); },
+       "SELECT state_id, partial_state, completed_state FROM `meltano`.`state` FINAL WHERE state_id LIKE 'dev:%' AND "
+       "state_id > 'a' AND state_id <= 'b' ORDER BY state_id LIMIT 5 FORMAT TabSeparated",
+       kRead, true},
+      {"export page modern: the ends as parameters", Dialect::kModern,
+       [](const Statements& s) { return s.ExportStates(std::nullopt, std::string("a"), std::string("b"), 5); },
+       "SELECT state_id, partial_state, completed_state FROM `meltano`.`state` FINAL WHERE state_id > {after:String} "
+       "AND state_id <= {upto:String} ORDER BY state_id LIMIT 5 FORMAT TabSeparated",
+       {{"wait_end_of_query", "1"}, {"param_after", "a"}, {"param_upto", "b"}}, true},
+      {"export sample: the id column, one in `every`", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.SampleStateIds(std::nullopt, std::nullopt, 1000, 7); },
+       "SELECT state_id, 1 FROM `meltano`.`state` WHERE cityHash64(state_id) % 1000 = 0 AND length(state_id) <= "
+       "1024 GROUP BY state_id ORDER BY state_id LIMIT 7 FORMAT TabSeparated",
+       kRead, true},
       {"list all", Dialect::kModern, [](const Statements& s) { return s.ListStateIds(std::nullopt); },
        "SELECT state_id, 1 FROM `meltano`.`state` FINAL ORDER BY state_id FORMAT TabSeparated", kRead, true},
       {"list star is all", Dialect::kClickHouse18, [](const Statements& s) { return s.ListStateIds("*"); },
@@ -226,6 +252,17 @@ TEST(Statements, ClusterModeSql) {
        "SELECT lock_id, countIf(seq = 0), countIf(seq = 3), toInt64(max(at)), toInt64(anyIf(stale_s, seq = 0)), "
        "anyIf(over, seq = 0), materialize(toInt64(now())) FROM `meltano`.`state_claims` WHERE name = "
        "'state_lock_af63dc4c8601ec8c' GROUP BY lock_id ORDER BY lock_id FORMAT TabSeparated",
+       kSequential, true},
+      {"old claims are removed by a literal list, waiters' rows after an hour", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.PruneClaims("a", {"L1", "L'2"}); },
+       "ALTER TABLE `meltano`.`state_claims` DELETE WHERE name = 'state_lock_af63dc4c8601ec8c' AND lock_id IN "
+       "('L1', 'L\\'2') AND (seq != 2 OR at < now() - 3600)",
+       {}, true},
+      {"an export page: a range of live states", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.ExportStates(std::nullopt, std::string("a"), std::string("b"), 10); },
+       "SELECT state_id, partial_state, completed_state FROM (SELECT state_id, partial_state, completed_state FROM "
+       "`meltano`.`state` FINAL WHERE state_id > 'a' AND state_id <= 'b') WHERE ifNull(completed_state, '') != "
+       "'chstate:deleted' ORDER BY state_id LIMIT 10 FORMAT TabSeparated",
        kSequential, true},
       {"delete is a tombstone", Dialect::kClickHouse18, [](const Statements& s) { return s.DeleteState("a"); },
        "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) VALUES ('a', NULL, "

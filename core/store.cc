@@ -209,14 +209,46 @@ class StoreSteps {
     if (!token.ok()) return fail(token.status());
     SqlRequest req =
         st().InsertState(state.state_id, ToColumn(state.partial), ToColumn(state.completed), *token);
+    const std::string id = state.state_id;
     return QuorumWrite(
-        std::move(req), "writing state", in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5, then,
+        std::move(req), "writing state", in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5,
+        [this, id, then] { return HistoryUpkeep(id, then); },
         [this, state, then, fail, schema_made](absl::Status st) -> Step {
           if (st.code() == absl::StatusCode::kNotFound && !schema_made) {
             return EnsureSchema([this, state, then, fail] { return WriteState(state, then, fail, true); }, fail);
           }
           return fail(std::move(st));
         });
+  }
+
+  // After a write of `id`, one time in kHistoryUpkeepEvery (by the fresh
+  // random bytes of the write's answer): the id's versions beyond
+  // history_versions or older than history_days are removed. The write is
+  // done either way; a failure here is left to a later write.
+  Step HistoryUpkeep(const std::string& id, Then then) {
+    const StoreOptions& o = s_->options_;
+    if (o.history_days <= 0 || in_->random.size() < 16 ||
+        static_cast<unsigned char>(in_->random[15]) % kHistoryUpkeepEvery != 0) {
+      return then();
+    }
+    return Query(
+        st().HistoryOverLimits(id, o.history_versions, o.history_days), "counting the state's versions", 3,
+        [this, id, then](const Rows& rows) -> Step {
+          const StoreOptions& o = s_->options_;
+          int64_t count = 0, expired = 0, cutoff_ms = 0;
+          if (rows.empty() || !absl::SimpleAtoi(rows[0][0].value_or(""), &count) ||
+              !absl::SimpleAtoi(rows[0][1].value_or(""), &expired) ||
+              !absl::SimpleAtoi(rows[0][2].value_or(""), &cutoff_ms)) {
+            return then();
+          }
+          const bool over_count = o.history_versions > 0 && count > o.history_versions && cutoff_ms > 0;
+          if (!over_count && expired == 0) return then();
+          return Sql(
+              st().TrimHistoryOf(id, over_count ? cutoff_ms : 0, o.history_days),
+              "removing the state's old versions", [then](const std::string&) { return then(); },
+              [then](absl::Status) { return then(); });
+        },
+        [then](absl::Status) { return then(); });
   }
 
   // Import: the states from `from` on, in multi-row INSERTs (see
@@ -407,6 +439,7 @@ class StoreSteps {
                              (!st().cluster().enabled() ||
                               insp->age_s * 1000 <= std::max(m->options().stale_ms, insp->stale_s * 1000));
               if (seen_holder_) seen_holder_id_ = insp->holder;
+              if (insp.ok()) last_dead_ = insp->dead;
             }
             m->OnResponse(r, *in_);
             return DriveLock(m, on_outcome);
@@ -498,11 +531,40 @@ class StoreSteps {
     options.timeout_ms = std::max<int64_t>(deadline - in_->now_ms, 0);
     auto m = std::make_shared<LockMachine>(st(), id, options);
     m->Acquire(*in_);
+    last_dead_.clear();
     return DriveLock(m, [this, m, id, deadline, then, fail](const LockAction& a) -> Step {
       if (a.kind != LockAction::Kind::kAcquired) return fail(ExplainCluster(a.status));
-      if (!s_->options_.python_locks) return then(m);
+      if (!s_->options_.python_locks) return PruneClaims(id, [this, m, then] { return then(m); });
       return ClaimFromPython(id, m, deadline, then, fail);
     });
+  }
+
+  // Cluster mode, just acquired: when the claims read last held
+  // kClaimsPruneAt claims of the id that no reader counts any more, they
+  // are removed (kClaimsPruneAt). A failure changes nothing: they are
+  // removed by a later acquisition.
+  Step PruneClaims(const std::string& id, Then then) {
+    if (!st().cluster().enabled() || static_cast<int64_t>(last_dead_.size()) < kClaimsPruneAt) return then();
+    std::vector<std::string> dead = std::move(last_dead_);
+    last_dead_.clear();
+    // A backlog (claims from before pruning existed) goes kClaimsPruneMax
+    // at a time, a slice at a random offset, at every acquisition until it
+    // is gone (a statement must stay below max_query_size, 256 KiB).
+    const bool backlog = static_cast<int64_t>(dead.size()) > kClaimsPruneMax;
+    auto last = s_->claims_pruned_ms_.find(id);
+    if (!backlog && last != s_->claims_pruned_ms_.end() && in_->now_ms - last->second < kClaimsPruneEveryMs) {
+      return then();
+    }
+    s_->claims_pruned_ms_[id] = in_->now_ms;
+    if (backlog) {
+      uint64_t r = 0;
+      for (size_t i = 0; i < in_->random.size() && i < 8; ++i) r = (r << 8) | static_cast<unsigned char>(in_->random[i]);
+      const size_t from = static_cast<size_t>(r % (dead.size() - kClaimsPruneMax + 1));
+      dead = std::vector<std::string>(dead.begin() + from, dead.begin() + from + kClaimsPruneMax);
+    }
+    return Sql(
+        st().PruneClaims(id, dead), "removing ended lock claims", [then](const std::string&) { return then(); },
+        [then](absl::Status) { return then(); });
   }
 
   // python_locks: the table lock is ours; now the Python backend's rows.
@@ -772,6 +834,100 @@ class StoreSteps {
     return then();
   }
 
+  // ---- export (Store::ExportPage) ----
+
+  // Samples the page boundaries beyond `from` into the store's export
+  // cursor, then reads the next page.
+  Step ExportSample(std::optional<std::string> from, int64_t limit) {
+    Store::ExportCursor& c = *s_->export_;
+    return Query(
+        st().SampleStateIds(c.glob, from, kExportSampleEvery, kExportSampleCount), "sampling state ids to export", 2,
+        [this, from, limit](const Rows& rows) {
+          Store::ExportCursor& c = *s_->export_;
+          c.bounds.clear();
+          for (const Row& row : rows) {
+            std::string id = row[0].value_or("");
+            // Sorted by the server; kept strictly ascending and beyond `from`
+            // whatever it sent, so that every range is well formed.
+            if ((from && id <= *from) || (!c.bounds.empty() && id <= c.bounds.back())) continue;
+            c.bounds.push_back(std::move(id));
+          }
+          c.sampled_to_end = static_cast<int64_t>(rows.size()) < kExportSampleCount || c.bounds.empty();
+          return ExportRange(from, limit);
+        },
+        [this](absl::Status st) { return ExportFailed(std::move(st)); });
+  }
+
+  // Reads the states after `from` up to the next boundaries (as many ranges
+  // as make about kDefaultExportPageBytes, at most `limit` states).
+  Step ExportRange(std::optional<std::string> from, int64_t limit) {
+    Store::ExportCursor& c = *s_->export_;
+    if (c.bounds.empty() && !c.sampled_to_end) return ExportSample(from, limit);
+    // The first page is one range; later ones as many as the size of the
+    // states read so far lets into the byte budget.
+    size_t ranges = 1;
+    if (c.bytes_per_state > 0) {
+      const int64_t states = std::min(limit, kDefaultExportPageBytes / c.bytes_per_state);
+      ranges = static_cast<size_t>(std::max<int64_t>(states / kExportSampleEvery, 1));
+    }
+    std::optional<std::string> upto;
+    if (c.bounds.size() >= ranges) {
+      upto = c.bounds[ranges - 1];
+    } else if (!c.bounds.empty() && !c.sampled_to_end) {
+      upto = c.bounds.back();  // sampled again from there once it is read
+    } else if (!c.bounds.empty()) {
+      upto = std::nullopt;  // the last ranges, to the end
+    }
+    return Sql(
+        st().ExportStates(c.glob, from, upto, limit), "exporting states",
+        [this, from, upto, limit](const std::string& body) -> Step {
+          absl::StatusOr<Rows> rows = ParseTabSeparated(body, 3);
+          if (!rows.ok()) return ExportFailed(rows.status());
+          Result r = Base();
+          r.states.emplace();
+          r.states->reserve(rows->size());
+          for (const Row& row : *rows) {
+            MeltanoState state;
+            state.state_id = row[0].value_or("");
+            absl::StatusOr<nlohmann::json> partial = FromColumn(row[1], state.state_id, "partial_state");
+            if (!partial.ok()) return ExportFailed(partial.status());
+            absl::StatusOr<nlohmann::json> completed = FromColumn(row[2], state.state_id, "completed_state");
+            if (!completed.ok()) return ExportFailed(completed.status());
+            state.partial = std::move(*partial);
+            state.completed = std::move(*completed);
+            r.states->push_back(std::move(state));
+          }
+          Store::ExportCursor& c = *s_->export_;
+          const bool full = static_cast<int64_t>(rows->size()) >= limit;
+          // A full page may have stopped inside its range: the next one goes
+          // on from its last id towards the same boundaries.
+          const std::optional<std::string> reached = full ? std::optional<std::string>(r.states->back().state_id) : upto;
+          while (!c.bounds.empty() && (!reached || c.bounds.front() <= *reached)) c.bounds.pop_front();
+          if (!rows->empty()) {
+            c.bytes_per_state = std::max<int64_t>(static_cast<int64_t>(body.size() / rows->size()), 1);
+          }
+          r.more = full || upto.has_value();
+          if (r.more && r.states->empty()) return ExportRange(upto, limit);  // an empty range: on to the next
+          if (r.more) {
+            c.after = r.states->back().state_id;
+          } else {
+            s_->export_.reset();
+          }
+          return Step::Done(std::move(r));
+        },
+        [this](absl::Status st) { return ExportFailed(std::move(st)); });
+  }
+
+  // A failed page forgets the export (the next page samples afresh); a
+  // missing table is an export of no states.
+  Step ExportFailed(absl::Status st) {
+    s_->export_.reset();
+    if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
+    Result r = Base();
+    r.states.emplace();
+    return Step::Done(std::move(r));
+  }
+
   // For messages: ids are user data and may hold anything.
   static std::string Printable(const std::string& id) {
     std::string escaped = EscapeParamValue(id.size() > 200 ? id.substr(0, 200) : id);
@@ -785,6 +941,7 @@ class StoreSteps {
   bool seen_holder_ = false;  // the last lock inspection found another live holder
   std::string seen_holder_id_;  // cluster mode: the holder the waiter row names
   std::string announced_to_;  // the holder this task's waiter row named last
+  std::vector<std::string> last_dead_;  // cluster mode: the prunable claims the last read found
   std::vector<std::shared_ptr<void>> keep_;
 };
 
@@ -1402,35 +1559,13 @@ std::unique_ptr<Task> Store::ExportPage(std::optional<std::string> glob, std::op
   if (after) {
     if (absl::Status st = ValidateStateId(*after); !st.ok()) return Invalid(st);
   }
-  return MakeTask(this, [glob, after, limit](StoreSteps& s) {
+  // What continues is looked at when the task starts (see RenewLock).
+  return MakeTask(this, [this, glob, after, limit](StoreSteps& s) {
     return s.Connected(
-        [&s, glob, after, limit] {
-          return s.Query(
-              s.st().ExportStates(glob, after, limit), "exporting states", 3,
-              [&s, limit](const Rows& rows) {
-                Result r = s.Base();
-                r.states.emplace();
-                r.states->reserve(rows.size());
-                for (const Row& row : rows) {
-                  MeltanoState state;
-                  state.state_id = row[0].value_or("");
-                  absl::StatusOr<nlohmann::json> partial = FromColumn(row[1], state.state_id, "partial_state");
-                  if (!partial.ok()) return Step::Fail(partial.status());
-                  absl::StatusOr<nlohmann::json> completed = FromColumn(row[2], state.state_id, "completed_state");
-                  if (!completed.ok()) return Step::Fail(completed.status());
-                  state.partial = std::move(*partial);
-                  state.completed = std::move(*completed);
-                  r.states->push_back(std::move(state));
-                }
-                r.more = static_cast<int64_t>(rows.size()) >= limit;
-                return Step::Done(std::move(r));
-              },
-              [&s](absl::Status st) {
-                if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
-                Result r = s.Base();
-                r.states.emplace();
-                return Step::Done(std::move(r));
-              });
+        [this, &s, glob, after, limit] {
+          if (export_ && after && export_->after == after && export_->glob == glob) return s.ExportRange(after, limit);
+          export_ = ExportCursor{glob, after};
+          return s.ExportSample(after, limit);
         },
         StoreSteps::Failed);
   });

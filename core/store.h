@@ -53,6 +53,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -97,7 +98,8 @@ struct StoreOptions {
   // State history (README "State history"): versions are kept this many
   // days; 0 creates no history table (an existing one is still fed).
   int64_t history_days = kDefaultHistoryDays;
-  // ... and at most this many versions per id are kept by Init (0: no limit).
+  // ... and at most this many versions per id (0: no limit). Both are kept
+  // as writes go (kHistoryUpkeepEvery) and by Init.
   int64_t history_versions = kDefaultHistoryVersions;
   // A mixed fleet with the Python ClickHouse backend on one schema (README
   // "Migrating from the Python backend"): a holder also shows itself in
@@ -152,9 +154,15 @@ class Store {
   std::unique_ptr<Task> ClearAll();
   // One page of an export (Meltano's get_all, `chstate export`): up to
   // `limit` states matching `glob` (all when nullopt), sorted by id, after
-  // the id `after` (from the first when nullopt), in Result.states; one
-  // SELECT ... FINAL. Result.more: the page is full, so ask for the next one
-  // after its last id. A missing table reads as no states.
+  // the id `after` (from the first when nullopt), in Result.states.
+  // Result.more: more may follow, so ask for the next page after this one's
+  // last id; a page is never empty while more follow. A missing table reads
+  // as no states.
+  // Each page is one SELECT ... FINAL of a range of ids, so the server reads
+  // each row about once in the whole export: the ranges come from a sample
+  // of the id column taken by the first page (after nullopt, or an `after`
+  // other than the last id of the page this store returned last), and about
+  // kDefaultExportPageBytes of states, by the size of those read so far.
   std::unique_ptr<Task> ExportPage(std::optional<std::string> glob, std::optional<std::string> after,
                                    int64_t limit = kDefaultExportPageStates);
   // Writes every state, overwriting (Meltano's set_all, `chstate import`):
@@ -259,11 +267,29 @@ class Store {
   // Ids whose lingering lock was given up to a waiting process: this store
   // acquires them again only after the time given (see linger_locks).
   std::map<std::string, int64_t> yielded_until_;
+  // Cluster mode: when this store last removed each id's old claims (on the
+  // host's clock; see kClaimsPruneAt).
+  std::map<std::string, int64_t> claims_pruned_ms_;
   bool Lingers() const { return options_.linger_locks && !options_.python_locks; }
   // How often a lingering holder looks for waiting processes.
   int64_t WaiterCheckEveryMs() const { return std::min(kDefaultLockWaiterCheckMs, options_.lock.retry_ms / 2); }
   std::string server_version_;
   uint64_t writes_ = 0;
+  // The export in progress (ExportPage), kept between its pages.
+  struct ExportCursor {
+    std::optional<std::string> glob;
+    // The last id of the page returned last: a page asked for after it
+    // continues this export; any other starts afresh.
+    std::optional<std::string> after;
+    // Sampled ids beyond `after`, ascending: the pages' upper ends.
+    std::deque<std::string> bounds;
+    // The sample reached the last id: nothing beyond bounds.back() was left
+    // unsampled (else it is sampled again once bounds run out).
+    bool sampled_to_end = false;
+    // Bytes of a state in the answers so far (0: none read yet).
+    int64_t bytes_per_state = 0;
+  };
+  std::optional<ExportCursor> export_;
 };
 
 }  // namespace chstate

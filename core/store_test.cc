@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/lock.h"
 #include "core/response.h"
 #include "core/testing/responses.h"
@@ -52,8 +53,9 @@ struct Outcome {
 };
 
 // Runs `task` through `script`, failing the test on any deviation.
-Outcome Drive(Task& task, const std::vector<Exchange>& script, int64_t* clock) {
+Outcome Drive(Task& task, const std::vector<Exchange>& script, int64_t* clock, const std::string& random = kRandom) {
   Outcome out;
+  const std::string& kRandom = random;  // every input carries these bytes
   Action a = task.Start({*clock, kRandom});
   for (const Exchange& e : script) {
     if (e.purpose.empty()) {
@@ -759,6 +761,7 @@ TEST(Store, InitCreatesTheSchemaAndDropsOldTombstones) {
                     {kVersion18, Q("create_database", Ok()), Q("create_state_table", Ok()), Q("create_lock_table", Ok()),
                      Q("create_history_table", Ok()), Q("create_history_view", Ok()),
                      Q("expire_history", Ok(), "DELETE WHERE updated_at < now() - INTERVAL 30 DAY"),
+                     Q("trim_history", Ok(), "arraySlice(arrayReverseSort(groupArray(updated_at)), 1001)"),
                      Q("list_tombstones", Ok("state_lock_0000000000000001_dead_0000000000000002\t1\n"), "now() - 600"),
                      Q("drop_table", Ok(), "DROP TABLE IF EXISTS `meltano`.`state_lock_0000000000000001_dead_")},
                     &clock);
@@ -784,46 +787,266 @@ TEST(Store, ClearAllCountsThenTruncates) {
   EXPECT_EQ(o.last.result.count, 7);
 }
 
-// ---- export and import (Meltano's get_all / set_all) ----
+// ---- the state history kept within its limits as writes go ----
 
-TEST(Store, ExportReadsOnePageAndSaysWhetherMoreFollow) {
+// Random bytes whose byte 15 picks a write for the history's upkeep.
+std::string UpkeepRandom() {
+  std::string r = kRandom;
+  r[15] = static_cast<char>(kHistoryUpkeepEvery);  // a multiple: this write looks
+  return r;
+}
+
+TEST(Store, OneWriteInSoManyTrimsItsIdsVersionsBeyondTheLimits) {
   auto store = MakeStore();
   int64_t clock = 0;
+  MeltanoState state{"dev:a", nlohmann::json::object(), nlohmann::json{{"singer_state", 1}}};
+  HoldLock(*store, "dev:a", &clock, kVersion18);  // the writes' own requests alone
+  // Most writes (the random byte not a multiple of kHistoryUpkeepEvery) are
+  // one INSERT.
+  auto t = store->Set(state);
+  Outcome o = Drive(*t, {Q("insert_state", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // The one in so many counts the id's versions; beyond the limit, the
+  // versions up to the newest one beyond it go, and those past the days.
+  t = store->Set(state);
+  o = Drive(*t,
+            {Q("insert_state", Ok()),
+             Q("history_over_limits", Ok("1064\t0\t1796155031000\n"),
+               "SELECT count(), countIf(updated_at < now() - INTERVAL 30 DAY), toUInt64(toUnixTimestamp("
+               "arrayElement(arrayReverseSort(groupArray(updated_at)), 1001))) * 1000 FROM `meltano`.`state_history` "
+               "WHERE state_id = 'dev:a'"),
+             Q("trim_history_of", Ok(),
+               "ALTER TABLE `meltano`.`state_history` DELETE WHERE state_id = 'dev:a' AND (updated_at <= "
+               "toDateTime(1796155031) OR updated_at < now() - INTERVAL 30 DAY)")},
+            &clock, UpkeepRandom());
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // Within both limits: nothing removed.
+  t = store->Set(state);
+  o = Drive(*t, {Q("insert_state", Ok()), Q("history_over_limits", Ok("999\t0\t0\n"))}, &clock, UpkeepRandom());
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // Versions past the days alone.
+  t = store->Set(state);
+  o = Drive(*t,
+            {Q("insert_state", Ok()), Q("history_over_limits", Ok("12\t3\t0\n")),
+             Q("trim_history_of", Ok(), "state_id = 'dev:a' AND (updated_at < now() - INTERVAL 30 DAY)")},
+            &clock, UpkeepRandom());
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // A failed look or trim leaves the write done.
+  t = store->Set(state);
+  o = Drive(*t,
+            {Q("insert_state", Ok()), Q("history_over_limits", Ok("2000\t0\t1796155031000\n")),
+             Q("trim_history_of", Err(500, 241, "Memory limit exceeded"))},
+            &clock, UpkeepRandom());
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  t = store->Set(state);
+  o = Drive(*t, {Q("insert_state", Ok()), Q("history_over_limits", Err(404, 60, "Table doesn't exist."))}, &clock,
+            UpkeepRandom());
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+TEST(Store, HistoryUpkeepFollowsTheSettings) {
+  StoreOptions opts;
+  opts.history_versions = 0;  // no limit by count: only the days
+  opts.history_days = 7;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(opts);
+  ASSERT_THAT(store, IsOk());
+  int64_t clock = 0;
+  MeltanoState state{"dev:a", nlohmann::json::object(), nlohmann::json{{"singer_state", 1}}};
+  auto t = (*store)->Update(state);
+  Outcome o = Drive(*t,
+                    {kVersionModern, Q("create_lock", Ok()), Q("get_state", Ok("")), Q("insert_state", Ok()),
+                     Q("history_over_limits", Ok("9000\t1\t0\n"), "INTERVAL 7 DAY), toUInt64(0) FROM"),
+                     Q("trim_history_of", Ok(), "ALTER TABLE `meltano`.`state_history` DELETE WHERE state_id = "
+                                                "'dev:a' AND (updated_at < now() - INTERVAL 7 DAY)"),
+                     Q("inspect_lock", Held(MakeLockId(UpkeepRandom()), 100, 100)), Q("drop_lock", Ok())},
+                    &clock, UpkeepRandom());
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // Without a history, no look.
+  opts.history_days = 0;
+  store = Store::Create(opts);
+  ASSERT_THAT(store, IsOk());
+  HoldLock(**store, "dev:a", &clock, kVersionModern);
+  t = (*store)->Set(state);
+  o = Drive(*t, {Q("insert_state", Ok())}, &clock, UpkeepRandom());
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+// ---- export and import (Meltano's get_all / set_all) ----
+
+// Ids of a page, for comparing.
+std::vector<std::string> Ids(const Result& r) {
+  std::vector<std::string> ids;
+  for (const MeltanoState& s : r.states.value_or(std::vector<MeltanoState>{})) ids.push_back(s.state_id);
+  return ids;
+}
+
+TEST(Store, ExportReadsPagesAsRangesOfASampleOfTheIds) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  // The first page samples the id column for boundaries, then reads up to
+  // the first boundary.
   auto t = store->ExportPage(std::string("dev:*"), std::nullopt, 2);
   Outcome o = Drive(*t,
-                    {kVersion18, Q("export_states", Ok("dev:a\t{\"p\":1}\t\\N\ndev:b\t\\N\t{\"singer_state\":{}}\n"),
-                                   "WHERE state_id LIKE 'dev:%' ORDER BY state_id LIMIT 2")},
+                    {kVersion18,
+                     Q("sample_state_ids", Ok("dev:c\t1\ndev:e\t1\n"),
+                       "FROM `meltano`.`state` WHERE cityHash64(state_id) % 1000 = 0 AND length(state_id) <= 1024 AND "
+                       "state_id LIKE 'dev:%' GROUP BY state_id ORDER BY state_id LIMIT 10000"),
+                     Q("export_states", Ok("dev:a\t{\"p\":1}\t\\N\ndev:b\t\\N\t{\"singer_state\":{}}\n"),
+                       "FINAL WHERE state_id LIKE 'dev:%' AND state_id <= 'dev:c' ORDER BY state_id LIMIT 2")},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
   ASSERT_TRUE(o.last.result.states.has_value());
-  ASSERT_EQ(o.last.result.states->size(), 2u);
-  EXPECT_EQ((*o.last.result.states)[0].state_id, "dev:a");
+  ASSERT_EQ(Ids(o.last.result), (std::vector<std::string>{"dev:a", "dev:b"}));
   EXPECT_EQ((*o.last.result.states)[0].partial, nlohmann::json::parse("{\"p\":1}"));
   EXPECT_TRUE((*o.last.result.states)[0].completed.empty());
   EXPECT_EQ((*o.last.result.states)[1].completed, nlohmann::json::parse("{\"singer_state\":{}}"));
   EXPECT_TRUE(o.last.result.more);
-  // The next page starts after the last id; a short page is the last.
+  // Full: the next page goes on inside the same range, with no new sample.
   auto next = store->ExportPage(std::string("dev:*"), std::string("dev:b"), 2);
-  o = Drive(*next, {Q("export_states", Ok("dev:c\t\\N\t{}\n"), "state_id > 'dev:b'")}, &clock);
+  o = Drive(*next, {Q("export_states", Ok("dev:c\t\\N\t{}\n"), "state_id > 'dev:b' AND state_id <= 'dev:c' ORDER")},
+            &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
-  ASSERT_TRUE(o.last.result.states.has_value());
-  EXPECT_EQ(o.last.result.states->size(), 1u);
+  EXPECT_EQ(Ids(o.last.result), std::vector<std::string>{"dev:c"});
+  EXPECT_TRUE(o.last.result.more) << "a short page of a range that is not the last";
+  // Then the next range, and past the last boundary the rest to the end.
+  next = store->ExportPage(std::string("dev:*"), std::string("dev:c"), 2);
+  o = Drive(*next, {Q("export_states", Ok("dev:d\t\\N\t{}\n"), "state_id > 'dev:c' AND state_id <= 'dev:e' ORDER")},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_TRUE(o.last.result.more);
+  next = store->ExportPage(std::string("dev:*"), std::string("dev:d"), 2);
+  o = Drive(*next, {Q("export_states", Ok("dev:f\t\\N\t{}\n"), "state_id > 'dev:d' ORDER BY state_id LIMIT 2")},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(Ids(o.last.result), std::vector<std::string>{"dev:f"});
+  EXPECT_FALSE(o.last.result.more) << "a short page to the end is the last";
+}
+
+TEST(Store, ExportNeverReturnsAnEmptyPageWhileMoreFollow) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->ExportPage(std::nullopt, std::nullopt, 5);
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("sample_state_ids", Ok("b\t1\nd\t1\n")),
+                     Q("export_states", Ok(""), "WHERE state_id <= 'b' ORDER"),  // deleted since the sample
+                     Q("export_states", Ok("c\t\\N\t{}\n"), "WHERE state_id > 'b' AND state_id <= 'd' ORDER")},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(Ids(o.last.result), std::vector<std::string>{"c"});
+  EXPECT_TRUE(o.last.result.more);
+  // Every range empty to the end: an empty last page.
+  auto next = store->ExportPage(std::nullopt, std::string("c"), 5);
+  o = Drive(*next, {Q("export_states", Ok(""), "WHERE state_id > 'c' ORDER BY")}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_TRUE(Ids(o.last.result).empty());
   EXPECT_FALSE(o.last.result.more);
+}
+
+TEST(Store, ExportSamplesAgainForAnotherExportAndWhenItsBoundariesRunOut) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->ExportPage(std::nullopt, std::nullopt, 1);
+  Outcome o = Drive(*t, {kVersion18, Q("sample_state_ids", Ok("b\t1\n")), Q("export_states", Ok("a\t\\N\t{}\n"))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // A page after an id that is not where this export stands: a new sample
+  // from there.
+  auto other = store->ExportPage(std::nullopt, std::string("x"), 1);
+  o = Drive(*other,
+            {Q("sample_state_ids", Ok(""), "AND state_id > 'x' GROUP BY"),
+             Q("export_states", Ok("y\t\\N\t{}\n"), "WHERE state_id > 'x' ORDER BY")},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_TRUE(o.last.result.more) << "a full page";
+  // A glob other than the export's: afresh too.
+  other = store->ExportPage(std::string("y*"), std::string("y"), 1);
+  o = Drive(*other, {Q("sample_state_ids", Ok(""), "LIKE 'y%' AND state_id > 'y'"), Q("export_states", Ok(""))},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_FALSE(o.last.result.more);
+  // A sample of kExportSampleCount ids may not reach the end: once they are
+  // read, the export samples again from where it stands.
+  std::string many;
+  for (int i = 0; i < kExportSampleCount; ++i) absl::StrAppend(&many, absl::StrFormat("k%05d\t1\n", i));
+  auto big = store->ExportPage(std::nullopt, std::nullopt, kDefaultExportPageStates);
+  o = Drive(*big, {Q("sample_state_ids", Ok(many)), Q("export_states", Ok("k00000\t\\N\t{}\n"), "<= 'k00000'")},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  std::string after = "k00000";
+  int pages = 0;
+  while (true) {
+    auto page = store->ExportPage(std::nullopt, after, kDefaultExportPageStates);
+    Action a = page->Start({clock, kRandom});
+    ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+    if (a.request.purpose == "sample_state_ids") {
+      EXPECT_THAT(a.request.sql, HasSubstr(absl::StrCat("state_id > '", after, "'")));
+      EXPECT_EQ(after, absl::StrFormat("k%05d", kExportSampleCount - 1)) << "sampled again only at the last boundary";
+      break;
+    }
+    ASSERT_EQ(a.request.purpose, "export_states");
+    ASSERT_LT(++pages, kExportSampleCount) << "never sampled again";
+    // One state per range: the last boundary the page asked for.
+    std::string upto = a.request.sql.substr(a.request.sql.find("<= '") + 4, 6);
+    a = page->OnResponse(Ok(absl::StrCat(upto, "\t\\N\t{}\n")), {clock, kRandom});
+    ASSERT_EQ(a.kind, Action::Kind::kDone) << a.status;
+    after = upto;
+  }
+}
+
+TEST(Store, ExportPagesHoldAboutTheByteBudget) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  std::string bounds;
+  for (int i = 1; i <= 40; ++i) absl::StrAppend(&bounds, absl::StrFormat("b%02d\t1\n", i));
+  auto t = store->ExportPage(std::nullopt, std::nullopt, 20 * kExportSampleEvery);
+  // Small states: the next page takes as many ranges as the state limit allows.
+  Outcome o = Drive(*t, {kVersion18, Q("sample_state_ids", Ok(bounds)),
+                         Q("export_states", Ok("a\t\\N\t{}\nb01\t\\N\t{}\n"), "WHERE state_id <= 'b01' ORDER")},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  auto next = store->ExportPage(std::nullopt, std::string("b01"), 20 * kExportSampleEvery);
+  const std::string big(kDefaultExportPageBytes / 4, 'x');
+  o = Drive(*next, {Q("export_states", Ok(absl::StrCat("b02\t\\N\t{\"k\":\"", big, "\"}\n")),
+                      "state_id > 'b01' AND state_id <= 'b21' ORDER")},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  // A quarter of the budget per state: one range, the least a page reads.
+  next = store->ExportPage(std::nullopt, std::string("b02"), 20 * kExportSampleEvery);
+  o = Drive(*next, {Q("export_states", Ok("b22\t\\N\t{}\n"), "state_id > 'b02' AND state_id <= 'b22' ORDER")}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 }
 
 TEST(Store, ExportOfAMissingTableIsEmptyAndACorruptRowIsDataLoss) {
   auto store = MakeStore();
   int64_t clock = 0;
   auto t = store->ExportPage(std::nullopt, std::nullopt);
-  Outcome o = Drive(*t, {kVersion18, Q("export_states", Err(404, 60, "Table meltano.state doesn't exist."))}, &clock);
+  Outcome o =
+      Drive(*t, {kVersion18, Q("sample_state_ids", Err(404, 60, "Table meltano.state doesn't exist."))}, &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
   ASSERT_TRUE(o.last.result.states.has_value());
   EXPECT_TRUE(o.last.result.states->empty());
   EXPECT_FALSE(o.last.result.more);
   auto bad = store->ExportPage(std::nullopt, std::nullopt);
-  o = Drive(*bad, {Q("export_states", Ok("dev:a\t{oops\t\\N\n"))}, &clock);
+  o = Drive(*bad, {Q("sample_state_ids", Ok("")), Q("export_states", Ok("dev:a\t{oops\t\\N\n"))}, &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("dev:a")));
+  // A failed export is forgotten: the same page again samples afresh.
+  auto again = store->ExportPage(std::nullopt, std::nullopt);
+  o = Drive(*again, {Q("sample_state_ids", Ok("")), Q("export_states", Ok(""))}, &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+TEST(Store, ModernExportPassesIdsAsParameters) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->ExportPage(std::nullopt, std::string("a'b"), 3);
+  Outcome o = Drive(*t,
+                    {kVersionModern, Q("sample_state_ids", Ok("c\t1\n"), "state_id > {after:String}"),
+                     Q("export_states", Ok(""), "state_id > {after:String} AND state_id <= {upto:String} ORDER"),
+                     Q("export_states", Ok(""), "WHERE state_id > {after:String} ORDER")},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_FALSE(o.last.result.more);
 }
 
 std::vector<MeltanoState> Numbered(int n) {
@@ -1165,6 +1388,73 @@ absl::StatusOr<std::unique_ptr<Store>> LingeringClusterStore() {
   o.cluster.name = "prod";
   o.linger_locks = true;
   return Store::Create(o);
+}
+
+TEST(ClusterStore, AnAcquisitionThatReadManyOverClaimsRemovesThemOnceInAWhile) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  // The id's old claims: kClaimsPruneAt - 1 ended, one stale by its window,
+  // and one live one of a process that is still within its window.
+  std::string old;
+  for (int i = 0; i < kClaimsPruneAt - 1; ++i) old += ClaimRow(absl::StrCat("ended", i), 1, 50, 1000);
+  old += ClaimRow("stale", 0, 698, 1000);
+  auto t = store->AcquireLock("id");
+  Outcome o = Drive(*t,
+                    {kVersion18, kEngine, Q("inspect_claims", Ok(old)), Q("claim_lock", Ok()),
+                     Q("inspect_claims", Ok(old + ClaimRow(kClaimId, 0, 1000, 1000))),
+                     Q("prune_claims", Ok(),
+                       absl::StrCat("ALTER TABLE `meltano`.`state_claims` DELETE WHERE name = 'state_lock_",
+                                    absl::StrFormat("%016x", Fnv1a64("id")), "' AND lock_id IN ('ended0', 'ended1', ",
+                                    "'ended2', ")),
+                     },
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.lock_id, kClaimId);
+  auto r = store->ReleaseLock("id", kClaimId);
+  ASSERT_EQ(Drive(*r, {Q("end_claim", Ok())}, &clock).last.kind, Action::Kind::kDone);
+  // Within kClaimsPruneEveryMs the same store does not ask again.
+  clock += kClaimsPruneEveryMs / 2;
+  auto again = store->AcquireLock("id");
+  o = Drive(*again,
+            {Q("inspect_claims", Ok(old)), Q("claim_lock", Ok()),
+             Q("inspect_claims", Ok(old + ClaimRow(kClaimId, 0, 1001, 1001)))},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status << " " << o.last.request.purpose;
+  EXPECT_EQ(o.purposes.back(), "inspect_claims");
+}
+
+TEST(ClusterStore, ABacklogOfOverClaimsGoesASliceAtEveryAcquisition) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  std::string old;
+  for (int i = 0; i < kClaimsPruneMax + 10; ++i) old += ClaimRow(absl::StrFormat("ended%05d", i), 1, 50, 1000);
+  for (int round = 0; round < 2; ++round) {  // no 10 s wait between them
+    auto t = store->AcquireLock("id");
+    std::vector<Exchange> script;
+    if (round == 0) script = {kVersion18, kEngine};
+    script.push_back(Q("inspect_claims", Ok(old)));
+    script.push_back(Q("claim_lock", Ok()));
+    script.push_back(Q("inspect_claims", Ok(old + ClaimRow(kClaimId, 0, 1000, 1000))));
+    script.push_back(Q("prune_claims", Ok(), "('ended0"));
+    Outcome o = Drive(*t, script, &clock);
+    ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+    auto r = store->ReleaseLock("id", kClaimId);
+    ASSERT_EQ(Drive(*r, {Q("end_claim", Ok())}, &clock).last.kind, Action::Kind::kDone);
+  }
+}
+
+TEST(ClusterStore, FewerOverClaimsThanThePruneCountAreLeftAlone) {
+  auto store = MakeClusterStore();
+  int64_t clock = 0;
+  std::string old;
+  for (int i = 0; i < kClaimsPruneAt - 1; ++i) old += ClaimRow(absl::StrCat("ended", i), 1, 50, 1000);
+  auto t = store->AcquireLock("id");
+  Outcome o = Drive(*t,
+                    {kVersion18, kEngine, Q("inspect_claims", Ok(old)), Q("claim_lock", Ok()),
+                     Q("inspect_claims", Ok(old + ClaimRow(kClaimId, 0, 1000, 1000)))},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status << " " << o.last.request.purpose;
+  EXPECT_EQ(o.purposes.back(), "inspect_claims") << "one prunable claim fewer than the count: nothing removed";
 }
 
 TEST(ClusterStore, LocksAreClaimsAndLinger) {

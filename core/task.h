@@ -82,7 +82,7 @@ struct Result {
   std::vector<std::string> state_ids;   // List
   // ExportPage: one page, sorted by id (set, maybe empty, only by ExportPage).
   std::optional<std::vector<MeltanoState>> states;
-  bool more = false;                    // ExportPage: a full page; ask for the next after its last id
+  bool more = false;                    // ExportPage: more may follow; ask for the next after its last id
   // Locks (set, maybe empty, only by Locks); ForceUnlock: the one removed.
   std::optional<std::vector<HeldLockInfo>> locks;
   // History: newest first (set, maybe empty, only by History).

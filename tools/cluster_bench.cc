@@ -21,6 +21,8 @@
 //   get        Store::Get of an existing id (select_sequential_consistency on the cluster)
 //   set        Store::Set, Meltano's plain write (a quorum INSERT on the cluster)
 //   update     Store::Update: lock, get, set, unlock (Meltano's per-STATE-message cost)
+//   update_raw update()'s floor: the state read and the (quorum) INSERT as the store
+//              writes them, sent raw to the first host over one connection
 //   lock       AcquireLock + ReleaseLock, uncontended (quorum claim rows on the cluster)
 //   delete     Store::Delete (a quorum tombstone on the cluster, a mutation on one server)
 // Exit code 1 when any operation failed (printed on stderr).
@@ -34,6 +36,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -45,6 +48,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/config.h"
+#include "core/response.h"
+#include "core/statements.h"
 #include "core/state.h"
 #include "core/store.h"
 #include "hosts/native/executor.h"
@@ -80,6 +85,10 @@ struct Target {
   // The same with linger_locks, as the Meltano adapter runs it: the lock of a
   // run's updates is taken back with no request.
   std::unique_ptr<Store> lingering;
+  // The floor of update(): its statements as the store writes them, sent
+  // raw, all to the first host (one keep-alive connection).
+  std::optional<Statements> statements;
+  Endpoint first_host;
 };
 
 // `where`: the connection settings that say where (`host` and `port`, or a
@@ -107,6 +116,10 @@ absl::StatusOr<Target> Connect(const std::string& label, std::map<std::string, s
   o.lock.timeout_ms = 60000;
   o.lock.retry_ms = 10;
   o.cluster.name = cluster;
+  absl::StatusOr<Statements> statements = Statements::Create(Dialect::kClickHouse18, o.schema, o.table, o.cluster);
+  if (!statements.ok()) return statements.status();
+  t.statements = *std::move(statements);
+  if (!o.hosts.empty()) t.first_host = o.hosts.front();
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(o);
   if (!store.ok()) return store.status();
   t.store = *std::move(store);
@@ -158,11 +171,12 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
     }
     targets.push_back(*std::move(t));
   }
-  const char* kOps[] = {"get", "set", "update", "update_linger", "lock", "delete"};
+  const char* kOps[] = {"get", "set", "update", "update_linger", "update_raw", "lock", "delete"};
   const std::map<std::string, std::string> kNames = {{"get", "get"},
                                                      {"set", "set (quorum write)"},
                                                      {"update", "update (lock, get, set, unlock)"},
                                                      {"update_linger", "update as the Meltano adapter runs it (lock lingering, set)"},
+                                                     {"update_raw", "its floor: the read and the (quorum) INSERT sent raw, one connection"},
                                                      {"lock", "lock + unlock"},
                                                      {"delete", "delete"}};
   std::map<std::string, std::vector<Stats>> results;
@@ -188,6 +202,22 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
            if (!got.ok()) return got.status();
            if (absl::Status w = run(t.lingering->Set(Sample("bench:linger", i))); !w.ok()) return w;
            return run(t.lingering->ReleaseLock("bench:linger", got->lock_id));
+         }},
+        // update()'s statements with no core in between: the state read
+        // (sequentially consistent on the cluster) and the write (a quorum
+        // INSERT), to the first host.
+        {"update_raw",
+         [&](int i) -> absl::Status {
+           SqlRequest read = t.statements->GetState("bench:raw");
+           MeltanoState next = Sample("bench:raw", i);
+           SqlRequest write = t.statements->InsertState("bench:raw", std::nullopt, next.completed.dump(),
+                                                        absl::StrCat("raw-", i));
+           for (SqlRequest* r : {&read, &write}) {
+             r->endpoint = t.first_host;
+             SqlResponse got = ex.Execute(*r);
+             if (absl::Status c = CheckResponse(got, r->purpose); !c.ok()) return c;
+           }
+           return absl::OkStatus();
          }},
         {"lock",
          [&](int) -> absl::Status {
@@ -239,6 +269,13 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
     const Stats& b = results[op][1];
     std::cout << absl::StrFormat("| %s | %.2f / %.2f | %.2f / %.2f | %.1fx |\n", kNames.at(op), a.p50, a.p99, b.p50,
                                  b.p99, ratio(a, b));
+  }
+  for (int target = 0; target < 2; ++target) {
+    const Stats& adapter = results["update_linger"][target];
+    const Stats& floor = results["update_raw"][target];
+    std::cout << absl::StrFormat(
+        "\n%s: update as the adapter runs it / its raw floor: %.2fx at p50 (%.2f / %.2f ms); goal: within 1.25x",
+        targets[target].label, ratio(floor, adapter), adapter.p50, floor.p50);
   }
   for (const char* op : {"update", "update_linger"}) {
     const Stats& one = results[op][0];

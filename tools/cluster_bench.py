@@ -10,7 +10,10 @@ the cluster named by its host list r1,r2,r3 (the client starts on r1):
 first with every replica up, then with r2 stopped cleanly (a replica the
 client does not use first; writes still reach their quorum of 2 on r1 and
 r3). Each run measures the one server again and prints a Markdown table with
-the ratios and the line "cluster update / one-server update". Stops everything
+the ratios and the line "cluster update / one-server update", and beside
+update() as the Meltano adapter runs it its raw floor on the same target: the
+state read (sequentially consistent on the cluster) and the quorum INSERT, as
+the store writes them, sent raw over one connection. Stops everything
 it started. Passwords reach the binary through its environment only.
 """
 

@@ -52,7 +52,9 @@
 //            null when it holds no lock. A host that can run code while its
 //            user's code runs (an event loop, a thread) feeds {"timer":true}
 //            then, so that a lock scope keeps its lock however long it runs.
-//            export's done also has "states" (sorted by id) and "more"; history's
+//            export's done also has "states" (sorted by id) and "more" (more may
+//            follow: ask again after the last id; a page is never empty while more
+//            follow); history's
 //            "versions" [{"version","unix_ms","updated_at","current","state"}],
 //            newest first; locks and unlock have "locks" [{"state_id_hex"|null,
 //            "table","holder","held_s","renewed_s","validity_s","stale"}].

@@ -69,6 +69,8 @@ TEST(OpDriver, ExportPageReturnsStatesAndWhetherMoreFollow) {
   json a = d.Start(Dump(json{{"op", "export"}, {"pattern", "dev:*"}, {"after_hex", Hex("dev:a")}, {"limit", 2}}),
                    kIn);
   a = d.Feed(Answer("18.16.1\t1\n"), kIn);
+  ASSERT_EQ(a["request"]["purpose"], "sample_state_ids") << a;  // the page boundaries
+  a = d.Feed(Answer(""), kIn);
   ASSERT_EQ(a["request"]["purpose"], "export_states") << a;
   const std::string sql = a["request"]["sql"];
   EXPECT_THAT(sql, HasSubstr("state_id > 'dev:a'"));

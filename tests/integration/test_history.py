@@ -116,3 +116,60 @@ def test_compact_keeps_at_most_the_versions_asked_for(cli):
     assert [v["state"] for v in history(cli, "dev:b")] == [state(9)]
     r = cli.run("compact", env=cli.env(MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_VERSIONS="lots"), expect=2)
     assert "MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_VERSIONS" in r.err
+
+
+def test_writes_keep_the_history_within_its_limits_without_compact(cli):
+    """One write in 64 (by its random bytes; forced here through pipe_host's
+    random_hex) counts the id's versions and removes those beyond
+    history_versions (1,000 by default) and past history_days, on 18.16 by a
+    mutation: no `chstate compact` needed."""
+    import sys
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "modern"))
+    from pipe_host import PipeHost  # noqa: E402
+
+    server = cli.server
+    cli.set("dev:h", state(0))  # the schema
+    table = f"`{cli.schema}`.state_history"
+    # 1,100 versions of the id, one a second in the past, and 5 of 40 days ago.
+    cli.sql(f"INSERT INTO {table} SELECT 'dev:h', NULL, '{{}}', now() - 3600 - number FROM numbers(1100)")
+    cli.sql(f"INSERT INTO {table} SELECT 'dev:h', NULL, '{{}}', now() - 40 * 86400 - number FROM numbers(5)")
+    cli.sql(f"INSERT INTO {table} SELECT 'dev:old', NULL, '{{}}', now() - 40 * 86400 - number FROM numbers(5)")
+
+    def execute(req: dict) -> dict:
+        query = urllib.parse.urlencode([tuple(p) for p in req.get("url_params", [])])
+        http = urllib.request.Request(f"http://{server.host}:{server.port}/?{query}", data=req["sql"].encode(),
+                                      headers={"X-ClickHouse-User": server.user, "X-ClickHouse-Key": server.password})
+        try:
+            with urllib.request.urlopen(http, timeout=30) as r:
+                return {"transport_ok": True, "http_status": r.status, "exception_code_header": "",
+                        "body": r.read().decode()}
+        except urllib.error.HTTPError as e:
+            return {"transport_ok": True, "http_status": e.code,
+                    "exception_code_header": e.headers.get("X-ClickHouse-Exception-Code", ""),
+                    "body": e.read().decode()}
+
+    looks = "00" * 15 + "40" + "00" * 16  # byte 15: 64, a multiple of kHistoryUpkeepEvery
+    with PipeHost(execute, args=["--schema", cli.schema]) as host:
+        host.send({"op": "set", "state_id_hex": b"dev:h".hex(), "state": {"completed": state(1), "partial": {}}})
+        purposes = []
+        while True:
+            msg = host.receive()
+            if "request" not in msg:
+                break
+            purposes.append(msg["request"]["purpose"])
+            host.send({"response": execute(msg["request"]), "random_hex": looks})
+        assert "done" in msg, msg
+    assert purposes == ["select_version", "insert_state", "history_over_limits", "trim_history_of"], purposes
+    for _ in range(100):  # the mutation runs in the background
+        if cli.sql(f"SELECT count() FROM system.mutations WHERE database = '{cli.schema}' AND is_done = 0").strip() == "0":
+            break
+        time.sleep(0.1)
+    # The newest 1,000 of the id's 1,107 versions are left; the other id's
+    # old versions wait for `compact` (or a write of that id).
+    assert cli.sql(f"SELECT count() FROM {table} WHERE state_id = 'dev:h'").strip() == "1000"
+    assert cli.sql(f"SELECT count() FROM {table} WHERE state_id = 'dev:h' AND updated_at < now() - 86400").strip() == "0"
+    assert cli.sql(f"SELECT count() FROM {table} WHERE state_id = 'dev:old'").strip() == "5"

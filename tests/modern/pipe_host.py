@@ -281,8 +281,13 @@ class Outcome:
     def dialect(self) -> Optional[str]:
         return self.done["dialect"]
 
+    # One write in kHistoryUpkeepEvery (by the host's random bytes) also looks
+    # at its id's history and may trim it: left out of the sequences these
+    # tests compare (core/store_test.cc tests that upkeep).
+    HISTORY_UPKEEP = ("history_over_limits", "trim_history_of")
+
     def purposes(self) -> list:
-        return [r["purpose"] for r in self.requests]
+        return [r["purpose"] for r in self.requests if r["purpose"] not in self.HISTORY_UPKEEP]
 
 
 class PipeHost:

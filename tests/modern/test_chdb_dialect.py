@@ -217,7 +217,7 @@ def test_init_creates_database_and_tables(host, session, executor):
     out = host.init()  # again: IF NOT EXISTS makes it a no-op
     assert out.ok, out.message
     assert out.purposes() == ["create_database", "create_state_table", "create_lock_table", "create_history_table",
-                              "create_history_view", "expire_history", "list_tombstones"]
+                              "create_history_view", "expire_history", "trim_history", "list_tombstones"]
     assert all(e.ok for e in executor.log[since:])
 
     assert scalar(session, "SELECT count() FROM system.databases WHERE name = {db:String}", db=SCHEMA) == "1"

@@ -219,7 +219,7 @@ class Sim {
 
  private:
   enum class Ev { kStart, kArrive, kRespond, kResend, kTimer, kHoldEnd, kCancel, kCrash, kMerge, kWrite, kWriteLands,
-                  kWriteAnswer };
+                  kWriteAnswer, kPrune, kPruneLands };
   struct Event {
     int64_t t;
     uint64_t tie;
@@ -382,6 +382,7 @@ class Sim {
   std::vector<Instance> instances_;
   std::map<std::string, std::vector<size_t>> instances_of_;  // lock id -> instances_ indices
   std::vector<std::string> writes_;  // lock id of each user write in flight (Ev::kWriteLands)
+  std::vector<SqlRequest> prunes_;   // cluster: each prune in flight (Ev::kPruneLands)
   std::map<std::string, int> owner_;  // lock id -> contender
   std::priority_queue<Event, std::vector<Event>, Later> queue_;
   uint64_t order_ = 0;
@@ -437,6 +438,7 @@ void Sim::Setup() {
   so.quorum_unknown_prob = cfg_.quorum_unknown_prob;
   so.quorum_unknown_max_ms = cfg_.quorum_unknown_max_ms;
   so.lagging_read_prob = cfg_.lagging_read_prob;
+  so.prune_lag_max_ms = cfg_.prune_lag_max_ms;
   server_ = std::make_unique<SimServer>(so, &rng_);
   server_->on_claim_over = [this](const std::string& over, int64_t now) { OnClaimOver(over, now); };
   server_->on_rename = [this](const std::string& from, const std::string& to, const Table& moved, int64_t now) {
@@ -468,6 +470,7 @@ void Sim::Setup() {
     Push(t0_ + Uniform(0, cfg_.think_max_ms), Ev::kStart, i);
   }
   if (cfg_.merge_every_max_ms > 0) Push(t0_ + Uniform(1, cfg_.merge_every_max_ms), Ev::kMerge, -1);
+  if (cfg_.cluster && cfg_.prune_every_max_ms > 0) Push(t0_ + Uniform(1, cfg_.prune_every_max_ms), Ev::kPrune, -1);
 }
 
 ScheduleResult Sim::Run() {
@@ -687,6 +690,41 @@ void Sim::Handle(const Event& e) {
     case Ev::kWriteLands: {
       // In flight: it lands even if its sender has crashed or moved on since.
       Landed(e.c, writes_[e.a], e.t, "a state write");
+      return;
+    }
+    case Ev::kPrune: {
+      // The pruner's claims read runs now; its prune lands a round trip later.
+      bool active = std::any_of(cs_.begin(), cs_.end(), [](const Contender& c) { return !c.done && !c.crashed; });
+      if (!active) return;
+      Push(e.t + Uniform(1, cfg_.prune_every_max_ms), Ev::kPrune, -1);
+      Execution read = server_->Execute(st_->InspectClaims(kStateId), e.t);
+      if (!CheckResponse(read.response, "").ok()) return;  // no table yet, or a lagging replica
+      std::vector<std::string> ids;
+      if (cfg_.prune_live_claims) {
+        absl::StatusOr<Rows> rows = ParseTabSeparated(read.response.body, 7);
+        for (const chstate::Row& row : rows.value_or(Rows{})) ids.push_back(row[0].value_or(""));
+      } else {
+        absl::StatusOr<LockInspection> insp = ParseClaimInspection(read.response.body, "", 0);
+        if (!insp.ok()) {
+          Violation(e.t, "the pruner could not read the claims: ", insp.status().ToString());
+          return;
+        }
+        ids = insp->dead;
+      }
+      if (ids.empty()) return;
+      prunes_.push_back(st_->PruneClaims(kStateId, ids));
+      TRACE(e.t, "pruner reads ", ids.size(), " prunable claims");
+      Push(e.t + Delay() + Delay(), Ev::kPruneLands, -1, prunes_.size() - 1);
+      return;
+    }
+    case Ev::kPruneLands: {
+      const size_t unrecognized = server_->unrecognized().size();
+      Execution x = server_->Execute(prunes_[e.a], e.t);
+      if (server_->unrecognized().size() > unrecognized) {
+        Violation(e.t, "the server did not recognise: ", server_->unrecognized().back());
+      }
+      ++result_.prunes;
+      TRACE(e.t, "server <- pruner: ", x.summary);
       return;
     }
     case Ev::kMerge: {
@@ -914,9 +952,15 @@ void Sim::OnClaimOver(const std::string& over, int64_t now) {
   ++result_.takeovers;
   for (absl::string_view id : absl::StrSplit(over, ',', absl::SkipEmpty())) {
     int64_t newest = -1;
+    bool ended = false;
     for (const ClaimRow& r : server_->claims()) {
       if (r.lock_id == id && r.visible_ms <= now) newest = std::max(newest, r.stamped_ms);
+      // Its holder released it (or, never holding, withdrew): a pruner may
+      // have removed the end row before the claim's other rows, and a taker
+      // then names it; no holder is left to overlap with.
+      if (r.lock_id == id && r.seq == 3 && r.stamped_ms <= now) ended = true;
     }
+    if (ended) continue;
     auto owner = owner_.find(std::string(id));
     int64_t stale_ms = 0;
     for (const Contender& c : cs_) stale_ms = std::max(stale_ms, c.options.stale_ms);
@@ -1267,7 +1311,39 @@ std::vector<SimConfig> Configs() {
       break;
     }
   }
+  // Cluster mode with a pruner removing old claims all the time (a prune
+  // every 2 s at most, each row going up to 1.5 s after it lands), as
+  // acquisitions that found many old claims do: exclusion and progress must
+  // hold as before.
+  for (const std::string& name : std::vector<std::string>{"no-faults", "crashes", "long-holds", "everything"}) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i].name != "cluster/" + name) continue;
+      SimConfig c = out[i];
+      c.name = "cluster/pruned-" + name;
+      c.prune_every_max_ms = 2000;
+      c.prune_lag_max_ms = 1500;
+      out.push_back(c);
+      break;
+    }
+  }
   // ---- negative controls: the checker must catch these ----
+  {  // Cluster: a pruner that removes live claims too: a holder's claim
+     // gone, the next claimant sees the lock free while the holder writes.
+    SimConfig c = base;
+    c.name = "cluster/prune-live-claims";
+    c.expect_violations = true;
+    c.cluster = true;
+    c.prune_every_max_ms = 500;
+    c.prune_live_claims = true;
+    c.min_contenders = 3;
+    c.max_contenders = 4;
+    c.rounds = 3;
+    c.max_delay_ms = 250;
+    c.long_hold_prob = 0.5;
+    c.write_every_max_ms = 50;
+    c.check_progress = false;
+    out.push_back(c);
+  }
   {  // Cluster: a claim that holds as soon as it is written, without reading
      // the claims again, overlaps a racer that claimed at the same time.
     SimConfig c = base;
@@ -1412,6 +1488,7 @@ void Summary::Add(const ScheduleResult& r) {
   writes_landed += r.writes_landed;
   overlaps += r.overlaps;
   renewal_row_overlaps += r.renewal_row_overlaps;
+  prunes += r.prunes;
   taken_back += r.taken_back;
   pauses += r.pauses;
   longest_delay_ms = std::max(longest_delay_ms, r.longest_delay_ms);

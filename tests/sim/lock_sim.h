@@ -141,6 +141,16 @@ struct SimConfig {
   double quorum_unknown_prob = 0;
   int64_t quorum_unknown_max_ms = 0;
   double lagging_read_prob = 0;
+  // Cluster mode: a pruner, as an acquisition that found many old claims
+  // runs it (Store), every 1..prune_every_max_ms (0: never) from a claims
+  // read that ran at that moment: it removes the claims that read found
+  // prunable (LockInspection::dead), by Statements::PruneClaims landing a
+  // round trip later, each row going up to prune_lag_max_ms after that (a
+  // mutation, part by part). Negative control: prune_live_claims removes
+  // every claim the read found, live ones too.
+  int64_t prune_every_max_ms = 0;
+  int64_t prune_lag_max_ms = 0;
+  bool prune_live_claims = false;
 
   // Each contender crashes with this probability at a random moment: it
   // stops delivering any input (its requests in flight still arrive).
@@ -229,6 +239,7 @@ struct ScheduleResult {
   int taken_back = 0;          // linger: acquisitions that took a lingering lock back
   int pauses = 0;              // linger: contenders paused between rounds
   int renewal_row_overlaps = 0;  // of which the late write was a renewal INSERT (a lock row, not state)
+  int prunes = 0;              // cluster: prunes that landed, naming at least one claim
   std::vector<std::string> violations;
   std::vector<std::string> trace;
 
@@ -267,6 +278,7 @@ struct Summary {
   int64_t writes_landed = 0;
   int64_t overlaps = 0;
   int64_t renewal_row_overlaps = 0;
+  int64_t prunes = 0;
   int64_t taken_back = 0;
   int64_t pauses = 0;
   int64_t longest_delay_ms = 0;

@@ -51,6 +51,10 @@ constexpr Budget kBudgets[] = {
     {"cluster/no-faults", 2000}, {"cluster/delays-and-losses", 2000}, {"cluster/crashes", 2000},
     {"cluster/long-holds", 1000}, {"cluster/many-contenders", 1000}, {"cluster/cancels", 1500},
     {"cluster/everything", 1000},
+    // ... with a pruner removing old claims (ended, taken over, stale by their
+    // own window) all the while, its rows going part by part.
+    {"cluster/pruned-no-faults", 1500}, {"cluster/pruned-crashes", 1500}, {"cluster/pruned-long-holds", 1000},
+    {"cluster/pruned-everything", 1000},
 };
 
 void PrintTo(const Budget& b, std::ostream* os) { *os << b.config << " x" << b.schedules; }
@@ -103,6 +107,10 @@ void RunMany(const std::string& name, int count) {
                                                  : Replay(config, summary.failing_seeds.front()));
   // The configuration must actually exercise the lock.
   EXPECT_GE(summary.acquisitions, static_cast<int64_t>(count)) << name;
+  if (config.prune_every_max_ms > 0) {
+    // ...and pruning: claims removed while contenders claim, hold and renew.
+    EXPECT_GT(summary.prunes, count) << name << ": the pruner hardly removed anything";
+  }
   if (config.linger) {
     // ...and lingering: locks taken back with no request, pauses that
     // outlast leases, and still every contender made progress (above).
@@ -242,6 +250,7 @@ ControlResult RunControl(const std::string& name, int count) {
   SimConfig twin = config;
   twin.name = name + " (defence kept)";
   twin.defects = LockDefectsForTesting{};
+  twin.prune_live_claims = false;
   twin.expect_violations = false;
   r.twin = RunSeeds(twin, count);
   std::cout << FormatSummaries({r.control, r.twin});
@@ -290,6 +299,10 @@ TEST(LockSimNegativeControl, TakeoverIgnoringTheHoldersWindowIsCaught) { RunCont
 // Negative control 6 (cluster): a claim that holds without reading the claims
 // again after writing its own.
 TEST(LockSimNegativeControl, ClaimWithoutASecondReadIsCaught) { RunControl("cluster/claim-without-second-read", 400); }
+
+// Negative control 7 (cluster): a pruner that removes live claims as well
+// as the ones no reader counts (the twin prunes as the store does).
+TEST(LockSimNegativeControl, PruningLiveClaimsIsCaught) { RunControl("cluster/prune-live-claims", 400); }
 
 // Beyond the stated assumption (delays up to 3x the margin) the production
 // machine is expected to be caught: the simulation can see the hazard.

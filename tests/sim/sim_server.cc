@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -55,6 +56,9 @@ struct Patterns {
                      "toInt64\\(anyIf\\(stale_s, seq = 0\\)\\), anyIf\\(over, seq = 0\\), "
                      "materialize\\(toInt64\\(now\\(\\)\\)\\) FROM " ID "\\." ID " WHERE name = " LIT
                      " GROUP BY lock_id ORDER BY lock_id FORMAT TabSeparated"};
+  RE2 prune_claims{"ALTER TABLE " ID "\\." ID " DELETE WHERE name = " LIT " AND lock_id IN \\(((?:" LIT
+                   "(?:, )?)+)\\) AND \\(seq != 2 OR at < now\\(\\) - 3600\\)"};
+  RE2 one_literal{LIT};
   RE2 create_lock{"CREATE TABLE " ID "\\." ID " ENGINE = Log AS SELECT " LIT
                   " AS lock_id, toUInt8\\(0\\) AS seq, now\\(\\) AS locked_at, toUInt32\\((\\d+)\\) AS stale_s"};
   RE2 inspect_lock{"SELECT lock_id, seq, toInt64\\(locked_at\\), materialize\\(toInt64\\(now\\(\\)\\)\\), stale_s "
@@ -246,6 +250,28 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     return Ok("", now_ms, seq == 0 ? "claimed" : seq == 1 ? "renewed" : "ended");
   }
 
+  std::string list;
+  if (RE2::FullMatch(sql, p.prune_claims, &db, &name, &lit, &list)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    if (name != "state_claims") return Unrecognized(request, "a prune of another table", now_ms);
+    if (!claims_table_) return UnknownTable(name, now_ms);
+    std::set<std::string> ids;
+    absl::string_view rest(list);
+    std::string one;
+    while (RE2::FindAndConsume(&rest, p.one_literal, &one)) ids.insert(Unquote(one));
+    const std::string lock_name = Unquote(lit);
+    int matched = 0;
+    for (ClaimRow& r : claims_) {
+      // Rows written before the mutation, visible or not yet (their part is
+      // mutated when it arrives); a waiter's row only once an hour old.
+      if (r.name != lock_name || !ids.count(r.lock_id) || r.stamped_ms > now_ms) continue;
+      if (r.seq == 2 && r.at_s >= now_s - 3600) continue;
+      r.gone_ms = std::min(r.gone_ms, now_ms + Upto(options_.prune_lag_max_ms));
+      ++matched;
+    }
+    return Ok("", now_ms, absl::StrCat("pruning ", matched, " claim rows"));
+  }
+
   if (RE2::FullMatch(sql, p.inspect_claims, &db, &name, &lit)) {
     if (!CheckDatabase(db, now_ms, &err)) return err;
     if (name != "state_claims") return Unrecognized(request, "a read of another table", now_ms);
@@ -262,7 +288,7 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     };
     std::map<std::string, Agg> by_id;
     for (const ClaimRow& r : claims_) {
-      if (r.name != lock_name || r.visible_ms > now_ms) continue;
+      if (r.name != lock_name || r.visible_ms > now_ms || r.gone_ms <= now_ms) continue;
       Agg& a = by_id[r.lock_id];
       a.newest = std::max(a.newest, r.at_s);
       if (r.seq == 0) {

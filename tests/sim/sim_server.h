@@ -29,6 +29,7 @@
 #define CHSTATE_TESTS_SIM_SIM_SERVER_H_
 
 #include <cstdint>
+#include <climits>
 #include <functional>
 #include <map>
 #include <random>
@@ -81,6 +82,11 @@ struct ServerOptions {
   int64_t quorum_unknown_max_ms = 0;
   // - 289: the replica read lags behind the last quorum insert.
   double lagging_read_prob = 0;
+  // A prune of claims (ALTER ... DELETE, a mutation) removes each row it
+  // matches up to this long after it ran, row by row in any order (a mutation
+  // rewrites one part after another; rows written before it that become
+  // visible later go too).
+  int64_t prune_lag_max_ms = 0;
 };
 
 // A row of the claims table.
@@ -93,6 +99,7 @@ struct ClaimRow {
   std::string over;
   int64_t stamped_ms = 0;   // true time it ran
   int64_t visible_ms = 0;   // reads see it from then on (INT64_MAX: never)
+  int64_t gone_ms = INT64_MAX;  // removed by a prune (Statements::PruneClaims) from then on
 };
 
 struct Row {

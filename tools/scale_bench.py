@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Costs against the size of the work, each beside its floor, in one run.
+
+  python3 tools/scale_bench.py [--sizes 1000,100000] [--big] [--acquisitions 10,1000]
+                               [--seeded 100000] [--updates 300,3000]
+
+Tables (ClickHouse 18.16 on loopback; the cluster is three replicas and
+ZooKeeper, quorum 2; both started here with tools/clickhouse_server.py unless
+CHSTATE_TEST_* point at a server):
+
+1. Per number of states (--sizes, and 1,000,000 with --big): the Meltano
+   adapter's get() and get_state_ids(glob) (100 and 20 calls, p50), update()
+   of one id (100 calls, p50, as Meltano calls it), get_all() (the export) and
+   set_all() (the import); and the `chstate export` command. Each beside its
+   floor: the statements chstate sent, replayed raw over one keep-alive
+   connection (for the export: one raw `SELECT ... FINAL FORMAT JSONEachRow`).
+2. A cluster lock acquisition (acquire, through the adapter with the lock not
+   lingering) after N earlier acquisitions of the same id (--acquisitions,
+   made for real), and after --seeded earlier acquisitions whose rows (a claim
+   and an end row each, as an acquisition leaves) are written straight into
+   `<table>_claims`: the first acquisition after them removes them, the
+   following ones cost what they cost after 10. The floor: the acquisition's
+   own statements replayed raw.
+3. The history rows of one id after N update()s (--updates) and the cap.
+
+Times are from one run on a shared machine: read the ratios. Uses the cached
+Meltano venv of tests/meltano and -c opt builds (tools/meltano_bench.py's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "meltano"))
+sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "tests"))
+
+import clickhouse_server as chs  # noqa: E402
+import meltano_harness as harness  # noqa: E402
+from meltano_bench import opt_library  # noqa: E402
+
+# Runs in the Meltano venv; prints one JSON line.
+CHILD = r'''
+import json, os, random, statistics, sys, time
+from chstate_meltano.backend import ClickhouseStateStoreManager
+from chstate_meltano._http import HttpTransport
+from chstate_meltano import _native
+from meltano.core.state_store import MeltanoState
+
+cfg = json.loads(sys.argv[1])
+uri, password, schema = cfg["uri"], cfg["password"], cfg["schema"]
+log = []
+
+def manager(linger=True):
+    m = ClickhouseStateStoreManager(uri, password=password, schema=schema, lock_timeout_seconds=60)
+    if not linger:
+        m._extra_options["linger_locks"] = False
+    make = m._make_transport
+    def wrapped():
+        t = make()
+        def call(req):
+            log.append(req)
+            return t(req)
+        call.close = t.close
+        return call
+    m._make_transport = wrapped
+    return m
+
+raw = HttpTransport(_native.resolve_config({"uri": uri, "password": password}))
+def replay(reqs):
+    t = time.perf_counter()
+    for req in reqs:
+        out = raw(req)
+        assert out.get("transport_ok") and out.get("http_status") == 200, (req["purpose"], out)
+    return time.perf_counter() - t
+
+def sql(text):
+    req = {"sql": text, "url_params": [], "purpose": "bench", "idempotent": True, "timeout_ms": 600000}
+    out = raw(req)
+    assert out.get("http_status") == 200, out
+    return bytes.fromhex(out["body_hex"]).decode()
+
+def p50(xs):
+    return statistics.median(xs) * 1000
+
+def sid(i):
+    return f"dev:tap-{i:07d}-to-target-jsonl"
+
+def state(i, v=0):
+    return MeltanoState(state_id=sid(i), partial_state={},
+                        completed_state={"singer_state": {"bookmarks": {"stream": {"id": i, "v": v, "at": "2026-12-01"}}}})
+
+out = {}
+if cfg["mode"] == "states":
+    n = cfg["n"]
+    m = manager()
+    m.get(sid(0))  # connected, schema made
+    log.clear()
+    t = time.perf_counter(); m.set_all(state(i) for i in range(n)); out["import"] = time.perf_counter() - t
+    inserts = [r for r in log if r["purpose"] == "insert_states"]
+    sql(f"TRUNCATE TABLE `{schema}`.state")
+    out["import_raw"] = replay(inserts)
+    ids = [sid(random.randrange(n)) for _ in range(100)]
+    for kind, call, count in (("get", lambda k: m.get(ids[k]), 100),
+                              ("list", lambda k: m.get_state_ids(f"dev:tap-{k % 100:05d}*"), 20)):
+        mine, floor = [], []
+        for k in range(count):
+            log.clear()
+            t = time.perf_counter(); call(k); mine.append(time.perf_counter() - t)
+            floor.append(replay(list(log)))
+        out[kind], out[kind + "_raw"] = p50(mine), p50(floor)
+    mine, floor = [], []
+    m.update(state(0, -1))
+    for k in range(100):
+        log.clear()
+        t = time.perf_counter(); m.update(state(0, k)); mine.append(time.perf_counter() - t)
+        floor.append(replay([r for r in log if r["purpose"] in ("insert_state", "get_state", "lock_waiters")]))
+    out["update"], out["update_raw"] = p50(mine), p50(floor)
+    m.close()
+    m = manager()
+    m.get(sid(0))
+    log.clear()
+    t = time.perf_counter(); count = sum(1 for _ in m.get_all()); out["export"] = time.perf_counter() - t
+    assert count == n, count
+    out["export_requests"] = len(log)
+    t = time.perf_counter()
+    body = sql(f"SELECT state_id, partial_state, completed_state FROM `{schema}`.state FINAL FORMAT JSONEachRow")
+    out["export_raw"] = time.perf_counter() - t
+    assert body.count("\n") == n
+    m.close()
+elif cfg["mode"] == "lock":
+    # Acquisitions of one id, the lock not lingering: each is real.
+    m = manager(linger=False)
+    lock_id = "dev:tap-lock-to-target"
+    m.get(lock_id)
+    def acquire_once():
+        log.clear()
+        t = time.perf_counter()
+        ctx = m.acquire_lock(lock_id, retry_seconds=0.1)
+        ctx.__enter__()
+        took = time.perf_counter() - t
+        reqs = [r for r in log if r["purpose"] in ("inspect_claims", "claim_lock", "prune_claims")]
+        ctx.__exit__(None, None, None)
+        return took, reqs
+    for _ in range(cfg["before"]):
+        acquire_once()
+    mine, floor, pruned = [], [], 0
+    for k in range(cfg["measure"]):
+        took, reqs = acquire_once()
+        mine.append(took)
+        pruned += sum(1 for r in reqs if r["purpose"] == "prune_claims")
+        floor.append(replay(reqs))
+    out["first"] = mine[0] * 1000
+    out["acquire"], out["acquire_raw"] = p50(mine[1:]), p50(floor[1:])
+    out["pruned"] = pruned
+    out["claim_rows"] = int(sql(f"SELECT count() FROM `{schema}`.state_claims").strip())
+    m.close()
+elif cfg["mode"] == "history":
+    m = manager()
+    hid = "dev:tap-history-to-target"
+    for k in range(cfg["updates"]):
+        m.update(MeltanoState(state_id=hid, partial_state={}, completed_state={"singer_state": {"n": k}}))
+    m.close()
+    for _ in range(300):  # the trims are mutations: wait for them
+        if sql(f"SELECT count() FROM system.mutations WHERE database = '{schema}' AND is_done = 0").strip() == "0":
+            break
+        time.sleep(0.1)
+    out["rows"] = int(sql(f"SELECT count() FROM `{schema}`.state_history WHERE state_id = '{hid}'").strip())
+raw.close()
+print(json.dumps(out))
+'''
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,100000")
+    ap.add_argument("--big", action="store_true", help="also 1,000,000 states (about ten minutes more)")
+    ap.add_argument("--acquisitions", default="10,1000")
+    ap.add_argument("--seeded", type=int, default=100000)
+    ap.add_argument("--updates", default="300,3000")
+    ap.add_argument("--skip-cluster", action="store_true")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s] + ([1000000] if args.big else [])
+
+    venv = harness.ensure_venv()
+    harness.install_adapter(venv)
+    library = opt_library()
+    subprocess.run(["bazel", "build", "-c", "opt", "--symlink_prefix=/", "//hosts/native:chstate"], cwd=REPO,
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=REPO, check=True,
+                             capture_output=True, text=True).stdout.strip()
+    tmp = Path(tempfile.mkdtemp(prefix="chstate-scale-bench-"))
+    cli = tmp / "chstate"
+    cli.write_bytes(Path(bin_dir, "hosts", "native", "chstate").read_bytes())
+    cli.chmod(0o755)
+    env = harness.clean_env()
+    env["CHSTATE_LIBRARY"] = str(library)
+    python = str(venv / "bin" / "python")
+
+    def child(uri: str, password: str, schema: str, **cfg) -> dict:
+        cfg.update(uri=uri, password=password, schema=schema)
+        out = subprocess.run([python, "-c", CHILD, json.dumps(cfg)], env=env, capture_output=True, text=True,
+                             timeout=7200)
+        if out.returncode != 0:
+            raise SystemExit(f"{cfg['mode']} failed:\n{out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    single = cluster = None
+    results: dict = {"states": {}, "lock": [], "history": []}
+    try:
+        single = chs.start(tmp / "single")
+        uri = f"clickhouse://chstate@127.0.0.1:{single['http_port']}/default"
+        pw = single["password"]
+
+        def sql(text: str) -> str:
+            import urllib.request
+            req = urllib.request.Request(f"http://127.0.0.1:{single['http_port']}/", data=text.encode(),
+                                         headers={"X-ClickHouse-User": "chstate", "X-ClickHouse-Key": pw})
+            return urllib.request.urlopen(req, timeout=600).read().decode()
+
+        for n in sizes:
+            schema = f"scale_{n}"
+            r = child(uri, pw, schema, mode="states", n=n)
+            cli_env = dict(env, MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD=pw)
+            t = time.perf_counter()
+            done = subprocess.run([str(cli), "--uri", f"{uri}?schema={schema}", "export"], env=cli_env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=7200)
+            r["cli_export"] = time.perf_counter() - t
+            assert done.returncode == 0, done.stderr
+            results["states"][n] = r
+            sql(f"DROP DATABASE IF EXISTS `{schema}`")
+        for u in [int(x) for x in args.updates.split(",") if x]:
+            schema = f"scale_history_{u}"
+            results["history"].append((u, child(uri, pw, schema, mode="history", updates=u)["rows"]))
+            sql(f"DROP DATABASE IF EXISTS `{schema}`")
+        if not args.skip_cluster:
+            cluster = chs.start_cluster(tmp / "cluster")
+            hosts = ",".join(f"127.0.0.1:{cluster['ports'][r]['http_port']}" for r in chs.REPLICAS)
+            curi = f"clickhouse://chstate@{hosts}/default?cluster={cluster['name']}"
+            cpw = cluster["password"]
+            for k in [int(x) for x in args.acquisitions.split(",") if x]:
+                schema = f"scale_lock_{k}"
+                results["lock"].append((f"after {k:,} acquisitions", child(curi, cpw, schema, mode="lock", before=k,
+                                                                             measure=30)))
+            if args.seeded:
+                schema = "scale_lock_seeded"
+                child(curi, cpw, schema, mode="lock", before=1, measure=2)  # the tables
+                import urllib.request
+                port = cluster["ports"][chs.REPLICAS[0]]["http_port"]
+                rows = (f"INSERT INTO `{schema}`.state_claims SELECT n, id, seq, now() - 86400 + intDiv(number, 2), "
+                        f"toUInt32(if(seq = 0, 300, 0)), '' FROM (SELECT number, (SELECT any(name) FROM "
+                        f"`{schema}`.state_claims) AS n, concat('seeded', toString(intDiv(number, 2))) AS id, "
+                        f"toUInt8(if(number % 2 = 0, 0, 3)) AS seq FROM numbers({2 * args.seeded}))")
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/?insert_quorum=2&insert_deduplicate=0",
+                                             data=rows.encode(),
+                                             headers={"X-ClickHouse-User": "chstate", "X-ClickHouse-Key": cpw})
+                urllib.request.urlopen(req, timeout=600).read()
+                results["lock"].append((f"after {args.seeded:,} seeded acquisitions (rows written directly)",
+                                        child(curi, cpw, schema, mode="lock", before=0, measure=30)))
+    finally:
+        if single:
+            chs.stop(tmp / "single")
+        if cluster:
+            chs.stop_cluster(tmp / "cluster")
+
+    print(f"\nScale, one run, {os.cpu_count()} cores, ClickHouse 18.16 on loopback:\n")
+    print("| states | get() p50 | list(glob) p50 | update() p50 | export: get_all() | `chstate export` | "
+          "import: set_all() |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for n, r in results["states"].items():
+        print(f"| {n:,} | {r['get']:.2f} ms (raw {r['get_raw']:.2f}, {r['get'] / r['get_raw']:.2f}x) | "
+              f"{r['list']:.2f} ms (raw {r['list_raw']:.2f}, {r['list'] / r['list_raw']:.2f}x) | "
+              f"{r['update']:.2f} ms (raw {r['update_raw']:.2f}, {r['update'] / r['update_raw']:.2f}x) | "
+              f"{r['export']:.2f} s, {r['export_requests']} requests (raw {r['export_raw']:.2f} s, "
+              f"{r['export'] / r['export_raw']:.2f}x) | {r['cli_export']:.2f} s ({r['cli_export'] / r['export_raw']:.2f}x) | "
+              f"{r['import']:.2f} s (raw {r['import_raw']:.2f} s, {r['import'] / r['import_raw']:.2f}x) |")
+    if results["lock"]:
+        print("\nCluster lock acquisition of one id (three replicas, quorum 2), p50 of 29 after the first:\n")
+        print("| | first acquisition | then, p50 | raw statements p50 | vs raw | prunes | claims rows after |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for label, r in results["lock"]:
+            print(f"| {label} | {r['first']:.1f} ms | {r['acquire']:.1f} ms | {r['acquire_raw']:.1f} ms | "
+                  f"{r['acquire'] / r['acquire_raw']:.2f}x | {r['pruned']} | {r['claim_rows']:,} |")
+    print("\nHistory rows of one id after N update()s (history_versions default "
+          f"1,000; trims are looked for at one write in 64):\n")
+    print("| updates | history rows | bound |")
+    print("| ---: | ---: | ---: |")
+    for u, rows in results["history"]:
+        print(f"| {u:,} | {rows:,} | {min(u + 1, 1000):,} + writes since the last look |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
