@@ -259,13 +259,19 @@ function C.open(settings, native)
   end
   store = ffi.gc(store, lib.chstate_store_free)  -- collected without close: freed, no I/O
   local resolved = json.decode(take(lib.chstate_store_settings(store))).settings
+  -- The transport's copy keeps the password; what the Lua half shows
+  -- (tostring(store)) gets a copy without it.
+  local shown = {}
+  for k, v in pairs(resolved.connection) do
+    if k ~= "password" then shown[k] = v end
+  end
   local box = setmetatable({
     store = store,
     conn = resolved.connection,
     connect_ms = resolved.connection.connect_timeout_ms,
     http = native and http.new(monotonic_ms) or nil,
   }, Native)
-  resolved.connection.password = nil
+  resolved.connection = shown
   return box, resolved
 end
 
