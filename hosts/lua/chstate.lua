@@ -235,8 +235,18 @@ local function tick(rec)
   if a.failed then rec.next_tick = nil else note_timer(rec, a) end
 end
 
+-- A value the verb document cannot hold (NaN, a function, ...) is named by
+-- its path under "op"; `fields` (document member -> {n, name}) turns that
+-- into the argument the caller passed: "bad argument #2 to 'set' (state.x is NaN ...)".
+local function conversion_error(opname, fields, err)
+  local field, rest = err:match("^op%.([%w_]+)(.*)$")
+  local arg = field and fields and fields[field]
+  if arg then argerror(opname, arg[1], arg[2] .. rest) end
+  argerror(opname, 1, err)
+end
+
 -- Runs one verb document to its end; returns the "done" body or raises.
-local function run(rec, opname, doc)
+local function run(rec, opname, doc, fields)
   rec.busy = true
   local ok, res = pcall(function()
     -- Every call renews what is due first (hosts that cannot run code while
@@ -244,7 +254,13 @@ local function run(rec, opname, doc)
     if not rec.renews then tick(rec) end
     doc.merged = true  -- states in the result also carry the view a tap gets (the core's merge)
     local a, err = rec.ud:start(rec.now_ms(), doc)
-    if a == nil then argerror(opname, 2, err) end
+    if a == nil then conversion_error(opname, fields, err) end
+    if a.failed and a.failed.code == "INVALID_ARGUMENT" then
+      -- The core refused the arguments before sending anything: an argument
+      -- error, so it names the caller's line as Lua's own argument errors do.
+      error(setmetatable({code = a.failed.code, op = opname, message = a.failed.message,
+                          where = caller_position()}, Error), 0)
+    end
     a = answer(rec, a)
     note_timer(rec, a)
     if a.failed then raise(a.failed.code, opname, a.failed.message) end
@@ -336,10 +352,12 @@ end
 -- A method for a verb of the table: positional arguments in the row's order,
 -- then a table of the named ones ({force = true}, {limit = 5}).
 local function bind(verb)
-  local positional, named = {}, {}
+  local positional, named, fields = {}, {}, {}
   for _, arg in ipairs(verb.args) do
     if arg.positional then positional[#positional + 1] = arg else named[arg.name] = arg end
   end
+  for i, arg in ipairs(positional) do fields[arg.field] = {i, arg.name} end
+  for _, arg in pairs(named) do fields[arg.field] = {#positional + 1, arg.name} end
   return function(self, ...)
     local rec = check(self, verb.name)
     local doc = {op = verb.name}
@@ -366,7 +384,7 @@ local function bind(verb)
         put_arg(verb.name, #positional + 1, arg, v, doc)
       end
     end
-    return RETURNS[verb.returns](run(rec, verb.name, doc))
+    return RETURNS[verb.returns](run(rec, verb.name, doc, fields))
   end
 end
 
@@ -483,7 +501,11 @@ function M.open(opts)
   end
   local native = opts.transport == nil
   local ud, info = C.open({from = "api", values = values, env = env}, native)
-  if ud == nil then raise(info.code, "open", info.message) end
+  if ud == nil then
+    -- Settings the core refused are the caller's argument: they name its line.
+    error(setmetatable({code = info.code, op = "open", message = info.message,
+                        where = info.code == "INVALID_ARGUMENT" and caller_position() or nil}, Error), 0)
+  end
   local now, sleep = opts.now, opts.sleep
   local conn = not native and ud:connection() or nil
   if conn then
