@@ -323,6 +323,14 @@ local RETURNS = {
   lock = function(done) return done.lock_id, tointeger(done.waited_ms) end,
 }
 
+-- The members of an import entry (see put_arg).
+local IMPORT_MEMBERS = {state_id = true, completed = true, partial = true, merged = true}
+
+local function describe_key(k)
+  if type(k) == "string" then return ("'%s'"):format(k:sub(1, 100)) end
+  return ("[%s] (a %s key)"):format(tostring(k), type(k))
+end
+
 -- One argument of a verb into its document member; Lua values the core
 -- cannot take are named here (a state id must be a string).
 local function put_arg(verb, n, arg, v, doc)
@@ -340,6 +348,16 @@ local function put_arg(verb, n, arg, v, doc)
     for i, e in ipairs(v) do
       if type(e) ~= "table" or type(e.state_id) ~= "string" then
         argerror(verb, n, ("states[%d] expected: {state_id = string, completed = {...}, partial = {...}}"):format(i))
+      end
+      -- A member the entry cannot carry is refused, not dropped: a typo
+      -- ("complete") would otherwise import an empty state. merged is what
+      -- export gives besides the sides (derived from them), so an exported
+      -- page imports as it is.
+      for k in pairs(e) do
+        if not IMPORT_MEMBERS[k] then
+          argerror(verb, n, ("states[%d] has the member %s; an entry has state_id, completed and partial (and " ..
+                             "merged, as export gives it, which is derived and not written)"):format(i, describe_key(k)))
+        end
       end
       entries[i] = {state_id_hex = hex(e.state_id), completed = e.completed, partial = e.partial}
     end
