@@ -68,6 +68,31 @@ LOCATIONS = r"""
         ngx.say("held")
       }
     }
+    location = /sleeper {
+      # A lock scope whose function sleeps (arg_seconds) without a store call,
+      # with a 1 s validity: ngx.timer renews the lock meanwhile. With
+      # arg_block=1 it sleeps blocking the worker (the control: no timer can run).
+      content_by_lua_block {
+        local chstate = require "chstate"
+        local store = chstate.open{schema = ngx.var.arg_schema, lock_timeout_seconds = 1}
+        local id = ngx.unescape_uri(ngx.var.arg_id)
+        local seconds = tonumber(ngx.var.arg_seconds)
+        local ok, err = pcall(store.with_lock, store, id, function()
+          store:set(id, {singer_state = {holder = "in"}})
+          if ngx.var.arg_block == "1" then
+            local ffi = require "ffi"
+            pcall(ffi.cdef, "int poll(void* fds, unsigned long nfds, int timeout);")
+            ffi.C.poll(nil, 0, seconds * 1000)
+          else
+            ngx.sleep(seconds)
+          end
+          return "held"
+        end)
+        local background = store:renews_in_background()
+        store:close()
+        ngx.say(tostring(background), " ", ok and err or (tostring(err.code) .. " " .. tostring(err.message)))
+      }
+    }
     location = /block {
       # The control: a blocking wait inside the worker, as a module without
       # cosockets would make one.
@@ -95,7 +120,7 @@ LOCATIONS = r"""
       content_by_lua_block {
         local chstate = require "chstate"
         local store = chstate.safe.open{host = "127.0.0.1", port = ngx.var.arg_port, user = "u",
-                                        database = "default", env = false, timeout = 1}
+                                        database = "default", env = false, request_timeout_seconds = 1}
         local ok, message, code = store:ping()
         ngx.say(tostring(code), " ", tostring(message))
       }

@@ -1,7 +1,9 @@
 """The LuaJIT module inside a real nginx (Debian's lua-nginx-module), talking
 to a real ClickHouse 18.16 over cosockets: states set and read there are the
-CLI's, concurrent requests lose nothing, and a request waiting for ClickHouse
-or for a lock never stops the one nginx process from serving others."""
+CLI's, concurrent requests lose nothing, a request waiting for ClickHouse
+or for a lock never stops the one nginx process from serving others, and a
+lock scope whose function sleeps past the lock's validity keeps its lock
+(ngx.timer renews it)."""
 
 from __future__ import annotations
 
@@ -131,6 +133,55 @@ def test_the_measurement_sees_a_blocked_worker(nginx):
     blocker.join()
     assert status == 200
     assert seconds >= 1.0, f"/pong took {seconds:.2f} s during a blocking call: the measurement cannot see blocking"
+
+
+def sleeper_against_a_contender(nginx, clickhouse, bazel_binary, schema, block: bool) -> tuple[str, int, str, dict]:
+    """/sleeper holds dev:sleeper for 3 s (3x its 1 s validity) without a store
+    call while the chstate CLI, with the same validity, tries for 1.8 s to
+    merge into it. Returns /sleeper's answer, the contender's exit status and
+    output, and the state after both."""
+    binary = bazel_binary("CHSTATE_CLI", "hosts/native/chstate", "//hosts/native:chstate")
+    env = clickhouse.env()
+    env.update(MELTANO_STATE_BACKEND_URI=clickhouse.uri(), MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD=clickhouse.password,
+               MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA=schema)
+
+    def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+    holder, box = in_thread(nginx.get, "/sleeper", schema=schema, id="dev:sleeper", seconds=3, block=int(block))
+    # Event: the holder wrote inside its scope (it holds the lock). The
+    # deadline only bounds a broken build.
+    deadline = time.monotonic() + 20
+    while True:
+        got = cli("get", "dev:sleeper")
+        if got.returncode == 0 and json.loads(got.stdout).get("singer_state", {}).get("holder") == "in":
+            break
+        assert time.monotonic() < deadline, f"the holder never wrote inside its scope: {got.stdout} {got.stderr}"
+        time.sleep(0.05)
+    contender = cli("--stale-lock", "1", "--lock-timeout", "1.8", "--lock-retry", "0.1", "merge", "dev:sleeper",
+                    json.dumps({"singer_state": {"contender": 1}}))
+    holder.join()
+    status, text, _ = box["result"]
+    assert status == 200, text
+    final = json.loads(cli("get", "dev:sleeper").stdout)
+    return text.strip(), contender.returncode, contender.stdout + contender.stderr, final
+
+
+def test_ngx_timer_renews_a_lock_whose_function_sleeps(nginx, clickhouse, bazel_binary, schema):
+    text, code, out, final = sleeper_against_a_contender(nginx, clickhouse, bazel_binary, schema, block=False)
+    assert text == "true held", text  # renewed in the background (ngx.timer), and the scope ended well
+    assert code == 4, f"the contender got the lock of a live holder (exit {code}): {out}"
+    assert "contender" not in final["singer_state"], final
+
+
+def test_the_sleeper_measurement_sees_a_lock_left_unrenewed(nginx, clickhouse, bazel_binary, schema):
+    # The control for the test above: a worker blocked in poll() runs no
+    # timer, the lock goes stale, the contender takes it, and the scope ends
+    # ABORTED naming the lease.
+    text, code, out, final = sleeper_against_a_contender(nginx, clickhouse, bazel_binary, schema, block=True)
+    assert text.startswith("true ABORTED ") and "lease" in text, text
+    assert code == 0, f"the contender did not get a lock left to go stale (exit {code}): {out}"
+    assert final["singer_state"].get("contender") == 1, final
 
 
 def test_an_unreachable_server_is_unavailable_and_the_password_stays_out(nginx):
