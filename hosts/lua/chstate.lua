@@ -134,6 +134,9 @@ local function check(self, op)
   if rec == nil then
     argerror(op, 0, "a chstate store expected: call it as store:" .. op .. "(...), with a colon")
   end
+  -- A renewal the binding runs in the background (inside nginx) is not the
+  -- caller's operation: the call waits for it instead of failing.
+  if rec.busy == "background" and rec.wait_background then rec.wait_background() end
   if rec.closed then
     raise("FAILED_PRECONDITION", op, "the store is closed; open a new one with chstate.open")
   end
@@ -267,7 +270,6 @@ local function run(rec, opname, doc, fields)
     return a.done
   end)
   rec.busy = false
-  if rec.schedule then rec.schedule(rec) end
   if not ok then error(res, 0) end
   return res
 end
@@ -437,7 +439,12 @@ function Store:with_lock(id, fn, ...)
   local doc = {op = "acquire"}
   put_arg("with_lock", 1, {name = "state_id", type = "state_id", field = "state_id_hex"}, id, doc)
   local lock_id = run(rec, "with_lock", doc).lock_id
+  -- Inside nginx a light thread of this request renews the lock while fn
+  -- runs; it ends with the scope, and with the request if fn ends that
+  -- (ngx.exit), so an abandoned scope's lock goes stale as a dead process's does.
+  local stop_renewer = rec.renewer and rec.renewer()
   local results = pack(pcall(fn, ...))
+  if stop_renewer then stop_renewer() end
   local released, release_error = true, nil
   if not rec.closed then
     released, release_error = pcall(run, rec, "with_lock",
@@ -453,6 +460,7 @@ function Store:close()
   local rec = records[self]
   if rec == nil then argerror("close", 0, "a chstate store expected: call it as store:close()") end
   if rec.closed then return true end
+  if rec.busy == "background" and rec.wait_background then rec.wait_background() end
   if rec.busy then raise("FAILED_PRECONDITION", "close", "an operation is still running on this store") end
   -- Best effort: a lock whose release fails goes stale anyway.
   pcall(function()
@@ -474,7 +482,7 @@ function Store:is_closed()
 end
 
 --- True when held locks are renewed while your own code runs (the module's
--- transport: a thread; inside nginx: ngx.timer); false where only store
+-- transport: a thread; inside nginx: a light thread); false where only store
 -- calls renew them (a transport function of your own; LuaJIT outside nginx).
 function Store:renews_in_background()
   local rec = check(self, "renews_in_background")
@@ -542,14 +550,21 @@ function M.open(opts)
     busy = false,
     closed = false,
   }
-  if not rec.renews and C.scheduler then
-    -- Inside nginx: ngx.timer calls the idle timer back while a scope's code runs.
-    rec.schedule = C.scheduler(function() return not rec.closed and not rec.busy end,
-                               function()
-                                 rec.busy = true
-                                 pcall(tick, rec)
-                                 rec.busy = false
-                               end)
+  if not rec.renews and C.renewer then
+    -- Inside nginx: C.renewer(due, tick) starts a light thread that calls
+    -- tick when the core's timer is due, and returns the function that stops
+    -- it; C.wait_background() yields until a background tick is over.
+    local function due()
+      return not rec.closed and rec.next_tick, rec.busy
+    end
+    local function background_tick()
+      if rec.busy or rec.closed then return end
+      rec.busy = "background"
+      pcall(tick, rec)
+      rec.busy = false
+    end
+    rec.renewer = function() return C.renewer(due, background_tick) end
+    rec.wait_background = function() C.wait_background(function() return rec.busy == "background" end) end
     rec.renews = true
   end
   local store = setmetatable({}, Store)

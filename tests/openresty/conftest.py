@@ -70,8 +70,8 @@ LOCATIONS = r"""
     }
     location = /sleeper {
       # A lock scope whose function sleeps (arg_seconds) without a store call,
-      # with a 1 s validity: ngx.timer renews the lock meanwhile. With
-      # arg_block=1 it sleeps blocking the worker (the control: no timer can run).
+      # with a 1 s validity: a light thread renews the lock meanwhile. With
+      # arg_block=1 it sleeps blocking the worker (the control: nothing else runs).
       content_by_lua_block {
         local chstate = require "chstate"
         local store = chstate.open{schema = ngx.var.arg_schema, lock_timeout_seconds = 1}
@@ -91,6 +91,45 @@ LOCATIONS = r"""
         local background = store:renews_in_background()
         store:close()
         ngx.say(tostring(background), " ", ok and err or (tostring(err.code) .. " " .. tostring(err.message)))
+      }
+    }
+    location = /busy {
+      # A lock scope (1 s validity) whose function reads the state every
+      # few milliseconds for arg_seconds, while the lock is renewed in the
+      # background in between: the renewal must never make one of these calls fail.
+      content_by_lua_block {
+        local chstate = require "chstate"
+        local store = chstate.open{schema = ngx.var.arg_schema, lock_timeout_seconds = 1}
+        local id = ngx.unescape_uri(ngx.var.arg_id)
+        local calls, failures, first = 0, 0, nil
+        local ok, err = pcall(store.with_lock, store, id, function()
+          local deadline = ngx.now() + tonumber(ngx.var.arg_seconds)
+          while ngx.now() < deadline do
+            local got, e = pcall(store.get, store, id)
+            calls = calls + 1
+            if not got then
+              failures = failures + 1
+              first = first or tostring(e)
+            end
+            ngx.sleep(0.002)
+            ngx.update_time()
+          end
+        end)
+        store:close()
+        ngx.say(calls, " ", failures, " ", ok and "held" or tostring(err), " ", tostring(first))
+      }
+    }
+    location = /abandon {
+      # A request that ends (ngx.exit) inside a lock scope with a 1 s
+      # validity: with_lock never returns and the store is never closed.
+      content_by_lua_block {
+        local chstate = require "chstate"
+        local store = chstate.open{schema = ngx.var.arg_schema, lock_timeout_seconds = 1}
+        store:with_lock(ngx.unescape_uri(ngx.var.arg_id), function()
+          ngx.say("abandoned")
+          ngx.exit(ngx.HTTP_OK)
+        end)
+        ngx.say("not reached")
       }
     }
     location = /block {
