@@ -21,8 +21,9 @@ description = {
   detailed = [[
 chstate keeps Meltano's incremental state in ClickHouse with Meltano's
 semantics (completed/partial states, update() merges, a per-state-id lock).
-require "chstate" gives chstate.open{...} -> store with get, set, merge, list,
-delete, clear_all, with_lock and close, plus chstate.safe (nil, err).
+require "chstate" gives chstate.open{...} -> store with a method per verb of
+the core's table (get, set, merge, list, export, import, ...), with_lock and
+close, plus chstate.safe (nil, err).
 ]],
 }
 dependencies = {

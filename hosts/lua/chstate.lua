@@ -134,6 +134,9 @@ local function check(self, op)
   if rec == nil then
     argerror(op, 0, "a chstate store expected: call it as store:" .. op .. "(...), with a colon")
   end
+  -- A renewal the binding runs in the background (inside nginx) is not the
+  -- caller's operation: the call waits for it instead of failing.
+  if rec.busy == "background" and rec.wait_background then rec.wait_background() end
   if rec.closed then
     raise("FAILED_PRECONDITION", op, "the store is closed; open a new one with chstate.open")
   end
@@ -235,8 +238,18 @@ local function tick(rec)
   if a.failed then rec.next_tick = nil else note_timer(rec, a) end
 end
 
+-- A value the verb document cannot hold (NaN, a function, ...) is named by
+-- its path under "op"; `fields` (document member -> {n, name}) turns that
+-- into the argument the caller passed: "bad argument #2 to 'set' (state.x is NaN ...)".
+local function conversion_error(opname, fields, err)
+  local field, rest = err:match("^op%.([%w_]+)(.*)$")
+  local arg = field and fields and fields[field]
+  if arg then argerror(opname, arg[1], arg[2] .. rest) end
+  argerror(opname, 1, err)
+end
+
 -- Runs one verb document to its end; returns the "done" body or raises.
-local function run(rec, opname, doc)
+local function run(rec, opname, doc, fields)
   rec.busy = true
   local ok, res = pcall(function()
     -- Every call renews what is due first (hosts that cannot run code while
@@ -244,14 +257,19 @@ local function run(rec, opname, doc)
     if not rec.renews then tick(rec) end
     doc.merged = true  -- states in the result also carry the view a tap gets (the core's merge)
     local a, err = rec.ud:start(rec.now_ms(), doc)
-    if a == nil then argerror(opname, 2, err) end
+    if a == nil then conversion_error(opname, fields, err) end
+    if a.failed and a.failed.code == "INVALID_ARGUMENT" then
+      -- The core refused the arguments before sending anything: an argument
+      -- error, so it names the caller's line as Lua's own argument errors do.
+      error(setmetatable({code = a.failed.code, op = opname, message = a.failed.message,
+                          where = caller_position()}, Error), 0)
+    end
     a = answer(rec, a)
     note_timer(rec, a)
     if a.failed then raise(a.failed.code, opname, a.failed.message) end
     return a.done
   end)
   rec.busy = false
-  if rec.schedule then rec.schedule(rec) end
   if not ok then error(res, 0) end
   return res
 end
@@ -307,6 +325,14 @@ local RETURNS = {
   lock = function(done) return done.lock_id, tointeger(done.waited_ms) end,
 }
 
+-- The members of an import entry (see put_arg).
+local IMPORT_MEMBERS = {state_id = true, completed = true, partial = true, merged = true}
+
+local function describe_key(k)
+  if type(k) == "string" then return ("'%s'"):format(k:sub(1, 100)) end
+  return ("[%s] (a %s key)"):format(tostring(k), type(k))
+end
+
 -- One argument of a verb into its document member; Lua values the core
 -- cannot take are named here (a state id must be a string).
 local function put_arg(verb, n, arg, v, doc)
@@ -325,6 +351,16 @@ local function put_arg(verb, n, arg, v, doc)
       if type(e) ~= "table" or type(e.state_id) ~= "string" then
         argerror(verb, n, ("states[%d] expected: {state_id = string, completed = {...}, partial = {...}}"):format(i))
       end
+      -- A member the entry cannot carry is refused, not dropped: a typo
+      -- ("complete") would otherwise import an empty state. merged is what
+      -- export gives besides the sides (derived from them), so an exported
+      -- page imports as it is.
+      for k in pairs(e) do
+        if not IMPORT_MEMBERS[k] then
+          argerror(verb, n, ("states[%d] has the member %s; an entry has state_id, completed and partial (and " ..
+                             "merged, as export gives it, which is derived and not written)"):format(i, describe_key(k)))
+        end
+      end
       entries[i] = {state_id_hex = hex(e.state_id), completed = e.completed, partial = e.partial}
     end
     doc[arg.field] = entries
@@ -336,10 +372,12 @@ end
 -- A method for a verb of the table: positional arguments in the row's order,
 -- then a table of the named ones ({force = true}, {limit = 5}).
 local function bind(verb)
-  local positional, named = {}, {}
+  local positional, named, fields = {}, {}, {}
   for _, arg in ipairs(verb.args) do
     if arg.positional then positional[#positional + 1] = arg else named[arg.name] = arg end
   end
+  for i, arg in ipairs(positional) do fields[arg.field] = {i, arg.name} end
+  for _, arg in pairs(named) do fields[arg.field] = {#positional + 1, arg.name} end
   return function(self, ...)
     local rec = check(self, verb.name)
     local doc = {op = verb.name}
@@ -366,7 +404,7 @@ local function bind(verb)
         put_arg(verb.name, #positional + 1, arg, v, doc)
       end
     end
-    return RETURNS[verb.returns](run(rec, verb.name, doc))
+    return RETURNS[verb.returns](run(rec, verb.name, doc, fields))
   end
 end
 
@@ -401,7 +439,12 @@ function Store:with_lock(id, fn, ...)
   local doc = {op = "acquire"}
   put_arg("with_lock", 1, {name = "state_id", type = "state_id", field = "state_id_hex"}, id, doc)
   local lock_id = run(rec, "with_lock", doc).lock_id
+  -- Inside nginx a light thread of this request renews the lock while fn
+  -- runs; it ends with the scope, and with the request if fn ends that
+  -- (ngx.exit), so an abandoned scope's lock goes stale as a dead process's does.
+  local stop_renewer = rec.renewer and rec.renewer()
   local results = pack(pcall(fn, ...))
+  if stop_renewer then stop_renewer() end
   local released, release_error = true, nil
   if not rec.closed then
     released, release_error = pcall(run, rec, "with_lock",
@@ -417,6 +460,7 @@ function Store:close()
   local rec = records[self]
   if rec == nil then argerror("close", 0, "a chstate store expected: call it as store:close()") end
   if rec.closed then return true end
+  if rec.busy == "background" and rec.wait_background then rec.wait_background() end
   if rec.busy then raise("FAILED_PRECONDITION", "close", "an operation is still running on this store") end
   -- Best effort: a lock whose release fails goes stale anyway.
   pcall(function()
@@ -438,7 +482,7 @@ function Store:is_closed()
 end
 
 --- True when held locks are renewed while your own code runs (the module's
--- transport: a thread; inside nginx: ngx.timer); false where only store
+-- transport: a thread; inside nginx: a light thread); false where only store
 -- calls renew them (a transport function of your own; LuaJIT outside nginx).
 function Store:renews_in_background()
   local rec = check(self, "renews_in_background")
@@ -483,7 +527,11 @@ function M.open(opts)
   end
   local native = opts.transport == nil
   local ud, info = C.open({from = "api", values = values, env = env}, native)
-  if ud == nil then raise(info.code, "open", info.message) end
+  if ud == nil then
+    -- Settings the core refused are the caller's argument: they name its line.
+    error(setmetatable({code = info.code, op = "open", message = info.message,
+                        where = info.code == "INVALID_ARGUMENT" and caller_position() or nil}, Error), 0)
+  end
   local now, sleep = opts.now, opts.sleep
   local conn = not native and ud:connection() or nil
   if conn then
@@ -502,14 +550,21 @@ function M.open(opts)
     busy = false,
     closed = false,
   }
-  if not rec.renews and C.scheduler then
-    -- Inside nginx: ngx.timer calls the idle timer back while a scope's code runs.
-    rec.schedule = C.scheduler(function() return not rec.closed and not rec.busy end,
-                               function()
-                                 rec.busy = true
-                                 pcall(tick, rec)
-                                 rec.busy = false
-                               end)
+  if not rec.renews and C.renewer then
+    -- Inside nginx: C.renewer(due, tick) starts a light thread that calls
+    -- tick when the core's timer is due, and returns the function that stops
+    -- it; C.wait_background() yields until a background tick is over.
+    local function due()
+      return not rec.closed and rec.next_tick, rec.busy
+    end
+    local function background_tick()
+      if rec.busy or rec.closed then return end
+      rec.busy = "background"
+      pcall(tick, rec)
+      rec.busy = false
+    end
+    rec.renewer = function() return C.renewer(due, background_tick) end
+    rec.wait_background = function() C.wait_background(function() return rec.busy == "background" end) end
     rec.renews = true
   end
   local store = setmetatable({}, Store)

@@ -233,7 +233,7 @@ function Native.connection(box)
 end
 
 -- Nothing here runs while Lua code does (no threads in LuaJIT; inside nginx
--- the Lua half schedules ngx.timer itself through C.scheduler).
+-- the Lua half starts a light thread through C.renewer).
 function Native.renews()
   return false
 end
@@ -259,36 +259,62 @@ function C.open(settings, native)
   end
   store = ffi.gc(store, lib.chstate_store_free)  -- collected without close: freed, no I/O
   local resolved = json.decode(take(lib.chstate_store_settings(store))).settings
+  -- The transport's copy keeps the password; what the Lua half shows
+  -- (tostring(store)) gets a copy without it.
+  local shown = {}
+  for k, v in pairs(resolved.connection) do
+    if k ~= "password" then shown[k] = v end
+  end
   local box = setmetatable({
     store = store,
     conn = resolved.connection,
     connect_ms = resolved.connection.connect_timeout_ms,
     http = native and http.new(monotonic_ms) or nil,
   }, Native)
-  resolved.connection.password = nil
+  resolved.connection = shown
   return box, resolved
 end
 
--- Inside nginx: a timer that calls `run` at the core's next timeout while
--- `allowed()` (the store is open and idle); chstate.lua calls the returned
--- function after every operation. Cosockets are fine in timer context.
-if http.in_nginx() then
-  function C.scheduler(allowed, run)
-    return function(rec)
-      if rec.next_tick == nil or rec.timer_at == rec.next_tick then return end
-      rec.timer_at = rec.next_tick
-      local function fire(premature)
-        if premature or rec.next_tick == nil then return end
-        if not allowed() then  -- an operation runs (it renews what it needs): look again shortly
-          ngx.timer.at(0.01, fire)
-          return
+-- Inside nginx: renewal while a lock scope's function runs, from a light
+-- thread of the request (ngx.thread.spawn). Not an ngx.timer: a timer outlives
+-- its request, so a scope the request abandoned (ngx.exit inside the
+-- function) would be renewed for as long as nginx runs; a light thread is
+-- killed with its request, and the lock then goes stale as a dead process's
+-- does. C.renewer(due, tick) starts one and returns the function that stops
+-- it (nil where no light thread can start); due() is false once the store
+-- is closed, else the core's next timeout (ms, or nil) and whether an
+-- operation runs; tick() runs the core's idle timer. Cosockets are fine in
+-- light threads.
+if type(ngx) == "table" and type(ngx.thread) == "table" then
+  function C.renewer(due, tick)
+    if not http.in_nginx() then return nil end
+    local stopped, ticking = false, false
+    local ok, thread = pcall(ngx.thread.spawn, function()
+      while not stopped do
+        local next_ms, busy = due()
+        if next_ms == false then return end
+        local wait = next_ms and next_ms - monotonic_ms() or 100
+        if wait <= 0 and not busy then
+          ticking = true
+          tick()
+          ticking = false
+        else
+          -- An operation runs (its pump renews what it needs): look again shortly.
+          ngx.sleep(math.max(busy and 10 or wait, 1) / 1000)
         end
-        rec.timer_at = nil
-        run()
-        if rec.schedule then rec.schedule(rec) end
       end
-      ngx.timer.at(math.max(0, (rec.next_tick - monotonic_ms()) / 1000), fire)
+    end)
+    if not ok then return nil end
+    return function()
+      stopped = true
+      -- Not in the middle of a tick: that would leave the store's operation unfinished.
+      while ticking do ngx.sleep(0.001) end
+      ngx.thread.kill(thread)  -- (nil, "already terminated" when the store was closed: fine)
     end
+  end
+
+  function C.wait_background(running)
+    while running() do ngx.sleep(0.001) end
   end
 end
 

@@ -26,6 +26,30 @@ for h in os.getenv("HOSTILE_HEX"):gmatch("[^,]+") do
   n = n + 1
   print("id " .. h)
 end
+-- The same ids through import and paged export (the after option carries a
+-- hostile id back to the server): every id comes back byte for byte, once.
+local entries, wanted = {}, {}
+for h in os.getenv("HOSTILE_HEX"):gmatch("[^,]+") do
+  entries[#entries + 1] = {state_id = unhex(h), completed = value, partial = {singer_state = {p = h}}}
+  wanted[unhex(h)] = h
+end
+assert(store:import(entries) == #entries, "import did not write every hostile id")
+local seen, after, pages = 0, nil, 0
+repeat
+  local page, more = store:export(nil, {after = after, limit = 3})
+  for _, s in ipairs(page) do
+    local h = wanted[s.state_id]
+    assert(h, "export gave an id that was not imported")
+    wanted[s.state_id] = nil
+    assert(chstate.to_json(s.completed) == chstate.to_json(value), "state changed in import/export for id " .. h)
+    assert(s.partial.singer_state.p == h, "partial changed in import/export for id " .. h)
+    seen = seen + 1
+  end
+  after, pages = page[#page] and page[#page].state_id, pages + 1
+until not more
+assert(seen == #entries and next(wanted) == nil, "export missed hostile ids")
+print("import/export " .. seen .. " in " .. pages .. " pages")
+store:clear_all()
 -- Patterns: % and _ match themselves.
 for _, id in ipairs{"p%q", "p_q", "pxq"} do store:set(id, {singer_state = {}}) end
 local only = store:list("p_q")

@@ -61,7 +61,7 @@ describe("the Lua binding and the chstate CLI", function()
     assert.are.equal(0, code)
 
     -- a Lua process run by `chstate lock` finds the lock taken
-    local probe = "local c = require 'chstate'; local s = c.open{schema = '" .. SCHEMA .. "', lock_timeout = 0}; " ..
+    local probe = "local c = require 'chstate'; local s = c.open{schema = '" .. SCHEMA .. "', lock_wait_seconds = 0}; " ..
                   "local ok, err = pcall(s.with_lock, s, 'dev:locked', print); io.write(ok and 'got it' or err.code)"
     local out, lock_code = cli("lock dev:locked -- " .. T.interpreter .. " -e " .. quote(probe))
     assert.are.equal(0, lock_code, out)

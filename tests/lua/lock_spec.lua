@@ -8,7 +8,7 @@ local SCHEMA = "lua_lock_spec"
 
 local function try_lock(id)
   -- Another store (another holder) that tries once.
-  local other = T.open(SCHEMA, {lock_timeout = 0})
+  local other = T.open(SCHEMA, {lock_wait_seconds = 0})
   local ok, err = pcall(other.with_lock, other, id, function() return "got it" end)
   other:close()
   return ok, err
@@ -39,8 +39,8 @@ describe("with_lock", function()
       assert.is_false(ok)
       assert.are.equal("ABORTED", err.code)
       -- writes by other stores wait for the lock too
-      local other = T.open(SCHEMA, {lock_timeout = 0})
-      assert.are.equal("ABORTED", T.error_of(other.set, other, "dev:l", {x = 1}).code)
+      local other = T.open(SCHEMA, {lock_wait_seconds = 0})
+      assert.are.equal("ABORTED", T.error_of(other.set, other, "dev:l", {singer_state = {x = 1}}).code)
       other:close()
     end)
     assert.is_true((try_lock("dev:l")))
@@ -55,7 +55,7 @@ describe("with_lock", function()
     assert.are.equal("plain", err)
     assert.is_true((try_lock("dev:l")))
     -- the store still works after
-    assert.is_true(store:set("dev:l", {after = true}))
+    assert.is_table(store:set("dev:l", {singer_state = {after = true}}))
   end)
 
   it("uses the held lock for writes inside the function (no self-deadlock)", function()
@@ -91,7 +91,7 @@ describe("with_lock", function()
     local co = coroutine.create(function()
       return store:with_lock("dev:co", function()
         local got = coroutine.yield("holding")
-        store:merge("dev:co", {resumed_with = got})
+        store:merge("dev:co", {singer_state = {resumed_with = got}})
         return "finished"
       end)
     end)
@@ -104,12 +104,12 @@ describe("with_lock", function()
     assert.is_false(got)
     assert.are.equal("ABORTED", err.code)
     -- the suspended holder's store serves other calls meanwhile
-    assert.is_true(store:set("dev:unrelated", {x = 1}))
+    assert.is_table(store:set("dev:unrelated", {singer_state = {x = 1}}))
     local ok2, result = coroutine.resume(co, "value")
     assert.is_true(ok2, tostring(result))
     assert.are.equal("finished", result)
     assert.are.equal("dead", coroutine.status(co))
-    assert.are.equal("value", store:get("dev:co").resumed_with)
+    assert.are.equal("value", store:get("dev:co").singer_state.resumed_with)
     assert.is_true((try_lock("dev:co")))
   end)
 
@@ -136,11 +136,11 @@ describe("with_lock", function()
     local tasks, order = {}, {}
     local function loop_sleep(seconds) coroutine.yield(T.gettime() + seconds) end
     local function spawn(name, fn) tasks[#tasks + 1] = {name = name, co = coroutine.create(fn), wake = 0} end
-    local hooks = {sleep = loop_sleep, now = T.gettime, lock_retry = 0.05, lock_timeout = 20}
+    local hooks = {sleep = loop_sleep, now = T.gettime, lock_retry_seconds = 0.05, lock_wait_seconds = 20}
     local b_waits = 0  -- times b's store called its sleep hook: its retries while a held the lock
     local a = T.open(SCHEMA, hooks)
     local b = T.open(SCHEMA, {sleep = function(s) b_waits = b_waits + 1 loop_sleep(s) end, now = T.gettime,
-                              lock_retry = 0.05, lock_timeout = 20})
+                              lock_retry_seconds = 0.05, lock_wait_seconds = 20})
     spawn("a", function()
       a:with_lock("dev:loop", function()
         order[#order + 1] = "a in"
@@ -214,62 +214,125 @@ describe("with_lock", function()
     end
     assert.is_true(switches > 0, "the two workers never alternated")
     -- ... and every increment landed
-    assert.are.equal(2 * iterations, store:get("dev:contended").count)
+    assert.are.equal(2 * iterations, store:get("dev:contended").singer_state.count)
   end)
 
-  it("renews the lease while the function uses the store", function()
-    local s = T.open(SCHEMA, {stale_lock = 3})
+  it("says where renewal comes from", function()
+    -- The module's own transport renews from a thread in Lua 5.4; LuaJIT
+    -- outside nginx, and any transport function, renew only in store calls.
+    assert.are.equal(not jit, store:renews_in_background())
+    local own = T.open(SCHEMA, {transport = T.luasocket_transport()})
+    assert.is_false(own:renews_in_background())
+    own:close()
+  end)
+
+  it("renews the lease while the function uses the store (a transport function: only calls renew)", function()
+    local s = T.open(SCHEMA, {lock_timeout_seconds = 3, transport = T.luasocket_transport()})
+    assert.is_false(s:renews_in_background())
     s:with_lock("dev:lease", function()
       local started = T.gettime()
-      -- Time must pass (by design): longer than the 3 s stale window, so that
+      -- Time must pass (by design): longer than the 3 s validity, so that
       -- only the renewals done by these calls keep the lock from going stale.
       while T.gettime() - started < 4.5 do
         s:get("dev:lease")
         T.sleep(0.5)
       end
-      -- still exclusive: a contender with the same window cannot take over
-      local other = T.open(SCHEMA, {lock_timeout = 0, stale_lock = 3})
+      -- still exclusive: a contender with the same validity cannot take over
+      local other = T.open(SCHEMA, {lock_wait_seconds = 0, lock_timeout_seconds = 3})
       assert.are.equal("ABORTED", T.error_of(other.with_lock, other, "dev:lease", print).code)
       other:close()
-      s:set("dev:lease", {kept = true})
+      s:set("dev:lease", {singer_state = {kept = true}})
     end)
-    assert.is_true(store:get("dev:lease").kept)
+    assert.is_true(store:get("dev:lease").singer_state.kept)
     s:close()
   end)
 
-  it("refuses writes once the lease expired unrenewed, and says so", function()
+  it("refuses writes once the lease expired unrenewed, and says so (a transport function)", function()
     -- Each T.sleep(2.2) below is time that must pass (by design): the lease
-    -- (2 s minus the margin) runs out without the store being touched.
-    local s = T.open(SCHEMA, {stale_lock = 2})
+    -- (2 s minus the margin) runs out without the store being touched, and
+    -- with a transport function nothing renews it meanwhile.
+    local s = T.open(SCHEMA, {lock_timeout_seconds = 2, transport = T.luasocket_transport()})
     local err = T.error_of(s.with_lock, s, "dev:expired", function()
       T.sleep(2.2)
-      s:set("dev:expired", {late = true})
+      s:set("dev:expired", {singer_state = {late = true}})
     end)
     assert.is_true(chstate.is_error(err))
     assert.are.equal("set", err.op)
-    assert.matches("lock on state id \"dev:expired\" expired", tostring(err))
+    assert.are.equal("ABORTED", err.code)
+    assert.matches("the lock on state id \"dev:expired\" ", tostring(err))
     assert.is_nil(store:get("dev:expired"))  -- nothing was written
     -- a function that returns after its lease ran out gets an error too: what
     -- it did was not necessarily exclusive
     err = T.error_of(s.with_lock, s, "dev:expired", function() T.sleep(2.2) return "done" end)
     assert.are.equal("with_lock", err.op)
     assert.are.equal("ABORTED", err.code)
-    assert.matches("held past its lease", tostring(err))
-    -- a function that catches the failed renewal and carries on is told the lock was lost
+    assert.matches("lease", tostring(err))
+    -- a function that still reads after its lease ran out may (reads take no
+    -- lock), but its scope ends ABORTED all the same
     err = T.error_of(s.with_lock, s, "dev:expired", function()
       T.sleep(2.2)
-      local ok = pcall(s.get, s, "dev:expired")  -- the renewal before it fails
-      assert.is_false(ok)
+      assert.is_nil(s:get("dev:expired"))
       return "carried on"
     end)
     assert.are.equal("ABORTED", err.code)
-    assert.matches("was lost while the function ran", tostring(err))
+    assert.matches("lease", tostring(err))
     s:close()
   end)
 
+  -- A function that sleeps three times the validity (1 s) without touching the
+  -- store, while the chstate CLI in another process tries for 2.5 s to merge
+  -- into the id. Renewed in the background (Lua 5.4's own transport: a
+  -- thread), the contender never gets the lock; renewed only by store calls
+  -- (a transport function, LuaJIT outside nginx), the lock goes stale, the
+  -- contender takes it, and the scope ends ABORTED naming the lease.
+  for _, case in ipairs{
+    {name = "the module's own transport", extra = {}, background = not jit},
+    {name = "a transport function", extra = {transport = T.luasocket_transport()}, background = false},
+  } do
+    it(("keeps or loses a lock held 3x its validity without calls: %s"):format(case.name), function()
+      local id = "dev:sleeper"
+      local opts = {lock_timeout_seconds = 1}
+      for k, v in pairs(case.extra) do opts[k] = v end
+      local s = T.open(SCHEMA, opts)
+      assert.are.equal(case.background, s:renews_in_background())
+      local contender
+      local ok, err = pcall(s.with_lock, s, id, function()
+        s:set(id, {singer_state = {holder = "start"}})
+        -- the contender's validity is the holder's; it waits 2.5 s, well inside the 3 s sleep
+        contender = T.contend(SCHEMA, id, "--stale-lock 1 --lock-timeout 2.5 --lock-retry 0.1")
+        T.sleep(3)  -- by design: 3x the validity, no store call
+        return "slept"
+      end)
+      local code, out = contender()
+      local final = store:get(id).singer_state
+      if case.background then
+        assert.is_true(ok, tostring(err))
+        assert.are.equal("slept", err)
+        assert.are.equal(4, code, "the contender got the lock of a live holder: " .. out)
+        assert.is_nil(final.contender)
+      else
+        assert.is_false(ok)
+        assert.is_true(chstate.is_error(err), tostring(err))
+        assert.are.equal("ABORTED", err.code)
+        assert.are.equal("with_lock", err.op)
+        assert.matches("lease", err.message)
+        assert.are.equal(0, code, "the contender did not get a lock left to go stale: " .. out)
+        assert.are.equal(1, final.contender)
+      end
+      s:close()
+    end)
+  end
+
   it("renews on request with store:renew, and only for a held lock", function()
     assert.are.equal("FAILED_PRECONDITION", T.error_of(store.renew, store, "dev:r").code)
-    store:with_lock("dev:r", function() assert.is_true(store:renew("dev:r")) end)
+    store:with_lock("dev:r", function()
+      local lock_id = store:renew("dev:r")
+      assert.is_string(lock_id)
+      assert.is_true(#lock_id > 0)
+      assert.are.equal(lock_id, (store:renew("dev:r")))  -- the same lock, renewed
+    end)
+    -- and no longer once the scope ended
+    assert.are.equal("FAILED_PRECONDITION", T.error_of(store.renew, store, "dev:r").code)
   end)
 
   it("releases held locks on close", function()

@@ -10,7 +10,7 @@ local schema, id, iterations, log_path, tag = arg[1], arg[2], tonumber(arg[3]), 
 local store = chstate.open{
   host = os.getenv("CHSTATE_TEST_HOST"), port = os.getenv("CHSTATE_TEST_PORT"),
   user = os.getenv("CHSTATE_TEST_USER"), password = os.getenv("CHSTATE_TEST_PASSWORD"),
-  database = "default", schema = schema, env = false, lock_timeout = 60, lock_retry = 0.02,
+  database = "default", schema = schema, env = false, lock_wait_seconds = 60, lock_retry_seconds = 0.02,
 }
 local log = assert(io.open(log_path, "a"))
 local function note(line)
@@ -25,7 +25,7 @@ for _ = 1, iterations do
     -- Time must pass (by design): widens the read-modify-write window, so
     -- that a second holder inside it would show as an overlap or a lost update.
     socket.sleep(0.003)
-    store:set(id, {count = (current and current.count or 0) + 1})
+    store:set(id, {singer_state = {count = (current and current.singer_state.count or 0) + 1}})
     note("leave " .. tag)
   end)
 end

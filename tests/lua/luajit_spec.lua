@@ -75,15 +75,15 @@ describe("the LuaJIT module #luajit", function()
   end)
 
   it("sends again on a fresh connection after the server closed an idle one", function()
-    store:set("dev:idle", {n = 1})
+    store:set("dev:idle", {singer_state = {n = 1}})
     T.sleep(3.5)  -- ClickHouse 18.16 closes idle keep-alive connections after 3 s
-    store:set("dev:idle", {n = 2})
-    assert.are.equal(2, store:get("dev:idle").n)
+    store:set("dev:idle", {singer_state = {n = 2}})
+    assert.are.equal(2, store:get("dev:idle").singer_state.n)
   end)
 
   it("reports a server that is not there as UNAVAILABLE, without the password", function()
     local dead = chstate.open{host = "127.0.0.1", port = 1, user = "u", password = "s3cret-luajit", database = "default", env = false,
-                              timeout = 2}
+                              request_timeout_seconds = 2}
     local err = T.error_of(dead.ping, dead)
     assert.are.equal("UNAVAILABLE", err.code)
     assert.matches("connection refused", err.message)

@@ -10,7 +10,7 @@
 The server is the one CHSTATE_TEST_HOST/PORT/USER/PASSWORD name (tools/test
 sets them), else a throwaway one from tools/clickhouse_server.py, stopped at
 the end. The module is bazel-bin/hosts/lua/chstate.so (built here, with the
-chstate CLI that interop_spec.lua runs), or the file CHSTATE_LUA_SO names; for
+chstate CLI that interop_spec.lua and lock_spec.lua run), or the file CHSTATE_LUA_SO names; for
 LuaJIT, hosts/luajit/chstate.lua with bazel-bin/hosts/python/libchstate.so (or
 the file CHSTATE_LIBRARY names). Specs tagged #lua54 (and lua54_spec.lua, which
 LuaJIT cannot parse) run in Lua 5.4 only, those tagged #luajit (and luajit_spec.lua)
@@ -91,7 +91,8 @@ def main() -> int:
         targets = [] if lib else ["//hosts/python:libchstate.so"]
     bin_dir = ROOT / "bazel-bin"
     if targets:
-        # The CLI too: interop_spec checks that both share tables and the lock.
+        # The CLI too: interop_spec checks that both share tables and the lock,
+        # and lock_spec runs it as the contender of a scope left unrenewed.
         if subprocess.call(["bazel", "build", *targets, "//hosts/native:chstate"], cwd=ROOT) != 0:
             print(f"busted: not run ({targets[0]} did not build)")
             return 1

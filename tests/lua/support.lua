@@ -51,6 +51,36 @@ M.interpreter = os.getenv("CHSTATE_LUA") or "lua5.4"
 M.sleep = socket.sleep
 M.gettime = socket.gettime
 
+-- The chstate CLI (run.py builds it; the connection comes from the
+-- MELTANO_STATE_BACKEND_* variables run.py sets, never from argv).
+M.cli = os.getenv("CHSTATE_CLI") or "bazel-bin/hosts/native/chstate"
+
+-- A contender in another process: `chstate FLAGS merge ID` started in the
+-- background, merging {"singer_state":{"contender":1}}. Returns a function
+-- that waits for it (at most 60 s) and returns its exit status (0: merged,
+-- 4: the lock was not acquired in time) and its output.
+function M.contend(schema, id, flags)
+  local out = os.tmpname()
+  local cmd = ("%s --schema %s %s merge '%s' '{\"singer_state\":{\"contender\":1}}'"):format(
+    M.cli, schema, flags, id:gsub("'", "'\\''"))
+  assert(os.execute(("(%s >%s 2>&1; echo \"exit=$?\" >>%s) &"):format(cmd, out, out)))
+  return function()
+    local deadline = M.gettime() + 60
+    while M.gettime() < deadline do
+      local f = io.open(out)
+      local text = f and f:read("*a") or ""
+      if f then f:close() end
+      local code = text:match("exit=(%d+)\n$")
+      if code then
+        os.remove(out)
+        return tonumber(code), text
+      end
+      M.sleep(0.05)
+    end
+    error("the contender (" .. cmd .. ") did not finish in 60 s")
+  end
+end
+
 -- An HTTP transport written with LuaSocket, as an orchestrator would supply.
 function M.luasocket_transport(log)
   local http = require "socket.http"

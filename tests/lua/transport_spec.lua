@@ -70,9 +70,9 @@ describe("a Lua transport", function()
       end
       return real(req)
     end})
-    flaky:set("dev:flaky", {v = 1})
+    flaky:set("dev:flaky", {singer_state = {v = 1}})
     fail_next = true
-    assert.are.same({v = 1}, (flaky:get("dev:flaky")))  -- recovered by a retry
+    assert.are.same({singer_state = {v = 1}}, (flaky:get("dev:flaky")))  -- recovered by a retry
     flaky:close()
 
     -- a non-idempotent request (the write) is not retried when its outcome is unknown
@@ -84,7 +84,7 @@ describe("a Lua transport", function()
       end
       return real(req)
     end})
-    err = T.error_of(once.with_lock, once, "dev:once", function() once:set("dev:once", {v = 2}) end)
+    err = T.error_of(once.with_lock, once, "dev:once", function() once:set("dev:once", {singer_state = {v = 2}}) end)
     assert.are.equal(1, writes)
     assert.matches("reset after sending", tostring(err))
     once:close()
@@ -98,8 +98,8 @@ describe("a Lua transport", function()
       return real(req)
     end})
     local co = coroutine.create(function()
-      s:set("dev:yield", {v = 3})
-      return (s:get("dev:yield")).v
+      s:set("dev:yield", {singer_state = {v = 3}})
+      return (s:get("dev:yield")).singer_state.v
     end)
     local ok, value = coroutine.resume(co)
     while coroutine.status(co) == "suspended" do

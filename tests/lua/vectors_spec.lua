@@ -31,7 +31,7 @@ for _, file in ipairs{"config", "sql", "lock", "policy"} do
     for _, case in ipairs(doc.cases) do
       it(case.name, function()
         local store
-        if case.store ~= nil then
+        if case.store ~= nil then  -- a settings document, passed as it is
           local err
           store, err = chstate.protocol.store(chstate.to_json(case.store))
           assert.is_not_nil(store, err)
@@ -39,8 +39,8 @@ for _, file in ipairs{"config", "sql", "lock", "policy"} do
         for i, step in ipairs(case.steps) do
           local input = chstate.to_json(step.doc)
           local got
-          if step.call == "resolve_config" then
-            got = chstate.protocol.resolve_config(input)
+          if step.call == "resolve_settings" then
+            got = chstate.protocol.resolve_settings(input)
           elseif step.call == "start" then
             got = store:start(input, step.now_ms, random)
           else

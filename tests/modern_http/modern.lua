@@ -10,8 +10,8 @@ local id = f:read("a")
 f:close()
 
 local out = {}
-local store <close> = chstate.open{lock_timeout = 0.5, lock_retry = 0.1}
-local other <close> = chstate.open{lock_timeout = 0.5, lock_retry = 0.1}
+local store <close> = chstate.open{lock_wait_seconds = 0.5, lock_retry_seconds = 0.1}
+local other <close> = chstate.open{lock_wait_seconds = 0.5, lock_retry_seconds = 0.1}
 
 out.server_version, out.dialect = store:ping()
 local state = {singer_state = {bookmarks = {t = {v = os.getenv("T_VALUE")}}}}
@@ -29,6 +29,17 @@ out.in_lock = store:with_lock(id, function()
   return ok and "intruder wrote" or err.code
 end)
 out.after_lock = store:get(id)
+-- The verbs beyond Meltano's four, through the modern dialect.
+store:copy(id, "dev:copy")
+out.copy = store:get("dev:copy")
+local page, more = store:export(nil, {limit = 2})
+out.export_ids, out.export_more = {}, more
+for i, s in ipairs(page) do out.export_ids[i] = s.state_id end
+out.history_count = #store:history(id, {limit = 5})
+out.imported = store:import{{state_id = "dev:imported", completed = {singer_state = {i = 1}}, partial = {}}}
+store:move("dev:imported", "dev:moved")
+out.moved = store:get("dev:moved")
+out.after_move = store:get("dev:imported") == nil
 store:delete(id)
 out.after_delete = store:get(id) == nil
 out.cleared = store:clear_all()

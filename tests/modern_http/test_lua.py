@@ -1,7 +1,7 @@
 """The Lua 5.4 module (hosts/lua: chstate.so with its native HTTP transport)
 against the modern engine behind the front, driven by modern.lua: ping, set,
-get, merge, list, with_lock against a second store, delete, clear_all and a
-wrong password."""
+get, merge, list, with_lock against a second store, copy, export (a page of
+two), history, import, move, delete, clear_all and a wrong password."""
 
 from __future__ import annotations
 
@@ -38,8 +38,14 @@ def test_lua_module_every_operation(lua_so, fresh, schema, tmp_path):
     assert out["in_lock"] == "ABORTED"
     assert out["after_lock"]["singer_state"]["locked_write"] == 1
     assert "intruder" not in out["after_lock"]["singer_state"]
+    assert out["copy"] == out["after_lock"]
+    ids = sorted([HOSTILE_ID, "dev:plain", "dev:copy"], key=str.encode)
+    assert out["export_ids"] == ids[:2] and out["export_more"] is True
+    assert out["history_count"] >= 3  # set, merge, the write under the lock
+    assert out["imported"] == 1
+    assert out["moved"] == {"singer_state": {"i": 1}} and out["after_move"] is True
     assert out["after_delete"] is True
-    assert out["cleared"] == 1 and out["list_after"] == []
+    assert out["cleared"] == 3 and out["list_after"] == []  # dev:plain, dev:copy, dev:moved
     assert out["wrong_password"] == "UNAUTHENTICATED"
     records = fresh.take()
     check_modern([r for r in records if r.status != 403])

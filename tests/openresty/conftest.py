@@ -68,6 +68,70 @@ LOCATIONS = r"""
         ngx.say("held")
       }
     }
+    location = /sleeper {
+      # A lock scope whose function sleeps (arg_seconds) without a store call,
+      # with a 1 s validity: a light thread renews the lock meanwhile. With
+      # arg_block=1 it sleeps blocking the worker (the control: nothing else runs).
+      content_by_lua_block {
+        local chstate = require "chstate"
+        local store = chstate.open{schema = ngx.var.arg_schema, lock_timeout_seconds = 1}
+        local id = ngx.unescape_uri(ngx.var.arg_id)
+        local seconds = tonumber(ngx.var.arg_seconds)
+        local ok, err = pcall(store.with_lock, store, id, function()
+          store:set(id, {singer_state = {holder = "in"}})
+          if ngx.var.arg_block == "1" then
+            local ffi = require "ffi"
+            pcall(ffi.cdef, "int poll(void* fds, unsigned long nfds, int timeout);")
+            ffi.C.poll(nil, 0, seconds * 1000)
+          else
+            ngx.sleep(seconds)
+          end
+          return "held"
+        end)
+        local background = store:renews_in_background()
+        store:close()
+        ngx.say(tostring(background), " ", ok and err or (tostring(err.code) .. " " .. tostring(err.message)))
+      }
+    }
+    location = /busy {
+      # A lock scope (1 s validity) whose function reads the state every
+      # few milliseconds for arg_seconds, while the lock is renewed in the
+      # background in between: the renewal must never make one of these calls fail.
+      content_by_lua_block {
+        local chstate = require "chstate"
+        local store = chstate.open{schema = ngx.var.arg_schema, lock_timeout_seconds = 1}
+        local id = ngx.unescape_uri(ngx.var.arg_id)
+        local calls, failures, first = 0, 0, nil
+        local ok, err = pcall(store.with_lock, store, id, function()
+          local deadline = ngx.now() + tonumber(ngx.var.arg_seconds)
+          while ngx.now() < deadline do
+            local got, e = pcall(store.get, store, id)
+            calls = calls + 1
+            if not got then
+              failures = failures + 1
+              first = first or tostring(e)
+            end
+            ngx.sleep(0.002)
+            ngx.update_time()
+          end
+        end)
+        store:close()
+        ngx.say(calls, " ", failures, " ", ok and "held" or tostring(err), " ", tostring(first))
+      }
+    }
+    location = /abandon {
+      # A request that ends (ngx.exit) inside a lock scope with a 1 s
+      # validity: with_lock never returns and the store is never closed.
+      content_by_lua_block {
+        local chstate = require "chstate"
+        local store = chstate.open{schema = ngx.var.arg_schema, lock_timeout_seconds = 1}
+        store:with_lock(ngx.unescape_uri(ngx.var.arg_id), function()
+          ngx.say("abandoned")
+          ngx.exit(ngx.HTTP_OK)
+        end)
+        ngx.say("not reached")
+      }
+    }
     location = /block {
       # The control: a blocking wait inside the worker, as a module without
       # cosockets would make one.
@@ -95,7 +159,7 @@ LOCATIONS = r"""
       content_by_lua_block {
         local chstate = require "chstate"
         local store = chstate.safe.open{host = "127.0.0.1", port = ngx.var.arg_port, user = "u",
-                                        database = "default", env = false, timeout = 1}
+                                        database = "default", env = false, request_timeout_seconds = 1}
         local ok, message, code = store:ping()
         ngx.say(tostring(code), " ", tostring(message))
       }

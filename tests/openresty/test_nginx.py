@@ -1,7 +1,10 @@
 """The LuaJIT module inside a real nginx (Debian's lua-nginx-module), talking
 to a real ClickHouse 18.16 over cosockets: states set and read there are the
-CLI's, concurrent requests lose nothing, and a request waiting for ClickHouse
-or for a lock never stops the one nginx process from serving others."""
+CLI's, concurrent requests lose nothing, a request waiting for ClickHouse
+or for a lock never stops the one nginx process from serving others, and a
+lock scope whose function sleeps past the lock's validity keeps its lock (a
+light thread of the request renews it) and loses it when the request ends
+inside the scope."""
 
 from __future__ import annotations
 
@@ -131,6 +134,83 @@ def test_the_measurement_sees_a_blocked_worker(nginx):
     blocker.join()
     assert status == 200
     assert seconds >= 1.0, f"/pong took {seconds:.2f} s during a blocking call: the measurement cannot see blocking"
+
+
+def sleeper_against_a_contender(nginx, clickhouse, bazel_binary, schema, block: bool) -> tuple[str, int, str, dict]:
+    """/sleeper holds dev:sleeper for 3 s (3x its 1 s validity) without a store
+    call while the chstate CLI, with the same validity, tries for 1.8 s to
+    merge into it. Returns /sleeper's answer, the contender's exit status and
+    output, and the state after both."""
+    binary = bazel_binary("CHSTATE_CLI", "hosts/native/chstate", "//hosts/native:chstate")
+    env = clickhouse.env()
+    env.update(MELTANO_STATE_BACKEND_URI=clickhouse.uri(), MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD=clickhouse.password,
+               MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA=schema)
+
+    def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+    holder, box = in_thread(nginx.get, "/sleeper", schema=schema, id="dev:sleeper", seconds=3, block=int(block))
+    # Event: the holder wrote inside its scope (it holds the lock). The
+    # deadline only bounds a broken build.
+    deadline = time.monotonic() + 20
+    while True:
+        got = cli("get", "dev:sleeper")
+        if got.returncode == 0 and json.loads(got.stdout).get("singer_state", {}).get("holder") == "in":
+            break
+        assert time.monotonic() < deadline, f"the holder never wrote inside its scope: {got.stdout} {got.stderr}"
+        time.sleep(0.05)
+    contender = cli("--stale-lock", "1", "--lock-timeout", "1.8", "--lock-retry", "0.1", "merge", "dev:sleeper",
+                    json.dumps({"singer_state": {"contender": 1}}))
+    holder.join()
+    status, text, _ = box["result"]
+    assert status == 200, text
+    final = json.loads(cli("get", "dev:sleeper").stdout)
+    return text.strip(), contender.returncode, contender.stdout + contender.stderr, final
+
+
+def test_nginx_renews_a_lock_whose_function_sleeps(nginx, clickhouse, bazel_binary, schema):
+    text, code, out, final = sleeper_against_a_contender(nginx, clickhouse, bazel_binary, schema, block=False)
+    assert text == "true held", text  # renewed in the background (a light thread), and the scope ended well
+    assert code == 4, f"the contender got the lock of a live holder (exit {code}): {out}"
+    assert "contender" not in final["singer_state"], final
+
+
+def test_the_sleeper_measurement_sees_a_lock_left_unrenewed(nginx, clickhouse, bazel_binary, schema):
+    # The control for the test above: a worker blocked in poll() runs none of
+    # its light threads, the lock goes stale, the contender takes it, and the scope ends
+    # ABORTED naming the lease.
+    text, code, out, final = sleeper_against_a_contender(nginx, clickhouse, bazel_binary, schema, block=True)
+    assert text.startswith("true ABORTED ") and "lease" in text, text
+    assert code == 0, f"the contender did not get a lock left to go stale (exit {code}): {out}"
+    assert final["singer_state"].get("contender") == 1, final
+
+
+def test_store_calls_never_collide_with_a_background_renewal(nginx, schema):
+    status, text, _ = nginx.get("/busy", schema=schema, id="dev:busy", seconds=3)
+    assert status == 200, text
+    calls, failures, scope, first = text.strip().split(" ", 3)
+    assert int(calls) > 100, text  # the function kept calling throughout its 3 s (3x the validity)
+    assert (failures, scope) == ("0", "held"), f"calls failed while the lock was renewed in the background: {text}"
+
+
+def test_a_scope_abandoned_by_ngx_exit_is_not_renewed(nginx, clickhouse, bazel_binary, schema):
+    # A request that ends inside with_lock leaves a store nobody closes, as a
+    # process that dies does: its lock must go stale after its validity (1 s)
+    # for the next holder, not be renewed in the background for as long as
+    # nginx runs (as it was from an ngx.timer, which outlives its request).
+    status, text, _ = nginx.get("/abandon", schema=schema, id="dev:abandoned")
+    assert (status, text) == (200, "abandoned\n")
+    binary = bazel_binary("CHSTATE_CLI", "hosts/native/chstate", "//hosts/native:chstate")
+    env = clickhouse.env()
+    env.update(MELTANO_STATE_BACKEND_URI=clickhouse.uri(), MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD=clickhouse.password,
+               MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA=schema)
+    start = time.monotonic()
+    contender = subprocess.run([str(binary), "--stale-lock", "1", "--lock-timeout", "6", "--lock-retry", "0.1", "merge",
+                                "dev:abandoned", json.dumps({"singer_state": {"next": 1}})],
+                               env=env, capture_output=True, text=True, timeout=60)
+    waited = time.monotonic() - start
+    assert contender.returncode == 0, f"the abandoned lock was still held after {waited:.1f} s: {contender.stderr}"
+    assert waited < 4, f"the next holder waited {waited:.1f} s for a lock whose validity is 1 s"
 
 
 def test_an_unreachable_server_is_unavailable_and_the_password_stays_out(nginx):
