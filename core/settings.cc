@@ -198,7 +198,7 @@ absl::StatusOr<int64_t> ParseSeconds(const Given& given, const SettingSpec& spec
     return absl::InvalidArgumentError(absl::StrCat(
         given.origin, " is ", Shown(given.text), ", which is not a number of seconds from ",
         spec.min >= 1 || spec.min == 0 ? absl::StrCat(spec.min) : absl::StrCat(spec.min * 1000, " ms"),
-        " to a year (fractions are fine: 0.5)"));
+        " to a year (fractions are fine, as in 2.5)"));
   }
   const int64_t ms = std::llround(seconds * 1000);
   return spec.min > 0 ? std::max<int64_t>(ms, 1) : ms;

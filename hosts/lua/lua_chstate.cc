@@ -75,6 +75,10 @@ struct OpenStore {
   std::condition_variable wake;
   std::optional<int64_t> next_timeout_ms;  // from the last "done"/"idle"
   bool stopping = false;
+  // The renewer is inside an idle timer's operation; it may let go of `mu`
+  // while the core waits (a resend's back-off), and Lua must not start an
+  // operation then (it would abandon the renewal).
+  bool renewing = false;
 
   ~OpenStore() {
     {
@@ -147,6 +151,7 @@ void Renew(OpenStore* box) {
       box->wake.wait_for(lock, std::chrono::milliseconds(10));
       continue;
     }
+    box->renewing = true;
     json action = box->driver->Feed(R"({"timer":true})", InputsAt(now));
     while (!box->stopping && (action.contains("request") || action.contains("wait_ms"))) {
       if (action.contains("request")) {
@@ -165,11 +170,13 @@ void Renew(OpenStore* box) {
         action = box->driver->Feed(R"({"timer":true})", InputsAt(native::MonotonicMs()));
       }
     }
+    box->renewing = false;
     if (action.contains("failed")) {
       box->next_timeout_ms = box->store->NextTimeoutMs();  // a lost lock is no longer renewed
     } else {
       NoteTimer(box, action);
     }
+    box->wake.notify_all();  // a Lua call waiting for the renewal to end
   }
 }
 
@@ -324,7 +331,8 @@ int StoreStart(lua_State* L) {
     } else {
       json action;
       {
-        std::lock_guard<std::mutex> lock(box->mu);
+        std::unique_lock<std::mutex> lock(box->mu);
+        box->wake.wait(lock, [box] { return !box->renewing; });  // a renewal in flight ends first
         action = box->driver->Start(protocol::Dump(op), InputsAt(now));
       }
       results = PushAction(L, box, std::move(action));
