@@ -143,19 +143,65 @@ std::string CliFlag(const SettingSpec& spec) {
   return absl::StrReplaceAll(spec.key, {{"_", "-"}});
 }
 
+namespace {
+
+// Milliseconds as seconds without trailing zeros: 10000 -> "10", 500 -> "0.5".
+std::string SecondsText(int64_t ms) {
+  std::string text = absl::StrCat(ms / 1000);
+  if (int64_t rest = ms % 1000; rest != 0) {
+    std::string frac = absl::StrCat(1000 + rest).substr(1);
+    while (!frac.empty() && frac.back() == '0') frac.pop_back();
+    absl::StrAppend(&text, ".", frac);
+  }
+  return text;
+}
+
+}  // namespace
+
 std::string DefaultText(const SettingSpec& spec) {
   if (spec.default_number == kNoNumber) return spec.default_text;
-  if (spec.type == SettingType::kSeconds) {
-    // Milliseconds as seconds without trailing zeros: 10000 -> "10", 500 -> "0.5".
-    std::string text = absl::StrCat(spec.default_number / 1000);
-    if (int64_t ms = spec.default_number % 1000; ms != 0) {
-      std::string frac = absl::StrCat(1000 + ms).substr(1);
-      while (!frac.empty() && frac.back() == '0') frac.pop_back();
-      absl::StrAppend(&text, ".", frac);
-    }
-    return text;
-  }
+  if (spec.type == SettingType::kSeconds) return SecondsText(spec.default_number);
   return absl::StrCat(spec.default_number);
+}
+
+std::string ValueText(const Settings& s, const SettingSpec& spec) {
+  const ConnectionConfig& c = s.connection;
+  const StoreOptions& o = s.store;
+  const std::string key = spec.key;
+  auto flag = [](bool on) { return std::string(on ? "true" : "false"); };
+  if (key == "uri") return s.chdb_path.empty() ? c.RedactedUri() : absl::StrCat("chdb://", s.chdb_path);
+  if (key == "host") {
+    std::vector<std::string> hosts;
+    for (const Endpoint& e : c.hosts) hosts.push_back(e.host);
+    return hosts.empty() ? c.host : absl::StrJoin(hosts, ",");
+  }
+  if (key == "port") return absl::StrCat(c.port);
+  if (key == "database") return c.database;
+  if (key == "user") return c.user;
+  if (key == "password") return c.password.empty() ? "" : "***";
+  if (key == "secure") return flag(c.secure);
+  if (key == "schema") return o.schema;
+  if (key == "table") return o.table;
+  if (key == "ca_file") return c.ca_file;
+  if (key == "cluster") return o.cluster.name;
+  if (key == "zookeeper_path") return o.cluster.zookeeper_path;
+  if (key == "replica") return o.cluster.replica;
+  if (key == "quorum") return absl::StrCat(o.cluster.quorum);
+  if (key == "quorum_timeout_seconds") return SecondsText(o.cluster.quorum_timeout_ms);
+  if (key == "quorum_busy_seconds") return SecondsText(o.cluster.quorum_busy_ms);
+  if (key == "ddl_timeout_seconds") return absl::StrCat(o.cluster.ddl_timeout_s);
+  if (key == "host_down_seconds") return SecondsText(o.host_down_ms);
+  if (key == "lock_timeout_seconds") return SecondsText(o.lock.stale_ms);
+  if (key == "lock_retry_seconds") return SecondsText(o.lock.retry_ms);
+  if (key == "lock_wait_seconds") return SecondsText(o.lock.timeout_ms);
+  if (key == "python_locks") return flag(o.python_locks);
+  if (key == "linger_locks") return flag(o.linger_locks);
+  if (key == "connect_timeout_seconds") return SecondsText(s.connect_timeout_ms);
+  if (key == "request_timeout_seconds") return SecondsText(o.transport.request_timeout_ms);
+  if (key == "mutation_timeout_seconds") return SecondsText(o.mutation_timeout_ms);
+  if (key == "history_days") return absl::StrCat(o.history_days);
+  if (key == "history_versions") return absl::StrCat(o.history_versions);
+  return "";
 }
 
 namespace {

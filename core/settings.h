@@ -117,6 +117,11 @@ struct Settings {
   std::map<std::string, std::string> origin;
 };
 
+// A resolved setting's value as text, in the setting's own unit ("10" for a
+// 10 s lock_timeout_seconds; "***" for a password that is set): what
+// `chstate settings` and every binding's settings view show.
+std::string ValueText(const Settings& settings, const SettingSpec& spec);
+
 // Resolves every setting. Errors (kInvalidArgument), each naming where the
 // bad value came from and what to write instead: an unknown or renamed key;
 // a value of the wrong type or out of range; everything ResolveConfig

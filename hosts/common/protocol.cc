@@ -320,8 +320,13 @@ json SettingsJson(const Settings& st) {
                      {"redacted_uri", st.chdb_path.empty() ? c.RedactedUri() : absl::StrCat("chdb://", st.chdb_path)},
                      {"endpoint", st.store.endpoint},
                      {"chdb_path", st.chdb_path}};
+  json values = json::object();
+  for (size_t i = 0; i < kSettingsCount; ++i) values[kSettings[i].key] = ValueText(st, kSettings[i]);
   return json{{"settings",
-               {{"connection", std::move(connection)}, {"store", StoreOptionsJson(st.store)}, {"origin", std::move(origin)}}}};
+               {{"connection", std::move(connection)},
+                {"store", StoreOptionsJson(st.store)},
+                {"values", std::move(values)},
+                {"origin", std::move(origin)}}}};
 }
 
 json ResolveSettingsJson(absl::string_view text) {

@@ -475,6 +475,13 @@ function Store:close()
   return true
 end
 
+--- What the core resolved from the settings given (the password left out):
+-- {values = {key = text}, origin = {key = where}, store = {...}, connection = {...}}.
+function Store:settings()
+  local rec = check(self, "settings")
+  return rec.info
+end
+
 --- True once close() ran.
 function Store:is_closed()
   local rec = records[self]
@@ -587,7 +594,7 @@ SafeStore.__index = SafeStore
 SafeStore.__tostring = function(self) return tostring(inner[self]) end
 SafeStore.__close = function(self) inner[self]:close() end
 
-local SAFE = {"with_lock", "close", "is_closed", "renews_in_background"}
+local SAFE = {"with_lock", "close", "is_closed", "renews_in_background", "settings"}
 for _, verb in ipairs(C.verbs) do
   if Store[verb.name] then SAFE[#SAFE + 1] = verb.name end
 end

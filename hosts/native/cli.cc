@@ -32,6 +32,7 @@
 #include "core/state.h"
 #include "core/store.h"
 #include "core/verbs.h"
+#include "hosts/common/protocol.h"
 #include "hosts/native/executor.h"
 #include "hosts/native/lock_command.h"
 #include <nlohmann/json.hpp>
@@ -865,6 +866,24 @@ absl::Status Ping(Session& s) {
   return absl::OkStatus();
 }
 
+// `chstate settings`: every setting as the core resolved it and where it
+// came from (flag, variable or default); never the password.
+absl::Status SettingsCmd(Session& s) {
+  json doc = protocol::SettingsJson(s.settings)["settings"];
+  doc["connection"].erase("password");
+  if (s.report.json_mode()) {
+    s.report.Emit({{"settings", doc}});
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < kSettingsCount; ++i) {
+    const std::string key = kSettings[i].key;
+    auto origin = s.settings.origin.find(key);
+    s.report.out() << key << '\t' << ValueText(s.settings, kSettings[i]) << '\t'
+                   << (origin == s.settings.origin.end() ? "default" : origin->second) << '\n';
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Lock(Session& s) {
   std::vector<std::string> command(s.inv.args.begin() + 1, s.inv.args.end());
   return native::RunLocked(*s.conn, *s.exec, s.arg(0), command, s.report.err(), &s.exit_code);
@@ -945,6 +964,11 @@ const std::vector<CommandSpec>& Commands() {
        "Creates the schema, the state table and the lock table if they do not exist. Other commands create them "
        "on first write, so this is only needed to check grants up front.",
        {}, 0, 0, Init},
+      {"settings", "", "print every setting as resolved, and where it came from",
+       "Prints each setting with where its value came from (its flag, a variable, or the default), then the "
+       "store's resolved options. --json gives {\"settings\": {\"connection\", \"store\", \"origin\"}}. "
+       "Sends nothing; never prints the password.",
+       {}, 0, 0, SettingsCmd},
       {"ping", "", "check the connection",
        "Asks the server for its version and prints it with the SQL dialect chosen, the round-trip time and the "
        "connection URI (without the password).",

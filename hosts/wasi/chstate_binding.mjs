@@ -243,5 +243,7 @@ export async function openStore(core, settings = {}, { transport, env, makeTrans
   const handle = await core.storeNew({ from: "api", values, env: env ?? environment(),
                                        host: { timers: true, exit_release: false } });
   const resolved = await core.storeSettings(handle);
-  return new Store(core, handle, resolved, transport ?? makeTransport(resolved.connection));
+  // store.settings: what the core resolved (values, origins), without the password.
+  const { password, ...shown } = resolved.connection;
+  return new Store(core, handle, { ...resolved, connection: shown }, transport ?? makeTransport(resolved.connection));
 }

@@ -108,7 +108,7 @@ def test_run_picks_up_state(embedded):
 
 @pytest.mark.parametrize("uri, message", [
     ("chdb://relative/dir", "absolute path"),
-    ("chdb:///tmp/x?schema=a&colour=blue", "'colour'"),
+    ("chdb:///tmp/x?schema=a&colour=blue", '"colour"'),
     ("chdb:///tmp/x?schema=no-dashes", "schema"),
 ])
 def test_bad_chdb_uris_are_clear_errors(embedded, uri, message):

@@ -1,6 +1,6 @@
 """The adapter's Python layer without Meltano: the HTTP transport against a
-fake server that records what arrives, and the loop around the C ABI with a
-scripted transport. Runs in the test runner's own Python."""
+fake server that records what arrives, and the binding's pump around the C
+ABI with a scripted transport. Runs in the test runner's own Python."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hosts" / "python")
 
 from chstate_meltano import _native  # noqa: E402
 from chstate_meltano._http import HttpTransport  # noqa: E402
+from chstate_meltano.binding import ChstateError, Store  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import native_library  # noqa: E402
 
@@ -172,41 +173,52 @@ REFUSED = {"transport_ok": False, "maybe_delivered": False, "transport_error": "
 LOST = {"transport_ok": False, "maybe_delivered": True, "transport_error": "connection reset (h:1)"}
 
 
-def store(script, **options):
+FREE = {"transport_ok": True, "http_status": 200, "body_hex": ""}  # no Python backend's row; an INSERT done
+
+
+def store(script, **settings):
     clock = [0]  # a fake clock that only sleeping advances
 
     def sleep(seconds):
         clock[0] += int(seconds * 1e9)
 
-    return _native.Store(dict({"schema": "s", "lock_timeout_ms": 300, "lock_retry_ms": 100}, **options), script,
-                         clock_ns=lambda: clock[0], sleep=sleep)
+    values = dict({"uri": "clickhouse://u@h:1/d", "schema": "s", "lock_wait_seconds": 0.3,
+                   "lock_retry_seconds": 0.1}, **settings)
+    return Store(_native.NativeCore(), values, transport=script, env={}, clock_ns=lambda: clock[0], sleep=sleep,
+                 timers=False)
 
 
 def test_idempotent_requests_are_retried_twice(lib):
     script = Script([REFUSED, REFUSED, OK_VERSION])
-    assert store(script).run({"op": "ping"})["server_version"] == "18.16.1"
+    assert store(script).ping()["server_version"] == "18.16.1"
     assert [p for p, _ in script.seen] == ["select_version"] * 3
 
 
+# Writes under a lock scope's lock (taken first: version, no Python row, the
+# lock), so that only the write's own requests follow.
 def test_a_write_that_may_have_arrived_is_not_resent(lib):
-    script = Script([OK_VERSION, LOST])
-    with pytest.raises(_native.ChstateError) as e:
-        store(script).run({"op": "set", "state_id_hex": "61", "state": {"completed": {"a": 1}}})
-    assert [p for p, _ in script.seen] == ["select_version", "insert_state"]
+    script = Script([OK_VERSION, FREE, FREE, LOST])
+    s = store(script)
+    s.run({"op": "acquire", "state_id_hex": "61"})
+    with pytest.raises(ChstateError) as e:
+        s.set("a", {"singer_state": 1})
+    assert [p for p, _ in script.seen] == ["select_version", "foreign_lock_rows", "create_lock", "insert_state"]
     assert e.value.code == "UNAVAILABLE"
 
 
 def test_a_write_that_never_left_is_resent(lib):
-    ok = {"transport_ok": True, "http_status": 200, "body_hex": ""}
-    script = Script([OK_VERSION, REFUSED, ok])
-    store(script).run({"op": "set", "state_id_hex": "61", "state": {"completed": {"a": 1}}})
-    assert [p for p, _ in script.seen] == ["select_version", "insert_state", "insert_state"]
+    script = Script([OK_VERSION, FREE, FREE, REFUSED, FREE])
+    s = store(script)
+    s.run({"op": "acquire", "state_id_hex": "61"})
+    s.set("a", {"singer_state": 1})
+    assert [p for p, _ in script.seen] == ["select_version", "foreign_lock_rows", "create_lock", "insert_state",
+                                           "insert_state"]
 
 
 def test_a_lock_with_no_server_answering_is_unavailable_not_locked(lib):
-    script = Script([OK_VERSION])  # then refused forever
-    with pytest.raises(_native.ChstateError) as e:
-        store(script).run({"op": "acquire_lock", "state_id_hex": "61"})
+    script = Script([OK_VERSION, FREE])  # then refused forever
+    with pytest.raises(ChstateError) as e:
+        store(script).run({"op": "acquire", "state_id_hex": "61"})
     assert e.value.code == "UNAVAILABLE"
     assert "connection refused (h:1)" in e.value.message
 
@@ -214,41 +226,41 @@ def test_a_lock_with_no_server_answering_is_unavailable_not_locked(lib):
 def test_a_lock_held_by_another_process_stays_aborted(lib):
     exists = {"transport_ok": True, "http_status": 500,
               "body_hex": b"Code: 57, e.displayText() = DB::Exception: Table already exists\n".hex()}
-    held = {"transport_ok": True, "http_status": 200,
-            "body_hex": b"other\t0\t100\t100\t300\n\t255\t100\t100\t0\n".hex()}
+    holder = {"transport_ok": True, "http_status": 200,
+              "body_hex": b"other\t0\t100\t100\t300\n\t255\t100\t100\t0\n".hex()}
     # A refusal in between, then answers again: the lock really is held (and
     # the contender shows itself to the holder once, the first time it backs off).
-    shown = {"transport_ok": True, "http_status": 200, "body_hex": ""}
-    script = Script([OK_VERSION, REFUSED, REFUSED, REFUSED, REFUSED, REFUSED, REFUSED, exists, held, shown]
-                    + [exists, held] * 20)
-    with pytest.raises(_native.ChstateError) as e:
+    script = Script([OK_VERSION, FREE, REFUSED, REFUSED, REFUSED, REFUSED, REFUSED, REFUSED, exists, holder, FREE]
+                    + [exists, holder] * 20)
+    with pytest.raises(ChstateError) as e:
         # The refusals (with the transport's retry pauses) use 0.6 s of the 0.7 s.
-        store(script, lock_timeout_ms=700, lock_retry_ms=10).run({"op": "acquire_lock", "state_id_hex": "61"})
+        store(script, lock_wait_seconds=0.7, lock_retry_seconds=0.01).run({"op": "acquire", "state_id_hex": "61"})
     assert e.value.code == "ABORTED"
     assert "locked by another process" in e.value.message
 
 
-def test_bad_options_and_ops_raise_chstate_errors(lib):
-    with pytest.raises(_native.ChstateError) as e:
-        _native.Store({"schema": "bad name"}, Script([]))
-    assert e.value.code == "INVALID_ARGUMENT"
-    with pytest.raises(_native.ChstateError) as e:
+def test_bad_settings_and_ops_raise_chstate_errors(lib):
+    with pytest.raises(ChstateError) as e:
+        store(Script([]), schema="bad name")
+    assert e.value.code == "INVALID_ARGUMENT" and "schema" in e.value.message
+    with pytest.raises(ChstateError) as e:
         store(Script([])).run({"op": "frobnicate"})
-    assert e.value.code == "INVALID_ARGUMENT" and "unknown op" in e.value.message
+    assert e.value.code == "INVALID_ARGUMENT" and "unknown verb" in e.value.message
     s = store(Script([]))
     s.close()
-    with pytest.raises(_native.ChstateError) as e:
-        s.run({"op": "ping"})
+    with pytest.raises(ChstateError) as e:
+        s.ping()
     assert e.value.code == "FAILED_PRECONDITION"
 
 
-def test_resolve_config_is_the_cores(lib):
-    cfg = _native.resolve_config({"uri": "clickhouse://u:p%40ss@[::1]:9000/d?secure=true", "port": 9443,
-                                  "host": None})
+def test_resolve_settings_is_the_cores(lib):
+    st = _native.resolve_settings({"values": {"uri": "clickhouse://u:p%40ss@[::1]:9000/d?secure=true", "port": 9443,
+                                              "host": None}})
+    cfg = st["connection"]
     assert (cfg["host"], cfg["port"], cfg["secure"], cfg["password"]) == ("::1", 9443, True, "p@ss")
     assert cfg["redacted_uri"] == "clickhouse://u:***@[::1]:9443/d?secure=true&schema=meltano&table=state"
-    with pytest.raises(_native.ChstateError) as e:
-        _native.resolve_config({"uri": "clickhouse://u:p%40ss@h"})
+    with pytest.raises(ChstateError) as e:
+        _native.resolve_settings({"values": {"uri": "clickhouse://u:p%40ss@h"}})
     assert e.value.code == "INVALID_ARGUMENT" and "p@ss" not in e.value.message
 
 

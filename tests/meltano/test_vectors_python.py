@@ -64,8 +64,8 @@ def test_python_binding_replays_the_vectors(lib, case, random):
     try:
         for i, step in enumerate(case["steps"]):
             doc = compact(step["doc"])
-            if step["call"] == "resolve_config":
-                got = take(lib, lib.chstate_resolve_config(doc))
+            if step["call"] == "resolve_settings":
+                got = take(lib, lib.chstate_resolve_settings(doc))
             else:
                 fn = lib.chstate_op_start if step["call"] == "start" else lib.chstate_op_feed
                 got = take(lib, fn(store, doc, step["now_ms"], random, len(random)))

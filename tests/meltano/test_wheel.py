@@ -101,7 +101,7 @@ def test_wheel_ships_the_library_and_prefers_it(tmp_path, wheel):
     probe = """
 import json
 from chstate_meltano import _native
-cfg = _native.resolve_config({"uri": "clickhouse://me@db.internal/analytics", "port": 9000})
+cfg = _native.resolve_settings({"values": {"uri": "clickhouse://me@db.internal/analytics", "port": 9000}})["connection"]
 print(json.dumps([str(_native.library_path()), cfg["host"], cfg["port"]]))
 """
     env = dict(harness.clean_env(), CHSTATE_LIBRARY="/nonexistent/libchstate.so")  # the packaged copy wins

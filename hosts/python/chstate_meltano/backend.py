@@ -61,7 +61,7 @@ class ChstateSettingsError(ChstateStateBackendError):
 # The verbs Meltano's StateStoreManager has its own names for (below); the
 # others (merge, copy, move, history, rollback, locks, unlock, compact, ping)
 # are the binding's methods, reached through the manager as they are.
-_MELTANO_NAMES = {"get", "set", "delete", "list", "clear_all", "export", "import_", "init"}
+_MELTANO_NAMES = {"get", "set", "delete", "list", "clear_all", "export", "import_", "history", "rollback"}
 
 
 class ChstateStateStoreManager(StateStoreManager):
@@ -79,8 +79,14 @@ class ChstateStateStoreManager(StateStoreManager):
     def __init__(self, uri: str, **kwargs: t.Any) -> None:
         super().__init__()
         self.uri = uri
-        self._values = {"uri": uri, **{k: v for k, v in kwargs.items() if v is not None and v != ""}}
+        # Meltano's DECIMAL settings arrive as decimal.Decimal: the core reads text.
+        self._values = {"uri": uri, **{k: (v if isinstance(v, (str, int, float, bool)) else str(v))
+                                       for k, v in kwargs.items() if v is not None and v != ""}}
         self._store: Store | None = None
+        try:
+            _native.library()  # fail early, and without I/O, when the library is missing
+        except ChstateError as e:
+            raise ChstateStateBackendError("loading the native library", e) from None
         try:
             # The core resolves them now, without I/O: a bad setting fails
             # when the backend is made, not at the first STATE message.
@@ -95,7 +101,9 @@ class ChstateStateStoreManager(StateStoreManager):
         self.table = self._settings["store"]["table"]
 
     def _make_transport(self) -> t.Any:
-        return None  # the binding's HTTP(S) transport
+        from ._http import HttpTransport
+
+        return HttpTransport(self._settings["connection"])
 
     # -- the core --
     def _store_handle(self) -> Store:
@@ -180,6 +188,30 @@ class ChstateStateStoreManager(StateStoreManager):
                    for st in states]
         return self._run(f"importing {len(entries)} states", lambda s: s.import_(entries),
                          bad_input="Fix the entry named in the import document and import it again")
+
+    # -- the state history, in Meltano's terms (README "State history") --
+    def history(self, state_id: str, limit: int | None = None) -> list[dict]:
+        """The versions of a state kept in its history, newest first:
+        [{"version", "updated_at", "current", "state": MeltanoState}, ...]."""
+        versions = self._run(f"reading the history of state {state_id!r}",
+                             lambda s: s.history(state_id, limit=limit), bad_input="Give a positive limit")
+        return [{"version": v["version"], "updated_at": v["updated_at"], "current": v["current"],
+                 "state": MeltanoState(state_id=state_id, partial_state=v["state"]["partial"],
+                                       completed_state=v["state"]["completed"])} for v in versions]
+
+    def rollback(self, state_id: str, version: str) -> MeltanoState:
+        """Restores `version` (as history() names it) under the id's lock; the
+        restored state is a new version."""
+        st = self._run(f"rolling back state {state_id!r} to version {version}", lambda s: s.rollback(state_id, version),
+                       bad_input="Give a version as history() lists it")
+        return MeltanoState(state_id=state_id, partial_state=st["partial"], completed_state=st["completed"])
+
+    @property
+    def settings(self) -> dict:
+        """What the core resolved from Meltano's settings (the password left
+        out): {"connection", "store", "origin"}."""
+        connection = {k: v for k, v in self._settings["connection"].items() if k != "password"}
+        return {**self._settings, "connection": connection}
 
     def migrate(self) -> None:
         """`meltano upgrade`: create the schema and tables, apply retention."""

@@ -240,12 +240,17 @@ class Store:
         bind_verbs(core)
         self._core = core
         self._clock_ns, self._random, self._sleep = clock_ns, random_bytes, sleep
-        values = {k: v for k, v in (settings or {}).items() if v is not None}
+        # The core reads values as text; numbers of other types (Meltano's
+        # DECIMAL settings arrive as decimal.Decimal) go as their text.
+        values = {k: (v if isinstance(v, (str, int, float, bool)) else str(v))
+                  for k, v in (settings or {}).items() if v is not None}
         doc = {"from": source, "values": values, "env": dict(environment() if env is None else env),
                "host": {"timers": timers, "exit_release": timers}}
         self._handle = core.store_new(doc)
-        self.settings = core.store_settings(self._handle)["settings"]
-        connection = self.settings["connection"]
+        resolved = core.store_settings(self._handle)["settings"]
+        connection = resolved["connection"]
+        # What the core resolved, without the password (the transport has it).
+        self.settings = {**resolved, "connection": {k: v for k, v in connection.items() if k != "password"}}
         if transport is None:
             if connection.get("chdb_path"):
                 core.store_free(self._handle)
