@@ -408,7 +408,9 @@ local function bind(verb)
   end
 end
 
--- Every verb but the scope's ends (acquire and release are with_lock).
+-- The core's verb table as it is ({name=, args={{name=, type=, positional=, ...}}, lock=, returns=, ...}),
+-- and every verb but the scope's ends (acquire and release are with_lock) as a method.
+M.verb_table = C.verbs
 M.verbs = {}
 for _, verb in ipairs(C.verbs) do
   M.verbs[#M.verbs + 1] = verb.name
