@@ -87,3 +87,10 @@ def node_results(wasm_path):
         return results
 
     return run
+
+
+@pytest.fixture(scope="session")
+def chstate_cli(bazel_binary) -> Path:
+    """The native chstate command: the other process that contends for a lock scope's id."""
+    return bazel_binary("CHSTATE_BIN", "hosts/native/chstate", "//hosts/native:chstate")
+
