@@ -41,7 +41,9 @@ def wasm_path() -> Path:
 
 @pytest.fixture(scope="session")
 def extism_path() -> Path:
-    """hosts/wasi's chstate_extism.wasm (the Extism plugin), built like chstate.wasm."""
+    """hosts/wasi's chstate_extism.wasm (the Extism plugin): $CHSTATE_EXTISM_WASM, else built like chstate.wasm."""
+    if os.environ.get("CHSTATE_EXTISM_WASM"):
+        return Path(os.environ["CHSTATE_EXTISM_WASM"]).resolve()
     subprocess.run(["bazel", "build", "--config=wasi", "--symlink_prefix=/", "//hosts/wasi:chstate_extism.wasm"],
                    cwd=REPO, check=True, capture_output=True)
     out = subprocess.run(["bazel", "info", "--config=wasi", "bazel-bin"], cwd=REPO, check=True, capture_output=True,
