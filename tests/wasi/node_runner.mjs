@@ -6,6 +6,7 @@
 //                                            the chstate command that contends)
 //   node node_runner.mjs bare PATH.wasm      instantiation with no imports at all
 //   node node_runner.mjs hostile PATH.wasm   hostile ABI input in V8
+//   node node_runner.mjs binding PATH.wasm   the JS binding over a scripted core
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -190,6 +191,53 @@ async function hostile() {
   }
 }
 
+// The JS binding (chstate_binding.mjs) over a scripted core, no module and no
+// server: what the pump and the idle timer do with the actions they are given.
+async function binding() {
+  const { openStore } = await import("../../hosts/wasi/chstate_binding.mjs");
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  const scripted = (period, fed) => ({
+    verbs: () => [{ name: "ping", args: [], returns: "server" }],
+    storeNew: () => 1,
+    storeSettings: () => ({ connection: {} }),
+    start: (h, text, now) => ({ done: { server_version: "x", dialect: "modern", next_timeout_ms: now + period } }),
+    feed: (h, text, now) => { fed.push(now); return { idle: { next_timeout_ms: now + period } }; },
+    storeFree: () => {},
+  });
+  const cases = {
+    // Node's timers may fire a little before the time asked for (whole
+    // milliseconds of the loop's clock against performance.now()); here every
+    // timer of the binding fires 2 ms early. The idle timer must go on (a
+    // lock scope's renewals ride on it), not stop at the first early wake.
+    idle_timer_survives_early_wakes: async () => {
+      const real = globalThis.setTimeout;
+      globalThis.setTimeout = (fn, ms, ...args) => real(fn, Math.max(0, ms - 2), ...args);
+      const fed = [];
+      const store = await openStore(scripted(20, fed), {}, { transport: async () => ({}), env: {} });
+      try {
+        await store.ping();
+        globalThis.setTimeout = real;  // the test's own waits are exact
+        const keep = setInterval(() => {}, 50);
+        await sleep(400);
+        clearInterval(keep);
+        // About 20 timers in 400 ms; the last one recent.
+        return fed.length >= 10 ? "" : `the idle timer ran ${fed.length} times in 400 ms (every 20 ms wanted)`;
+      } finally {
+        globalThis.setTimeout = real;
+        await store.close();
+      }
+    },
+  };
+  for (const [name, fn] of Object.entries(cases)) {
+    try {
+      const problem = await fn();
+      report(`binding_${name}`, !problem, problem);
+    } catch (e) {
+      report(`binding_${name}`, false, e.stack);
+    }
+  }
+}
+
 // The module needs no imports: plain WebAssembly with an empty import object.
 async function bare() {
   try {
@@ -203,4 +251,4 @@ async function bare() {
   }
 }
 
-await ({ vectors, server, bare, hostile }[mode])();
+await ({ vectors, server, bare, hostile, binding }[mode])();
