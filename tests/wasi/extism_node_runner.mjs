@@ -6,6 +6,7 @@
 //                                                             command that contends for a lock scope's id)
 // SDK_DIR holds node_modules/@extism/extism (installed the way users install it).
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { createRequire } from "node:module";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -82,6 +83,26 @@ async function server() {
       }
       await refused(open(createPlugin, uri, { wasm: wasmPath, env: {}, lock_retry: 1 }), "INVALID_ARGUMENT",
                     "lock_retry_seconds");
+    }],
+    ["default_plugin_in_a_folder_with_a_space", async () => {
+      // As the npm package installs it: the hosts with chstate_extism.wasm beside them, here under a
+      // folder whose name has a space (a URL's pathname would spell it %20).
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "chstate extism "));
+      try {
+        for (const f of ["chstate_extism.mjs", "chstate_wasi.mjs", "chstate_binding.mjs"]) {
+          fs.copyFileSync(path.join(repo, "hosts/wasi", f), path.join(dir, f));
+        }
+        fs.copyFileSync(wasmPath, path.join(dir, "chstate_extism.wasm"));
+        const copy = await import(pathToFileURL(path.join(dir, "chstate_extism.mjs")).href);
+        const s = await copy.open(createPlugin, uri, { env: {}, password, schema });
+        try {
+          check("ping", (await s.ping()).dialect.length > 0, true);
+        } finally {
+          await s.close();
+        }
+      } finally {
+        fs.rmSync(dir, { recursive: true, force: true });
+      }
     }],
     ["every_verb_has_a_method", async () => {
       const verbs = await store.core.verbs();
