@@ -9,8 +9,8 @@
 # Steps: `bazel build --config=wasi //hosts/wasi:chstate.wasm
 # //hosts/wasi:chstate_extism.wasm` (skipped when CHSTATE_WASM and
 # CHSTATE_EXTISM_WASM name modules to ship instead); copy package.json,
-# README.md, chstate_wasi.mjs, chstate_wasi.d.mts, chstate_binding.mjs and
-# chstate_extism.mjs to a staging folder (the source tree never holds a .wasm);
+# README.md, chstate_wasi.mjs, chstate_wasi.d.mts, chstate_binding.mjs,
+# chstate_extism.mjs and chstate_extism.d.mts to a staging folder (the source tree never holds a .wasm);
 # put chstate.wasm and chstate_extism.wasm beside the hosts, where open() looks
 # by default; `npm pack` there. Prints the tarball's path.
 set -euo pipefail
@@ -39,7 +39,7 @@ done
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 cp "$here/package.json" "$here/README.md" "$here/chstate_wasi.mjs" "$here/chstate_wasi.d.mts" \
-   "$here/chstate_binding.mjs" "$here/chstate_extism.mjs" "$stage/"
+   "$here/chstate_binding.mjs" "$here/chstate_extism.mjs" "$here/chstate_extism.d.mts" "$stage/"
 install -m 0644 "$wasm" "$stage/chstate.wasm"
 install -m 0644 "$extism" "$stage/chstate_extism.wasm"
 

@@ -80,6 +80,7 @@ try {
 """
 
 GOOD_TS = r"""
+import { open as openExtism, ExtismCore, type CreatePlugin } from "%(name)s/extism";
 import { open, openStore, loadChstate, httpTransport, WasiCore, ChstateError, type StateView, type Settings,
          type LockInfo, type StateVersion, type Connection } from "%(name)s";
 
@@ -121,6 +122,12 @@ try {
 }
 await store.close();
 await other.close();
+declare const createPlugin: CreatePlugin;
+const viaExtism = await openExtism(createPlugin, "clickhouse://u@h/db", { history_versions: 5 });
+const sameStore: StateView | null = await viaExtism.get("dev:a");
+const third = await openStore(new ExtismCore(await createPlugin("chstate_extism.wasm", { useWasi: true })), settings);
+await viaExtism.withLock("dev:a", () => viaExtism.merge("dev:a", { singer_state: {} }));
+console.log(sameStore, third);
 console.log(w, got, m, ids, all, n, more, first, k, back, locks, removed, serverVersion, dialect, r, done,
             store.redactedUri, store.settings.connection.hosts[0].port);
 """
@@ -136,9 +143,11 @@ BAD_TS = [
     'await store.history("dev:a", 5);',  # limit goes in the options
     'await store.acquire("dev:a");',  # the lock scope is withLock
     'const t = httpTransport({ host: "h" });',  # a resolved Connection
+    'await openExtism("clickhouse://u@h/db");',  # the plugin's maker comes first
 ]
 BAD_PRELUDE = r"""
 import { open, httpTransport, type StateView } from "%(name)s";
+import { open as openExtism } from "%(name)s/extism";
 const store = await open("clickhouse://u@h/db");
 """
 
@@ -191,7 +200,8 @@ def run_scenario(project: Path, mode: str, uri: str, password: str) -> list[dict
     return lines[1:]
 
 
-SHIPPED_SOURCES = ("chstate_wasi.mjs", "chstate_wasi.d.mts", "chstate_binding.mjs", "chstate_extism.mjs", "README.md")
+SHIPPED_SOURCES = ("chstate_wasi.mjs", "chstate_wasi.d.mts", "chstate_binding.mjs", "chstate_extism.mjs",
+                   "chstate_extism.d.mts", "README.md")
 
 
 def test_tarball_holds_the_hosts_the_types_and_the_modules(tarball, wasm_path, extism_path):
@@ -207,7 +217,7 @@ def test_tarball_holds_the_hosts_the_types_and_the_modules(tarball, wasm_path, e
     assert packed_wasm == wasm_path.read_bytes() and packed_extism == extism_path.read_bytes()
     assert packed["type"] == "module" and packed["engines"] == {"node": ">=18"}
     assert packed["exports"]["."] == {"types": "./chstate_wasi.d.mts", "default": "./chstate_wasi.mjs"}
-    assert packed["exports"]["./extism"] == "./chstate_extism.mjs"
+    assert packed["exports"]["./extism"] == {"types": "./chstate_extism.d.mts", "default": "./chstate_extism.mjs"}
     assert packed.get("dependencies", {}) == {} and "scripts" not in packed
     # Nothing was left in the source tree.
     assert not list(HOST_DIR.glob("*.wasm")) and not list(HOST_DIR.glob("*.tgz"))
