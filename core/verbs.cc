@@ -19,6 +19,13 @@ using json = nlohmann::json;
 
 namespace {
 
+// A state from a verb's arguments, held to the rules of a state read back
+// (ParseMeltanoStateJson: nesting depth, the two sides): a state the store
+// could write but never read again is refused before anything is sent.
+absl::StatusOr<MeltanoState> StateFromArguments(std::string state_id, const json& sides) {
+  return ParseMeltanoStateJson(std::move(state_id), sides.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
 VerbArg Id(const char* name, const char* meaning) { return {name, ArgType::kStateId, true, meaning, true}; }
 // An argument bindings take by name.
 VerbArg Named(const char* name, ArgType type, const char* meaning) { return {name, type, false, meaning, false}; }
@@ -378,7 +385,7 @@ absl::StatusOr<std::vector<MeltanoState>> ImportStates(const json& entries) {
       }
       sides[key] = value;
     }
-    absl::StatusOr<MeltanoState> state = MeltanoStateFromJson(*std::move(sid), std::move(sides));
+    absl::StatusOr<MeltanoState> state = StateFromArguments(*std::move(sid), sides);
     if (!state.ok()) return named(state.status());
     states.push_back(*std::move(state));
   }
@@ -466,7 +473,7 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForVerb(Store& store, const json& doc)
     if (!partial.ok()) return partial.status();
     if (absl::Status st = CheckSingerState(*verb, *completed, *force, "state"); !st.ok()) return st;
     absl::StatusOr<MeltanoState> state =
-        MeltanoStateFromJson(*id, json{{"completed", *std::move(completed)}, {"partial", *std::move(partial)}});
+        StateFromArguments(*id, json{{"completed", *std::move(completed)}, {"partial", *std::move(partial)}});
     if (!state.ok()) return state.status();
     return store.Set(*std::move(state));
   }
@@ -487,7 +494,7 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForVerb(Store& store, const json& doc)
     }
     if (absl::Status st = CheckSingerState(*verb, *partial, *force, "partial state"); !st.ok()) return st;
     absl::StatusOr<MeltanoState> incoming =
-        MeltanoStateFromJson(*id, json{{"completed", json::object()}, {"partial", *std::move(partial)}});
+        StateFromArguments(*id, json{{"completed", json::object()}, {"partial", *std::move(partial)}});
     if (!incoming.ok()) return incoming.status();
     return store.Update(*std::move(incoming));
   }

@@ -161,6 +161,29 @@ TEST(Verbs, ArgumentsAreCheckedByTheRow) {
   }
 }
 
+// A state nested deeper than a state read back may be (512 levels) would be
+// written and then fail every read: set, merge and import refuse it before
+// anything is sent, as the protocol did before the verb table.
+TEST(Verbs, StatesTooDeepToReadBackAreRefused) {
+  std::string deep = "{\"singer_state\":{\"a\":" + std::string(515, '[') + std::string(515, ']') + "}}";
+  struct Case {
+    const char* name;
+    std::string doc;
+  };
+  const Case cases[] = {
+      {"set", R"({"op":"set","state_id_hex":"61","state":)" + deep + "}"},
+      {"set, partial", R"({"op":"set","state_id_hex":"61","state":{"singer_state":{}},"partial":)" + deep + "}"},
+      {"merge", R"({"op":"merge","state_id_hex":"61","partial":)" + deep + "}"},
+      {"import", R"({"op":"import","states":[{"state_id_hex":"61","completed":)" + deep + "}]}"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto store = MakeStore();
+    EXPECT_THAT(TaskForVerb(*store, json::parse(c.doc)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nesting is deeper than 512")));
+  }
+}
+
 TEST(Verbs, ForcedStatesAreWrittenAsTheyAre) {
   auto store = MakeStore();
   int64_t clock = 1000;

@@ -29,15 +29,15 @@ sys.path.insert(0, str(REPO / "hosts" / "wasi"))
 
 # (label, vector file, case name); "set_100k" is the set case with a 100 KB state.
 OPS = [
-    ("resolve_config (URI)", "config", "uri_minimal"),
+    ("resolve_settings (URI)", "config", "uri_minimal"),
     ("get (found)", "sql", "clickhouse18_get_found"),
-    ("set", "sql", "clickhouse18_set"),
+    ("set (takes the id's lock)", "sql", "clickhouse18_set"),
     ("set, 100 KB state", "sql", "clickhouse18_set"),
     ("list", "sql", "clickhouse18_list_all"),
     ("delete", "sql", "clickhouse18_delete"),
     ("clear_all", "sql", "clickhouse18_clear_all"),
     ("acquire lock", "lock", "acquire_free"),
-    ("update (lock, get, merge, set, unlock)", "lock", "update_merges_under_lock"),
+    ("merge (lock, get, merge, set, unlock)", "lock", "merge_under_lock"),
 ]
 
 
@@ -51,9 +51,12 @@ def load_cases() -> list[dict]:
     for label, file, name in OPS:
         case = json.loads(json.dumps(next(c for c in files[file]["cases"] if c["name"] == name)))
         if "100 KB" in label:
-            case["steps"][0]["doc"]["state"]["completed"] = {"blob": "x" * 100_000}
+            case["steps"][0]["doc"]["state"] = {"singer_state": {"blob": "x" * 100_000}}  # the completed side
+        # "expect": what the vector says the call answers (None where the case was changed here): the
+        # first run of each case is checked against it, so a broken case is never timed as if it worked.
         out.append({"label": label, "random_hex": files[file].get("random_hex", ""), "store": case.get("store"),
-                    "steps": [{"call": s["call"], "now_ms": s.get("now_ms", 0), "doc": compact(s["doc"]).decode()}
+                    "steps": [{"call": s["call"], "now_ms": s.get("now_ms", 0), "doc": compact(s["doc"]).decode(),
+                               "expect": None if "100 KB" in label else s["expect"]}
                               for s in case["steps"]]})
     return out
 
@@ -61,6 +64,13 @@ def load_cases() -> list[dict]:
 def bazel_bin(*config: str) -> Path:
     out = subprocess.run(["bazel", "info", *config, "bazel-bin"], cwd=REPO, capture_output=True, text=True, check=True)
     return Path(out.stdout.strip())
+
+
+def checked(label: str, step: dict, got: bytes) -> None:
+    """The first run's answers must be the vector's (or, for a changed case, not a failure)."""
+    want = step["expect"]
+    if (want is not None and got != want.encode()) or (want is None and got.startswith(b'{"failed"')):
+        sys.exit(f"wasm_bench: {label}, {step['call']}: got {got[:300]!r}, want {str(want)[:300]!r}")
 
 
 def empty_call(fn, reps: int) -> float:
@@ -75,8 +85,8 @@ def empty_call(fn, reps: int) -> float:
 
 def bench_native(cases: list[dict], reps: int, lib_path: Path) -> list[float]:
     lib = ctypes.CDLL(str(lib_path))
-    lib.chstate_resolve_config.restype = ctypes.c_void_p
-    lib.chstate_resolve_config.argtypes = [ctypes.c_char_p]
+    lib.chstate_resolve_settings.restype = ctypes.c_void_p
+    lib.chstate_resolve_settings.argtypes = [ctypes.c_char_p]
     lib.chstate_store_new.restype = ctypes.c_void_p
     lib.chstate_store_new.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
     lib.chstate_store_free.argtypes = [ctypes.c_void_p]
@@ -87,21 +97,24 @@ def bench_native(cases: list[dict], reps: int, lib_path: Path) -> list[float]:
     medians = [empty_call(lambda: lib.chstate_abi_version(), reps)]
     for case in cases:
         random = bytes.fromhex(case["random_hex"])
-        docs = [(s["call"], s["now_ms"], s["doc"].encode()) for s in case["steps"]]
+        docs = [(s["call"], s["now_ms"], s["doc"].encode(), s) for s in case["steps"]]
+        # A case's store is a settings document, passed as it is.
         store = lib.chstate_store_new(compact(case["store"]), None) if case["store"] else None
         times = []
-        for _ in range(reps):
+        for rep in range(reps):
             total = 0
-            for call, now, d in docs:
+            for call, now, d, step in docs:
                 t0 = time.perf_counter_ns()
-                if call == "resolve_config":
-                    p = lib.chstate_resolve_config(d)
+                if call == "resolve_settings":
+                    p = lib.chstate_resolve_settings(d)
                 else:
                     fn = lib.chstate_op_start if call == "start" else lib.chstate_op_feed
                     p = fn(store, d, now, random, len(random))
-                ctypes.string_at(p)
+                got = ctypes.string_at(p)
                 lib.chstate_string_free(p)
                 total += time.perf_counter_ns() - t0
+                if rep == 0:
+                    checked("native " + case["label"], step, got)
             times.append(total)
         if store:
             lib.chstate_store_free(store)
@@ -116,20 +129,22 @@ def bench_wasmtime(cases: list[dict], reps: int, wasm: Path) -> list[float]:
     for case in cases:
         random = bytes.fromhex(case["random_hex"])
         rp, rn = mod.put(random, "random") if random else (0, 0)
-        docs = [(s["call"], s["now_ms"], s["doc"].encode()) for s in case["steps"]]
+        docs = [(s["call"], s["now_ms"], s["doc"].encode(), s) for s in case["steps"]]
         handle = mod.store_new(compact(case["store"]))["store"] if case["store"] else 0
         times = []
-        for _ in range(reps):
+        for rep in range(reps):
             total = 0
-            for call, now, d in docs:
+            for call, now, d, step in docs:
                 t0 = time.perf_counter_ns()
                 p, n = mod.put(d)
-                if call == "resolve_config":
-                    mod.output(lambda o, c: mod.call("chstate_resolve_config", p, n, o, c))
+                if call == "resolve_settings":
+                    got = mod.output(lambda o, c: mod.call("chstate_resolve_settings", p, n, o, c))
                 else:
                     fn = "chstate_op_start" if call == "start" else "chstate_op_feed"
-                    mod.output(lambda o, c: mod.call(fn, handle, p, n, now, rp, rn, o, c))
+                    got = mod.output(lambda o, c: mod.call(fn, handle, p, n, now, rp, rn, o, c))
                 total += time.perf_counter_ns() - t0
+                if rep == 0:
+                    checked("wasmtime " + case["label"], step, got)
             times.append(total)
         if handle:
             mod.call("chstate_store_free", handle)

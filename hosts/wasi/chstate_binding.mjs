@@ -138,7 +138,14 @@ export class Store {
   // A lock found lost is the core's to report: at the scope's release, and
   // to any write under it.
   async #tick() {
-    if (this.handle === null || this.nextTickMs === null || nowMs() < this.nextTickMs) return;
+    if (this.handle === null || this.nextTickMs === null) return;
+    if (nowMs() < this.nextTickMs) {
+      // Not due yet: Node's timers may fire a millisecond early (the loop's
+      // whole-millisecond clock against performance.now()). Wait again, or
+      // the idle timer, and with it a lock scope's renewals, would stop.
+      this.#schedule();
+      return;
+    }
     const action = await this.#answer(await this.core.feed(this.handle, '{"timer":true}', nowMs(), random32()));
     if (action.failed) this.nextTickMs = null;
     this.#note(action);

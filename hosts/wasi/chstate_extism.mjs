@@ -11,6 +11,7 @@
 //   const store = await open(createPlugin, "clickhouse://meltano@127.0.0.1:8123/default", { password: "..." });
 //   await store.set("dev:a", { singer_state: {} });
 //   await store.close();
+import { fileURLToPath } from "node:url";
 import { httpTransport } from "./chstate_wasi.mjs";
 import { ChstateError, Store, failed, openStore } from "./chstate_binding.mjs";
 
@@ -60,6 +61,8 @@ export class ExtismCore {
 // core's names (any key of `options` but wasm, transport and env).
 export async function open(createPlugin, uri, options = {}) {
   const { wasm, transport, env, ...settings } = options;
-  const plugin = await createPlugin(wasm ?? new URL("./chstate_extism.wasm", import.meta.url).pathname, { useWasi: true });
+  // fileURLToPath, not the URL's pathname: that keeps %20 and the like escaped.
+  const plugin = await createPlugin(wasm ?? fileURLToPath(new URL("./chstate_extism.wasm", import.meta.url)),
+                                    { useWasi: true });
   return openStore(new ExtismCore(plugin), { uri, ...settings }, { transport, env, makeTransport: httpTransport });
 }

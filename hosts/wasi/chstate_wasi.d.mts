@@ -1,43 +1,60 @@
 // TypeScript declarations for chstate_wasi.mjs, the Node host of the chstate
-// WebAssembly module (the npm package's entry point). The documents are those
-// of hosts/common/protocol.h; README.md "Plugin runtimes (WebAssembly)".
+// WebAssembly module (the npm package's entry point), and for what it
+// re-exports from the shared JS binding (chstate_binding.mjs). The verbs are
+// the core's table (core/verbs.h) and the settings the core's settings table
+// (core/settings.h); README.md "Plugin runtimes (WebAssembly)".
 
 /** Any JSON value. */
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 /** A JSON object. */
 export type JsonObject = { [key: string]: Json };
 
-/** One state id's two sides, as Meltano keeps them. */
-export interface State {
+/** A state as the store returns it: both sides, as Meltano keeps them, and the merged view a tap gets. */
+export interface StateView {
   completed: JsonObject;
   partial: JsonObject;
+  merged: JsonObject;
 }
 
-/** A setting's value: strings, integers or booleans; null or "" count as not given. */
-export type SettingValue = string | number | boolean | null;
+/** A setting's value: seconds may be fractions; null or undefined count as not given. */
+export type SettingValue = string | number | boolean | null | undefined;
 
-/** What chstate.resolveConfig() reads: flags (highest precedence) and environment variables. */
-export interface ConfigSources {
-  flags?: {
-    /** clickhouse://user[:password]@host[:port]/database?secure=&schema=&table=&ca_file=... */
-    uri?: SettingValue;
-    host?: SettingValue;
-    port?: SettingValue;
-    database?: SettingValue;
-    user?: SettingValue;
-    password?: SettingValue;
-    secure?: SettingValue;
-    schema?: SettingValue;
-    table?: SettingValue;
-    /** PEM file of the CA that signed the server's certificate (secure=true). */
-    ca_file?: SettingValue;
-    cluster?: SettingValue;
-    zookeeper_path?: SettingValue;
-    replica?: SettingValue;
-  };
-  /** The module has no environment of its own: pass the variables it may read
-   *  (CLICKHOUSE_*, MELTANO_STATE_BACKEND_*), e.g. { CLICKHOUSE_PASSWORD: process.env.CLICKHOUSE_PASSWORD ?? "" }. */
-  env?: { [name: string]: string };
+/** The settings, by the core's names (README "Settings"; core/settings.h). A uri (or host, user and
+ *  database) is required; everything else has the core's default. Durations are in seconds. */
+export interface Settings {
+  /** clickhouse://user@host[:port][,host2[:port]]/database?secure=&schema=&table=&ca_file=... */
+  uri?: SettingValue;
+  host?: SettingValue;
+  port?: SettingValue;
+  database?: SettingValue;
+  user?: SettingValue;
+  /** Never shown in any message. */
+  password?: SettingValue;
+  secure?: SettingValue;
+  schema?: SettingValue;
+  table?: SettingValue;
+  /** PEM file of the CA that signed the server's certificate (secure=true). */
+  ca_file?: SettingValue;
+  cluster?: SettingValue;
+  zookeeper_path?: SettingValue;
+  replica?: SettingValue;
+  quorum?: SettingValue;
+  quorum_timeout_seconds?: SettingValue;
+  quorum_busy_seconds?: SettingValue;
+  ddl_timeout_seconds?: SettingValue;
+  host_down_seconds?: SettingValue;
+  /** The lock's validity: a lock not renewed for this long is taken over (default 10). */
+  lock_timeout_seconds?: SettingValue;
+  lock_retry_seconds?: SettingValue;
+  /** How long taking a held lock waits (default 2 x lock_timeout_seconds + lock_retry_seconds). */
+  lock_wait_seconds?: SettingValue;
+  python_locks?: SettingValue;
+  linger_locks?: SettingValue;
+  connect_timeout_seconds?: SettingValue;
+  request_timeout_seconds?: SettingValue;
+  mutation_timeout_seconds?: SettingValue;
+  history_days?: SettingValue;
+  history_versions?: SettingValue;
 }
 
 /** One ClickHouse server of a connection. */
@@ -47,67 +64,42 @@ export interface HostPort {
   port: number;
 }
 
-/** Resolved connection settings: what httpTransport() and storeOptions() need. */
-export interface Config {
+/** Where to connect and as whom, as the core resolved it: what a transport needs. */
+export interface Connection {
   /** The first (or only) host: hosts[0]. */
   host: string;
   port: number;
-  /** Every host of the connection (the host setting may be a comma-separated list; several need
-   *  cluster mode); at least one. */
   hosts: HostPort[];
   secure: boolean;
   user: string;
   password: string;
   database: string;
-  schema: string;
-  table: string;
   /** "" when not set: the system's trust store is used. */
   ca_file: string;
   connect_timeout_ms: number;
-  request_timeout_ms: number;
-  cluster: string;
-  zookeeper_path: string;
-  replica: string;
   /** The URI without the password, for messages. */
   redacted_uri: string;
-  /** Where each setting came from ("--uri flag", "CLICKHOUSE_PASSWORD", "default", ...). */
+  endpoint: string;
+  chdb_path: string;
+}
+
+/** What a store was opened with. */
+export interface ResolvedSettings {
+  connection: Connection;
+  /** The store's options (lock_validity_ms, lock_wait_ms, schema, table, ...). */
+  store: { [option: string]: Json };
+  /** Where each setting came from ("default", "the uri setting", "MELTANO_STATE_BACKEND_...", ...). */
   origin: { [setting: string]: string };
 }
 
-/** An error document: code is an absl::StatusCode name (NOT_FOUND, UNAVAILABLE, ...). */
-export interface Failed {
-  code: string;
-  message: string;
-}
-
-/** resolveConfig()'s answer: exactly one of config and failed is present. */
-export type ResolveResult = { config: Config; failed?: undefined } | { failed: Failed; config?: undefined };
-
-/** Store options (all optional; the core's defaults otherwise). */
-export interface StoreOptions {
-  schema?: string;
-  table?: string;
-  /** The server, for messages. */
-  endpoint?: string;
-  lock_timeout_ms?: number;
-  lock_retry_ms?: number;
-  stale_lock_ms?: number;
-  mutation_timeout_ms?: number;
-  request_timeout_ms?: number;
-  /** Days each state version is kept in the history (default 30; 0: no history table). */
-  history_days?: number;
-  cluster?: string;
-  zookeeper_path?: string;
-  replica?: string;
-  /** The connection's hosts (config.hosts): the core picks one for every request. */
-  hosts?: HostPort[];
-}
+/** The environment variables the core may read (MELTANO_STATE_BACKEND_*, CLICKHOUSE_*). */
+export type Environment = { [name: string]: string };
 
 /** One SQL request the core wants sent: an HTTP POST of sql to /?database=<db>&<url_params>. */
 export interface HttpRequest {
   sql: string;
   url_params: Array<[string, string]>;
-  /** Where to send it (one of the store's hosts); absent when the store was given no hosts. */
+  /** Where to send it (one of the connection's hosts); else the connection's host and port. */
   host?: string;
   port?: number;
   purpose: string;
@@ -128,55 +120,82 @@ export interface Transport {
   close?(): void;
 }
 
-/** The result of a finished operation. */
-export interface Done {
-  state: (State & { state_id_hex: string }) | null;
-  state_ids_hex: string[];
-  count: number;
-  server_version: string;
+/** The server a store talks to. */
+export interface ServerInfo {
+  serverVersion: string;
+  /** "clickhouse18" or "modern". */
   dialect: string;
-  lock_id: string;
-  waited_ms: number;
-  /** When a held lock needs renewing: run { op: "tick" } once this (ms on the host's clock) has passed. */
-  next_timeout_ms: number | null;
-  /** export_page: one page of states, sorted by id, and whether another page follows. */
-  states?: (State & { state_id_hex: string })[];
-  more?: boolean;
-  /** history: the versions, newest first. */
-  versions?: StateVersion[];
 }
 
-/** One version of a state in its history ("<unix ms>-<8 hex digits>"). */
+/** One state of an export page. */
+export interface ExportedState extends StateView {
+  stateId: string;
+}
+
+/** One state to import. */
+export interface ImportedState {
+  stateId: string;
+  completed?: JsonObject;
+  partial?: JsonObject;
+}
+
+/** One version of a state in its history. */
 export interface StateVersion {
+  /** "<unix ms>-<8 hex digits>": what rollback() takes. */
   version: string;
-  unix_ms: number;
   /** ISO 8601, UTC. */
-  updated_at: string;
+  updatedAt: string;
   /** The version the state table holds now. */
   current: boolean;
-  state: State;
+  state: StateView;
 }
 
-/** An operation document (hosts/common/protocol.h). Ids and patterns are hex-encoded UTF-8. */
-export type Op =
-  | { op: "ping" | "init" | "clear_all" | "tick" }
-  | { op: "get" | "delete" | "delete_locked" | "acquire_lock" | "renew_lock"; state_id_hex: string }
-  | { op: "set" | "set_locked" | "update"; state_id_hex: string; state: State }
-  | { op: "release_lock"; state_id_hex: string; lock_id: string }
-  | { op: "list"; pattern: string | null }
-  | { op: "list"; pattern_hex: string }
-  | { op: "copy" | "move"; src_hex: string; dst_hex: string }
-  | { op: "export_page"; pattern?: string | null; pattern_hex?: string; after_hex?: string; limit?: number }
-  | { op: "import"; states: (State & { state_id_hex: string })[] }
-  | { op: "history"; state_id_hex: string; limit?: number }
-  | { op: "rollback"; state_id_hex: string; version: string };
+/** A lock held now. */
+export interface LockInfo {
+  /** null for a lock row whose id is not a state id (a foreign backend's). */
+  stateId: string | null;
+  table: string;
+  holder: string;
+  heldS: number;
+  renewedS: number;
+  validityS: number;
+  stale: boolean;
+}
 
-/** Thrown for a failed operation (and by loadChstate() when the packaged module is missing). */
+/** A verb document (core/verbs.h): { op: VERB, ... } with ids as hex; Store.run() takes any. */
+export interface VerbDocument {
+  op: string;
+  [argument: string]: Json | undefined;
+}
+
+/** A verb's "done" document, as run() resolves to it. */
+export interface Done {
+  [member: string]: Json;
+}
+
+/** A row of the core's verb table. */
+export interface Verb {
+  name: string;
+  args: { name: string; type: string; required: boolean; positional: boolean; meaning: string; field: string }[];
+  lock: "none" | "id" | "scope";
+  lock_note: string;
+  checks: string;
+  returns: string;
+  summary: string;
+}
+
+/** Inside Store.withLock(). */
+export interface LockScope {
+  /** Renews the lease now (the binding renews it on the event loop anyway); resolves to the lock id. */
+  renew(): Promise<string>;
+}
+
+/** Thrown for a failed call (and by loadChstate() when the packaged module is missing). */
 export class ChstateError extends Error {
   constructor(code: string, message: string);
-  /** An absl::StatusCode name: NOT_FOUND, UNAVAILABLE, FAILED_PRECONDITION, INVALID_ARGUMENT, ... */
+  /** An absl::StatusCode name: NOT_FOUND, UNAVAILABLE, ABORTED, FAILED_PRECONDITION, INVALID_ARGUMENT, ... */
   readonly code: string;
-  /** The message without the code. */
+  /** The message without the code (never the password). */
   readonly detail: string;
 }
 
@@ -184,55 +203,94 @@ export class ChstateError extends Error {
 export function hex(s: string): string;
 export function unhex(h: string): string;
 
-/** Inside Store.withLock(). */
-export interface LockHandle {
-  /** Writes the state within the lock's lease. */
-  setLocked(state: State): Promise<Done>;
-  /** Renews the lease. */
-  renew(): Promise<Done>;
-}
-
-/** A store: one operation at a time (calls queue), each driven to its end. */
+/** A store: its methods are the core's verbs (camelCase); calls queue and run one at a time; each
+ *  rejects with ChstateError. */
 export class Store {
-  constructor(mod: ChstateModule, handle: number, transport: Transport);
-  /** Runs one operation document; resolves to its result or rejects with ChstateError. */
-  run(op: Op): Promise<Done>;
-  /** Both sides of the id's state, or null when there is none. */
-  get(id: string): Promise<State | null>;
-  set(id: string, state: State): Promise<Done>;
-  /** Merges `partial` into the id's partial state under its lock (Meltano's update()). */
-  merge(id: string, partial: JsonObject): Promise<Done>;
-  /** The ids matching a glob-like pattern ("dev:*"), or all ids. */
+  constructor(core: Core, handle: number, settings: ResolvedSettings, transport: Transport);
+  /** What the store was opened with. */
+  readonly settings: ResolvedSettings;
+  /** The URI without the password. */
+  readonly redactedUri: string;
+  /** The state of an id, or null when it has none. */
+  get(id: string): Promise<StateView | null>;
+  /** Replaces the state of an id; `state` is the completed side and needs a top-level singer_state
+   *  unless force. Takes the id's lock unless this store holds it (inside withLock). */
+  set(id: string, state: JsonObject, options?: { partial?: JsonObject; force?: boolean }): Promise<StateView>;
+  /** Merges a partial state into an id as Meltano does (or, with from, another id's merged view). */
+  merge(id: string, partial: JsonObject | null, options?: { from?: string; force?: boolean }): Promise<StateView>;
+  delete(id: string): Promise<void>;
+  /** The ids matching a glob ("dev:*", "?"), or all ids, sorted. */
   list(pattern?: string | null): Promise<string[]>;
-  delete(id: string): Promise<Done>;
-  /** Deletes every state; resolves to how many there were. */
+  /** Removes every state; resolves to how many there were. */
   clearAll(): Promise<number>;
-  /** The versions kept in the id's state history, newest first (at most `limit`, default 20). */
-  history(id: string, limit?: number | null): Promise<StateVersion[]>;
-  /** Restores a version (as history() names it) under the id's lock; resolves to the restored state. */
-  rollback(id: string, version: string): Promise<State>;
-  /** Runs fn while holding the id's lock, releasing it afterwards (also when fn throws). */
-  withLock<T>(id: string, fn: (lock: LockHandle) => T | Promise<T>): Promise<T>;
-  /** Frees the store in the module and closes the transport. */
-  close(): void;
+  copy(src: string, dst: string): Promise<void>;
+  move(src: string, dst: string): Promise<void>;
+  /** One page of states, sorted by id; ask again after the last id while more is true. */
+  export(pattern?: string | null, options?: { after?: string; limit?: number }):
+    Promise<{ states: ExportedState[]; more: boolean }>;
+  /** Writes many states at once; resolves to how many. */
+  import(states: ImportedState[]): Promise<number>;
+  /** The versions kept in the id's history, newest first. */
+  history(id: string, options?: { limit?: number }): Promise<StateVersion[]>;
+  /** Restores a version (as history() names it); resolves to the restored state. */
+  rollback(id: string, version: string): Promise<StateView>;
+  /** The locks held now. */
+  locks(pattern?: string | null): Promise<LockInfo[]>;
+  /** Removes an id's lock whoever holds it; resolves to the locks removed. */
+  unlock(id: string): Promise<LockInfo[]>;
+  /** Creates the database and tables when missing. */
+  init(): Promise<ServerInfo>;
+  compact(): Promise<ServerInfo>;
+  ping(): Promise<ServerInfo>;
+  /** Renews the lease of a lock this store holds; resolves to its lock id. */
+  renew(id: string): Promise<string>;
+  /** Runs fn holding the id's lock, renewed on the event loop however long fn runs; released
+   *  afterwards, also when fn throws (fn's error wins). A lock lost meanwhile rejects with ABORTED. */
+  withLock<T>(id: string, fn: (scope: LockScope) => T | Promise<T>): Promise<T>;
+  /** Runs one verb document to its end: its "done" document. */
+  run(doc: VerbDocument): Promise<Done>;
+  /** Releases what the store holds, frees it and closes the transport. */
+  close(): Promise<void>;
 }
 
-/** The loaded module. resolveConfig() and openStore() are the API; the rest is the raw ABI for tests. */
+/** A runtime of the core: its calls as documents (each may be async). */
+export interface Core {
+  verbs(): Verb[] | Promise<Verb[]>;
+  storeNew(settings: JsonObject): number | Promise<number>;
+  storeSettings(handle: number): ResolvedSettings | Promise<ResolvedSettings>;
+  start(handle: number, text: string, nowMs: number, random: Uint8Array): JsonObject | Promise<JsonObject>;
+  feed(handle: number, text: string, nowMs: number, random: Uint8Array): JsonObject | Promise<JsonObject>;
+  storeFree(handle: number): void | Promise<void>;
+}
+
+/** The loaded module; its calls are the raw ABI (WasiCore makes a Core of them). */
 export class ChstateModule {
   constructor(instance: { readonly exports: { readonly [name: string]: unknown } });
-  resolveConfig(sources: ConfigSources): ResolveResult;
-  /** Creates a store over the given transport; throws ChstateError for bad options. */
-  openStore(options: StoreOptions | null | undefined, transport: Transport): Store;
+  /** A settings document -> { settings } or { failed }. */
+  resolveSettings(doc: { from?: "api" | "cli" | "meltano"; values?: Settings; env?: Environment }):
+    { settings: ResolvedSettings; failed?: undefined } | { failed: { code: string; message: string }; settings?: undefined };
+  verbs(): Verb[];
   /** The module's exports. */
   readonly x: { readonly [name: string]: any };
   /** The last raw output document. */
   last: string | null;
-  storeNew(optionsText: string): { store: number; failed?: undefined } | { failed: Failed; store?: undefined };
-  step(fn: "chstate_op_start" | "chstate_op_feed", handle: number, docText: string, nowMs?: bigint):
-    { request: HttpRequest } | { wait_ms: number } | { done: Done } | { failed: Failed };
+  storeNew(settingsText: string): JsonObject;
+  step(fn: "chstate_op_start" | "chstate_op_feed", handle: number, docText: string, nowMs?: bigint,
+       random?: Uint8Array | null): JsonObject;
   input(data: Uint8Array, name?: string): [number, number];
   output(call: (outPtr: number, outCap: number) => number): string;
   fillRandom(): [number, number];
+}
+
+/** The module's calls as a Core. */
+export class WasiCore implements Core {
+  constructor(mod: ChstateModule);
+  verbs(): Verb[];
+  storeNew(settings: JsonObject): number;
+  storeSettings(handle: number): ResolvedSettings;
+  start(handle: number, text: string, nowMs: number, random: Uint8Array): JsonObject;
+  feed(handle: number, text: string, nowMs: number, random: Uint8Array): JsonObject;
+  storeFree(handle: number): void;
 }
 
 /** Where loadChstate() looks by default: chstate.wasm beside the module (shipped in the npm package). */
@@ -241,11 +299,27 @@ export const defaultWasmUrl: URL;
 /** Compiles, instantiates and initialises chstate.wasm (by default the packaged one). */
 export function loadChstate(path?: string | URL): Promise<ChstateModule>;
 
-/** The store options a resolved config implies: schema, table, the cluster settings when a cluster
- *  is named, and hosts; `extra` adds or overrides options. */
-export function storeOptions(config: Config, extra?: StoreOptions): StoreOptions;
+/** Opens a store of `core` from the settings; the core resolves them with `env` (default: this
+ *  process's MELTANO_STATE_BACKEND_* and CLICKHOUSE_*). makeTransport builds the transport from the
+ *  resolved connection when none is given. */
+export function openStore(core: Core, settings?: Settings, options?: {
+  transport?: Transport;
+  env?: Environment;
+  makeTransport?: (connection: Connection) => Transport;
+}): Promise<Store>;
 
-/** HTTP(S) to ClickHouse over node:http(s): each request to its host and port (else config's),
- *  keep-alive per host:port, credentials in headers, TLS verification always on (config.ca_file as
- *  the trust anchor when set), each request within its timeout_ms. */
-export function httpTransport(config: Config): Transport & { close(): void };
+/** HTTP(S) to ClickHouse over node:http(s): each request to its host and port (else the
+ *  connection's), keep-alive per host:port, credentials in headers, TLS verification always on
+ *  (ca_file as the trust anchor when set), each request within its timeout_ms. */
+export function httpTransport(connection: Connection): Transport & { close(): void };
+
+/** Options of open(): any setting, and where the module, the transport and the environment come from. */
+export interface OpenOptions extends Settings {
+  /** chstate.wasm to load (default: the packaged one). */
+  wasm?: string | URL;
+  transport?: Transport;
+  env?: Environment;
+}
+
+/** Opens a store in one call: the module, the settings (uri and options), httpTransport. */
+export function open(uri: string, options?: OpenOptions): Promise<Store>;

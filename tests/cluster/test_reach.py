@@ -187,37 +187,33 @@ def run_meltano(s: Setup, sid: str) -> dict:
 
 
 NODE_SCRIPT = """
-import { loadChstate, httpTransport, storeOptions } from %(module)s;
+import { open as openStore } from %(module)s;
 
 const [wasmPath, goodUri, badUri, sid, quorumUri] = process.argv.slice(2);
-const chstate = await loadChstate(wasmPath);
-const open = (uri) => {
-  const { config, failed } = chstate.resolveConfig({
-    flags: { uri }, env: { MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD: process.env.MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD },
-  });
-  if (failed) throw new Error(failed.message);
-  return chstate.openStore(storeOptions(config), httpTransport(config));
-};
+// The URI form; the password from the environment variable Meltano uses (the core reads it from env).
+const open = (uri) => openStore(uri, {
+  wasm: wasmPath, env: { MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD: process.env.MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD },
+});
 const out = { error: null };
-const store = open(goodUri);
-await store.set(sid, { completed: { singer_state: { bookmark: "node_wasi" } }, partial: {} });
+const store = await open(goodUri);
+await store.set(sid, { singer_state: { bookmark: "node_wasi" } });
 out.got = (await store.get(sid)).completed;
-store.close();
-const bad = open(badUri);
+await store.close();
+const bad = await open(badUri);
 try {
   await bad.get(sid);
 } catch (e) {
   out.error = { code: e.code, message: e.detail };
 }
-bad.close();
-const four = open(quorumUri);
+await bad.close();
+const four = await open(quorumUri);
 out.quorum_error = null;
 try {
-  await four.set(sid + ":q", { completed: { singer_state: {} }, partial: {} });
+  await four.set(sid + ":q", { singer_state: {} });
 } catch (e) {
   out.quorum_error = { code: e.code, message: e.detail };
 }
-four.close();
+await four.close();
 console.log("RESULT " + JSON.stringify(out));
 """
 
@@ -241,15 +237,14 @@ def _pump_result(open_store, run_get_set, sid: str, s: Setup) -> dict:
         store.close()
     bad = open_store(s.bad)
     try:
-        bad.run({"op": "get", "state_id_hex": sid.encode().hex()})
+        bad.get(sid)
     except Exception as e:  # noqa: BLE001 - each host's own ChstateError
         out["error"] = {"code": e.code, "message": e.message}
     finally:
         bad.close()
     four = open_store(s.good, quorum=4)
     try:
-        four.run({"op": "set", "state_id_hex": (sid + ":q").encode().hex(),
-                  "state": {"completed": {"singer_state": {}}, "partial": {}}})
+        four.set(sid + ":q", {"singer_state": {}})
     except Exception as e:  # noqa: BLE001 - each host's own ChstateError
         out["quorum_error"] = {"code": e.code, "message": e.message}
     finally:
@@ -258,43 +253,34 @@ def _pump_result(open_store, run_get_set, sid: str, s: Setup) -> dict:
 
 
 def run_wasmtime(s: Setup, sid: str) -> dict:
-    """hosts/wasi/chstate_wasmtime.py in this process, the host setting as a list."""
-    from chstate_wasmtime import ChstateModule, HttpTransport, store_options
+    """hosts/wasi/chstate_wasmtime.py in this process (the Python binding), the host setting as a list."""
+    from chstate_wasmtime import ChstateModule, Store, WasmtimeCore
     mod = ChstateModule(wasm_path())
 
     def open_store(hosts: str, quorum: int | None = None):
-        flags = {"host": hosts, "user": "chstate", "password": s.password, "database": "default",
-                 "schema": s.schema, "cluster": s.cluster.name}
-        if quorum is not None:
-            flags["quorum"] = str(quorum)
-        r = mod.resolve_config({"flags": flags})
-        assert "config" in r, r
-        return mod.open_store(store_options(r["config"]), HttpTransport(r["config"]))
+        settings = {"host": hosts, "user": "chstate", "password": s.password, "database": "default",
+                    "schema": s.schema, "cluster": s.cluster.name, "quorum": quorum}
+        return Store(WasmtimeCore(mod), settings, env={})
 
     def set_get(store) -> dict:
-        store.set(sid, {"completed": {"singer_state": {"bookmark": "wasmtime"}}, "partial": {}})
+        store.set(sid, {"singer_state": {"bookmark": "wasmtime"}})
         return store.get(sid)["completed"]
 
     return _pump_result(open_store, set_get, sid, s)
 
 
 def run_extism(s: Setup, sid: str) -> dict:
-    """hosts/wasi/chstate_extism.py over Extism's Python SDK in this process, the URI form."""
+    """hosts/wasi/chstate_extism.py over Extism's Python SDK in this process (the Python binding), the URI form."""
     import extism
-    from chstate_extism import ExtismChstate
-    from chstate_wasmtime import HttpTransport, store_options
-    chstate = ExtismChstate(extism.Plugin(extism_path().read_bytes(), wasi=True))
+    from chstate_extism import ExtismCore, Store
+    core = ExtismCore(extism.Plugin(extism_path().read_bytes(), wasi=True))
 
     def open_store(hosts: str, quorum: int | None = None):
-        r = chstate.resolve_config({"flags": {"uri": s.uri(hosts, quorum), "password": s.password}})
-        assert "config" in r, r
-        return chstate.open_store(store_options(r["config"]), HttpTransport(r["config"]))
+        return Store(core, {"uri": s.uri(hosts, quorum), "password": s.password}, env={})
 
     def set_get(store) -> dict:
-        sid_hex = sid.encode().hex()
-        store.run({"op": "set", "state_id_hex": sid_hex,
-                   "state": {"completed": {"singer_state": {"bookmark": "extism"}}, "partial": {}}})
-        return store.run({"op": "get", "state_id_hex": sid_hex})["state"]["completed"]
+        store.set(sid, {"singer_state": {"bookmark": "extism"}})
+        return store.get(sid)["completed"]
 
     return _pump_result(open_store, set_get, sid, s)
 

@@ -361,18 +361,17 @@ class Hosts:
         return self._json_line(subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60), "node")
 
     def wasm_wasmtime(self, cli, port: int, op: tuple) -> Outcome:
-        from chstate_wasmtime import ChstateError, ChstateModule, HttpTransport
+        from chstate_wasmtime import ChstateError, ChstateModule, Store, WasmtimeCore
         engine, module = self.compiled
-        mod = ChstateModule(engine=engine, module=module)
         s = self.server
-        cfg = mod.resolve_config({"flags": {"host": s.host, "port": str(port), "user": s.user, "password": s.password,
-                                            "database": "default", "schema": cli.schema}})
-        assert "config" in cfg, cfg
-        cfg = dict(cfg["config"], connect_timeout_ms=1000)
-        store = mod.open_store({"schema": cfg["schema"], "table": cfg["table"], "request_timeout_ms": 1000},
-                               HttpTransport(cfg))
+        store = Store(WasmtimeCore(ChstateModule(engine=engine, module=module)),
+                      {"uri": f"clickhouse://{s.user}@{s.host}:{port}/default", "password": s.password,
+                       "schema": cli.schema, "connect_timeout_seconds": 1, "request_timeout_seconds": 1}, env={})
         try:
-            store.run(op_doc(op))
+            if op[0] == "get":
+                store.get(op[1])
+            else:
+                store.set(op[1], op[2])  # the completed side
             return Outcome("OK")
         except ChstateError as e:
             return Outcome(e.code, message=str(e))

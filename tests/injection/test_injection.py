@@ -214,18 +214,15 @@ def test_hostile_tombstone_name_cannot_change_the_drop(binary, clickhouse, schem
     assert hostile not in tables, tables
 
 
-def wasm_store(clickhouse, schema, port):
-    """The WebAssembly module in wasmtime (hosts/wasi/chstate_wasmtime.py)."""
+def wasm_store(clickhouse, schema, port, table="state"):
+    """The WebAssembly module in wasmtime (hosts/wasi/chstate_wasmtime.py) under the Python binding."""
     sys.path.insert(0, str(TESTS.parent / "hosts" / "wasi"))
     import chstate_wasmtime
-    module = chstate_wasmtime.ChstateModule(wasm_module())
-    # The settings as users get them: resolved by the core (with its timeouts).
-    resolved = module.resolve_config({"flags": {"host": clickhouse.host, "port": port, "user": clickhouse.user,
-                                                "password": clickhouse.password, "database": "default"}})
-    assert "config" in resolved, resolved
-    transport = chstate_wasmtime.HttpTransport(resolved["config"])
-    store = module.open_store({"schema": schema, "table": "state"}, transport)
-    return store, transport, chstate_wasmtime.ChstateError
+    # The settings as users give them, resolved by the core (with its timeouts); no environment read.
+    store = chstate_wasmtime.open(f"clickhouse://{clickhouse.user}@{clickhouse.host}:{port}/default",
+                                  wasm=wasm_module(), password=clickhouse.password, schema=schema, table=table,
+                                  env={})
+    return store, None, chstate_wasmtime.ChstateError
 
 
 @pytest.mark.parametrize("host", ["python", "wasm"])
@@ -237,7 +234,7 @@ def test_protocol_hosts_hostile_ids_and_json(clickhouse, schema, proxy, host):
         error_type = _native.ChstateError
     else:
         store, transport, error_type = wasm_store(clickhouse, schema, proxy.port)
-    state = {"completed": HOSTILE_JSON, "partial": {}}
+    state = HOSTILE_JSON  # set's state is the completed side
     try:
         for sid in [s.encode() for s in HOSTILE_IDS] + HOSTILE_BYTES:
             proxy.clear()
@@ -263,8 +260,7 @@ def test_protocol_hosts_hostile_ids_and_json(clickhouse, schema, proxy, host):
                 if host == "python":
                     _native.Store({"schema": "ok", "table": "state", **bad}, transport)
                 else:
-                    wasm_store(clickhouse, bad.get("schema", "ok"), proxy.port) if "schema" in bad else \
-                        store.mod.open_store({"schema": "ok", **bad}, transport)
+                    wasm_store(clickhouse, bad.get("schema", "ok"), proxy.port, bad.get("table", "state"))
             assert e.value.code == "INVALID_ARGUMENT"
     finally:
         store.close()

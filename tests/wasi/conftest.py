@@ -41,7 +41,9 @@ def wasm_path() -> Path:
 
 @pytest.fixture(scope="session")
 def extism_path() -> Path:
-    """hosts/wasi's chstate_extism.wasm (the Extism plugin), built like chstate.wasm."""
+    """hosts/wasi's chstate_extism.wasm (the Extism plugin): $CHSTATE_EXTISM_WASM, else built like chstate.wasm."""
+    if os.environ.get("CHSTATE_EXTISM_WASM"):
+        return Path(os.environ["CHSTATE_EXTISM_WASM"]).resolve()
     subprocess.run(["bazel", "build", "--config=wasi", "--symlink_prefix=/", "//hosts/wasi:chstate_extism.wasm"],
                    cwd=REPO, check=True, capture_output=True)
     out = subprocess.run(["bazel", "info", "--config=wasi", "bazel-bin"], cwd=REPO, check=True, capture_output=True,
@@ -87,3 +89,10 @@ def node_results(wasm_path):
         return results
 
     return run
+
+
+@pytest.fixture(scope="session")
+def chstate_cli(bazel_binary) -> Path:
+    """The native chstate command: the other process that contends for a lock scope's id."""
+    return bazel_binary("CHSTATE_BIN", "hosts/native/chstate", "//hosts/native:chstate")
+

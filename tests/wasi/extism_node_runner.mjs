@@ -1,14 +1,18 @@
 // The Node side of tests/wasi/test_extism_node.py: chstate_extism.wasm in
 // Extism's JavaScript SDK, one JSON line per case ({"name", "ok", "detail"}).
 //   node extism_node_runner.mjs vectors PLUGIN.wasm SDK_DIR   the shared vectors, byte for byte
-//   node extism_node_runner.mjs server PLUGIN.wasm SDK_DIR    operations against CHSTATE_TEST_*
+//   node extism_node_runner.mjs server PLUGIN.wasm SDK_DIR    the JS binding (chstate_extism.mjs) against
+//                                                             CHSTATE_TEST_* (CHSTATE_CONTENDER: the chstate
+//                                                             command that contends for a lock scope's id)
 // SDK_DIR holds node_modules/@extism/extism (installed the way users install it).
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { createRequire } from "node:module";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { ExtismChstate, ChstateError } from "../../hosts/wasi/chstate_extism.mjs";
-import { httpTransport } from "../../hosts/wasi/chstate_wasi.mjs";
+import { ExtismCore, open } from "../../hosts/wasi/chstate_extism.mjs";
+import { httpTransport, openStore } from "../../hosts/wasi/chstate_wasi.mjs";
+import { STATE, check, everyVerb, missingMethods, refused, scopeKeepsItsLock } from "./js_binding_checks.mjs";
 
 const [mode, wasmPath, sdkDir] = process.argv.slice(2);
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
@@ -28,7 +32,7 @@ async function vectors() {
         const name = `${file}_${c.name}`;
         try {
           let handle = null;
-          if (c.store) {
+          if (c.store) {  // a settings document, passed as it is
             const r = JSON.parse((await p.call("store_new", JSON.stringify(c.store))).text());
             if (!r.store) throw new Error(`store_new: ${JSON.stringify(r)}`);
             handle = r.store;
@@ -36,7 +40,7 @@ async function vectors() {
           let mismatch = "";
           for (const [i, step] of c.steps.entries()) {
             let out;
-            if (step.call === "resolve_config") out = await p.call("resolve_config", JSON.stringify(step.doc));
+            if (step.call === "resolve_settings") out = await p.call("resolve_settings", JSON.stringify(step.doc));
             else {
               const [fn, key] = step.call === "start" ? ["op_start", "op"] : ["op_feed", "answer"];
               out = await p.call(fn, JSON.stringify({ store: handle, now_ms: step.now_ms, random_hex: random,
@@ -58,41 +62,75 @@ async function vectors() {
 
 async function server() {
   const env = process.env;
-  const chstate = new ExtismChstate(await plugin());
   const schema = `extism_node_${process.pid}`;
-  const { config, failed } = await chstate.resolveConfig({
-    flags: { host: env.CHSTATE_TEST_HOST, port: env.CHSTATE_TEST_PORT, user: env.CHSTATE_TEST_USER,
-             password: env.CHSTATE_TEST_PASSWORD ?? "", database: "default", schema },
-  });
-  if (failed) return report("resolve_config", false, JSON.stringify(failed));
-  const transport = httpTransport(config);
-  const store = await chstate.openStore({ schema, table: config.table, lock_timeout_ms: 1500, lock_retry_ms: 100 },
-                                        transport);
-  const id = Buffer.from("dev:extism-node-\u00e9'%_").toString("hex");
+  const uri = `clickhouse://${env.CHSTATE_TEST_USER}@${env.CHSTATE_TEST_HOST}:${env.CHSTATE_TEST_PORT}/default`;
+  const password = env.CHSTATE_TEST_PASSWORD ?? "";
+  const openOn = async (extra) => openStore(new ExtismCore(await plugin()), { uri, password, schema, ...extra },
+                                            { env: {}, makeTransport: httpTransport });
+  const store = await openOn({ lock_timeout_seconds: 1.5, lock_retry_seconds: 0.1 });
+  const id = "dev:extism-node-\u00e9'%_";
   const cases = [
-    ["set_get", async () => {
-      await store.run({ op: "set", state_id_hex: id, state: { completed: { singer_state: { n: 1 } }, partial: {} } });
-      const got = (await store.run({ op: "get", state_id_hex: id })).state;
-      if (got.completed.singer_state.n !== 1) throw new Error(JSON.stringify(got));
+    ["one_call_open", async () => {
+      const s = await open(createPlugin, uri, { wasm: wasmPath, env: {}, password, schema, history_versions: 3 });
+      try {
+        check("settings", [s.settings.store.schema, s.settings.store.history_versions], [schema, 3]);
+        await s.init();
+        await s.set("dev:open", STATE);
+        check("get", (await s.get("dev:open")).merged, STATE);
+        await s.delete("dev:open");
+      } finally {
+        await s.close();
+      }
+      await refused(open(createPlugin, uri, { wasm: wasmPath, env: {}, lock_retry: 1 }), "INVALID_ARGUMENT",
+                    "lock_retry_seconds");
     }],
-    ["update_and_history", async () => {
-      await store.run({ op: "update", state_id_hex: id, state: { completed: {}, partial: { p: 2 } } });
-      const versions = (await store.run({ op: "history", state_id_hex: id })).versions;
-      if (versions.length !== 2 || !versions[0].current) throw new Error(JSON.stringify(versions));
+    ["default_plugin_in_a_folder_with_a_space", async () => {
+      // As the npm package installs it: the hosts with chstate_extism.wasm beside them, here under a
+      // folder whose name has a space (a URL's pathname would spell it %20).
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "chstate extism "));
+      try {
+        for (const f of ["chstate_extism.mjs", "chstate_wasi.mjs", "chstate_binding.mjs"]) {
+          fs.copyFileSync(path.join(repo, "hosts/wasi", f), path.join(dir, f));
+        }
+        fs.copyFileSync(wasmPath, path.join(dir, "chstate_extism.wasm"));
+        const copy = await import(pathToFileURL(path.join(dir, "chstate_extism.mjs")).href);
+        const s = await copy.open(createPlugin, uri, { env: {}, password, schema });
+        try {
+          check("ping", (await s.ping()).dialect.length > 0, true);
+        } finally {
+          await s.close();
+        }
+      } finally {
+        fs.rmSync(dir, { recursive: true, force: true });
+      }
+    }],
+    ["every_verb_has_a_method", async () => {
+      const verbs = await store.core.verbs();
+      if (!verbs.some((v) => v.name === "release")) throw new Error(`no release in ${JSON.stringify(verbs)}`);
+      check("verbs without a method", missingMethods(store, verbs), []);
+      if (typeof store.withLock !== "function") throw new Error("no withLock");
+    }],
+    ["every_verb", async () => {
+      const ran = await everyVerb(store, id);
+      const table = (await store.core.verbs()).map((v) => v.name).filter((n) => n !== "acquire" && n !== "release");
+      check("verbs run", [...ran].sort(), table.sort());
     }],
     ["lock_refuses_a_second_plugin", async () => {
-      const other = await new ExtismChstate(await plugin()).openStore(
-        { schema, lock_timeout_ms: 300, lock_retry_ms: 100 }, transport);
-      const { lock_id } = await store.run({ op: "acquire_lock", state_id_hex: id });
-      const refused = await other.run({ op: "acquire_lock", state_id_hex: id }).then(() => null, (e) => e);
-      await store.run({ op: "release_lock", state_id_hex: id, lock_id });
-      if (!(refused instanceof ChstateError) || refused.code !== "ABORTED") throw new Error(`not refused: ${refused}`);
+      const other = await openOn({ lock_wait_seconds: 0.3, lock_retry_seconds: 0.1 });
+      try {
+        await store.withLock(id, () => refused(other.withLock(id, async () => {}), "ABORTED"));
+        await other.withLock(id, () => other.set(id, STATE));  // released: the other plugin takes it now
+      } finally {
+        await other.close();
+      }
     }],
-    ["list_and_clear_all", async () => {
-      const ids = (await store.run({ op: "list", pattern: null })).state_ids_hex;
-      if (JSON.stringify(ids) !== JSON.stringify([id])) throw new Error(JSON.stringify(ids));
-      const { count } = await store.run({ op: "clear_all" });
-      if (count !== 1) throw new Error(`cleared ${count}`);
+    ["scope_keeps_its_lock", async () => {
+      const s = await openOn({ lock_timeout_seconds: 1 });
+      try {
+        await scopeKeepsItsLock(s, env.CHSTATE_CONTENDER, schema, "dev:long-scope");
+      } finally {
+        await s.close();
+      }
     }],
   ];
   for (const [name, fn] of cases) {

@@ -1,14 +1,17 @@
 // Runs the Node side of tests/wasi and prints one JSON line per case
 // ({"name", "ok", "detail"}); pytest (tests/wasi) parametrizes over them.
 //   node node_runner.mjs vectors PATH.wasm   the shared vectors, byte for byte
-//   node node_runner.mjs server PATH.wasm    every operation against the real
-//                                            server in CHSTATE_TEST_* (fetch)
+//   node node_runner.mjs server PATH.wasm    the binding against the real server
+//                                            in CHSTATE_TEST_* (CHSTATE_CONTENDER:
+//                                            the chstate command that contends)
 //   node node_runner.mjs bare PATH.wasm      instantiation with no imports at all
 //   node node_runner.mjs hostile PATH.wasm   hostile ABI input in V8
+//   node node_runner.mjs binding PATH.wasm   the JS binding over a scripted core
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { loadChstate, httpTransport, ChstateError } from "../../hosts/wasi/chstate_wasi.mjs";
+import { loadChstate, httpTransport, open, openStore, WasiCore } from "../../hosts/wasi/chstate_wasi.mjs";
+import { STATE, check, everyVerb, missingMethods, refused, scopeKeepsItsLock } from "./js_binding_checks.mjs";
 
 const [mode, wasmPath] = process.argv.slice(2);
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
@@ -24,7 +27,7 @@ async function vectors() {
       const name = `${file}_${c.name}`;
       try {
         let handle = 0;
-        if (c.store) {
+        if (c.store) {  // a settings document, passed as it is
           const r = mod.storeNew(JSON.stringify(c.store));
           if (!r.store) throw new Error(`store_new: ${JSON.stringify(r)}`);
           handle = r.store;
@@ -34,8 +37,8 @@ async function vectors() {
         c.steps.forEach((step, i) => {
           if (mismatch) return;
           const [p, n] = mod.input(enc.encode(JSON.stringify(step.doc)));
-          const got = step.call === "resolve_config"
-            ? mod.output((o, cap) => mod.x.chstate_resolve_config(p, n, o, cap))
+          const got = step.call === "resolve_settings"
+            ? mod.output((o, cap) => mod.x.chstate_resolve_settings(p, n, o, cap))
             : mod.output((o, cap) => mod.x[step.call === "start" ? "chstate_op_start" : "chstate_op_feed"](
                 handle, p, n, BigInt(step.now_ms), rp, rn, o, cap));
           if (got !== step.expect) mismatch = `step ${i} (${step.call}):\n  got  ${got}\n  want ${step.expect}`;
@@ -51,80 +54,68 @@ async function vectors() {
 
 async function server() {
   const env = process.env;
-  const mod = await loadChstate(wasmPath);
   const schema = `wasi_node_${process.pid}`;
-  const { config, failed } = mod.resolveConfig({
-    flags: { host: env.CHSTATE_TEST_HOST, port: env.CHSTATE_TEST_PORT, user: env.CHSTATE_TEST_USER,
-             password: env.CHSTATE_TEST_PASSWORD ?? "", database: "default", schema },
-  });
-  if (failed) return report("resolve_config", false, JSON.stringify(failed));
-  const transport = httpTransport(config);
-  const store = mod.openStore({ schema: config.schema, table: config.table, lock_timeout_ms: 1500, lock_retry_ms: 100 }, transport);
+  const uri = `clickhouse://${env.CHSTATE_TEST_USER}@${env.CHSTATE_TEST_HOST}:${env.CHSTATE_TEST_PORT}/default`;
+  const settings = (extra = {}) => ({ wasm: wasmPath, env: {}, password: env.CHSTATE_TEST_PASSWORD ?? "", schema, ...extra });
+  const mod = await loadChstate(wasmPath);
+  const openOn = (extra) => openStore(new WasiCore(mod), { uri, password: env.CHSTATE_TEST_PASSWORD ?? "", schema, ...extra },
+                                      { env: {}, makeTransport: httpTransport });
+  const store = await openOn({ lock_timeout_seconds: 1.5, lock_retry_seconds: 0.1 });
   const id = "dev:node-\u00e9\u0000'`%_*";  // a NUL, quotes and LIKE/glob characters cross unchanged
   const cases = [
-    ["init", async () => { await store.run({ op: "init" }); }],
-    ["set_get", async () => {
-      const state = { completed: { singer_state: { bookmarks: { users: { id: 41 } } } }, partial: {} };
-      await store.set(id, state);
-      const got = await store.get(id);
-      if (JSON.stringify(got) !== JSON.stringify(state)) throw new Error(`read back ${JSON.stringify(got)}`);
+    ["one_call_open", async () => {
+      const s = await open(uri, settings({ history_versions: 3 }));
+      try {
+        check("settings", [s.settings.store.schema, s.settings.store.history_versions], [schema, 3]);
+        if (s.redactedUri.includes(env.CHSTATE_TEST_PASSWORD)) throw new Error("password in the redacted URI");
+        await s.init();
+        await s.set("dev:open", STATE);
+        check("get", (await s.get("dev:open")).merged, STATE);
+        await s.delete("dev:open");
+      } finally {
+        await s.close();
+      }
+      // A renamed setting is refused naming its new name.
+      await refused(open(uri, settings({ stale_lock: 30 })), "INVALID_ARGUMENT", "lock_timeout_seconds");
     }],
-    ["merge", async () => {
-      await store.merge(id, { singer_state: { bookmarks: { orders: { id: 7 } } } });
-      const got = await store.get(id);
-      if (got.partial.singer_state.bookmarks.orders.id !== 7 || got.completed.singer_state.bookmarks.users.id !== 41)
-        throw new Error(`after merge ${JSON.stringify(got)}`);
+    ["every_verb_has_a_method", async () => {
+      const verbs = mod.verbs();
+      if (!verbs.some((v) => v.name === "acquire")) throw new Error(`no acquire in ${JSON.stringify(verbs)}`);
+      check("verbs without a method", missingMethods(store, verbs), []);
+      if (typeof store.withLock !== "function") throw new Error("no withLock");
     }],
-    ["list", async () => {
-      await store.set("dev:other", { completed: { a: 1 }, partial: {} });
-      const all = await store.list();
-      const some = await store.list("dev:node-*");
-      if (JSON.stringify(all) !== JSON.stringify(["dev:node-\u00e9\u0000'`%_*", "dev:other"].sort()))
-        throw new Error(`list() = ${JSON.stringify(all)}`);
-      if (JSON.stringify(some) !== JSON.stringify([id])) throw new Error(`list(dev:node-*) = ${JSON.stringify(some)}`);
+    ["every_verb", async () => {
+      const ran = await everyVerb(store, id);
+      const table = mod.verbs().map((v) => v.name).filter((n) => n !== "acquire" && n !== "release");
+      check("verbs run", [...ran].sort(), table.sort());
     }],
-    ["locked_update", async () => {
-      const other = mod.openStore({ schema: config.schema, table: config.table, lock_timeout_ms: 300, lock_retry_ms: 100 }, transport);
-      await store.withLock(id, async (lock) => {
-        // While held, a second store (another plugin instance) cannot take it.
-        const refused = await other.run({ op: "acquire_lock", state_id_hex: Buffer.from(id).toString("hex") }).then(
-          () => null, (e) => e);
-        if (!(refused instanceof ChstateError) || refused.code !== "ABORTED")
-          throw new Error(`second store was not refused: ${refused}`);
-        await lock.setLocked({ completed: { singer_state: { v: 2 } }, partial: {} });
-      });
-      other.close();
-      const got = await store.get(id);
-      if (got.completed.singer_state.v !== 2) throw new Error(`after locked update ${JSON.stringify(got)}`);
+    ["second_store_refused", async () => {
+      const other = await openOn({ lock_wait_seconds: 0.3, lock_retry_seconds: 0.1 });
+      try {
+        await store.withLock(id, async () => {
+          await refused(other.withLock(id, async () => {}), "ABORTED");
+          await refused(other.set(id, STATE), "ABORTED");  // a write takes the id's lock
+          await store.set(id, STATE);
+        });
+        await other.withLock(id, () => other.merge(id, { singer_state: { p: 1 } }));  // released: taken now
+        check("after the other's merge", (await store.get(id)).partial, { singer_state: { p: 1 } });
+      } finally {
+        await other.close();
+      }
     }],
-    ["history_rollback", async () => {
-      // The merge and the locked update above are versions; roll back to the merge.
-      const versions = await store.history(id);
-      if (versions.length < 3 || !versions[0].current) throw new Error(`history ${JSON.stringify(versions)}`);
-      const merged = versions.find((v) => v.state.partial.singer_state?.bookmarks?.orders?.id === 7
-                                          && v.state.completed.singer_state?.bookmarks?.users?.id === 41);
-      if (!merged) throw new Error(`no merged version in ${JSON.stringify(versions)}`);
-      const restored = await store.rollback(id, merged.version);
-      const got = await store.get(id);
-      if (JSON.stringify(got) !== JSON.stringify(restored) || got.partial.singer_state.bookmarks.orders.id !== 7)
-        throw new Error(`after rollback ${JSON.stringify(got)}`);
-      const refused = await store.rollback(id, "1-00000000").then(() => null, (e) => e);
-      if (!(refused instanceof ChstateError) || refused.code !== "NOT_FOUND") throw new Error(`rollback: ${refused}`);
-    }],
-    ["delete", async () => {
-      await store.delete(id);
-      if ((await store.get(id)) !== null) throw new Error("still there after delete");
-    }],
-    ["clear_all", async () => {
-      const n = await store.clearAll();
-      if (n !== 1) throw new Error(`clear_all removed ${n}, expected 1`);
-      if ((await store.list()).length !== 0) throw new Error("states left after clear_all");
+    ["scope_keeps_its_lock", async () => {
+      const s = await openOn({ lock_timeout_seconds: 1 });
+      try {
+        await scopeKeepsItsLock(s, env.CHSTATE_CONTENDER, schema, "dev:long-scope");
+      } finally {
+        await s.close();
+      }
     }],
     ["closed_port_is_unavailable", async () => {
-      const dead = mod.openStore({ schema }, httpTransport({ ...config, port: 1 }));
-      const e = await dead.get("x").then(() => null, (err) => err);
-      if (!(e instanceof ChstateError) || e.code !== "UNAVAILABLE") throw new Error(`got ${e}`);
-      dead.close();
+      const dead = await open(`clickhouse://${env.CHSTATE_TEST_USER}@127.0.0.1:1/default`,
+                              { wasm: wasmPath, env: {}, schema, connect_timeout_seconds: 1 });
+      await refused(dead.get("x"), "UNAVAILABLE");
+      await dead.close();
     }],
   ];
   for (const [name, fn] of cases) {
@@ -135,7 +126,8 @@ async function server() {
       report(name, false, e.stack ?? e);
     }
   }
-  store.close();
+  await store.close();
+  const transport = httpTransport(store.settings.connection);
   try {
     await transport({ sql: `DROP DATABASE IF EXISTS ${schema}`, url_params: [] });
     const left = await transport({ sql: `SELECT count() FROM system.databases WHERE name = '${schema}'`, url_params: [] });
@@ -143,6 +135,8 @@ async function server() {
     report("cleanup", n === "0", `${n} databases named ${schema} left`);
   } catch (e) {
     report("cleanup", false, e.stack);
+  } finally {
+    transport.close();
   }
 }
 
@@ -152,7 +146,7 @@ async function server() {
 async function hostile() {
   const mod = await loadChstate(wasmPath);
   const x = mod.x;
-  const handle = mod.storeNew("{}").store;
+  const handle = mod.storeNew('{"from":"api","values":{"uri":"clickhouse://default@127.0.0.1:8123/default"}}').store;
   const version = JSON.stringify({ response: { transport_ok: true, http_status: 200, body: "18.16.1\t1\n" } });
   const rnd = mod.input(new Uint8Array(32).fill(7), "rnd");
   const start = (doc, h = handle) => JSON.parse(mod.output((o, c) => {
@@ -197,6 +191,53 @@ async function hostile() {
   }
 }
 
+// The JS binding (chstate_binding.mjs) over a scripted core, no module and no
+// server: what the pump and the idle timer do with the actions they are given.
+async function binding() {
+  const { openStore } = await import("../../hosts/wasi/chstate_binding.mjs");
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  const scripted = (period, fed) => ({
+    verbs: () => [{ name: "ping", args: [], returns: "server" }],
+    storeNew: () => 1,
+    storeSettings: () => ({ connection: {} }),
+    start: (h, text, now) => ({ done: { server_version: "x", dialect: "modern", next_timeout_ms: now + period } }),
+    feed: (h, text, now) => { fed.push(now); return { idle: { next_timeout_ms: now + period } }; },
+    storeFree: () => {},
+  });
+  const cases = {
+    // Node's timers may fire a little before the time asked for (whole
+    // milliseconds of the loop's clock against performance.now()); here every
+    // timer of the binding fires 2 ms early. The idle timer must go on (a
+    // lock scope's renewals ride on it), not stop at the first early wake.
+    idle_timer_survives_early_wakes: async () => {
+      const real = globalThis.setTimeout;
+      globalThis.setTimeout = (fn, ms, ...args) => real(fn, Math.max(0, ms - 2), ...args);
+      const fed = [];
+      const store = await openStore(scripted(20, fed), {}, { transport: async () => ({}), env: {} });
+      try {
+        await store.ping();
+        globalThis.setTimeout = real;  // the test's own waits are exact
+        const keep = setInterval(() => {}, 50);
+        await sleep(400);
+        clearInterval(keep);
+        // About 20 timers in 400 ms; the last one recent.
+        return fed.length >= 10 ? "" : `the idle timer ran ${fed.length} times in 400 ms (every 20 ms wanted)`;
+      } finally {
+        globalThis.setTimeout = real;
+        await store.close();
+      }
+    },
+  };
+  for (const [name, fn] of Object.entries(cases)) {
+    try {
+      const problem = await fn();
+      report(`binding_${name}`, !problem, problem);
+    } catch (e) {
+      report(`binding_${name}`, false, e.stack);
+    }
+  }
+}
+
 // The module needs no imports: plain WebAssembly with an empty import object.
 async function bare() {
   try {
@@ -204,10 +245,10 @@ async function bare() {
     instance.exports._initialize();
     const v = instance.exports.chstate_abi_version();
     const bad = instance.exports.chstate_free(12345);
-    report("bare_instance", v === 2 && bad === -1, `abi ${v}, free(12345) = ${bad}`);
+    report("bare_instance", v === 3 && bad === -1, `abi ${v}, free(12345) = ${bad}`);
   } catch (e) {
     report("bare_instance", false, e.stack);
   }
 }
 
-await ({ vectors, server, bare, hostile }[mode])();
+await ({ vectors, server, bare, hostile, binding }[mode])();

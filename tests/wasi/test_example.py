@@ -29,7 +29,8 @@ def test_example_runs_against_clickhouse(wasm_path, clickhouse):
         assert out.returncode == 0, out.stderr
         lines = out.stdout.splitlines()
         assert json.loads(lines[0]) == {"completed": {"singer_state": {"bookmarks": {}}},
-                                        "partial": {"singer_state": {"bookmarks": {"users": {"id": 42}}}}}
+                                        "partial": {"singer_state": {"bookmarks": {"users": {"id": 42}}}},
+                                        "merged": {"singer_state": {"bookmarks": {"users": {"id": 42}}}}}
         assert json.loads(lines[1]) == ["dev:tap-to-target"]
         assert clickhouse.password not in out.stdout + out.stderr
         assert clickhouse.sql(f"SELECT count() FROM {schema}.state FINAL").strip() == "0"  # deleted at the end

@@ -1,8 +1,11 @@
 """chstate_extism.wasm in Extism's Python SDK (the `extism` package from
 PyPI, its runtime from `extism-sys`): the shared conformance vectors byte for
-byte, every operation against the real ClickHouse server through
-hosts/wasi/chstate_extism.py, the plugin's imports and exports, and bad input
-answered with documents, never a trap."""
+byte; the Python binding of the verbs over the plugin
+(hosts/wasi/chstate_extism.py: ExtismCore, open) against the real ClickHouse
+server: every verb's method, one-call open, a lock scope refusing a second
+plugin instance and keeping its lock while its block runs three validities
+long; the plugin's imports and exports; bad input answered with documents,
+never a trap."""
 
 from __future__ import annotations
 
@@ -11,18 +14,20 @@ import uuid
 
 import pytest
 
-from chstate_extism import ChstateError, ExtismChstate
-from chstate_wasmtime import HttpTransport
+import chstate_extism
+from chstate_extism import ChstateError, ExtismCore, Store
+from py_binding_checks import STATE, every_verb, missing_methods, scope_keeps_its_lock
 from vector_runner import compact, vector_cases
 
 CASES = vector_cases()
-EXPORTS = {"resolve_config", "store_new", "op_start", "op_feed", "store_free"}
+EXPORTS = {"verbs", "resolve_settings", "store_new", "op_start", "op_feed", "store_free"}
+SETTINGS = {"from": "api", "values": {"uri": "clickhouse://default@127.0.0.1:8123/default"}}
 
 
 @pytest.fixture()
-def chstate(extism_path) -> ExtismChstate:
+def core(extism_path) -> ExtismCore:
     import extism
-    return ExtismChstate(extism.Plugin(extism_path.read_bytes(), wasi=True))
+    return ExtismCore(extism.Plugin(extism_path.read_bytes(), wasi=True))
 
 
 def test_imports_only_extism_kernel_functions_and_exports_the_c_abi_names(extism_path):
@@ -37,75 +42,100 @@ def test_imports_only_extism_kernel_functions_and_exports_the_c_abi_names(extism
 
 
 @pytest.mark.parametrize("name,case,random", CASES, ids=[c[0] for c in CASES])
-def test_extism_matches_vectors(chstate, name, case, random):
+def test_extism_matches_vectors(core, name, case, random):
     handle = None
-    if "store" in case:
-        r = chstate.call("store_new", compact(case["store"]).decode())
+    if "store" in case:  # a settings document, passed as it is
+        r = core.call("store_new", compact(case["store"]).decode())
         assert "store" in r, r
         handle = r["store"]
     for i, step in enumerate(case["steps"]):
-        if step["call"] == "resolve_config":
-            got = chstate.plugin.call("resolve_config", compact(step["doc"]))
+        if step["call"] == "resolve_settings":
+            got = core.plugin.call("resolve_settings", compact(step["doc"]))
         else:
             fn, key = ("op_start", "op") if step["call"] == "start" else ("op_feed", "answer")
-            got = chstate.plugin.call(fn, json.dumps({"store": handle, "now_ms": step["now_ms"],
+            got = core.plugin.call(fn, json.dumps({"store": handle, "now_ms": step["now_ms"],
                                                       "random_hex": random.hex(), key: step["doc"]}).encode())
         assert bytes(got) == step["expect"].encode(), f"step {i} ({step['call']})"
 
 
+def settings(server, schema: str, **extra) -> dict:
+    return {"uri": server.uri(), "password": server.password, "schema": schema, **extra}
+
+
 @pytest.fixture()
-def store(chstate, clickhouse):
-    schema = f"extism_{uuid.uuid4().hex[:8]}"
-    cfg = chstate.resolve_config({"flags": {"host": clickhouse.host, "port": clickhouse.port, "user": clickhouse.user,
-                                            "password": clickhouse.password, "database": "default",
-                                            "schema": schema}})["config"]
-    s = chstate.open_store({"schema": cfg["schema"], "table": cfg["table"], "lock_timeout_ms": 1500,
-                            "lock_retry_ms": 100}, HttpTransport(cfg))
-    s.schema = schema
+def schema(clickhouse):
+    name = f"extism_{uuid.uuid4().hex[:8]}"
+    yield name
+    clickhouse.sql(f"DROP DATABASE IF EXISTS {name}")
+
+
+@pytest.fixture()
+def store(core, clickhouse, schema):
+    s = Store(core, settings(clickhouse, schema, lock_timeout_seconds=1.5, lock_retry_seconds=0.1), env={})
     yield s
     s.close()
-    clickhouse.sql(f"DROP DATABASE IF EXISTS {schema}")
 
 
-def hexid(s: str) -> str:
-    return s.encode().hex()
-
-
-def test_every_operation_against_the_server(store):
-    sid = "dev:extism-\u00e9\x00'`%_*"
-    state = {"completed": {"singer_state": {"n": 1}}, "partial": {}}
-    store.run({"op": "set", "state_id_hex": hexid(sid), "state": state})
-    got = store.run({"op": "get", "state_id_hex": hexid(sid)})["state"]
-    assert (got["completed"], got["partial"]) == (state["completed"], {})
-    store.run({"op": "update", "state_id_hex": hexid(sid), "state": {"completed": {}, "partial": {"p": 2}}})
-    assert store.run({"op": "get", "state_id_hex": hexid(sid)})["state"]["partial"] == {"p": 2}
-    store.run({"op": "set", "state_id_hex": hexid("dev:other"), "state": state})
-    ids = store.run({"op": "list", "pattern_hex": hexid("dev:extism-*")})["state_ids_hex"]
-    assert ids == [hexid(sid)]
-    versions = store.run({"op": "history", "state_id_hex": hexid(sid)})["versions"]
-    assert len(versions) == 2 and versions[0]["current"]
-    page = store.run({"op": "export_page", "pattern": None})
-    assert len(page["states"]) == 2 and page["more"] is False
-    lock = store.run({"op": "acquire_lock", "state_id_hex": hexid(sid)})
-    assert lock["lock_id"] and lock["next_timeout_ms"] is not None
-    store.run({"op": "release_lock", "state_id_hex": hexid(sid), "lock_id": lock["lock_id"]})
-    store.run({"op": "delete", "state_id_hex": hexid(sid)})
-    assert store.run({"op": "get", "state_id_hex": hexid(sid)})["state"] is None
-    assert store.run({"op": "clear_all"})["count"] == 1
-
-
-def test_a_held_lock_refuses_a_second_plugin_instance(chstate, store, clickhouse, extism_path):
+def new_plugin_store(extism_path, server, schema: str, **extra) -> Store:
     import extism
-    other_chstate = ExtismChstate(extism.Plugin(extism_path.read_bytes(), wasi=True))
-    lock = store.run({"op": "acquire_lock", "state_id_hex": hexid("dev:l")})
-    other = other_chstate.open_store({"schema": store.schema, "lock_timeout_ms": 300, "lock_retry_ms": 100},
-                                     store.transport)
+    return Store(ExtismCore(extism.Plugin(extism_path.read_bytes(), wasi=True)), settings(server, schema, **extra),
+                 env={})
+
+
+def test_every_verb_has_a_method(store, core):
+    verbs = core.verbs()
+    assert {v["name"] for v in verbs} >= {"get", "set", "merge", "acquire", "release"}, verbs
+    assert missing_methods(store, verbs) == []
+    assert callable(store.lock)
+
+
+def test_every_verb_against_the_server(store, core):
+    ran = every_verb(store, "dev:extism-\u00e9\x00'`%_*")
+    table = {v["name"] for v in core.verbs()}
+    assert ran == table - {"acquire", "release"}, table ^ ran
+
+
+def test_one_call_open(extism_path, clickhouse, schema):
+    s = chstate_extism.open(clickhouse.uri(), wasm=extism_path, password=clickhouse.password, schema=schema,
+                            history_versions=3, env={})
+    try:
+        assert s.settings["store"]["schema"] == schema and s.settings["store"]["history_versions"] == 3
+        assert clickhouse.password not in repr(s)
+        s.init()
+        s.set("dev:open", STATE)
+        assert s.get("dev:open")["merged"] == STATE
+    finally:
+        s.close()
     with pytest.raises(ChstateError) as e:
-        other.run({"op": "acquire_lock", "state_id_hex": hexid("dev:l")})
-    assert e.value.code == "ABORTED"
-    store.run({"op": "release_lock", "state_id_hex": hexid("dev:l"), "lock_id": lock["lock_id"]})
-    again = other.run({"op": "acquire_lock", "state_id_hex": hexid("dev:l")})
-    other.run({"op": "release_lock", "state_id_hex": hexid("dev:l"), "lock_id": again["lock_id"]})
+        chstate_extism.open(clickhouse.uri(), wasm=extism_path, lock_timeout=5, env={})
+    assert e.value.code == "INVALID_ARGUMENT" and "lock_wait_seconds" in e.value.message
+    with pytest.raises(ChstateError) as e:
+        chstate_extism.open(clickhouse.uri(), wasm=extism_path.with_name("absent.wasm"), env={})
+    assert e.value.code == "NOT_FOUND" and "bazel build --config=wasi" in e.value.message
+
+
+def test_a_held_lock_refuses_a_second_plugin_instance(store, clickhouse, schema, extism_path):
+    store.init()
+    other = new_plugin_store(extism_path, clickhouse, schema, lock_wait_seconds=0.3, lock_retry_seconds=0.1)
+    try:
+        with store.lock("dev:l"):
+            with pytest.raises(ChstateError) as e:
+                with other.lock("dev:l"):
+                    pass
+            assert e.value.code == "ABORTED"
+        with other.lock("dev:l"):  # released: the other instance takes it now
+            other.set("dev:l", STATE)
+    finally:
+        other.close()
+
+
+def test_scope_keeps_its_lock(extism_path, clickhouse, schema, chstate_cli):
+    s = new_plugin_store(extism_path, clickhouse, schema, lock_timeout_seconds=1)
+    try:
+        s.init()
+        scope_keeps_its_lock(s, chstate_cli, clickhouse, schema, "dev:long-scope")
+    finally:
+        s.close()
 
 
 @pytest.mark.parametrize("export, doc", [
@@ -113,16 +143,26 @@ def test_a_held_lock_refuses_a_second_plugin_instance(chstate, store, clickhouse
     ("op_start", {"store": 99, "now_ms": 1, "random_hex": "11" * 32, "op": {"op": "ping"}}),
     ("op_start", {"store": 1, "op": {"op": "ping"}}),
     ("op_start", {"store": 1, "now_ms": 1, "random_hex": "xyz", "op": {"op": "ping"}}),
-    ("op_feed", {"store": 1, "now_ms": 1, "random_hex": "11" * 32, "answer": {"timer": True}}),
+    # An SQL answer while no op runs (a timer then is the idle timer: test_timer_while_idle_is_the_idle_timer).
+    ("op_feed", {"store": 1, "now_ms": 1, "random_hex": "11" * 32,
+                 "answer": {"response": {"transport_ok": True, "http_status": 200, "body": ""}}}),
     ("store_free", {"store": "one"}),
-    ("store_new", '{"schema": "no-dashes"}'),
-    ("resolve_config", "[]"),
+    ("store_new", '{"values": {"uri": "clickhouse://u@h/db", "schema": "no-dashes"}}'),
+    ("store_new", "{}"),  # a uri is required
+    ("resolve_settings", "[]"),
 ])
-def test_bad_input_is_a_failed_document_and_the_plugin_goes_on(chstate, export, doc):
-    first = chstate.call("store_new", {})
-    assert first == {"store": 1}
-    out = chstate.call(export, doc if isinstance(doc, str) else json.dumps(doc))
+def test_bad_input_is_a_failed_document_and_the_plugin_goes_on(core, export, doc):
+    first = core.call("store_new", SETTINGS)
+    assert first["store"] == 1 and first["settings"]["connection"]["host"] == "127.0.0.1", first
+    out = core.call(export, doc if isinstance(doc, str) else json.dumps(doc))
     assert "failed" in out and out["failed"]["code"] in ("INVALID_ARGUMENT", "FAILED_PRECONDITION"), out
     # The plugin is intact: store 1 still runs an operation.
-    action = chstate.step("op_start", 1, "op", {"op": "ping"})
+    action = core.start(1, b'{"op":"ping"}', 1000, bytes(32))
     assert action["request"]["purpose"] == "select_version"
+
+
+def test_timer_while_idle_is_the_idle_timer(core):
+    """Protocol v3: {"timer":true} fed while no op runs is the idle timer (it was an error before); with
+    no lock held it ends at once, asking for no further timer."""
+    handle = core.store_new(SETTINGS)
+    assert core.feed(handle, b'{"timer":true}', 1000, bytes(32)) == {"idle": {"next_timeout_ms": None}}

@@ -1,7 +1,8 @@
 """chstate_extism.wasm in Extism's JavaScript SDK: @extism/extism installed
 from npm into a scratch project (as its users install it), driven by
 tests/wasi/extism_node_runner.mjs: the shared vectors byte for byte, and the
-operations against the real ClickHouse server through hosts/wasi/chstate_extism.mjs."""
+JS binding over the plugin (hosts/wasi/chstate_extism.mjs) against the real ClickHouse server: every
+verb's method, one-call open, a second plugin refused, a lock scope keeping its lock."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from vector_runner import vector_cases
 
 HERE = Path(__file__).resolve().parent
 SDK = "@extism/extism@1.0.3"
-SERVER_CASES = ["set_get", "update_and_history", "lock_refuses_a_second_plugin", "list_and_clear_all"]
+SERVER_CASES = ["one_call_open", "default_plugin_in_a_folder_with_a_space", "every_verb_has_a_method", "every_verb", "lock_refuses_a_second_plugin",
+                "scope_keeps_its_lock"]
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +54,7 @@ def test_node_extism_matches_vectors(results, name):
 
 
 @pytest.mark.parametrize("name", SERVER_CASES)
-def test_node_extism_against_the_server(results, clickhouse, name):
-    r = results("server", env=clickhouse.env())
+def test_node_extism_against_the_server(results, clickhouse, chstate_cli, name):
+    r = results("server", env={**clickhouse.env(), "CHSTATE_CONTENDER": str(chstate_cli)})
     assert name in r, f"the runner did not run {name}: {r}"
     assert r[name]["ok"], r[name]["detail"]

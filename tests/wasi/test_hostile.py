@@ -14,6 +14,8 @@ import pytest
 
 VERSION = {"response": {"transport_ok": True, "http_status": 200, "body": "18.16.1\t1\n"}}
 GOOD_RANDOM = bytes(range(32))
+# A store opens from a settings document (hosts/common/protocol.h); a uri is required.
+SETTINGS = b'{"from":"api","values":{"uri":"clickhouse://default@127.0.0.1:8123/default"}}'
 
 
 def doc(module, r: int) -> dict:
@@ -36,7 +38,7 @@ def raw(module, fn: str, handle: int, data: bytes, *, length: int | None = None,
     return doc(module, r)
 
 
-def new_store(module, options: bytes = b"{}") -> int:
+def new_store(module, options: bytes = SETTINGS) -> int:
     r = module.store_new(options)
     assert "store" in r, r
     return r["store"]
@@ -101,7 +103,7 @@ def test_length_beyond_the_block_keeps_the_running_operation(module):
 
 def test_truncated_documents(module):
     handle = new_store(module)
-    text = json.dumps({"op": "set", "state_id_hex": "6161", "state": {"completed": {"a": [1, 2, 3]}, "partial": {}}})
+    text = json.dumps({"op": "set", "state_id_hex": "6161", "state": {"singer_state": {"a": [1, 2, 3]}}})
     for cut in (1, 5, len(text) // 2, len(text) - 1):
         assert_failed(raw(module, "chstate_op_start", handle, text[:cut].encode()), "INVALID_ARGUMENT", "JSON")
     assert_handle_works(module, handle)
@@ -143,26 +145,33 @@ def test_huge_sizes(module):
 
 
 def test_largest_document_is_handled(module):
-    """A 15 MiB state goes through set without trapping (the module grows its memory)."""
+    """A 15 MiB state goes through set without trapping (the module grows its
+    memory): the op is answered as a server would until the insert carries it."""
     handle = new_store(module)
     big = json.dumps({"op": "set", "state_id_hex": "6161",
-                      "state": {"completed": {"blob": "x" * (15 << 20)}, "partial": {}}}).encode()
-    first = raw(module, "chstate_op_start", handle, big)
-    assert first["request"]["purpose"] == "select_version", str(first)[:300]
-    insert = raw(module, "chstate_op_feed", handle, json.dumps(VERSION).encode())
-    assert "request" in insert or "failed" in insert
-    if "request" in insert:
-        assert len(insert["request"]["sql"]) > 15 << 20
+                      "state": {"singer_state": {"blob": "x" * (15 << 20)}}}).encode()
+    action = raw(module, "chstate_op_start", handle, big)
+    assert action["request"]["purpose"] == "select_version", str(action)[:300]
+    action = raw(module, "chstate_op_feed", handle, json.dumps(VERSION).encode())
+    # set takes the id's lock first (create, look for foreign rows), then inserts: an empty 200 answers each.
+    carried = False
+    for _ in range(12):
+        if "request" not in action:
+            break
+        carried = carried or len(action["request"]["sql"]) > 15 << 20
+        ok = {"response": {"transport_ok": True, "http_status": 200, "body": ""}}
+        action = raw(module, "chstate_op_feed", handle, json.dumps(ok).encode())
+    assert carried, "no request carried the 15 MiB state"
+    assert set(action) <= {"done", "failed", "request", "wait_ms"}, str(action)[:300]
     assert_handle_works(module, handle)
 
 
 def test_deep_nesting_is_refused_before_recursion(module):
     handle = new_store(module)
-    deep = b'{"op":"set","state_id_hex":"61","state":{"completed":' + b"[" * 200_000 + b"]" * 200_000 + b"}}"
+    deep = b'{"op":"set","state_id_hex":"61","state":{"singer_state":' + b"[" * 200_000 + b"]" * 200_000 + b"}}"
     assert_failed(raw(module, "chstate_op_start", handle, deep), "INVALID_ARGUMENT", "nests deeper than")
     # Just past the state model's own limit: refused by the core, not the ABI.
-    medium = (b'{"op":"set","state_id_hex":"61","state":{"completed":{"a":' + b"[" * 515 + b"]" * 515 +
-              b'},"partial":{}}}')
+    medium = b'{"op":"set","state_id_hex":"61","state":{"singer_state":{"a":' + b"[" * 515 + b"]" * 515 + b'}}}'
     assert_failed(raw(module, "chstate_op_start", handle, medium), "INVALID_ARGUMENT", "deeper")
     assert_handle_works(module, handle)
 
@@ -235,14 +244,32 @@ def test_block_double_free_and_foreign_pointers(module):
     assert_handle_works(module, new_store(module))
 
 
-def test_bad_store_options_and_config_documents(module):
-    for bad in (b"{", b'{"schema":"bad-name"}', b'{"colour":"blue"}', b'{"lock_timeout_ms":-1}', b"\xff"):
-        assert "failed" in module.store_new(bad), bad
-    p = module.block("cfg", 64)
-    module.write(p, b'{"flags":')
-    assert_failed(doc(module, module.call("chstate_resolve_config", p, 9, module.block("out", 65536), 65536)),
-                  "INVALID_ARGUMENT")
-    assert_failed(doc(module, module.call("chstate_resolve_config", 8, 9, module.block("out", 65536), 65536)),
+# Settings documents the core refuses, and a word its message must contain (the problem or the fix).
+BAD_SETTINGS = [
+    (b"{", "JSON"),
+    (b"\xff", "UTF-8"),
+    (b"[]", "object"),
+    (b'{"values":{}}', "URI"),                                                    # a uri is required
+    (b'{"values":{"uri":"clickhouse://u@h/db","schema":"bad-name"}}', "schema"),
+    (b'{"values":{"uri":"clickhouse://u@h/db","colour":"blue"}}', "colour"),    # no such setting
+    (b'{"values":{"uri":"clickhouse://u@h/db","lock_timeout_seconds":-1}}', "lock_timeout_seconds"),
+    (b'{"values":{"uri":"clickhouse://u@h/db","stale_lock":30}}', "lock_timeout_seconds"),  # renamed: names the new key
+    (b'{"values":{"uri":"clickhouse://u@h/db","lock_timeout_ms":1500}}', "lock_wait_seconds"),   # the old wait
+]
+
+
+@pytest.mark.parametrize("bad,word", BAD_SETTINGS, ids=[str(i) for i in range(len(BAD_SETTINGS))])
+def test_bad_settings_documents(module, bad, word):
+    got = module.store_new(bad)
+    assert "failed" in got and word in got["failed"]["message"], (bad, got)
+    p, n = module.put(bad, "cfg")
+    resolved = doc(module, module.call("chstate_resolve_settings", p, n, module.block("out", 65536), 65536))
+    assert "failed" in resolved and word in resolved["failed"]["message"], (bad, resolved)
+    assert_handle_works(module, new_store(module))
+
+
+def test_resolve_settings_outside_blocks(module):
+    assert_failed(doc(module, module.call("chstate_resolve_settings", 8, 9, module.block("out", 65536), 65536)),
                   "INVALID_ARGUMENT", "not inside a live block")
     assert_handle_works(module, new_store(module))
 
@@ -267,7 +294,8 @@ def test_random_garbage_never_traps(module):
             data = b"".join(gen.choice(pieces) for _ in range(gen.randrange(12)))
         fn = gen.choice(("chstate_op_start", "chstate_op_feed"))
         d = raw(module, fn, handle, data)
-        assert set(d) <= {"failed", "request", "done", "wait_ms"} and len(d) == 1, (data, d)
+        # "idle": a {"timer":true} fed while no op runs is the idle timer (protocol v3).
+        assert set(d) <= {"failed", "request", "done", "wait_ms", "idle"} and len(d) == 1, (data, d)
     assert_handle_works(module, handle)
 
 

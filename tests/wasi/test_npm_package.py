@@ -1,14 +1,17 @@
 """hosts/wasi as the npm package chstate-wasi (hosts/wasi/pack.sh).
 
-The tarball holds exactly the host module, its TypeScript declarations, the
-npm README, package.json and the WebAssembly module built by Bazel (the source
-tree never holds a .wasm). Installed with `npm install <tarball>` (offline: the
-package has no dependencies) into a scratch project outside the checkout, it is
-imported by name, finds its packaged chstate.wasm with no path, and works
-against the real ClickHouse 18.16: over HTTP, and over HTTPS with ca_file
-(tests/tls's CA and TLS server, reused). The declarations type-check a correct
-use and reject wrong ones (tsc from $CHSTATE_TSC, PATH, or `npm install
-typescript@5` in the scratch project; skipped only if none can be had).
+The tarball holds exactly the JS binding of the verbs (chstate_binding.mjs),
+the node:wasi host and its TypeScript declarations, the Extism host (the
+"./extism" export), the npm README, package.json and the two WebAssembly
+modules built by Bazel (the source tree never holds a .wasm). Installed with
+`npm install <tarball>` (offline: the package has no dependencies) into a
+scratch project outside the checkout, it is imported by name, opens a store
+in one call from its packaged chstate.wasm, and works against the real
+ClickHouse 18.16: over HTTP, and over HTTPS with ca_file (tests/tls's CA and
+TLS server, reused). The declarations type-check a correct use and reject
+wrong ones, and declare every verb of the core's table and every setting
+(tsc from $CHSTATE_TSC, PATH, or `npm install typescript@5` in the scratch
+project; skipped only if none can be had).
 """
 
 from __future__ import annotations
@@ -35,23 +38,28 @@ NAME = PACKAGE["name"]
 
 # Imports the package by name and drives one scenario; prints JSON lines.
 SCRIPT = r"""
-import { loadChstate, httpTransport, ChstateError, defaultWasmUrl } from "%(name)s";
+import { open, ChstateError, defaultWasmUrl } from "%(name)s";
+import * as extism from "%(name)s/extism";
 import { fileURLToPath } from "node:url";
 
 const out = (o) => console.log(JSON.stringify(o));
-out({ module: fileURLToPath(import.meta.resolve("%(name)s")), wasm: fileURLToPath(defaultWasmUrl) });
-const chstate = await loadChstate();  // no path: the packaged chstate.wasm
-const { config, failed } = chstate.resolveConfig({
-  flags: { uri: process.env.CHSTATE_NPM_URI },
-  env: { CLICKHOUSE_PASSWORD: process.env.CLICKHOUSE_PASSWORD ?? "" },
-});
-if (failed) throw new Error(JSON.stringify(failed));
-out({ secure: config.secure, ca_file: config.ca_file });
-const store = chstate.openStore({ schema: config.schema, table: config.table }, httpTransport(config));
-const state = (tag) => ({ completed: { singer_state: { bookmarks: { users: { id: tag } } } }, partial: {} });
+out({ module: fileURLToPath(import.meta.resolve("%(name)s")), wasm: fileURLToPath(defaultWasmUrl),
+      extism: fileURLToPath(import.meta.resolve("%(name)s/extism")), extism_open: typeof extism.open });
+// No wasm option: the packaged chstate.wasm. The password comes from CLICKHOUSE_PASSWORD (the core reads it).
+let store;
+try {
+  store = await open(process.env.CHSTATE_NPM_URI);
+} catch (e) {
+  if (!(e instanceof ChstateError)) throw e;
+  out({ error: e.code, detail: e.detail });
+  process.exit(0);
+}
+const connection = store.settings.connection;
+out({ secure: connection.secure, ca_file: connection.ca_file });
+const state = (tag) => ({ singer_state: { bookmarks: { users: { id: tag } } } });
 try {
   if (process.argv[2] === "full") {
-    await store.run({ op: "init" });
+    await store.init();
     await store.set("npm:a", state(1));
     await store.set("npm:kept", state(2));
     await store.merge("npm:a", { singer_state: { bookmarks: { orders: { id: 7 } } } });
@@ -67,56 +75,80 @@ try {
   if (!(e instanceof ChstateError)) throw e;
   out({ error: e.code, detail: e.detail });
 } finally {
-  store.close();
+  await store.close();
 }
 """
 
 GOOD_TS = r"""
-import { loadChstate, httpTransport, ChstateError, type Config, type Done, type State } from "%(name)s";
+import { open as openExtism, ExtismCore, type CreatePlugin } from "%(name)s/extism";
+import { open, openStore, loadChstate, httpTransport, WasiCore, ChstateError, type StateView, type Settings,
+         type LockInfo, type StateVersion, type Connection } from "%(name)s";
 
-const chstate = await loadChstate();
-const other = await loadChstate(new URL("./chstate.wasm", import.meta.url));
-const { config, failed } = chstate.resolveConfig({ flags: { uri: "clickhouse://u@127.0.0.1/default", port: 8123 },
-                                                  env: { CLICKHOUSE_PASSWORD: "" } });
-if (failed) throw new ChstateError(failed.code, failed.message);
-const c: Config = config;
-const store = chstate.openStore({ schema: c.schema, table: c.table, lock_timeout_ms: 1000 }, httpTransport(c));
-const s: State = { completed: { singer_state: { bookmarks: {} } }, partial: {} };
-const d: Done = await store.set("dev:a", s);
-const got: State | null = await store.get("dev:a");
-await store.merge("dev:a", { singer_state: { bookmarks: { users: { id: 42 } } } });
+const store = await open("clickhouse://u@127.0.0.1:8123/default", { password: "", lock_timeout_seconds: 1.5,
+                                                                    history_days: 7, wasm: "./chstate.wasm" });
+const settings: Settings = { uri: "clickhouse://u@127.0.0.1/default", port: 8123, secure: false };
+const other = await openStore(new WasiCore(await loadChstate()), settings,
+                              { env: {}, makeTransport: (c: Connection) => httpTransport(c) });
+const w: StateView = await store.set("dev:a", { singer_state: { bookmarks: {} } }, { partial: {}, force: false });
+const got: StateView | null = await store.get("dev:a");
+const m: StateView = await store.merge("dev:a", { singer_state: { bookmarks: { users: { id: 42 } } } });
+await store.merge("dev:b", null, { from: "dev:a" });
 const ids: string[] = await store.list("dev:*");
 const all: string[] = await store.list();
 const n: number = await store.clearAll();
-const r: string = await store.withLock("dev:a", async (lock) => {
-  await lock.setLocked(s);
-  await lock.renew();
-  return "ok";
+await store.copy("dev:a", "dev:c");
+await store.move("dev:c", "dev:d");
+const page = await store.export(null, { after: "dev:a", limit: 10 });
+const more: boolean = page.more;
+const first: string | undefined = page.states[0]?.stateId;
+const k: number = await store.import([{ stateId: "dev:e", completed: { singer_state: {} } }]);
+const versions: StateVersion[] = await store.history("dev:a", { limit: 5 });
+const back: StateView = await store.rollback("dev:a", versions[0].version);
+const locks: LockInfo[] = await store.locks("dev:*");
+const removed: LockInfo[] = await store.unlock("dev:a");
+const { serverVersion, dialect } = await store.ping();
+await store.init();
+await store.compact();
+const r: string = await store.withLock("dev:a", async (scope) => {
+  await store.set("dev:a", { singer_state: {} });
+  const lockId: string = await scope.renew();
+  return lockId + (await store.renew("dev:a"));
 });
-const next: number | null = (await store.run({ op: "tick" })).next_timeout_ms;
+const done = await store.run({ op: "get", state_id_hex: "6465763a61" });
 try {
   await store.delete("dev:a");
 } catch (e) {
   if (e instanceof ChstateError) console.log(e.code.length, e.detail.length);
 }
-store.close();
-console.log(other, d.dialect, got, ids, all, n, r, next);
+await store.close();
+await other.close();
+declare const createPlugin: CreatePlugin;
+const viaExtism = await openExtism(createPlugin, "clickhouse://u@h/db", { history_versions: 5 });
+const sameStore: StateView | null = await viaExtism.get("dev:a");
+const third = await openStore(new ExtismCore(await createPlugin("chstate_extism.wasm", { useWasi: true })), settings);
+await viaExtism.withLock("dev:a", () => viaExtism.merge("dev:a", { singer_state: {} }));
+console.log(sameStore, third);
+console.log(w, got, m, ids, all, n, more, first, k, back, locks, removed, serverVersion, dialect, r, done,
+            store.redactedUri, store.settings.connection.hosts[0].port);
 """
 
 # Each line is a wrong use tsc must report (the error's line is checked).
 BAD_TS = [
-    'chstate.resolveConfig({ flags: { url: "clickhouse://u@h/db" } });',  # no such flag
-    'await store.set("dev:a", { completed: 1, partial: {} });',  # completed is an object
+    'await open("clickhouse://u@h/db", { lock_timeout_ms: 1000 });',  # a renamed setting
+    'await open("clickhouse://u@h/db", { colour: "blue" });',  # no such setting
+    'await store.set("dev:a", { singer_state: {} }, { partial: 1 });',  # partial is an object
     'const ids: number[] = await store.list("dev:*");',  # ids are strings
-    "await loadChstate(42);",  # a path or a URL
-    'await store.run({ op: "get" });',  # get needs state_id_hex
-    'const gone: State = await store.get("dev:a");',  # may be null
-    "const t = httpTransport({ host: \"h\" });",  # a resolved Config
+    "await open(42);",  # the uri is a string
+    'const gone: StateView = await store.get("dev:a");',  # may be null
+    'await store.history("dev:a", 5);',  # limit goes in the options
+    'await store.acquire("dev:a");',  # the lock scope is withLock
+    'const t = httpTransport({ host: "h" });',  # a resolved Connection
+    'await openExtism("clickhouse://u@h/db");',  # the plugin's maker comes first
 ]
 BAD_PRELUDE = r"""
-import { loadChstate, httpTransport, type State } from "%(name)s";
-const chstate = await loadChstate();
-const store = chstate.openStore({}, httpTransport(chstate.resolveConfig({}).config!));
+import { open, httpTransport, type StateView } from "%(name)s";
+import { open as openExtism } from "%(name)s/extism";
+const store = await open("clickhouse://u@h/db");
 """
 
 
@@ -128,9 +160,10 @@ def clean_env(**extra: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def tarball(tmp_path_factory, wasm_path) -> Path:
+def tarball(tmp_path_factory, wasm_path, extism_path) -> Path:
     out = tmp_path_factory.mktemp("npm-dist")
-    built = subprocess.run([str(HOST_DIR / "pack.sh"), str(out)], env=clean_env(CHSTATE_WASM=str(wasm_path)),
+    built = subprocess.run([str(HOST_DIR / "pack.sh"), str(out)],
+                           env=clean_env(CHSTATE_WASM=str(wasm_path), CHSTATE_EXTISM_WASM=str(extism_path)),
                            capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr
     path = Path(built.stdout.split()[-1])
@@ -162,22 +195,29 @@ def run_scenario(project: Path, mode: str, uri: str, password: str) -> list[dict
     # The installed copy was imported by name, and its own chstate.wasm loaded.
     where = lines[0]
     installed = project / "node_modules" / NAME
-    assert where == {"module": str(installed / "chstate_wasi.mjs"), "wasm": str(installed / "chstate.wasm")}
+    assert where == {"module": str(installed / "chstate_wasi.mjs"), "wasm": str(installed / "chstate.wasm"),
+                     "extism": str(installed / "chstate_extism.mjs"), "extism_open": "function"}
     return lines[1:]
 
 
-def test_tarball_holds_the_host_the_types_and_the_module(tarball, wasm_path):
+SHIPPED_SOURCES = ("chstate_wasi.mjs", "chstate_wasi.d.mts", "chstate_binding.mjs", "chstate_extism.mjs",
+                   "chstate_extism.d.mts", "README.md")
+
+
+def test_tarball_holds_the_hosts_the_types_and_the_modules(tarball, wasm_path, extism_path):
     with tarfile.open(tarball) as tar:
         names = sorted(tar.getnames())
         packed_wasm = tar.extractfile("package/chstate.wasm").read()
+        packed_extism = tar.extractfile("package/chstate_extism.wasm").read()
         packed = json.loads(tar.extractfile("package/package.json").read())
-        for member in ("chstate_wasi.mjs", "chstate_wasi.d.mts", "README.md"):
+        for member in SHIPPED_SOURCES:
             assert tar.extractfile(f"package/{member}").read() == (HOST_DIR / member).read_bytes(), member
-    assert names == sorted(f"package/{n}" for n in ("package.json", "README.md", "chstate_wasi.mjs",
-                                                      "chstate_wasi.d.mts", "chstate.wasm"))
-    assert packed_wasm == wasm_path.read_bytes()
+    assert names == sorted(f"package/{n}" for n in ("package.json", *SHIPPED_SOURCES, "chstate.wasm",
+                                                      "chstate_extism.wasm"))
+    assert packed_wasm == wasm_path.read_bytes() and packed_extism == extism_path.read_bytes()
     assert packed["type"] == "module" and packed["engines"] == {"node": ">=18"}
     assert packed["exports"]["."] == {"types": "./chstate_wasi.d.mts", "default": "./chstate_wasi.mjs"}
+    assert packed["exports"]["./extism"] == {"types": "./chstate_extism.d.mts", "default": "./chstate_extism.mjs"}
     assert packed.get("dependencies", {}) == {} and "scripts" not in packed
     # Nothing was left in the source tree.
     assert not list(HOST_DIR.glob("*.wasm")) and not list(HOST_DIR.glob("*.tgz"))
@@ -190,7 +230,8 @@ def test_installed_package_against_clickhouse(project, clickhouse):
         config, got, listed, deleted = run_scenario(project, "full", uri, clickhouse.password)
         assert config == {"secure": False, "ca_file": ""}
         assert got == {"get": {"completed": {"singer_state": {"bookmarks": {"users": {"id": 1}}}},
-                               "partial": {"singer_state": {"bookmarks": {"orders": {"id": 7}}}}}}
+                               "partial": {"singer_state": {"bookmarks": {"orders": {"id": 7}}}},
+                               "merged": {"singer_state": {"bookmarks": {"users": {"id": 1}, "orders": {"id": 7}}}}}}
         assert listed == {"list": ["npm:a", "npm:kept"]}
         assert deleted == {"deleted": None, "list": ["npm:kept"]}
         # What the package wrote is what the server holds.
@@ -209,7 +250,7 @@ def test_installed_package_over_https_with_ca_file(project, tls):
         config, got = run_scenario(project, "tls", f"{base}&ca_file={tls['ca']}", s.password)
         assert config == {"secure": True, "ca_file": str(tls["ca"])}
         assert got == {"get": {"completed": {"singer_state": {"bookmarks": {"users": {"id": "tls"}}}},
-                               "partial": {}}}
+                               "partial": {}, "merged": {"singer_state": {"bookmarks": {"users": {"id": "tls"}}}}}}
         # The wrong CA fails closed: ca_file is what is trusted, not anything that answers.
         config, failed = run_scenario(project, "tls", f"{base}&ca_file={tls['wrong_ca']}", s.password)
         assert failed["error"] == "UNAVAILABLE" and "cert" in failed["detail"].lower(), failed
@@ -276,3 +317,23 @@ def test_npm_readme_example_type_checks(project):
     checked = subprocess.run([*tsc, *TSC_FLAGS, "--allowJs", "--checkJs", "process.d.ts", "readme_example.mjs"],
                              cwd=project, capture_output=True, text=True, timeout=300)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def _block(text: str, opening: str) -> str:
+    start = text.index(opening)
+    return text[start:text.index("\n}\n", start)]
+
+
+def test_declarations_name_every_verb_and_every_setting(module):
+    """chstate_wasi.d.mts declares a Store method for every verb of the module's table (camelCase; acquire
+    and release are withLock) and a key for every setting the core resolves (its origin lists them all)."""
+    dts = (HOST_DIR / "chstate_wasi.d.mts").read_text()
+    camel = lambda n: re.sub(r"_([a-z])", lambda m: m.group(1).upper(), n)  # noqa: E731
+    store = _block(dts, "export class Store {")
+    methods = set(re.findall(r"^  ([a-zA-Z]+)(?:<[^>]*>)?\(", store, re.M))
+    verbs = {camel(v["name"]) for v in json.loads(module.output(lambda o, c: module.call("chstate_verbs", o, c)))["verbs"]}
+    assert verbs - {"acquire", "release"} <= methods, verbs - methods
+    assert methods - verbs == {"constructor", "withLock", "run", "close"}, methods - verbs
+    settings = set(re.findall(r"^  ([a-z_]+)\?: SettingValue;", _block(dts, "export interface Settings {"), re.M))
+    resolved = module.resolve_settings({"values": {"uri": "clickhouse://u@h/db"}})
+    assert settings == set(resolved["settings"]["origin"]), settings ^ set(resolved["settings"]["origin"])

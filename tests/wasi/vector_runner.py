@@ -25,7 +25,7 @@ def compact(doc) -> bytes:
 
 def replay(module, case: dict, random: bytes) -> str | None:
     handle = None
-    if "store" in case:
+    if "store" in case:  # a settings document, passed as it is
         r = module.store_new(compact(case["store"]))
         if "store" not in r:
             return f"store_new failed: {r}"
@@ -33,8 +33,8 @@ def replay(module, case: dict, random: bytes) -> str | None:
     rp, rn = module.put(random, "random") if random else (0, 0)
     for i, step in enumerate(case["steps"]):
         p, n = module.put(compact(step["doc"]))
-        if step["call"] == "resolve_config":
-            got = module.output(lambda o, c: module.call("chstate_resolve_config", p, n, o, c))
+        if step["call"] == "resolve_settings":
+            got = module.output(lambda o, c: module.call("chstate_resolve_settings", p, n, o, c))
         else:
             fn = "chstate_op_start" if step["call"] == "start" else "chstate_op_feed"
             got = module.output(lambda o, c: module.call(fn, handle, p, n, step["now_ms"], rp, rn, o, c))
