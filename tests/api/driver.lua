@@ -42,11 +42,15 @@ end
 
 -- The contender: the CLI wanting the lock, started in the background; its
 -- exit code lands in a file.
-local function contender(state_id, wait_s)
+-- It runs in the scope's schema, with the scope's validity: were the scope's
+-- lock not renewed, it would be stale to this contender in time.
+local function contender(state_id, wait_s, settings)
   local out, script = os.tmpname(), os.tmpname()
   local f = assert(io.open(script, "w"))
-  f:write(("%s --uri %s --lock-timeout %s lock -- %s true >/dev/null 2>&1\necho $? > %s.done\n"):format(
-    sh_quote(CLI), sh_quote(URI), tostring(wait_s), sh_quote(state_id), sh_quote(out)))
+  f:write(("%s --uri %s --schema %s --stale-lock %s --lock-timeout %s lock -- %s true >/dev/null 2>&1\n" ..
+           "echo $? > %s.done\n"):format(sh_quote(CLI), sh_quote(URI), sh_quote(settings.schema),
+                                          tostring(settings.lock_timeout_seconds or 10), tostring(wait_s),
+                                          sh_quote(state_id), sh_quote(out)))
   f:close()
   os.execute(("MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD=%s sh %s &"):format(sh_quote(PASSWORD), sh_quote(script)))
   return out .. ".done"
@@ -98,13 +102,13 @@ local function has(t, k) return type(t) == "table" and t[k] ~= nil end
 
 local run_steps
 
-local function run_scope(store, step)
+local function run_scope(store, step, settings)
   local inner = chstate.array()
   local record = {}
   local ok, err = pcall(store.with_lock, store, step.scope, function()
-    local out = has(step, "contender_wait_seconds") and contender(step.scope, step.contender_wait_seconds)
+    local out = has(step, "contender_wait_seconds") and contender(step.scope, step.contender_wait_seconds, settings)
     if (step.idle_seconds or 0) > 0 then os.execute("sleep " .. step.idle_seconds) end
-    run_steps(store, step.steps, inner)
+    run_steps(store, step.steps, inner, settings)
     if out then record.contender = contender_outcome(out) end
   end)
   local result
@@ -117,12 +121,12 @@ local function run_scope(store, step)
   return result
 end
 
-function run_steps(store, steps, out)
+function run_steps(store, steps, out, settings)
   for _, step in ipairs(steps) do
     if has(step.skip_hosts, host) then
       out[#out + 1] = {skipped = step.skip_hosts[host]}
     elseif has(step, "scope") then
-      out[#out + 1] = run_scope(store, step)
+      out[#out + 1] = run_scope(store, step, settings)
     elseif has(step, "settings") then
       local s, view = store:settings(), {}
       for _, k in ipairs(step.settings) do view[k] = chstate.array{s.values[k], origin_class(s.origin[k])} end
@@ -169,7 +173,7 @@ for n, scenario in ipairs(scenarios.scenarios) do
   local ok, store = pcall(chstate.open, settings)
   if ok then
     entry.open = {ok = null}
-    local ran, err = pcall(run_steps, store, scenario.steps, entry.steps)
+    local ran, err = pcall(run_steps, store, scenario.steps, entry.steps, settings)
     store:close()
     if not ran then error(err, 0) end
   else

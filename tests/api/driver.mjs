@@ -41,8 +41,12 @@ function normal(verb, r) {
   }
 }
 
-function contender(stateId, waitS) {
-  const child = spawn(CLI, ["--uri", URI, "--lock-timeout", String(waitS), "lock", "--", stateId, "true"],
+// The CLI in the scope's schema, with the scope's validity: were the scope's
+// lock not renewed, it would be stale to this contender in time.
+function contender(stateId, waitS, settings) {
+  const child = spawn(CLI, ["--uri", URI, "--schema", settings.schema, "--stale-lock",
+                            String(settings.lock_timeout_seconds ?? 10), "--lock-timeout", String(waitS), "lock", "--",
+                            stateId, "true"],
                       { env: { ...env, MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD: PASSWORD }, stdio: "ignore" });
   return new Promise((resolve) => child.on("exit", (code) => resolve(
     code === 0 ? "acquired" : code === 4 ? "not acquired" : `exit ${code}`)));
@@ -72,10 +76,10 @@ async function call(store, verb, args, named) {
 let positional = {};
 const positionalCount = (verb) => positional[verb];
 
-async function runSteps(host, store, steps, out) {
+async function runSteps(host, store, steps, out, settings) {
   for (const step of steps) {
     if (step.skip_hosts && host in step.skip_hosts) { out.push({ skipped: step.skip_hosts[host] }); continue; }
-    if ("scope" in step) { out.push(await runScope(host, store, step)); continue; }
+    if ("scope" in step) { out.push(await runScope(host, store, step, settings)); continue; }
     if ("settings" in step) {
       const s = store.settings;
       out.push({ ok: Object.fromEntries(step.settings.map((k) => [k, [s.values[k], originClass(s.origin[k])]])) });
@@ -89,14 +93,14 @@ async function runSteps(host, store, steps, out) {
   }
 }
 
-async function runScope(host, store, step) {
+async function runScope(host, store, step, settings) {
   const inner = [];
   const record = {};
   try {
     await store.withLock(step.scope, async () => {
-      const waiting = "contender_wait_seconds" in step ? contender(step.scope, step.contender_wait_seconds) : null;
+      const waiting = "contender_wait_seconds" in step ? contender(step.scope, step.contender_wait_seconds, settings) : null;
       await sleep((step.idle_seconds ?? 0) * 1000);
-      await runSteps(host, store, step.steps, inner);
+      await runSteps(host, store, step.steps, inner, settings);
       if (waiting) record.contender = await waiting;
     });
     const result = { ok: "contender" in record ? { contender: record.contender } : null };
@@ -127,7 +131,7 @@ for (const [n, scenario] of scenarios.scenarios.entries()) {
   // The positional counts, from the store's own methods' table (the core's).
   positional = Object.fromEntries((await verbsOf(store)).map((v) => [v.name, v.args.filter((a) => a.positional).length]));
   try {
-    await runSteps(host, store, scenario.steps, entry.steps);
+    await runSteps(host, store, scenario.steps, entry.steps, rest);
   } finally {
     await store.close();
   }

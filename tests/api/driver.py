@@ -82,8 +82,11 @@ def normal(verb: str, result):
 
 # ---- the contender: another process wanting the lock (the CLI) ----
 
-def contender(state_id: str, wait_s: float) -> subprocess.Popen:
-    args = [CLI, "--uri", CONTENDER_URI, "--lock-timeout", str(wait_s), "lock", "--", state_id, "true"]
+def contender(state_id: str, wait_s: float, settings: dict) -> subprocess.Popen:
+    """The CLI in the scope's schema, with the scope's validity: were the
+    scope's lock not renewed, it would be stale to this contender in time."""
+    args = [CLI, "--uri", URI, "--schema", settings["schema"], "--stale-lock",
+            str(settings.get("lock_timeout_seconds", 10)), "--lock-timeout", str(wait_s), "lock", "--", state_id, "true"]
     return subprocess.Popen(args, env=dict(os.environ, MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD=PASSWORD),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -157,6 +160,12 @@ class MeltanoHost:
         if verb == "import":
             return m.set_all(MeltanoState(state_id=e["state_id"], completed_state=e["completed"],
                                           partial_state=e["partial"]) for e in args[0])
+        if verb in ("history", "rollback"):
+            # The adapter's history and rollback speak MeltanoState, as Meltano does.
+            got = getattr(m, verb)(*args, **named)
+            if verb == "rollback":
+                return state(got)
+            return [{"state": state(v["state"])} for v in got]
         kw = {{"from": "from_"}.get(k, k): v for k, v in named.items()}
         return getattr(m, verb)(*args, **kw)
 
@@ -179,7 +188,8 @@ class CliHost:
         query = settings.pop("uri_query", None)
         flags = ["--uri", uri_with(query)]
         for key, value in settings.items():
-            flags += [f"--{self.FLAGS[key]}", str(value)]
+            # A key that is no setting becomes the flag it would be (--colour).
+            flags += [f"--{self.FLAGS.get(key, key.replace('_', '-'))}", str(value)]
         out = self.run(flags, ["ping"])  # settings errors come out before any request
         if "error" in out and out["error"]["code"] == "INVALID_ARGUMENT":
             raise HostError("INVALID_ARGUMENT")
@@ -188,6 +198,8 @@ class CliHost:
     def run(self, flags, words, stdin=None):
         proc = subprocess.run([CLI, "--json", *flags, *words], input=stdin, capture_output=True, text=True,
                               env=dict(os.environ, MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD=PASSWORD))
+        if words and words[0] == "export" and proc.returncode == 0:
+            return json.loads(proc.stdout)  # Meltano's export document, on several lines
         lines = [line for line in proc.stdout.splitlines() if line.strip()]
         return json.loads(lines[-1]) if lines else {}
 
@@ -212,6 +224,10 @@ class CliHost:
             words.insert(1, "--force")
         out = self.run(flags, words, stdin)
         if isinstance(out, dict) and "error" in out:
+            if verb == "get" and out["error"]["code"] == "NOT_FOUND":
+                # The CLI reports get's null (no state) as exit status 3, as
+                # documented for scripts; the core's get never fails so.
+                return None
             raise HostError(out["error"]["code"])
         if verb in ("get", "set", "merge", "rollback"):
             return out if out else None
@@ -326,7 +342,8 @@ def run_scope(host_name, host, store, step, settings):
         else:
             scope = host.scope(store, step["scope"])
         with scope:
-            proc = contender(step["scope"], step["contender_wait_seconds"]) if "contender_wait_seconds" in step else None
+            proc = (contender(step["scope"], step["contender_wait_seconds"], settings)
+                    if "contender_wait_seconds" in step else None)
             if not isinstance(host, CliHost):
                 time.sleep(idle)
             run_steps(host_name, host, store, step["steps"], inner, settings)

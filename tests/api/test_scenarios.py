@@ -63,6 +63,8 @@ def transcripts(clickhouse_env, drivers):
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = dict(zip(HOSTS, pool.map(run, HOSTS)))
+    if os.environ.get("CHSTATE_API_TRANSCRIPTS"):  # for a person reading them
+        Path(os.environ["CHSTATE_API_TRANSCRIPTS"]).write_text(json.dumps(results, indent=1, ensure_ascii=False))
     yield results
     # Each host's schemas go with the server's next test run (a throwaway server).
 
