@@ -153,8 +153,9 @@ def test_writes_keep_the_history_within_its_limits_without_compact(cli):
                     "body": e.read().decode()}
 
     looks = "00" * 15 + "40" + "00" * 16  # byte 15: 64, a multiple of kHistoryUpkeepEvery
-    with PipeHost(execute, args=["--schema", cli.schema]) as host:
-        host.send({"op": "set", "state_id_hex": b"dev:h".hex(), "state": {"completed": state(1), "partial": {}}})
+    settings = {"values": {"uri": "clickhouse://pipe@pipe/default", "schema": cli.schema}}
+    with PipeHost(execute, args=[json.dumps(settings)]) as host:
+        host.send({"op": "set", "state_id_hex": b"dev:h".hex(), "state": state(1), "force": True})
         purposes = []
         while True:
             msg = host.receive()
@@ -163,7 +164,9 @@ def test_writes_keep_the_history_within_its_limits_without_compact(cli):
             purposes.append(msg["request"]["purpose"])
             host.send({"response": execute(msg["request"]), "random_hex": looks})
         assert "done" in msg, msg
-    assert purposes == ["select_version", "insert_state", "history_over_limits", "trim_history_of"], purposes
+    # The write under the id's lock, then the upkeep its random bytes chose.
+    assert purposes == ["select_version", "foreign_lock_rows", "create_lock", "insert_state", "history_over_limits",
+                        "trim_history_of", "inspect_lock", "drop_lock"], purposes
     for _ in range(100):  # the mutation runs in the background
         if cli.sql(f"SELECT count() FROM system.mutations WHERE database = '{cli.schema}' AND is_done = 0").strip() == "0":
             break
