@@ -9,10 +9,15 @@ driver side:
     from pipe_host import ChdbExecutor, PipeHost
 
     executor = ChdbExecutor(session.Session(path))
-    with PipeHost(executor, args=["--schema", "meltano"]) as host:
+    with PipeHost(executor, settings=settings_document(schema="meltano")) as host:
         assert host.init().ok
-        host.set(b"dev:tap-a-to-b", completed={"singer_state": {}})
+        host.set(b"dev:tap-a-to-b", {"singer_state": {}})
         out = host.get(b"dev:tap-a-to-b")      # Outcome; out.state.completed == {...}
+
+The host takes one settings document (hosts/common/protocol.h: {"values":
+{...}}); its methods are the verbs of core/verbs.h with their arguments
+(`set(id, state, partial=None, force=False)`, `merge(id, partial, from_=...)`,
+`acquire(id)` ... `release(id, lock_id)`), and `timer()` feeds the idle timer.
 
 `ChdbExecutor` runs each request in a chDB session the way ClickHouse's HTTP
 interface would: `param_<name>` URL parameters become query parameters (their
@@ -43,6 +48,18 @@ HTTP_ONLY_PARAMS = frozenset({"wait_end_of_query", "database", "default_format",
 _CODE_RE = re.compile(r"(?:^|\n)Code: (\d+)[.,]")
 
 StateId = Union[bytes, str]
+
+
+# The URI pipe_host's stores open on: the driver decides where requests go.
+PIPE_URI = "clickhouse://pipe@pipe/default"
+
+
+def settings_document(**values) -> dict:
+    """A settings document for pipe_host (hosts/common/protocol.h): the
+    user's settings by the core's names (schema, table, lock_timeout_seconds,
+    lock_wait_seconds, lock_retry_seconds, ...), on PIPE_URI unless `uri` is
+    given."""
+    return {"values": {"uri": PIPE_URI, **values}}
 
 
 def binary_path() -> Path:
@@ -228,6 +245,7 @@ class State:
     state_id: bytes
     completed: dict
     partial: dict
+    merged: Optional[dict] = None  # only when the op asked for {"merged": true}
 
 
 @dataclasses.dataclass
@@ -238,7 +256,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return "done" in self.raw
+        return "done" in self.raw or "idle" in self.raw
 
     @property
     def code(self) -> Optional[str]:
@@ -259,7 +277,7 @@ class Outcome:
         s = self.done["state"]
         if s is None:
             return None
-        return State(bytes.fromhex(s["state_id_hex"]), s["completed"], s["partial"])
+        return State(bytes.fromhex(s["state_id_hex"]), s["completed"], s["partial"], s.get("merged"))
 
     @property
     def state_ids(self) -> list:
@@ -281,6 +299,11 @@ class Outcome:
     def dialect(self) -> Optional[str]:
         return self.done["dialect"]
 
+    @property
+    def next_timeout_ms(self) -> Optional[int]:
+        body = self.raw.get("done") or self.raw.get("idle") or {}
+        return body.get("next_timeout_ms")
+
     # One write in kHistoryUpkeepEvery (by the host's random bytes) also looks
     # at its id's history and may trim it: left out of the sequences these
     # tests compare (core/store_test.cc tests that upkeep).
@@ -291,16 +314,25 @@ class Outcome:
 
 
 class PipeHost:
-    """A running pipe_host process answering through `execute`."""
+    """A running pipe_host process answering through `execute`.
+
+    `settings` is the one settings document the host opens its store with
+    (default: PIPE_URI's, every other setting at its default); `args` gives
+    the command line as is instead (tests of the command line)."""
 
     def __init__(
         self,
         execute: Callable[[dict], dict],
         *,
-        args: Iterable[str] = (),
+        settings: Optional[dict] = None,
+        args: Optional[Iterable[str]] = None,
         binary: Optional[Union[str, Path]] = None,
         on_wait: Optional[Callable[[int], None]] = None,
     ):
+        if settings is not None and args is not None:
+            raise ValueError("give settings or args, not both")
+        if args is None:
+            args = [json.dumps(settings if settings is not None else settings_document())]
         self.execute = execute
         self.on_wait = on_wait or (lambda ms: time.sleep(ms / 1000.0))
         path = Path(binary) if binary else binary_path()
@@ -343,7 +375,8 @@ class PipeHost:
         return json.loads(line)
 
     def run(self, op: Union[dict, str]) -> Outcome:
-        """Sends one op line and serves its requests until done/failed."""
+        """Sends one op line (or the idle timer) and serves its requests until
+        done/failed (idle for the timer)."""
         self.send(op)
         requests, waits = [], []
         while True:
@@ -355,39 +388,37 @@ class PipeHost:
                 waits.append(msg["wait_ms"])
                 self.on_wait(msg["wait_ms"])
                 self.send({"timer": True})
-            elif "done" in msg or "failed" in msg:
+            elif "done" in msg or "failed" in msg or "idle" in msg:
                 return Outcome(msg, requests, waits)
             else:
                 raise PipeHostError(f"unexpected line from pipe_host: {msg!r}")
 
-    # -- operations --
+    # -- the verbs (core/verbs.h) --
     def ping(self) -> Outcome:
         return self.run({"op": "ping"})
 
     def init(self) -> Outcome:
         return self.run({"op": "init"})
 
-    def get(self, state_id: StateId) -> Outcome:
-        return self.run({"op": "get", "state_id_hex": _id_bytes(state_id).hex()})
+    def compact(self) -> Outcome:
+        return self.run({"op": "compact"})
 
-    def _write(self, op: str, state_id: StateId, completed, partial) -> Outcome:
-        state = {"completed": completed or {}, "partial": partial or {}}
-        return self.run({"op": op, "state_id_hex": _id_bytes(state_id).hex(), "state": state})
+    def get(self, state_id: StateId, *, merged: bool = False) -> Outcome:
+        return self.run(_doc("get", merged=merged or None, state_id_hex=_id_bytes(state_id).hex()))
 
-    def set(self, state_id: StateId, completed=None, partial=None) -> Outcome:
-        return self._write("set", state_id, completed, partial)
+    def set(self, state_id: StateId, state: Optional[dict] = None, partial: Optional[dict] = None, *,
+            force: bool = False) -> Outcome:
+        """Replaces both sides: `state` is the completed side."""
+        return self.run(_doc("set", state_id_hex=_id_bytes(state_id).hex(), state=state or {}, partial=partial,
+                             force=force or None))
 
-    def set_locked(self, state_id: StateId, completed=None, partial=None) -> Outcome:
-        return self._write("set_locked", state_id, completed, partial)
-
-    def update(self, state_id: StateId, completed=None, partial=None) -> Outcome:
-        return self._write("update", state_id, completed, partial)
+    def merge(self, state_id: StateId, partial: Optional[dict] = None, *, from_: Optional[StateId] = None,
+              force: bool = False) -> Outcome:
+        return self.run(_doc("merge", state_id_hex=_id_bytes(state_id).hex(), partial=partial,
+                             from_hex=None if from_ is None else _id_bytes(from_).hex(), force=force or None))
 
     def delete(self, state_id: StateId) -> Outcome:
         return self.run({"op": "delete", "state_id_hex": _id_bytes(state_id).hex()})
-
-    def delete_locked(self, state_id: StateId) -> Outcome:
-        return self.run({"op": "delete_locked", "state_id_hex": _id_bytes(state_id).hex()})
 
     def list(self, pattern: Optional[StateId] = None) -> Outcome:
         if pattern is None:
@@ -403,11 +434,49 @@ class PipeHost:
     def move(self, src: StateId, dst: StateId) -> Outcome:
         return self.run({"op": "move", "src_hex": _id_bytes(src).hex(), "dst_hex": _id_bytes(dst).hex()})
 
-    def acquire_lock(self, state_id: StateId) -> Outcome:
-        return self.run({"op": "acquire_lock", "state_id_hex": _id_bytes(state_id).hex()})
+    def export(self, pattern: Optional[StateId] = None, *, after: Optional[StateId] = None,
+               limit: Optional[int] = None) -> Outcome:
+        return self.run(_doc("export", pattern_hex=None if pattern is None else _id_bytes(pattern).hex(),
+                             after_hex=None if after is None else _id_bytes(after).hex(), limit=limit))
 
-    def renew_lock(self, state_id: StateId) -> Outcome:
-        return self.run({"op": "renew_lock", "state_id_hex": _id_bytes(state_id).hex()})
+    def import_(self, states: Iterable[dict]) -> Outcome:
+        """`states`: [{"state_id": id, "completed": {...}, "partial": {...}}]."""
+        return self.run({"op": "import", "states": [
+            {"state_id_hex": _id_bytes(s["state_id"]).hex(), "completed": s.get("completed") or {},
+             "partial": s.get("partial") or {}} for s in states]})
 
-    def release_lock(self, state_id: StateId, lock_id: str) -> Outcome:
-        return self.run({"op": "release_lock", "state_id_hex": _id_bytes(state_id).hex(), "lock_id": lock_id})
+    def history(self, state_id: StateId, *, limit: Optional[int] = None) -> Outcome:
+        return self.run(_doc("history", state_id_hex=_id_bytes(state_id).hex(), limit=limit))
+
+    def rollback(self, state_id: StateId, version: str) -> Outcome:
+        return self.run({"op": "rollback", "state_id_hex": _id_bytes(state_id).hex(), "version": version})
+
+    def locks(self, pattern: Optional[StateId] = None) -> Outcome:
+        return self.run(_doc("locks", pattern_hex=None if pattern is None else _id_bytes(pattern).hex()))
+
+    def unlock(self, state_id: StateId) -> Outcome:
+        return self.run({"op": "unlock", "state_id_hex": _id_bytes(state_id).hex()})
+
+    # -- the lock scope --
+    def acquire(self, state_id: StateId) -> Outcome:
+        return self.run({"op": "acquire", "state_id_hex": _id_bytes(state_id).hex()})
+
+    def renew(self, state_id: StateId) -> Outcome:
+        return self.run({"op": "renew", "state_id_hex": _id_bytes(state_id).hex()})
+
+    def release(self, state_id: StateId, lock_id: str) -> Outcome:
+        return self.run({"op": "release", "state_id_hex": _id_bytes(state_id).hex(), "lock_id": lock_id})
+
+    # -- the store's timers and end --
+    def timer(self) -> Outcome:
+        """The idle timer (renewals of held locks, lingering releases): ends in {"idle": ...}."""
+        return self.run({"timer": True})
+
+    def close_store(self) -> Outcome:
+        """{"close": true}: releases every lock the store holds; done's count says how many."""
+        return self.run({"close": True})
+
+
+def _doc(op: str, **members) -> dict:
+    """A verb document without the members left out (None)."""
+    return {"op": op, **{k: v for k, v in members.items() if v is not None}}

@@ -28,6 +28,7 @@ from pipe_host import (  # noqa: E402
     ChdbExecutor,
     PipeHost,
     escape_param,
+    settings_document,
 )
 
 chdb_session = pytest.importorskip("chdb.session")
@@ -39,6 +40,7 @@ TABLE = "state"
 # 18.x-only). test_zz_every_modern_statement_ran checks all of them ran.
 MODERN_PURPOSES = {
     "select_version",
+    "foreign_lock_rows",
     "list_tombstones",
     "drop_table",
     "create_database",
@@ -105,10 +107,13 @@ def executor(session) -> ChdbExecutor:
 def make_host(pipe_host_binary, executor):
     hosts = []
 
-    def make(schema: str = SCHEMA, table: str = TABLE, *extra: str, on_wait=None) -> PipeHost:
+    def make(schema: str = SCHEMA, table: str = TABLE, *, on_wait=None, **values) -> PipeHost:
+        """A host whose store opens on one settings document: `schema`,
+        `table` and `values` by the core's setting names (lock_wait_seconds,
+        lock_retry_seconds, lock_timeout_seconds: the lock's validity)."""
         h = PipeHost(
             executor,
-            args=["--schema", schema, "--table", table, *extra],
+            settings=settings_document(schema=schema, table=table, **values),
             binary=pipe_host_binary,
             on_wait=on_wait,
         )
@@ -270,10 +275,17 @@ def test_fresh_schema_reads_as_empty_and_first_write_creates_it(make_host, sessi
     cleared = h.clear_all()
     assert cleared.ok and cleared.count == 0
 
-    out = h.set("first", completed={"singer_state": {"a": 1}})
+    out = h.set("first", {"singer_state": {"a": 1}})
     assert out.ok, out.message
-    # insert failed with 81, the core created the schema and wrote again
+    # Under the id's lock: no Python backend's rows (81: no database), the
+    # lock's CREATE failed with 81, the core created the database and took
+    # the lock; the insert failed with 60, the core created the schema and
+    # wrote again; then the lock was released.
     assert out.purposes() == [
+        "foreign_lock_rows",
+        "create_lock",
+        "create_database",
+        "create_lock",
         "insert_state",
         "create_database",
         "create_state_table",
@@ -281,16 +293,19 @@ def test_fresh_schema_reads_as_empty_and_first_write_creates_it(make_host, sessi
         "create_history_table",
         "create_history_view",
         "insert_state",
+        "inspect_lock",
+        "drop_lock",
     ]
     assert h.get("first").state.completed == {"singer_state": {"a": 1}}
 
     # A lock on a missing database: CREATE TABLE fails with 81, init, retry.
     h2 = make_host("chs_fresh_lock")
-    lock = h2.acquire_lock("x")
+    lock = h2.acquire("x")
     assert lock.ok, lock.message
-    assert lock.purposes()[0] == "create_lock" and lock.purposes()[-1] == "create_lock"
+    # The Python backend's rows first (a missing table has none), then the lock.
+    assert lock.purposes()[0] == "foreign_lock_rows" and lock.purposes()[-1] == "create_lock", lock.purposes()
     assert "create_database" in lock.purposes()
-    assert h2.release_lock("x", lock.lock_id).ok
+    assert h2.release("x", lock.lock_id).ok
 
 
 # ---------------------------------------------------------------------------
@@ -300,7 +315,7 @@ def test_fresh_schema_reads_as_empty_and_first_write_creates_it(make_host, sessi
 def test_set_get_round_trip(host):
     completed = {"singer_state": {"bookmarks": {"users": {"replication_key_value": "2024-01-01T00:00:00Z"}}}}
     partial = {"singer_state": {"partial": [1, 2.5, None, True, "ünïcødé ✓"]}}
-    assert host.set("dev:tap-a-to-target-b", completed=completed, partial=partial).ok
+    assert host.set("dev:tap-a-to-target-b", completed, partial=partial).ok
     out = host.get("dev:tap-a-to-target-b")
     assert out.ok
     assert out.state.state_id == b"dev:tap-a-to-target-b"
@@ -309,59 +324,78 @@ def test_set_get_round_trip(host):
     assert host.get("dev:absent").state is None
 
     # Overwrite: the newest write wins; empty sides come back as {}.
-    assert host.set("dev:tap-a-to-target-b", completed={"singer_state": {"v": 2}}).ok
+    assert host.set("dev:tap-a-to-target-b", {"singer_state": {"v": 2}}).ok
     out = host.get("dev:tap-a-to-target-b")
     assert (out.state.completed, out.state.partial) == ({"singer_state": {"v": 2}}, {})
 
 
 def test_empty_sides_are_stored_as_null(host, session):
-    assert host.set("nulls:1", completed={"singer_state": {}}).ok
+    assert host.set("nulls:1", {"singer_state": {}}).ok
     assert rows(
         session,
         f"SELECT isNull(partial_state), completed_state FROM `{SCHEMA}`.`{TABLE}` FINAL WHERE state_id = 'nulls:1'",
     ) == [["1", '{"singer_state":{}}']]
 
 
-def test_update_merges_partial_and_keeps_completed(host, session):
+def test_merge_merges_partial_and_keeps_completed(host, session):
     assert host.set(
         "upd:1",
-        completed={"singer_state": {"c": 1}},
+        {"singer_state": {"c": 1}},
         partial={"singer_state": {"bookmarks": {"a": 1}}, "other": [1]},
     ).ok
-    out = host.update("upd:1", partial={"singer_state": {"bookmarks": {"b": 2}}, "other": [2]})
+    out = host.merge("upd:1", {"singer_state": {"bookmarks": {"b": 2}}, "other": [2]})
     assert out.ok, out.message
     want_partial = {"singer_state": {"bookmarks": {"a": 1, "b": 2}}, "other": [2]}
     assert out.state.partial == want_partial
     assert out.state.completed == {"singer_state": {"c": 1}}
     got = host.get("upd:1").state
     assert (got.completed, got.partial) == ({"singer_state": {"c": 1}}, want_partial)
-    assert out.purposes() == ["create_lock", "get_state", "insert_state", "inspect_lock", "drop_lock"]
+    # Under the id's lock, the Python backend's rows looked at first.
+    assert out.purposes() == ["foreign_lock_rows", "create_lock", "get_state", "insert_state", "inspect_lock",
+                              "drop_lock"]
     assert lock_tables(session) == []
 
-    # A complete incoming state replaces everything.
-    out = host.update("upd:1", completed={"singer_state": {"c": 9}})
+    # An empty partial merge is refused before anything is sent.
+    empty = host.merge("upd:1", {})
+    assert empty.code == "INVALID_ARGUMENT", empty.raw
+    assert empty.requests == []
+    got = host.get("upd:1").state
+    assert (got.completed, got.partial) == ({"singer_state": {"c": 1}}, want_partial)
+
+    # A complete state replaces everything: that is set.
+    out = host.set("upd:1", {"singer_state": {"c": 9}})
     assert out.ok
     got = host.get("upd:1").state
     assert (got.completed, got.partial) == ({"singer_state": {"c": 9}}, {})
 
-    # Update of an absent id writes the incoming state.
-    out = host.update("upd:absent", partial={"p": 1})
-    assert out.ok
+    # Input without singer_state needs force (nothing sent without it).
+    unforced = host.merge("upd:absent", {"p": 1})
+    assert unforced.code == "INVALID_ARGUMENT" and "singer_state" in unforced.message, unforced.raw
+    assert unforced.requests == []
+    assert host.get("upd:absent").state is None
+    # A merge into an absent id writes the incoming state.
+    out = host.merge("upd:absent", {"p": 1}, force=True)
+    assert out.ok, out.message
     got = host.get("upd:absent").state
     assert (got.completed, got.partial) == ({}, {"p": 1})
 
-    # set_locked: overwrite under the lock.
-    out = host.set_locked("upd:1", completed={"x": 1}, partial={"y": 2})
+    # set replaces both sides under the lock; a state without singer_state needs force.
+    unforced = host.set("upd:1", {"x": 1}, partial={"y": 2})
+    assert unforced.code == "INVALID_ARGUMENT" and "singer_state" in unforced.message, unforced.raw
+    assert unforced.requests == []
+    assert host.get("upd:1").state.completed == {"singer_state": {"c": 9}}
+    out = host.set("upd:1", {"x": 1}, partial={"y": 2}, force=True)
     assert out.ok, out.message
-    assert "create_lock" in out.purposes() and out.purposes()[-1] == "drop_lock"
+    assert out.purposes() == ["foreign_lock_rows", "create_lock", "insert_state", "inspect_lock", "drop_lock"]
     got = host.get("upd:1").state
     assert (got.completed, got.partial) == ({"x": 1}, {"y": 2})
+    assert lock_tables(session) == []
 
 
 def test_list_with_glob_patterns(host):
     ids = [b"glob:a_b1", b"glob:axb1", b"glob:a%c", b"glob:abc", b"glob:a\\b", b"glob:a_b2", b"glob:A_b1"]
     for i, sid in enumerate(ids):
-        assert host.set(sid, completed={"i": i}).ok
+        assert host.set(sid, {"i": i}, force=True).ok
 
     def listed(pattern):
         out = host.list(pattern)
@@ -381,11 +415,14 @@ def test_list_with_glob_patterns(host):
 
 
 def test_delete_runs_lightweight_delete(host, session, executor):
-    assert host.set("del:1", completed={"a": 1}).ok
-    assert host.set("del:2", completed={"a": 2}).ok
+    assert host.set("del:1", {"a": 1}, force=True).ok
+    assert host.set("del:2", {"a": 2}, force=True).ok
+    assert host.set("del:3", {"a": 3}, force=True).ok
     since = len(executor.log)
     out = host.delete("del:1")
     assert out.ok, out.message
+    # delete takes the id's lock (the Python backend's rows looked at first).
+    assert out.purposes() == ["foreign_lock_rows", "create_lock", "delete_state", "inspect_lock", "drop_lock"]
     (run,) = executed(executor, since, "delete_state")
     assert run.ok
     assert run.sql.startswith(f"DELETE FROM `{SCHEMA}`.`{TABLE}` WHERE state_id = {{state_id:String}}")
@@ -396,22 +433,30 @@ def test_delete_runs_lightweight_delete(host, session, executor):
     # Gone from every read, not only FINAL ones.
     assert scalar(session, f"SELECT count() FROM `{SCHEMA}`.`{TABLE}` WHERE state_id = 'del:1'") == "0"
     assert host.get("del:2").state.completed == {"a": 2}
+    assert lock_tables(session) == []
 
     # Deleting an absent id succeeds.
     assert host.delete("del:absent").ok
 
-    out = host.delete_locked("del:2")
+    # Inside a lock scope the delete runs under the scope's lock: only its delete_state.
+    scope = host.acquire("del:2")
+    assert scope.ok, scope.message
+    out = host.delete("del:2")
     assert out.ok, out.message
-    assert out.purposes() == ["create_lock", "delete_state", "inspect_lock", "drop_lock"]
+    assert out.purposes() == ["delete_state"], out.purposes()
+    assert len(lock_tables(session)) == 1  # the scope's, still held
+    assert host.release("del:2", scope.lock_id).ok
     assert host.get("del:2").state is None
+    assert host.get("del:3").state.completed == {"a": 3}
+    assert lock_tables(session) == []
 
 
 def test_clear_all_returns_count_and_empties_table(make_host, session):
     h = make_host("chs_clear")
     assert h.init().ok
     for sid in ["c:1", "c:2", "c:3"]:
-        assert h.set(sid, completed={"id": sid}).ok
-    assert h.set("c:2", completed={"id": "again"}).ok  # two rows, one state
+        assert h.set(sid, {"id": sid}, force=True).ok
+    assert h.set("c:2", {"id": "again"}, force=True).ok  # two rows, one state
     out = h.clear_all()
     assert out.ok, out.message
     assert out.count == 3
@@ -423,7 +468,7 @@ def test_clear_all_returns_count_and_empties_table(make_host, session):
 
 
 def test_copy(host):
-    assert host.set("copy:src", completed={"c": 1}, partial={"p": 1}).ok
+    assert host.set("copy:src", {"c": 1}, partial={"p": 1}, force=True).ok
     out = host.copy("copy:src", "copy:dst")
     assert out.ok, out.message
     dst = host.get("copy:dst").state
@@ -437,7 +482,7 @@ def test_copy(host):
 
 
 def test_move(host, session):
-    assert host.set("move:src", completed={"c": 2}).ok
+    assert host.set("move:src", {"c": 2}, force=True).ok
     out = host.move("move:src", "move:dst")
     assert out.ok, out.message
     assert host.get("move:src").state is None
@@ -456,7 +501,7 @@ def test_aba_writes_leave_the_last_one(host, executor):
         a = {"singer_state": {"v": "A", "round": round_}}
         b = {"singer_state": {"v": "B", "round": round_}}
         for state in (a, b, a):
-            out = host.set("aba:1", completed=a if state is a else b)
+            out = host.set("aba:1", a if state is a else b)
             assert out.ok, out.message
         got = host.get("aba:1").state
         assert got.completed == a, f"round {round_}: {got.completed}"
@@ -497,7 +542,7 @@ def test_hostile_ids_are_byte_exact(host, session, executor):
     for i, sid in enumerate(HOSTILE_IDS):
         completed = {"singer_state": {"i": i, "text": "ünï\u0000\t\"'\\"}}
         partial = {"p": [i]}
-        out = host.set(sid, completed=completed, partial=partial)
+        out = host.set(sid, completed, partial=partial)
         assert out.ok, (sid[:40], out.message)
         got = host.get(sid)
         assert got.ok, (sid[:40], got.message)
@@ -513,7 +558,7 @@ def test_hostile_ids_are_byte_exact(host, session, executor):
 
     # Locked paths with hostile ids (their lock tables are named by hash).
     for sid in (b"'); DROP TABLE x; --", b"\xff\xfe", HOSTILE_IDS[-1]):
-        out = host.update(sid, partial={"more": True})
+        out = host.merge(sid, {"more": True}, force=True)
         assert out.ok, out.message
         assert out.state.partial == {"p": [HOSTILE_IDS.index(sid)], "more": True}
 
@@ -530,98 +575,106 @@ def test_hostile_ids_are_byte_exact(host, session, executor):
 
 
 def test_lock_acquire_contend_release(host, make_host, session):
-    impatient = make_host(SCHEMA, TABLE, "--lock-timeout-ms", "0")
-    held = host.acquire_lock("lock:x")
+    impatient = make_host(lock_wait_seconds=0)
+    held = host.acquire("lock:x")
     assert held.ok, held.message
     assert re.fullmatch(r"[0-9a-f]{32}", held.lock_id)
-    assert held.purposes() == ["create_lock"]
+    assert held.purposes() == ["foreign_lock_rows", "create_lock"]
     assert len(lock_tables(session)) == 1
 
-    busy = impatient.acquire_lock("lock:x")
+    busy = impatient.acquire("lock:x")
     assert busy.code == "ABORTED", busy.raw
     assert "lock:x" in busy.message
-    assert busy.purposes() == ["create_lock", "inspect_lock"]
+    assert busy.purposes() == ["foreign_lock_rows", "create_lock", "inspect_lock"]
 
-    blocked = impatient.update("lock:x", partial={"p": 1})
-    assert blocked.code == "ABORTED"
+    # Every write takes the id's lock: merge, set and delete are kept out alike.
+    blocked = impatient.merge("lock:x", {"singer_state": {"p": 1}})
+    assert blocked.code == "ABORTED", blocked.raw
+    assert "insert_state" not in blocked.purposes()
+    blocked = impatient.set("lock:x", {"singer_state": {"s": 1}})
+    assert blocked.code == "ABORTED", blocked.raw
+    assert "insert_state" not in blocked.purposes()
+    blocked = impatient.delete("lock:x")
+    assert blocked.code == "ABORTED", blocked.raw
+    assert "delete_state" not in blocked.purposes()
     assert host.get("lock:x").state is None
 
-    wrong = host.release_lock("lock:x", "0" * 32)
+    wrong = host.release("lock:x", "0" * 32)
     assert wrong.code == "FAILED_PRECONDITION", wrong.raw
-    assert impatient.acquire_lock("lock:x").code == "ABORTED"  # still held
+    assert impatient.acquire("lock:x").code == "ABORTED"  # still held
 
-    assert host.release_lock("lock:x", held.lock_id).ok
+    assert host.release("lock:x", held.lock_id).ok
     assert lock_tables(session) == []
 
-    again = impatient.acquire_lock("lock:x")
+    again = impatient.acquire("lock:x")
     assert again.ok, again.message
     assert again.lock_id != held.lock_id
-    assert impatient.release_lock("lock:x", again.lock_id).ok
-    gone = impatient.release_lock("lock:x", again.lock_id)
+    assert impatient.release("lock:x", again.lock_id).ok
+    gone = impatient.release("lock:x", again.lock_id)
     assert gone.code == "FAILED_PRECONDITION"
 
 
 def test_lock_waits_until_released(host, make_host):
-    held = host.acquire_lock("lock:wait")
+    held = host.acquire("lock:wait")
     assert held.ok
     released = []
 
     def on_wait(ms):
         # The contender's first wait is the event: it found the lock held.
         if not released:
-            released.append(host.release_lock("lock:wait", held.lock_id))
+            released.append(host.release("lock:wait", held.lock_id))
         time.sleep(ms / 1000.0)  # the wait the core asked for (this host's sleep hook)
 
-    patient = make_host(SCHEMA, TABLE, "--lock-timeout-ms", "5000", "--lock-retry-ms", "100", on_wait=on_wait)
-    out = patient.acquire_lock("lock:wait")
+    patient = make_host(lock_wait_seconds=5, lock_retry_seconds=0.1, on_wait=on_wait)
+    out = patient.acquire("lock:wait")
     assert out.ok, out.message
     assert released and released[0].ok
     assert out.waits and all(0 <= w <= 100 for w in out.waits)
-    assert patient.release_lock("lock:wait", out.lock_id).ok
+    assert patient.release("lock:wait", out.lock_id).ok
 
 
 def test_stale_lock_is_taken_over(make_host, session):
     # A holder with a 1 s window that never releases (as if it crashed).
-    dead = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000")
-    held = dead.acquire_lock("lock:stale")
+    dead = make_host(lock_timeout_seconds=1)
+    held = dead.acquire("lock:stale")
     assert held.ok
-    taker = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "10000", "--lock-retry-ms", "200")
-    out = taker.acquire_lock("lock:stale")
+    taker = make_host(lock_timeout_seconds=1, lock_wait_seconds=10, lock_retry_seconds=0.2)
+    out = taker.acquire("lock:stale")
     assert out.ok, out.message
     p = out.purposes()
     assert p[-2:] == ["entomb_lock", "create_lock"], p
     assert out.waits  # it waited until the lock was over 1 s old by the server clock
     # The old holder learns it lost the lock and drops nothing.
-    lost = dead.release_lock("lock:stale", held.lock_id)
+    lost = dead.release("lock:stale", held.lock_id)
     assert lost.code == "ABORTED", lost.raw
-    assert taker.release_lock("lock:stale", out.lock_id).ok
+    assert taker.release("lock:stale", out.lock_id).ok
     assert lock_tables(session) == []
     assert len(tombstones(session)) >= 1  # the tombstone of the dead holder's lock stays
 
 
 def test_renewal_keeps_a_long_hold_from_going_stale(make_host, session):
-    holder = make_host(SCHEMA, TABLE, "--stale-lock-ms", "2000")
-    held = holder.acquire_lock("lock:renew")
+    holder = make_host(lock_timeout_seconds=2)
+    held = holder.acquire("lock:renew")
     assert held.ok
-    taker = make_host(SCHEMA, TABLE, "--stale-lock-ms", "2000", "--lock-timeout-ms", "0")
+    taker = make_host(lock_timeout_seconds=2, lock_wait_seconds=0)
     # Time must pass (by design): 4 x 0.7 s is longer than the window; only the
     # renewals (every third of it) keep the taker out.
     for _ in range(4):
         time.sleep(0.7)
-        renewed = holder.renew_lock("lock:renew")
+        renewed = holder.renew("lock:renew")
         assert renewed.ok, renewed.raw
         assert renewed.purposes() == ["renew_lock", "inspect_lock"], renewed.purposes()
-        assert taker.acquire_lock("lock:renew").code == "ABORTED"
-    assert holder.release_lock("lock:renew", held.lock_id).ok
+        assert taker.acquire("lock:renew").code == "ABORTED"
+    assert holder.release("lock:renew", held.lock_id).ok
 
 
 def test_init_removes_old_tombstones(make_host, session):
-    dead = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000")
-    assert dead.acquire_lock("lock:tomb").ok
-    taker = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "10000", "--lock-retry-ms", "200")
-    out = taker.acquire_lock("lock:tomb")
+    dead = make_host(lock_timeout_seconds=1)
+    assert dead.acquire("lock:tomb").ok
+    taker = make_host(lock_timeout_seconds=1, lock_wait_seconds=10, lock_retry_seconds=0.2)
+    out = taker.acquire("lock:tomb")
     assert out.ok and "entomb_lock" in out.purposes(), out.raw
-    assert taker.release_lock("lock:tomb", out.lock_id).ok
+    assert taker.release("lock:tomb", out.lock_id).ok
     assert tombstones(session)
     # Time must pass (by design): init drops tombstones older than twice the
     # 1 s window; waited for with init's own test, on the engine's clock,
@@ -632,31 +685,31 @@ def test_init_removes_old_tombstones(make_host, session):
         f"WHERE database = '{SCHEMA}' AND position(name, '_dead_') > 0",
         "every tombstone to be older than 2 s",
     )
-    cleaned = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000").run({"op": "init"})
+    cleaned = make_host(lock_timeout_seconds=1).init()
     assert cleaned.ok, cleaned.raw
     assert "drop_table" in cleaned.purposes()
     assert tombstones(session) == []
 
 
 def test_taker_respects_the_holders_longer_window(host, make_host, session):
-    held = host.acquire_lock("lock:long")  # default 300 s window, written into the lock
+    held = host.acquire("lock:long")  # the default 10 s validity, written into the lock
     assert held.ok
     # Time must pass (by design): the lock is stale for the impatient 1 s
-    # window, not for the holder's own 300 s.
+    # window, not for the holder's own 10 s.
     wait_lock_older_than(session, "lock:long", 1)
-    impatient = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "500", "--lock-retry-ms", "100")
-    out = impatient.acquire_lock("lock:long")
+    impatient = make_host(lock_timeout_seconds=1, lock_wait_seconds=0.5, lock_retry_seconds=0.1)
+    out = impatient.acquire("lock:long")
     assert out.code == "ABORTED", out.raw
     assert "entomb_lock" not in out.purposes()
-    assert host.release_lock("lock:long", held.lock_id).ok
+    assert host.release("lock:long", held.lock_id).ok
 
 
 def test_late_taker_cannot_entomb_a_newer_lock(make_host, executor, session):
-    dead = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000")
-    assert dead.acquire_lock("lock:race").ok
+    dead = make_host(lock_timeout_seconds=1)
+    assert dead.acquire("lock:race").ok
     wait_lock_older_than(session, "lock:race", 1)  # time must pass (by design): stale for a 1 s window
-    first = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "5000")
-    late = make_host(SCHEMA, TABLE, "--stale-lock-ms", "1000", "--lock-timeout-ms", "300", "--lock-retry-ms", "100")
+    first = make_host(lock_timeout_seconds=1, lock_wait_seconds=5)
+    late = make_host(lock_timeout_seconds=1, lock_wait_seconds=0.3, lock_retry_seconds=0.1)
     raced = {}
 
     def before(request):
@@ -665,43 +718,43 @@ def test_late_taker_cannot_entomb_a_newer_lock(make_host, executor, session):
         if request.get("purpose") == "entomb_lock" and not raced:
             raced["busy"] = True
             executor.before = None
-            raced["first"] = first.acquire_lock("lock:race")
+            raced["first"] = first.acquire("lock:race")
             executor.before = before
 
     executor.before = before
     try:
-        out = late.acquire_lock("lock:race")
+        out = late.acquire("lock:race")
     finally:
         executor.before = None
     assert raced["first"].ok, raced["first"].raw
     p = out.purposes()
-    assert p[:3] == ["create_lock", "inspect_lock", "entomb_lock"], p
-    assert "inspect_lock" in p[3:], p  # its RENAME failed: the tombstone exists
+    assert p[:4] == ["foreign_lock_rows", "create_lock", "inspect_lock", "entomb_lock"], p
+    assert "inspect_lock" in p[4:], p  # its RENAME failed: the tombstone exists
     assert out.code == "ABORTED", out.raw  # the fresh lock is respected
-    assert first.release_lock("lock:race", raced["first"].lock_id).ok
+    assert first.release("lock:race", raced["first"].lock_id).ok
 
 
 def test_lock_vanishing_before_inspection_is_retried(host, make_host, executor, session):
     """CREATE fails (57), then the holder releases before the contender inspects."""
-    held = host.acquire_lock("lock:vanish")
+    held = host.acquire("lock:vanish")
     assert held.ok
     released = {}
 
     def before(request):
         if request.get("purpose") == "inspect_lock" and not released:
             released["busy"] = True  # the release below inspects too: no recursion
-            released["out"] = host.release_lock("lock:vanish", held.lock_id)
+            released["out"] = host.release("lock:vanish", held.lock_id)
 
-    contender = make_host(SCHEMA, TABLE, "--lock-timeout-ms", "0")
+    contender = make_host(lock_wait_seconds=0)
     executor.before = before
     try:
-        out = contender.acquire_lock("lock:vanish")
+        out = contender.acquire("lock:vanish")
     finally:
         executor.before = None
     assert released["out"].ok
     assert out.ok, out.raw
-    assert out.purposes() == ["create_lock", "inspect_lock", "create_lock"]
-    assert contender.release_lock("lock:vanish", out.lock_id).ok
+    assert out.purposes() == ["foreign_lock_rows", "create_lock", "inspect_lock", "create_lock"]
+    assert contender.release("lock:vanish", out.lock_id).ok
     assert lock_tables(session) == []
 
 
@@ -738,6 +791,20 @@ class PythonClickHouseBackend:
         self.s.query(
             f"INSERT INTO `{self.schema}`.`{self.table}` (state_id, partial_state, completed_state) VALUES "
             f"({self._literal(state_id)}, {self._literal(partial_state)}, {self._literal(completed_state)})"
+        )
+
+    def lock(self, state_id: str, lock_id: str):
+        """The backend's lock row (its acquire_lock's INSERT, columns named)."""
+        self.s.query(
+            f"INSERT INTO `{self.schema}`.`{self.table}_lock` (state_id, lock_id) VALUES "
+            f"({self._literal(state_id)}, {self._literal(lock_id)})"
+        )
+
+    def unlock(self, state_id: str, lock_id: str):
+        self.s.query(
+            f"DELETE FROM `{self.schema}`.`{self.table}_lock` WHERE state_id = {{state_id:String}} "
+            "AND lock_id = {lock_id:String}",
+            params={"state_id": escape_param(state_id), "lock_id": escape_param(lock_id)},
         )
 
     def get(self, state_id: str):
@@ -801,9 +868,9 @@ def test_interop_with_python_backend(make_host, session):
     assert len(h.list(None).state_ids) == 3
 
     # Python reads what chstate wrote.
-    assert h.set("chs:1", completed={"singer_state": {"k": "ü"}}).ok
+    assert h.set("chs:1", {"singer_state": {"k": "ü"}}).ok
     assert py.get("chs:1") == {"completed": {"singer_state": {"k": "ü"}}, "partial": {}}
-    up = h.update("dev:tap-c-to-target-d", partial={"singer_state": {"q": 2}})
+    up = h.merge("dev:tap-c-to-target-d", {"singer_state": {"q": 2}})
     assert up.ok, up.message
     assert py.get("dev:tap-c-to-target-d") == {"completed": {}, "partial": {"singer_state": {"p": 1, "q": 2}}}
     assert rows(
@@ -826,6 +893,22 @@ def test_interop_with_python_backend(make_host, session):
     # Python's writes are versions in the history too (the view sees every insert).
     assert json.loads([r[0] for r in rows(session, "SELECT completed_state FROM chs_py.meltano_state_history "
                                                    "WHERE state_id = 'chs:1' ORDER BY updated_at")][-1]) == {"v": "python"}
+
+    # A live lock row of the Python backend keeps chstate's writes out (every
+    # acquisition looks at its rows first, whatever python_locks says).
+    python_lock = "6f1c2b9e-python-holder"
+    py.lock("chs:1", python_lock)
+    impatient = make_host("chs_py", "meltano_state", lock_wait_seconds=0)
+    for blocked in (impatient.set("chs:1", {"singer_state": {"k": "chstate"}}), impatient.delete("chs:1"),
+                    impatient.acquire("chs:1")):
+        assert blocked.code == "ABORTED", blocked.raw
+        assert python_lock in blocked.message, blocked.message
+        assert blocked.purposes() == ["foreign_lock_rows"], blocked.purposes()
+    assert py.get("chs:1") == {"completed": {"v": "python"}, "partial": {}}
+    py.unlock("chs:1", python_lock)
+    assert impatient.set("chs:1", {"singer_state": {"k": "chstate"}}).ok
+    assert py.get("chs:1") == {"completed": {"singer_state": {"k": "chstate"}}, "partial": {}}
+    assert [r for r in ddl() if "_lock_" in r[0]] == []
 
 
 
@@ -868,16 +951,44 @@ def test_pipe_protocol_rejects_bad_lines_and_continues(host):
     assert host.receive()["failed"]["code"] == "INVALID_ARGUMENT"
     host.send({"op": "get", "state_id_hex": ""})
     assert host.receive()["failed"]["code"] == "INVALID_ARGUMENT"  # the core: empty id
-    host.send({"op": "set", "state_id_hex": "61", "state": {"bogus": {}}})
+    host.send({"op": "set", "state_id_hex": "61", "state": [1]})  # a state is an object
     assert host.receive()["failed"]["code"] == "INVALID_ARGUMENT"
+    host.send({"op": "set", "state_id_hex": "61", "state": {"singer_state": {}}, "completed": {}})
+    failed = host.receive()["failed"]  # not an argument of set
+    assert failed["code"] == "INVALID_ARGUMENT" and "completed" in failed["message"], failed
     host.send({"op": "frobnicate"})
     assert host.receive()["failed"]["code"] == "INVALID_ARGUMENT"
+    for renamed in ("update", "set_locked", "acquire_lock"):  # the verbs are the ops
+        host.send({"op": renamed, "state_id_hex": "61"})
+        failed = host.receive()["failed"]
+        assert failed["code"] == "INVALID_ARGUMENT" and "the verbs are" in failed["message"], failed
     # A bad answer mid-operation ends that operation only.
     host.send({"op": "get", "state_id_hex": "61"})
     assert "request" in host.receive()
     host.send({"response": {"http_status": 200, "body_hex": "x"}})
     assert host.receive()["failed"]["code"] == "INVALID_ARGUMENT"
     assert host.ping().ok
+
+
+def test_pipe_host_takes_one_settings_document(pipe_host_binary, executor):
+    """The host opens its store on one settings document: the command line
+    of old (flags) and a renamed setting are refused, naming the fix."""
+    def first_line(*args):
+        proc = subprocess.run([str(pipe_host_binary), *args], input=b"", capture_output=True, timeout=30)
+        return proc.returncode, json.loads(proc.stdout.decode().splitlines()[0])
+
+    code, line = first_line("--schema", SCHEMA)
+    assert code == 2 and line["failed"]["code"] == "INVALID_ARGUMENT", line
+    assert "one argument: a settings document" in line["failed"]["message"]
+    code, line = first_line(json.dumps(settings_document(stale_lock_ms=1000)))
+    assert code == 2 and line["failed"]["code"] == "INVALID_ARGUMENT", line
+    assert "lock_timeout_seconds" in line["failed"]["message"], line
+    # The schema and table come from the document.
+    with PipeHost(executor, settings=settings_document(schema="chs_doc", table="bookmarks"),
+                  binary=pipe_host_binary) as h:
+        out = h.get("x")
+        assert out.ok and out.state is None, out.raw
+        assert "`chs_doc`.`bookmarks`" in out.requests[-1]["sql"], out.requests[-1]["sql"]
 
 
 # ---------------------------------------------------------------------------
