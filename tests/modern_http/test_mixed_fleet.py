@@ -163,10 +163,12 @@ def test_a_python_holder_keeps_chstate_out_until_it_releases(fleet, chstate_bin,
                           "true"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 4, out.stderr
     assert "Python ClickHouse backend" in out.stderr and lock_id in out.stderr
-    # Without --python-locks chstate does not look (the default: no settle cost).
+    # Without --python-locks too: every acquisition looks at the backend's
+    # live rows first (a mixed fleet is safe by default).
     out = subprocess.run([str(chstate_bin), "--uri", uri, "lock", "dev:x", "--timeout", "2", "--", "true"], env=env,
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 4, out.stderr
+    assert "Python ClickHouse backend" in out.stderr and lock_id in out.stderr
     lock.release("dev:x", lock_id)
     out = subprocess.run([str(chstate_bin), "--uri", uri, "--python-locks", "lock", "dev:x", "--timeout", "5", "--",
                           "true"], env=env, capture_output=True, text=True, timeout=60)

@@ -1,5 +1,6 @@
-"""The Python adapter's own transport (hosts/python/chstate_meltano/_http.py,
-http.client keep-alive) driving the core through _native.Store, and the
+"""The Python binding (hosts/python/chstate_meltano/binding.py: `Store`, whose
+methods are the core's verbs) over the native core (_native.NativeCore) with
+the adapter's own transport (_http.py, http.client keep-alive), and the
 Meltano-facing ClickhouseStateStoreManager (backend.py, run in the pinned
 Meltano venv of tests/meltano) against the modern engine behind the front."""
 
@@ -17,102 +18,121 @@ from support import HOSTILE_ID, ODD_VALUE, REPO, check_modern, version_is_modern
 
 sys.path.insert(0, str(REPO / "hosts" / "python"))
 
-STATE = {"completed": {"singer_state": {"bookmarks": {"t": {"v": ODD_VALUE}}}}, "partial": {}}
+COMPLETED = {"singer_state": {"bookmarks": {"t": {"v": ODD_VALUE}}}}
 # Python ids may also hold NUL and bytes that are not UTF-8 (surrogate escapes).
 PY_ID = HOSTILE_ID + "\x00nul " + b"\xff\xfe".decode("utf-8", "surrogateescape")
 
 
 @pytest.fixture
-def native(libchstate):
-    from chstate_meltano import _native
-    return _native
+def binding(libchstate):
+    from chstate_meltano import binding
+    return binding
 
 
 @pytest.fixture
-def open_store(native, fresh, schema):
+def open_store(binding, fresh, schema):
+    """Stores of the binding over NativeCore, each with its own HttpTransport
+    made from the core's resolution of the same settings."""
     from chstate_meltano._http import HttpTransport
+    from chstate_meltano._native import NativeCore, resolve_settings
     made = []
 
-    def make(**options):
-        config = native.resolve_config({"uri": f"clickhouse://{fresh.user}@{fresh.host}:{fresh.port}/default",
-                                        "password": fresh.password, "schema": schema}, env={})
-        transport = HttpTransport(config)
-        store = native.Store({"schema": config["schema"], "table": config["table"], **options}, transport)
-        made.append((store, transport))
+    def make(password=None, **values):
+        settings = {"uri": f"clickhouse://{fresh.user}@{fresh.host}:{fresh.port}/default",
+                    "password": fresh.password if password is None else password, "schema": schema, **values}
+        connection = resolve_settings({"from": "api", "values": settings, "env": {}})["connection"]
+        store = binding.Store(NativeCore(), settings, transport=HttpTransport(connection), env={})
+        made.append(store)
         return store
 
     yield make
-    for store, transport in made:
-        store.close()
-        transport.close()
+    for store in made:
+        store.close()  # closes its transport too
 
 
-def test_store_over_http_transport_every_operation(open_store, native, fresh, schema):
+def test_store_over_http_transport_every_verb(open_store, binding, fresh, schema):
     store = open_store()
-    pong = store.run({"op": "ping"})
+    assert store.settings["store"]["schema"] == schema
+    pong = store.ping()
     assert pong["dialect"] == "modern" and pong["server_version"] == fresh.version
     assert version_is_modern(pong["server_version"])
-    store.run({"op": "init"})
-    sid = native.id_hex(PY_ID)
-    store.run({"op": "set", "state_id_hex": sid, "state": STATE})
-    got = store.run({"op": "get", "state_id_hex": sid})["state"]
-    assert native.id_from_hex(got["state_id_hex"]) == PY_ID
-    assert (got["completed"], got["partial"]) == (STATE["completed"], {})
-    store.run({"op": "update", "state_id_hex": sid,
-               "state": {"completed": {}, "partial": {"singer_state": {"more": [1, 2]}}}})
-    got = store.run({"op": "get", "state_id_hex": sid})["state"]
-    assert got["completed"] == STATE["completed"] and got["partial"] == {"singer_state": {"more": [1, 2]}}
-    store.run({"op": "set", "state_id_hex": native.id_hex("dev:other"), "state": STATE})
-    ids = [native.id_from_hex(h) for h in store.run({"op": "list", "pattern": None})["state_ids_hex"]]
+    store.init()
+    written = store.set(PY_ID, COMPLETED)
+    assert (written["completed"], written["partial"]) == (COMPLETED, {})
+    got = store.get(PY_ID)
+    assert (got["completed"], got["partial"], got["merged"]) == (COMPLETED, {}, COMPLETED)
+    merged = store.merge(PY_ID, {"singer_state": {"more": [1, 2]}})
+    assert merged["partial"] == {"singer_state": {"more": [1, 2]}}
+    got = store.get(PY_ID)
+    assert got["completed"] == COMPLETED and got["partial"] == {"singer_state": {"more": [1, 2]}}
+    assert got["merged"] == {"singer_state": {"bookmarks": {"t": {"v": ODD_VALUE}}, "more": [1, 2]}}
+    # Refused before anything is sent: an empty merge, a state without singer_state.
+    records = fresh.take()
+    with pytest.raises(binding.ChstateError) as refused:
+        store.merge(PY_ID, {})
+    assert refused.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(binding.ChstateError) as refused:
+        store.set("dev:other", {"bookmarks": {}})
+    assert refused.value.code == "INVALID_ARGUMENT" and "singer_state" in refused.value.message
+    assert fresh.take() == []
+    store.set("dev:other", {"bookmarks": {}}, force=True)
+    store.set("dev:other", COMPLETED)
+    ids = store.list()
     assert ids == sorted([PY_ID, "dev:other"], key=lambda s: s.encode("utf-8", "surrogateescape"))
-    only = store.run({"op": "list", "pattern_hex": native.id_hex("dev:it's*")})["state_ids_hex"]
-    assert [native.id_from_hex(h) for h in only] == [PY_ID]
+    assert store.list("dev:it's*") == [PY_ID]
+    # The id comes back byte for byte (NUL and surrogate escapes included).
+    page, more = store.export()
+    assert [s["state_id"] for s in page] == ids and more is False
+    assert all(s["completed"] == COMPLETED for s in page)
     hexes = fresh.sql(f"SELECT hex(state_id) FROM `{schema}`.state").decode().split()
     assert PY_ID.encode("utf-8", "surrogateescape").hex().upper() in hexes
-    store.run({"op": "delete", "state_id_hex": sid})
-    assert store.run({"op": "get", "state_id_hex": sid})["state"] is None
-    assert store.run({"op": "clear_all"})["count"] == 1
-    assert store.run({"op": "list", "pattern": None})["state_ids_hex"] == []
-    records = fresh.take()
+    assert store.delete(PY_ID) is None
+    assert store.get(PY_ID) is None
+    assert store.clear_all() == 1
+    assert store.list() == []
+    records += fresh.take()
     check_modern(records, creates=True)
+    # set, merge and delete ran under the id's lock; none is left behind.
+    assert any("_lock_" in r.sql and r.sql.lstrip().upper().startswith("CREATE TABLE") for r in records)
+    assert fresh.sql(f"SELECT count() FROM system.tables WHERE database = '{schema}' "
+                     "AND match(name, '^state_lock_[0-9a-f]{16}$')").decode().strip() == "0"
     # http.client keep-alive: the whole test in very few connections.
     assert len(records) > 15 and len({r.peer for r in records}) <= 3, len({r.peer for r in records})
 
 
-def test_lock_between_two_stores(open_store, native, fresh):
-    first = open_store(lock_timeout_ms=400, lock_retry_ms=100)
-    second = open_store(lock_timeout_ms=400, lock_retry_ms=100)
-    sid = native.id_hex("dev:locked")
-    lock_id = first.run({"op": "acquire_lock", "state_id_hex": sid})["lock_id"]
-    with pytest.raises(native.ChstateError) as refused:
-        second.run({"op": "acquire_lock", "state_id_hex": sid})
-    assert refused.value.code == "ABORTED"
-    with pytest.raises(native.ChstateError) as refused:
-        second.run({"op": "set_locked", "state_id_hex": sid, "state": STATE})  # a write under its own lock
-    assert refused.value.code == "ABORTED"
-    first.run({"op": "release_lock", "state_id_hex": sid, "lock_id": lock_id})
-    second.run({"op": "set_locked", "state_id_hex": sid, "state": STATE})
-    assert second.run({"op": "get", "state_id_hex": sid})["state"]["completed"] == STATE["completed"]
+def test_lock_between_two_stores(open_store, binding, fresh):
+    first = open_store(lock_wait_seconds=0.4, lock_retry_seconds=0.1)
+    second = open_store(lock_wait_seconds=0.4, lock_retry_seconds=0.1)
+    sid = "dev:locked"
+    with first.lock(sid) as scope:
+        assert len(scope.lock_id) == 32
+        with pytest.raises(binding.ChstateError) as refused:
+            with second.lock(sid):
+                pass
+        assert refused.value.code == "ABORTED"
+        with pytest.raises(binding.ChstateError) as refused:
+            second.set(sid, COMPLETED)  # a write takes the id's lock
+        assert refused.value.code == "ABORTED"
+        with pytest.raises(binding.ChstateError) as refused:
+            second.delete(sid)
+        assert refused.value.code == "ABORTED"
+        assert second.get(sid) is None
+        first.set(sid, COMPLETED)  # under the scope's lock
+    second.set(sid, {"singer_state": {"second": True}})
+    assert second.get(sid)["completed"] == {"singer_state": {"second": True}}
     records = fresh.take()
     check_modern(records)
     assert any(r.code == 57 for r in records), "the second store never met the held lock"
 
 
-def test_wrong_password_is_unauthenticated(native, fresh, schema, libchstate):
-    from chstate_meltano._http import HttpTransport
+def test_wrong_password_is_unauthenticated(open_store, binding, fresh):
     wrong = "wrong-" + fresh.password[:6][::-1]
-    config = native.resolve_config({"uri": f"clickhouse://{fresh.user}@{fresh.host}:{fresh.port}/default",
-                                    "password": wrong, "schema": schema}, env={})
-    transport = HttpTransport(config)
-    store = native.Store({"schema": schema, "table": "state"}, transport)
-    try:
-        with pytest.raises(native.ChstateError) as failed:
-            store.run({"op": "get", "state_id_hex": native.id_hex("dev:a")})
-    finally:
-        store.close()
-        transport.close()
+    store = open_store(password=wrong)
+    with pytest.raises(binding.ChstateError) as failed:
+        store.get("dev:a")
     assert failed.value.code == "UNAUTHENTICATED"
     assert wrong not in str(failed.value) and fresh.password not in str(failed.value)
+    assert wrong not in repr(store) and wrong not in json.dumps(store.settings)
     assert all(r.status == 403 for r in fresh.take())
 
 
