@@ -7,8 +7,11 @@ import ctypes
 import json
 
 RANDOM = bytes(range(32))
-STORE = {"schema": "meltano", "table": "state", "endpoint": "127.0.0.1:8123", "lock_timeout_ms": 3000,
-         "lock_retry_ms": 1000, "stale_lock_ms": 30000}
+# The settings document the vectors' stores open on (tests/vectors/generate.py).
+STORE = {"values": {"uri": "clickhouse://default@127.0.0.1:8123/default", "lock_wait_seconds": 3,
+                    "lock_retry_seconds": 1, "lock_timeout_seconds": 30}}
+# An op that asks for more requests than this is not one these tests script.
+MAX_REQUESTS = 50
 
 
 def _dumps(doc) -> bytes:
@@ -29,7 +32,9 @@ class Core:
     def requests_for(self, op: dict, version: str, answers: list[dict] = ()) -> list[dict]:
         """Starts `op` on a new store, answers select_version with `version`,
         then each further request with the next of `answers` (default: an
-        empty 200); returns every request the core emitted."""
+        empty 200); returns every request the core emitted. A write takes
+        the id's lock, answered like the rest: its empty inspect_lock says
+        the lock was lost, and the op ends there (after insert_state)."""
         err = ctypes.c_void_p()
         handle = self.lib.chstate_store_new(_dumps(STORE), ctypes.byref(err))
         assert handle, f"store_new failed: {ctypes.string_at(err.value)!r}"
@@ -38,6 +43,7 @@ class Core:
             action = self._take(self.lib.chstate_op_start(handle, _dumps(op), now, RANDOM, len(RANDOM)))
             requests, queue = [], list(answers)
             while "request" in action:
+                assert len(requests) < MAX_REQUESTS, f"{op}: more than {MAX_REQUESTS} requests: {requests[-3:]}"
                 requests.append(action["request"])
                 if action["request"]["purpose"] == "select_version":
                     body = f"{version}\t1\n"

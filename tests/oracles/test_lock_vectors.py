@@ -20,7 +20,11 @@ out of scope: see test_sql_vectors.py).
 * test_replay_*: acquire_free and acquire_stale_takeover run request by
   request against a real lock table (seeded with a stale holder for the
   takeover): each real answer has the scripted outcome (success or code),
-  inspect rows agree on holder, seq and stale_s.
+  inspect rows agree on holder, seq and stale_s; every acquisition first
+  looks at the Python backend's rows (foreign_lock_rows: none here).
+* test_lock_case_sql_is_accepted: the writes that take the id's lock
+  (delete_under_its_lock, merge_under_lock) run statement by statement, with
+  the scripted answers where a real lock gives them, and leave no lock table.
 """
 
 from __future__ import annotations
@@ -64,8 +68,8 @@ def test_lock_table_lifecycle(ch18, schema):
     prepare(ch18, schema)
     case = LOCK["acquire_stale_takeover"]
     create, inspect, entomb = one(case, "create_lock"), one(case, "inspect_lock"), one(case, "entomb_lock")
-    renew = one(POLICY["tick_before_due_sends_nothing_then_renews_when_due"], "renew_lock")
-    drop = one(LOCK["delete_locked"], "drop_lock")
+    renew = one(POLICY["idle_timer_before_due_sends_nothing_then_renews_when_due"], "renew_lock")
+    drop = one(LOCK["delete_under_its_lock"], "drop_lock")
     run = lambda r: ch18.execute(r, "meltano", schema)  # noqa: E731
 
     first = run(create)
@@ -159,6 +163,7 @@ def replay(engine, case: dict, schema: str) -> None:
 
 def test_replay_acquire_free(ch18, schema):
     prepare(ch18, schema)
+    assert [ex.purpose for ex in exchanges(LOCK["acquire_free"])][1:] == ["foreign_lock_rows", "create_lock"]
     replay(ch18, LOCK["acquire_free"], schema)
     assert ch18.rows(f"SELECT lock_id, seq FROM `{schema}`.`state_lock_d23ca78981bbb042`") == [[OUR_LOCK, b"0"]]
 
@@ -175,13 +180,22 @@ def test_replay_acquire_stale_takeover(ch18, schema):
     assert tomb == [[b"f" * 32]]
 
 
-@pytest.mark.parametrize("name", ["delete_locked", "update_merges_under_lock"])
+@pytest.mark.parametrize("name", ["delete_under_its_lock", "merge_under_lock"])
 def test_lock_case_sql_is_accepted(ch18, schema, name):
     """Every statement of these cases runs on the server in order (answers as scripted
-    where a real lock can give them: success)."""
+    where a real lock can give them: success), under the id's lock, which is
+    gone afterwards."""
     prepare(ch18, schema)
+    purposes = [ex.purpose for ex in exchanges(LOCK[name])]
+    assert purposes[1:3] == ["foreign_lock_rows", "create_lock"] and purposes[-2:] == ["inspect_lock", "drop_lock"]
     for ex in exchanges(LOCK[name]):
         if ex.scripted is None or ex.scripted_transport_failure() or ex.scripted_code() is not None:
             continue
         real = ch18.execute(ex.request, "meltano", schema)
         assert real.ok, f"{name} #{ex.index} {ex.purpose}: HTTP {real.status}: {real.body[:300]!r}"
+        if ex.purpose in ("foreign_lock_rows", "create_lock", "drop_lock"):
+            assert real.body == ex.scripted_body(), f"{name} #{ex.index} {ex.purpose}: {real.body[:300]!r}"
+        elif ex.purpose == "inspect_lock":
+            check_inspect(real.rows(), [(OUR_LOCK, b"0")])
+    assert ch18.rows(f"SELECT name FROM system.tables WHERE database = '{schema}' "
+                     "AND startsWith(name, 'state_lock_') FORMAT TabSeparated") == []

@@ -11,17 +11,24 @@ modern: chDB behind tools/chdb_http.py), and the results are checked as rows:
   TabSeparated rows (the table is seeded first so that the scripted rows are
   the right answer: get_found, list_all, list_glob, clear_all's count), or the
   same shape where the values cannot match (select_version, pending_mutations:
-  field counts and the constant column). Scripted answers no engine can give
+  field counts and the constant column; inspect_lock: the holder, seq and
+  validity, times as numbers close to the server's now). The Python backend's
+  live lock row a case scripts (python_backend_row_is_honoured) is seeded as
+  that backend writes it. Scripted answers no engine can give
   on demand here (an authentication failure, an exception after HTTP 200, a
   1.1 server) are checked only for the SQL being accepted.
 * after the sequence, the server's rows: a written state reads back JSON-equal
-  with its id byte for byte (quote injection included), a deleted id is gone
+  with its id byte for byte (quote injection included), set and delete (which
+  take the id's lock) leave no lock table behind, a deleted id is gone
   under FINAL (18.x: once the mutation is done, polled with the vector's own
   pending_mutations query), clear_all leaves nothing, init's tables exist with
   the expected engines and columns.
 * every id literal / query parameter the core wrote parses, on the engine, to
   exactly the op's id bytes; hostile ids seeded independently (unhex) are found
   by the recorded get and listed byte for byte by the recorded list.
+
+Each case's store is a settings document: the schema, table and cluster come
+from its values or its uri's query (defaults: meltano, state, none).
 
 Out of scope: the cluster_* cases (and cluster_refuses_an_unreplicated_state_table)
 need a replicated cluster with ZooKeeper (tests/cluster covers it): they are
@@ -33,6 +40,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.parse
 
 import pytest
 
@@ -57,8 +65,33 @@ def suffix(name: str) -> str:
     return re.sub(r"^(clickhouse18|modern)_", "", name)
 
 
+def store_setting(case: dict, key: str, default: str = "") -> str:
+    """A setting of the case's store (a settings document): its value, else
+    the uri's query parameter of that name, else `default`."""
+    values = case["store"]["values"]
+    if values.get(key) not in (None, ""):
+        return str(values[key])
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(values["uri"]).query)
+    return query[key][0] if query.get(key) else default
+
+
+def store_schema(case: dict) -> str:
+    return store_setting(case, "schema", "meltano")
+
+
+def store_table(case: dict) -> str:
+    return store_setting(case, "table", "state")
+
+
 def is_cluster(case: dict) -> bool:
-    return "cluster" in case.get("store", {})
+    return store_setting(case, "cluster") != ""
+
+
+def lock_tables(engine, schema: str, table: str) -> list:
+    """The per-id lock tables (and tombstones) left in the schema."""
+    return [r[0] for r in engine.rows(
+        f"SELECT name FROM system.tables WHERE database = '{schema}' AND startsWith(name, '{table}_lock_') "
+        "ORDER BY name FORMAT TabSeparated")]
 
 
 def engine_for(request, case: dict):
@@ -71,13 +104,13 @@ def init_case(dialect: str) -> dict:
 
 def prepare(engine, case: dict, schema: str, *, tables: bool = True) -> None:
     """The schema as `init` leaves it, made with init's own recorded DDL."""
-    store = case["store"]
+    table = store_table(case)
     dialect = dialect_of(case)
     for ex in exchanges(init_case(dialect)):
         wanted = ("create_state_table", "create_lock_table", "create_history_table") if tables else ()
         if ex.purpose == "create_database" or ex.purpose in wanted:
-            sql = ex.request["sql"].replace("`meltano`.`state`", f"`meltano`.`{store['table']}`") \
-                .replace("`meltano`.`state_lock`", f"`meltano`.`{store['table']}_lock`")
+            sql = ex.request["sql"].replace("`meltano`.`state`", f"`meltano`.`{table}`") \
+                .replace("`meltano`.`state_lock`", f"`meltano`.`{table}_lock`")
             answer = engine.post(rewrite(sql, "meltano", schema), ex.request["url_params"])
             assert answer.ok, f"{ex.purpose}: HTTP {answer.status}: {answer.body[:400]!r}"
 
@@ -104,7 +137,12 @@ SEEDS = {
     "export_page": [(b"dev:a", None, b"{}"), (b"dev:b", None, b'{"singer_state":{}}'), (b"dev:c", b'{"p":1}', None),
                     (b"dev:d", None, b"{}"), (b"prod:b", None, b"{}")],
     "history": [(b"dev:tap-users", None, b'{"singer_state":{}}')],
+    "locks": [(b"dev:a", None, b"{}")],
 }
+
+# locks: the lock table the scripted answers name, held by another process
+# (renewed 10 s ago, a 30 s validity), made as the core makes one.
+LOCKS_SEED = ("state_lock_0123456789abcdef", b"f" * 32, 10, 30)
 
 # history: the versions the scripted answer names, written at fixed times
 # straight into the history table (partial, completed, unix seconds).
@@ -115,7 +153,7 @@ HISTORY_SEED = [(b"dev:tap-users", None, b'{"singer_state":{}}', 1796155032),
 
 def replay(engine, case: dict, schema: str) -> list:
     """Runs the case's requests in order; checks each real answer against the scripted one."""
-    old = case["store"]["schema"]
+    old = store_schema(case)
     answers = []
     for ex in exchanges(case):
         real = engine.execute(ex.request, old, schema)
@@ -148,6 +186,13 @@ def replay(engine, case: dict, schema: str) -> list:
         elif ex.purpose == "pending_mutations":
             assert [len(r) for r in real_rows] == [len(r) for r in scripted_rows] == [2], where
             assert real_rows[0][1] == b"1" and real_rows[0][0].isdigit(), where
+        elif ex.purpose == "inspect_lock":
+            # (lock_id, seq, locked_at, now, stale_s): the times are the server's.
+            assert all(len(r) == 5 for r in real_rows + scripted_rows), where
+            assert sorted((r[0], r[1], r[4]) for r in real_rows) == sorted((r[0], r[1], r[4]) for r in scripted_rows), (
+                f"{where}: holders differ\n  real:     {real_rows!r}\n  scripted: {scripted_rows!r}")
+            for r in real_rows:
+                assert r[2].lstrip(b"-").isdigit() and r[3].isdigit() and 0 <= int(r[3]) - int(r[2]) <= 60, (where, r)
         else:
             assert real_rows == scripted_rows, (
                 f"{where}: the engine's rows differ from the scripted answer\n  real:     {real_rows!r}\n"
@@ -178,16 +223,25 @@ def test_replay_on_the_real_engine(request, name, schema):
     if is_cluster(case):
         pytest.skip("cluster case: needs a replicated cluster with ZooKeeper (tests/cluster); out of scope here")
     engine = engine_for(request, case)
-    store = case["store"]
     kind = suffix(name)
     op = first_op(case)
-    table = store["table"]
+    table = store_table(case)
     if kind in ("init", "init_without_history"):
         pass  # a fresh server: init makes everything
     else:
         prepare(engine, case, schema, tables=kind != "get_missing_table")
         if kind in SEEDS:
             seed(engine, schema, table, SEEDS[kind])
+        if kind == "locks":
+            name, holder, age_s, validity_s = LOCKS_SEED
+            engine.sql(f"CREATE TABLE `{schema}`.`{name}` ENGINE = Log AS SELECT {unhex(holder)} AS lock_id, "
+                       f"toUInt8(0) AS seq, toDateTime(now() - {age_s}) AS locked_at, toUInt32({validity_s}) AS stale_s")
+        if kind == "python_backend_row_is_honoured":
+            # The Python backend's live lock row, as its acquire_lock inserts it.
+            holder = tsv_rows(next(ex for ex in exchanges(case) if ex.purpose == "foreign_lock_rows")
+                              .scripted_body())[0][0]
+            engine.sql(f"INSERT INTO `{schema}`.`{table}_lock` (state_id, lock_id) VALUES "
+                       f"({unhex(bytes.fromhex(op['state_id_hex']))}, {unhex(holder)})")
         if kind == "history":
             at = "toDateTime64({}, 3)" if dialect_of(case) == "modern" else "toDateTime({})"
             engine.sql(f"INSERT INTO `{schema}`.`{table}_history` VALUES " + ", ".join(
@@ -213,9 +267,10 @@ def test_replay_on_the_real_engine(request, name, schema):
         after = stored(engine, schema, table)
         assert set(after) == {state_id}, f"ids in the table: {list(after)!r}, written {state_id!r}"
         partial, completed = after[state_id]
-        assert as_state(completed) == op["state"]["completed"]
-        assert as_state(partial) == op["state"]["partial"]
+        assert as_state(completed) == op["state"]
+        assert as_state(partial) == op.get("partial", {})
         assert engine.rows(f"EXISTS TABLE `{schema}`.`state`") == [[b"1"]]
+        assert lock_tables(engine, schema, table) == [], "set left its lock table behind"
     elif kind == "delete":
         state_id = bytes.fromhex(op["state_id_hex"])
         if dialect_of(case) == "clickhouse18":
@@ -231,6 +286,7 @@ def test_replay_on_the_real_engine(request, name, schema):
         after = stored(engine, schema, table)
         assert state_id in before and state_id not in after, f"{state_id!r} still there under FINAL"
         assert set(after) == set(before) - {state_id}, "the delete touched other ids"
+        assert lock_tables(engine, schema, table) == [], "delete left its lock table behind"
         get = next(ex for ex in exchanges(CASES[f"{dialect_of(case)}_get_absent"]) if ex.purpose == "get_state")
         assert engine.execute(get.request, "meltano", schema).rows() == []
     elif kind == "clear_all":
@@ -244,6 +300,13 @@ def test_replay_on_the_real_engine(request, name, schema):
                   "history",
                   "server_error_is_classified", "exception_after_200", "custom_schema_and_table"):
         assert stored(engine, schema, table) == before, "a read changed the table"
+    elif kind == "locks":
+        assert stored(engine, schema, table) == before, "locks changed the table"
+        assert lock_tables(engine, schema, table) == [LOCKS_SEED[0].encode()], "locks changed the lock tables"
+    elif kind == "python_backend_row_is_honoured":
+        # The acquisition gave up without a lock table of its own.
+        assert lock_tables(engine, schema, table) == []
+        assert stored(engine, schema, table) == before
 
 
 # ---------------------------------------------------------------------------
@@ -265,7 +328,7 @@ def id_expression(request_doc: dict) -> tuple[str, list]:
 
 
 ID_REQUESTS = [(c["name"], ex.index) for c in SQL["cases"] if not is_cluster(c) and "state_id_hex" in first_op(c)
-               for ex in exchanges(c) if ex.purpose in ("get_state", "insert_state", "delete_state")]
+               for ex in exchanges(c) if ex.purpose in ("get_state", "insert_state", "delete_state", "foreign_lock_rows")]
 
 
 @pytest.mark.parametrize("name,index", ID_REQUESTS)
@@ -291,8 +354,8 @@ def test_insert_values_are_the_state_json(request, name):
     m = re.search(rf"VALUES \(({_LITERAL}), (NULL|{_LITERAL}), (NULL|{_LITERAL})\)$", sql)
     assert m, sql
     row = engine.post(f"SELECT {m.group(2)}, {m.group(3)} FORMAT TabSeparated").rows()
-    state = first_op(case)["state"]
-    assert [as_state(row[0][0]), as_state(row[0][1])] == [state["partial"], state["completed"]]
+    op = first_op(case)
+    assert [as_state(row[0][0]), as_state(row[0][1])] == [op.get("partial", {}), op["state"]]
 
 
 HOSTILE = [b"dev:\x00\xff'\\\t`%_", b"dev:\x00", b"dev:'", b"dev:\\", b"dev:\\'", b"dev:\n\r", b"dev:%_",
@@ -324,7 +387,7 @@ def test_latest_write_wins_under_final(request, dialect, schema, core):
     engine = engine_for(request, case)
     prepare(engine, case, schema)
     first = next(ex for ex in exchanges(case) if ex.purpose == "insert_state").request
-    op = dict(first_op(case), state={"completed": {"singer_state": {"n": 2}}, "partial": {"p": True}})
+    op = dict(first_op(case), state={"singer_state": {"n": 2}}, partial={"p": True})
     version = "18.16.1" if dialect == "clickhouse18" else "24.3.2.23"
     second = [r for r in core.requests_for(op, version) if r["purpose"] == "insert_state"][0]
     for r in (first, second):
