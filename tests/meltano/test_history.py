@@ -64,9 +64,10 @@ def test_a_run_leaves_a_version_per_state_message(project):
 
 
 def test_python_locks_yield_to_a_python_backend_holder(project):
-    """state_backend.clickhouse.python_locks: chstate honours the Python
-    backend's live row in <table>_lock (here written the way that backend
-    writes it) and names it; without the setting it does not look."""
+    """A mixed fleet is safe by default: chstate honours the Python backend's
+    live row in <table>_lock (here written the way that backend writes it)
+    and names it, with state_backend.clickhouse.python_locks and without it
+    (the setting decides whether chstate also shows itself there)."""
     p = project
     p.run("state", "set", "--force", "dev:a", json.dumps({"singer_state": {"n": 1}}))
     p.server.sql(f"INSERT INTO `{p.schema}`.state_lock (state_id, lock_id) VALUES ('dev:a', 'py-holder-1')")
@@ -75,7 +76,11 @@ def test_python_locks_yield_to_a_python_backend_holder(project):
     out = p.run("state", "merge", "dev:a", json.dumps({"singer_state": {"m": 2}}), env=env, expect=1)
     assert "Python ClickHouse backend" in out.stderr and "py-holder-1" in out.stderr
     assert json.loads(p.run("state", "get", "dev:a").stdout) == {"singer_state": {"n": 1}}
-    p.run("state", "merge", "dev:a", json.dumps({"singer_state": {"m": 2}}))  # the setting off: no look
+    # The setting off: the row is still honoured.
+    off = p.env(MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS="3", MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS="2")
+    out = p.run("state", "merge", "dev:a", json.dumps({"singer_state": {"m": 2}}), env=off, expect=1)
+    assert "Python ClickHouse backend" in out.stderr and "py-holder-1" in out.stderr
+    assert json.loads(p.run("state", "get", "dev:a").stdout) == {"singer_state": {"n": 1}}
     p.server.sql(f"ALTER TABLE `{p.schema}`.state_lock DELETE WHERE lock_id = 'py-holder-1'")
     deadline = time.monotonic() + 20
     while p.server.sql(f"SELECT count() FROM `{p.schema}`.state_lock WHERE lock_id = 'py-holder-1'").strip() != "0":
