@@ -127,7 +127,8 @@ async function server() {
     }
   }
   await store.close();
-  const transport = httpTransport(store.settings.connection);
+  // The settings view never holds the password: the cleanup brings its own.
+  const transport = httpTransport({ ...store.settings.connection, password: env.CHSTATE_TEST_PASSWORD ?? "" });
   try {
     await transport({ sql: `DROP DATABASE IF EXISTS ${schema}`, url_params: [] });
     const left = await transport({ sql: `SELECT count() FROM system.databases WHERE name = '${schema}'`, url_params: [] });
