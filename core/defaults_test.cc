@@ -1,6 +1,7 @@
 // The README's "Defaults" table is the core's kDefaults, row for row: a
 // default changed in core/defaults.h without the README (or a README row for
-// a default that does not exist) fails here.
+// a default that does not exist) fails here. Its "Settings" table is the
+// core's kSettings the same way.
 #include "core/defaults.h"
 
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "core/clickhouse_errors.h"
+#include "core/settings.h"
 
 namespace chstate {
 namespace {
@@ -31,19 +33,44 @@ std::string Row(const DefaultSetting& d) {
   return absl::StrCat("| `", d.name, "` | ", value, " | ", d.meaning, " |");
 }
 
-TEST(Defaults, ReadmeTableIsTheCoresTable) {
+// The table rows ("| `...") of the README section `heading`, up to the next
+// section.
+std::set<std::string> ReadmeRows(const std::string& heading) {
   const std::string readme = Readme();
-  ASSERT_FALSE(readme.empty()) << "README.md not found in the test's data";
-  const size_t start = readme.find("### Defaults");
-  ASSERT_NE(start, std::string::npos) << "README has no \"### Defaults\" section";
+  EXPECT_FALSE(readme.empty()) << "README.md not found in the test's data";
+  const size_t start = readme.find(heading + "\n");
+  EXPECT_NE(start, std::string::npos) << "README has no \"" << heading << "\" section";
   std::set<std::string> rows;
-  for (absl::string_view line : absl::StrSplit(readme.substr(start), '\n')) {
+  if (start == std::string::npos) return rows;
+  for (absl::string_view line : absl::StrSplit(readme.substr(start + heading.size() + 1), '\n')) {
+    if (absl::StartsWith(line, "#")) break;
     if (absl::StartsWith(line, "| `")) rows.insert(std::string(line));
-    if (absl::StartsWith(line, "## ")) break;
   }
+  return rows;
+}
+
+TEST(Defaults, ReadmeTableIsTheCoresTable) {
   std::set<std::string> expected;
   for (const DefaultSetting& d : kDefaults) expected.insert(Row(d));
+  EXPECT_EQ(ReadmeRows("### Defaults"), expected);
+}
+
+// A setting's README row: its key, default, variable, chstate flag, meaning.
+std::string SettingRow(const SettingSpec& s) {
+  std::string def = DefaultText(s);
+  if (def.empty()) def = "-";
+  if (s.type == SettingType::kSeconds && s.default_number != kNoNumber) absl::StrAppend(&def, " s");
+  return absl::StrCat("| `", s.key, "` | ", def, " | `", s.env, "` | `--", CliFlag(s), "` | ", s.meaning, " |");
+}
+
+TEST(Settings, ReadmeTableIsTheCoresTable) {
+  std::set<std::string> expected;
+  for (size_t i = 0; i < kSettingsCount; ++i) expected.insert(SettingRow(kSettings[i]));
+  const std::set<std::string> rows = ReadmeRows("### Settings");
   EXPECT_EQ(rows, expected);
+  for (const std::string& e : expected) {
+    if (!rows.count(e)) ADD_FAILURE() << "README \"### Settings\" lacks:\n" << e;
+  }
 }
 
 TEST(Defaults, NamesAreUniqueAndValuesPositive) {
