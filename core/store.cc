@@ -1755,17 +1755,19 @@ std::unique_ptr<Task> Store::Tick() {
 std::unique_ptr<Task> Store::ReleaseLingering() {
   return MakeTask(this, [this](StoreSteps& s) {
     auto count = std::make_shared<int64_t>(0);
+    // The loop holds itself weakly: only the step waiting on a request owns
+    // it, so a task abandoned (or destroyed) mid-release frees it.
     auto next = std::make_shared<std::function<Step()>>();
-    *next = [this, &s, count, next]() -> Step {
+    *next = [this, &s, count, weak = std::weak_ptr<std::function<Step()>>(next)]() -> Step {
+      std::shared_ptr<std::function<Step()>> self = weak.lock();
       for (const auto& [id, held] : held_) {
         if (held.lingering) {
           ++*count;
-          return s.ReleaseLingeringLock(id, [next] { return (*next)(); });
+          return s.ReleaseLingeringLock(id, [self] { return (*self)(); });
         }
       }
       Result r = s.Base();
       r.count = *count;
-      *next = nullptr;  // no cycle left behind
       return Step::Done(std::move(r));
     };
     return (*next)();
@@ -1775,22 +1777,23 @@ std::unique_ptr<Task> Store::ReleaseLingering() {
 std::unique_ptr<Task> Store::Close() {
   return MakeTask(this, [this](StoreSteps& s) {
     auto count = std::make_shared<int64_t>(0);
+    // Held weakly by itself, as in ReleaseLingering.
     auto next = std::make_shared<std::function<Step()>>();
-    *next = [this, &s, count, next]() -> Step {
+    *next = [this, &s, count, weak = std::weak_ptr<std::function<Step()>>(next)]() -> Step {
+      std::shared_ptr<std::function<Step()>> self = weak.lock();
       for (auto it = held_.begin(); it != held_.end(); ++it) {
         const std::string id = it->first;
         if (!it->second.Live()) {
           held_.erase(it);  // lost: not ours to drop
-          return (*next)();
+          return (*self)();
         }
         ++*count;
         // Best effort: a failed release is forgotten; the lock then expires.
-        return s.ReleaseAndForget(id, it->second.machine, [next] { return (*next)(); },
-                                  [next](absl::Status) { return (*next)(); });
+        return s.ReleaseAndForget(id, it->second.machine, [self] { return (*self)(); },
+                                  [self](absl::Status) { return (*self)(); });
       }
       Result r = s.Base();
       r.count = *count;
-      *next = nullptr;  // no cycle left behind
       return Step::Done(std::move(r));
     };
     return (*next)();
