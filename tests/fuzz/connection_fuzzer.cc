@@ -1,9 +1,10 @@
 // Fuzzes the store as hosts pump it (core/connection.h): the input chooses
-// which operations are started (every store operation, on two ids, a release
-// with the right or a wrong lock id, abandons), the answer to each request
-// (results, lock-table rows naming us or another holder, ClickHouse errors,
-// lost and refused requests, garbage) and how the clock moves (time jumps,
-// timeouts fired early, on time and late).
+// which operations are started (every store operation, on two ids: set and
+// delete take the id's lock unless a scope holds it, merge from the other
+// id, close; a release with the right or a wrong lock id, abandons), the
+// answer to each request (results, lock-table rows naming us or another
+// holder, ClickHouse errors, lost and refused requests, garbage) and how the
+// clock moves (time jumps, timeouts fired early, on time and late).
 //
 // Properties, checked after every input:
 // - at most one request in flight, and only for the operation that runs;
@@ -164,13 +165,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           case 1: task = s.Set(st); break;
           case 2: task = s.Update(st); break;
           case 3: task = s.Delete(id); break;
-          case 4: task = s.DeleteLocked(id); break;
+          case 4: task = s.MergeFrom(kIds[id == kIds[0] ? 1 : 0], id, in.ConsumeBool()); break;
           case 5: task = s.List(std::nullopt); break;
           case 6: task = s.AcquireLock(id); break;
           case 7: task = s.ReleaseLock(id, in.ConsumeBool() ? lock_id : "not-ours"); break;
           case 8: task = s.RenewLock(id); break;
           case 9: task = s.Tick(); break;
-          case 10: task = s.SetLocked(st); break;
+          case 10: task = s.Close(); break;
           case 11: task = s.Copy(kIds[0], kIds[1]); break;
           case 12: task = s.Ping(); break;
           default: task = s.ClearAll(); break;
