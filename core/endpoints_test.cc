@@ -55,16 +55,17 @@ TEST(EndpointsTest, WhenAllAreDownTheOneMarkedLongestAgoGoesFirst) {
 struct OneRequest {
   std::shared_ptr<Endpoints> hosts = std::make_shared<Endpoints>(std::vector<Endpoint>{{"a", 1}, {"b", 2}, {"c", 3}});
   SqlResponse seen;
-  std::unique_ptr<Task> Make(bool idempotent) {
+  std::unique_ptr<Task> Make(bool idempotent, int64_t send_before_ms = 0, bool one_host = false) {
     TransportPolicy policy;
-    policy.endpoints = hosts;
+    if (!one_host) policy.endpoints = hosts;
     policy.attempts = 2;
     return std::make_unique<Task>(
-        [this, idempotent](const Inputs*) {
-          return [this, idempotent] {
+        [this, idempotent, send_before_ms](const Inputs*) {
+          return [this, idempotent, send_before_ms] {
             SqlRequest r;
             r.sql = "SELECT 1";
             r.idempotent = idempotent;
+            r.send_before_ms = send_before_ms;
             return Step::Run(r, [this](const SqlResponse& resp) {
               seen = resp;
               return Step::Done(Result{});
@@ -162,6 +163,63 @@ TEST(FailoverTest, EveryHostDownNamesEveryHostAfterTheLastRound) {
   EXPECT_EQ(a.kind, Action::Kind::kDone);
   EXPECT_THAT(t.seen.transport_error, HasSubstr("no host answered"));
   for (const char* h : {"a:1", "b:2", "c:3"}) EXPECT_THAT(t.seen.transport_error, HasSubstr(h));
+}
+
+// A request acting under a lock (send_before_ms: its lease's end) is sent
+// again, to any host and for any reason, only before it.
+TEST(LeaseDeadlineTest, ARefusedRequestGoesToTheNextHostOnlyWithinTheLease) {
+  OneRequest t;
+  std::unique_ptr<Task> task = t.Make(/*idempotent=*/true, /*send_before_ms=*/1000);
+  Action a = task->Start({0, ""});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  a = task->OnResponse(Refused("a:1"), {999, ""});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(a.request.endpoint, (Endpoint{"b", 2}));
+  a = task->OnResponse(Code(289), {1000, ""});  // a replica-level error too
+  EXPECT_EQ(a.kind, Action::Kind::kDone) << "sent to " << Endpoints::Describe(a.request.endpoint);
+  EXPECT_EQ(t.seen.exception_code_header, "289");
+}
+
+TEST(LeaseDeadlineTest, ABackOffResendThatWouldGoPastTheLeaseIsNotMade) {
+  OneRequest t;
+  // One server, back-off 100 ms: refused at 1001, the resend would go at
+  // 1101, past the lease's end at 1100.
+  std::unique_ptr<Task> task = t.Make(true, 1100, /*one_host=*/true);
+  task->Start({0, ""});
+  Action a = task->OnResponse(Refused("a:1"), {1001, ""});
+  EXPECT_EQ(a.kind, Action::Kind::kDone) << "kind " << static_cast<int>(a.kind);
+  EXPECT_FALSE(t.seen.transport_ok);
+  // Just in time: it waits and goes.
+  std::unique_ptr<Task> in_time = t.Make(true, 1101, true);
+  in_time->Start({0, ""});
+  a = in_time->OnResponse(Refused("a:1"), {1000, ""});
+  ASSERT_EQ(a.kind, Action::Kind::kWait);
+  a = in_time->OnTimer({1100, ""});
+  EXPECT_EQ(a.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(a.request.attempt, 2);
+}
+
+TEST(LeaseDeadlineTest, AResendWhoseTimerFiresPastTheLeaseIsNotMade) {
+  OneRequest t;
+  std::unique_ptr<Task> task = t.Make(true, 1200, true);
+  task->Start({0, ""});
+  Action a = task->OnResponse(Refused("a:1"), {1000, ""});
+  ASSERT_EQ(a.kind, Action::Kind::kWait);
+  a = task->OnTimer({1200, ""});  // the host woke late
+  EXPECT_EQ(a.kind, Action::Kind::kDone);
+  EXPECT_THAT(t.seen.transport_error, HasSubstr("connection refused (a:1)"));
+}
+
+TEST(LeaseDeadlineTest, ARequestDueAfterTheLeaseNeverLeaves) {
+  OneRequest t;
+  std::unique_ptr<Task> task = t.Make(true, 1000);
+  Action a = task->Start({1000, ""});
+  EXPECT_EQ(a.kind, Action::Kind::kDone);
+  EXPECT_FALSE(t.seen.transport_ok);
+  EXPECT_FALSE(t.seen.maybe_delivered);
+  EXPECT_THAT(t.seen.transport_error, HasSubstr("not sent: the lease of the lock it acts under ran out"));
+  // No deadline (0): sent whenever.
+  EXPECT_EQ(t.Make(true)->Start({1000000, ""}).kind, Action::Kind::kRunSql);
 }
 
 }  // namespace

@@ -380,6 +380,9 @@ void LockMachine::Misuse(Event e) {
 }
 
 void LockMachine::Send(SqlRequest r, const Inputs&) {
+  // A renewal row and the release's DROP (cluster: end row) act under the
+  // lock: the task sends them, first or again, only within the lease.
+  if (state_ == LockState::kRenewing || state_ == LockState::kDropping) r.send_before_ms = lease_deadline_ms_;
   outstanding_ = r;
   LockAction a{LockAction::Kind::kRunSql};
   a.request = std::move(r);
@@ -571,14 +574,9 @@ void LockMachine::ResendBusy(const SqlResponse*, const Inputs& in) {
   SqlRequest again = *std::move(busy_resend_);
   busy_resend_.reset();
   // Acts under the lock go out only within the lease, also when sent again.
-  if (state_ == LockState::kRenewing && !LeaseValid(in.now_ms)) {
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
-                                         "\" expired: it could not be renewed within the stale window")));
-    return;
-  }
-  if (state_ == LockState::kDropping && in.now_ms >= lease_deadline_ms_) {
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
-                                         "\" ran past its lease during release; it was left to expire")));
+  if ((state_ == LockState::kRenewing && !LeaseValid(in.now_ms)) ||
+      (state_ == LockState::kDropping && in.now_ms >= lease_deadline_ms_)) {
+    LeaseRanOut(kBusyCause, in);
     return;
   }
   if (state_ == LockState::kCreating) create_sent_at_ms_ = in.now_ms;
@@ -876,15 +874,16 @@ void LockMachine::Confirmed(const SqlResponse* r, const Inputs& in) {
 
 void LockMachine::RenewalInconclusive(const SqlResponse* r, const Inputs& in) {
   if (state_ == LockState::kRenewing && RetryBusy(r, in)) return;
+  if (!LeaseValid(in.now_ms)) {
+    // Not sent again past the lease (the task saw to it): another process
+    // may hold the lock by now.
+    LeaseRanOut(Cause(r, "renewing the lock"), in);
+    return;
+  }
   // The lease stands as it was; try again soon.
   state_ = LockState::kHeld;
   if (release_requested_) {
     StartRelease(nullptr, in);
-    return;
-  }
-  if (!LeaseValid(in.now_ms)) {
-    Lose(absl::UnavailableError(absl::StrCat("the lock on state id \"", Printable(state_id_),
-                                             "\" could not be renewed and its lease ran out")));
     return;
   }
   out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, std::min(options_.retry_ms, options_.stale_ms / 10)});
@@ -951,8 +950,14 @@ void LockMachine::RetryReleaseInspect(const SqlResponse* r, const Inputs& in) {
 }
 
 void LockMachine::RetryDrop(const SqlResponse* r, const Inputs& in) {
+  if (Claims() && RetryBusy(r, in)) return;
+  if (in.now_ms >= lease_deadline_ms_) {
+    // Not sent again past the lease (the task saw to it): landing after a
+    // takeover, a DROP would remove the new holder's lock.
+    LeaseRanOut(Cause(r, "releasing the lock"), in);
+    return;
+  }
   if (Claims()) {
-    if (RetryBusy(r, in)) return;
     ReleaseFailed(r, in);  // the core already resent it after transport failures (idempotent)
     return;
   }
@@ -975,6 +980,23 @@ void LockMachine::ReleaseInspectMissing(const SqlResponse* r, const Inputs& in) 
     return;
   }
   LoseTable(r, in);
+}
+
+std::string LockMachine::Cause(const SqlResponse* r, absl::string_view what) {
+  if (r == nullptr) return "no answer";
+  const std::optional<int> code = ResponseCode(*r);
+  if (code == ch::kUnsatisfiedQuorumForPreviousWrite) return kBusyCause;
+  absl::Status st = CheckResponse(*r, what);
+  return st.ok() ? std::string("an unexpected answer") : std::string(st.message());
+}
+
+void LockMachine::LeaseRanOut(const std::string& cause, const Inputs&) {
+  const bool dropping = state_ == LockState::kDropping;
+  const char* request = !dropping ? "its renewal" : Claims() ? "its release's end row" : "its release's DROP";
+  Lose(absl::AbortedError(absl::StrCat(
+      "the lock on state id \"", Printable(state_id_), "\" ran out while ", request, " waited out ", cause,
+      ": it was not sent again past the lease, since another process may hold the lock by now. ",
+      dropping ? "It was left to expire" : "Stop acting under it and release it")));
 }
 
 void LockMachine::Dropped(const SqlResponse*, const Inputs&) {

@@ -79,6 +79,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "core/lock.h"
 #include "core/sql_request.h"
 #include "core/statements.h"
@@ -231,6 +232,13 @@ class LockMachine {
   void RetryDrop(const SqlResponse* r, const Inputs& in);
   void ReleaseInspectMissing(const SqlResponse* r, const Inputs& in);
   void FailWithResponse(const SqlResponse* r, const Inputs& in);
+  // A renewal, or the release's DROP or end row, met `cause` and the lease
+  // ran out before it could go again: lost (kAborted), nothing more sent.
+  void LeaseRanOut(const std::string& cause, const Inputs& in);
+  // What a request under the lock waited out, for LeaseRanOut.
+  static std::string Cause(const SqlResponse* r, absl::string_view what);
+  static constexpr char kBusyCause[] =
+      "code 286 (an earlier quorum write to the lock's claims is not confirmed yet)";
   // Cluster mode (claims).
   bool Claims() const { return st_.cluster().enabled(); }
   void Claim(const std::string& over, const Inputs& in);

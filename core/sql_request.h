@@ -10,6 +10,7 @@
 #ifndef CHSTATE_CORE_SQL_REQUEST_H_
 #define CHSTATE_CORE_SQL_REQUEST_H_
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +39,14 @@ struct SqlRequest {
   // past it the host reports a transport failure (maybe_delivered = true).
   // 0 only for requests no task stamped (tests of statements).
   int64_t timeout_ms = 0;
+  // For a request that acts under a lock (a state write, a renewal, the
+  // release's DROP or end row): the lock's lease deadline, on the host's
+  // clock. The task sends it, and sends it again (to any host, for any
+  // reason), only before then; past it the step that made the request gets
+  // its last answer, or, when it was never sent, a transport failure that
+  // says so (maybe_delivered = false). 0: no deadline. The core's own
+  // business: hosts are never given it.
+  int64_t send_before_ms = 0;
   // Where to send it, chosen by the task (core/endpoints.h) when the store
   // was given its hosts; empty (port 0) otherwise: the host's one server.
   Endpoint endpoint;

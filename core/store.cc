@@ -29,11 +29,19 @@ class StoreSteps {
   using OnFailure = std::function<Step(absl::Status)>;
 
   // Runs `req`; on success continues with the body, on failure with `fail`.
+  // A request acting under a lock (UnderLease) whose failure would have
+  // been sent again, once the lease ran out: kAborted, naming the failure.
   Step Sql(SqlRequest req, std::string what, std::function<Step(const std::string& body)> then,
            OnFailure fail) {
-    return Step::Run(std::move(req), [this, what = std::move(what), then = std::move(then),
+    SqlRequest sent;  // what the failure needs of the request (not its SQL)
+    sent.idempotent = req.idempotent;
+    sent.send_before_ms = req.send_before_ms;
+    return Step::Run(std::move(req), [this, sent, what = std::move(what), then = std::move(then),
                                       fail = std::move(fail)](const SqlResponse& r) -> Step {
       absl::Status st = CheckResponse(r, what);
+      if (!st.ok() && PastSendBefore(sent, in_->now_ms) && (MayResend(sent, r) || ReplicaLevelError(sent, r))) {
+        return fail(LeaseRanOut(what, std::string(st.message()), !r.transport_ok && r.maybe_delivered));
+      }
       if (!st.ok()) return fail(ExplainCluster(std::move(st)));
       return then(r.body);
     });
@@ -207,8 +215,8 @@ class StoreSteps {
     if (absl::Status lease = LeaseCheck(state.state_id); !lease.ok()) return fail(lease);
     absl::StatusOr<std::string> token = Token();
     if (!token.ok()) return fail(token.status());
-    SqlRequest req =
-        st().InsertState(state.state_id, ToColumn(state.partial), ToColumn(state.completed), *token);
+    SqlRequest req = UnderLease(
+        st().InsertState(state.state_id, ToColumn(state.partial), ToColumn(state.completed), *token), state.state_id);
     const std::string id = state.state_id;
     return QuorumWrite(
         std::move(req), "writing state", in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5,
@@ -276,8 +284,10 @@ class StoreSteps {
     }
     absl::StatusOr<std::string> token = Token();
     if (!token.ok()) return Failed(token.status());
+    SqlRequest req = st().InsertStates(rows, *token);
+    for (const Statements::StateRow& row : rows) req = UnderLease(std::move(req), row.state_id);
     return QuorumWrite(
-        st().InsertStates(rows, *token), absl::StrCat("importing states ", from + 1, "-", next, " of ", states.size()),
+        std::move(req), absl::StrCat("importing states ", from + 1, "-", next, " of ", states.size()),
         in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5,
         [this, all, next] { return WriteBatches(all, next, true); },
         [this, all, from, schema_made](absl::Status st) -> Step {
@@ -308,6 +318,14 @@ class StoreSteps {
             // A little jitter from the fresh random bytes keeps two writers
             // from retrying in lockstep.
             int64_t jitter = in_->random.empty() ? 0 : static_cast<unsigned char>(in_->random[0]) % 8;
+            // Under a lock, sent again only within its lease.
+            if (PastSendBefore(req, in_->now_ms + wait_ms + jitter)) {
+              return fail(LeaseRanOut(what,
+                                      *code == ch::kTooManyParts
+                                          ? "code 252 (too many parts: the table merges slower than it is written)"
+                                          : "code 286 (an earlier quorum write to the table is not confirmed yet)",
+                                      false));
+            }
             return Step::Wait(wait_ms + jitter, [this, req, what, deadline_ms, wait_ms, then, fail] {
               return QuorumWrite(req, what, deadline_ms, std::min<int64_t>(wait_ms * 2, 100), then, fail);
             });
@@ -371,7 +389,7 @@ class StoreSteps {
   Step DeleteState(const std::string& id, Then then, OnFailure fail) {
     if (absl::Status lease = LeaseCheck(id); !lease.ok()) return fail(lease);
     if (st().cluster().enabled()) {
-      return QuorumWrite(st().DeleteState(id), "deleting state",
+      return QuorumWrite(UnderLease(st().DeleteState(id), id), "deleting state",
                          in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5, then,
                          [then, fail](absl::Status st) -> Step {
                            if (st.code() == absl::StatusCode::kNotFound) return then();  // no table: nothing to delete
@@ -379,7 +397,7 @@ class StoreSteps {
                          });
     }
     return Sql(
-        st().DeleteState(id), "deleting state",
+        UnderLease(st().DeleteState(id), id), "deleting state",
         [this, then, fail](const std::string&) -> Step {
           if (st().dialect() == Dialect::kModern) return then();
           return AwaitMutations(in_->now_ms + s_->options_.mutation_timeout_ms, 5, then, fail);
@@ -634,14 +652,45 @@ class StoreSteps {
         [drop](absl::Status) { return drop(); });
   }
 
-  // Writes under a lock are sent only while its lease is valid: the lock
-  // this task took (WithLock), or one this store holds on `id`.
-  absl::Status LeaseCheck(const std::string& id) const {
+  // The lock a write to `id` acts under: the one this task took
+  // (WithLock), or one this store holds on `id`; null when none.
+  const LockMachine* LockOf(const std::string& id) const {
     const LockMachine* lock = current_lock_.get();
     if (lock == nullptr || lock->state_id() != id) {
       auto it = s_->held_.find(id);
       lock = it == s_->held_.end() ? nullptr : it->second.machine.get();
     }
+    return lock;
+  }
+
+  // `req` writes to `id`: under its lock, the task sends it (first, again,
+  // anywhere) only before the lease ends (SqlRequest::send_before_ms; with
+  // several ids, the earliest lease).
+  SqlRequest UnderLease(SqlRequest req, const std::string& id) {
+    const LockMachine* lock = LockOf(id);
+    if (lock == nullptr) return req;
+    const int64_t deadline = lock->lease_deadline_ms();
+    if (req.send_before_ms == 0 || deadline < req.send_before_ms) {
+      req.send_before_ms = deadline;
+      lease_id_ = id;
+    }
+    return req;
+  }
+
+  // A write under the lock of lease_id_ met `cause` and the lease ran out
+  // before it could go again: nothing more is sent.
+  absl::Status LeaseRanOut(const std::string& what, const std::string& cause, bool maybe_landed) const {
+    return absl::AbortedError(absl::StrCat(
+        "the lock on state id \"", Printable(lease_id_), "\" ran out while ", what, " waited out ", cause,
+        ": it was not sent again past the lease, since another process may hold the lock by now (",
+        maybe_landed ? "its last send may have landed" : "it was not written",
+        "). Release the lock and start again"));
+  }
+
+  // Writes under a lock are sent only while its lease is valid: the lock
+  // this task took (WithLock), or one this store holds on `id`.
+  absl::Status LeaseCheck(const std::string& id) const {
+    const LockMachine* lock = LockOf(id);
     if (lock == nullptr || lock->LeaseValid(in_->now_ms)) return absl::OkStatus();
     return absl::AbortedError(absl::StrCat(
         "the lock on state id \"", Printable(id), "\" ran out before the write (its lease ends ",
@@ -938,6 +987,7 @@ class StoreSteps {
   Store* s_;
   const Inputs* in_;
   LockPtr current_lock_;
+  std::string lease_id_;  // the id whose lease the last UnderLease request keeps to
   bool seen_holder_ = false;  // the last lock inspection found another live holder
   std::string seen_holder_id_;  // cluster mode: the holder the waiter row names
   std::string announced_to_;  // the holder this task's waiter row named last

@@ -2,11 +2,13 @@
 // sequence of statements each operation sends, and what it makes of answers.
 #include "core/store.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/endpoints.h"
 #include "core/lock.h"
 #include "core/response.h"
 #include "core/testing/responses.h"
@@ -1646,6 +1648,182 @@ TEST(ClusterStore, ARenewalIsLostOnlyWhenAClaimTookItOver) {
              Q("inspect_claims", Ok(ClaimRow("taker", 0, 120, 120, "x," + kClaimId) + ClaimRow(kClaimId, 0, 120, 120)))},
             &clock);
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("taken over")));
+}
+
+// ---- acts under a lock go out only within its lease ----
+
+// Cluster mode with Meltano's 10 s lock validity and a 30 s quorum_busy: a
+// write refused with code 286 would be sent again long after the lease.
+std::unique_ptr<Store> ShortLeaseClusterStore(std::vector<Endpoint> hosts = {}) {
+  StoreOptions o;
+  o.lock = ScriptLock();
+  o.lock.stale_ms = 10000;
+  o.cluster.name = "prod";
+  o.cluster.quorum_timeout_ms = 10000;
+  o.cluster.quorum_busy_ms = 30000;
+  o.hosts = std::move(hosts);
+  absl::StatusOr<std::unique_ptr<Store>> s = Store::Create(o);
+  EXPECT_THAT(s, IsOk());
+  return std::move(*s);
+}
+
+// Found last session: the lease was checked only before the first send; a
+// resend could land ~20 s after it ended, when another process may hold the
+// id and have written (a lost update).
+TEST(ClusterStore, AWriteRefusedAsBusyIsNotSentAgainPastTheLease) {
+  const MeltanoState state{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")};
+  const MeltanoState other{"other", nlohmann::json::object(), nlohmann::json::parse(R"({"b":2})")};
+  struct Case {
+    const char* name;
+    std::function<std::unique_ptr<Task>(Store&)> make;
+    const char* purpose;
+  };
+  const std::vector<Case> cases = {
+      {"set", [&](Store& s) { return s.Set(state); }, "insert_state"},
+      {"delete", [](Store& s) { return s.Delete("id"); }, "delete_state"},
+      // An import writes no lock of its own, but keeps to those held.
+      {"import", [&](Store& s) { return s.Import({other, state}); }, "insert_states"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto store = ShortLeaseClusterStore();
+    int64_t clock = 0;
+    HoldClusterLock(*store, "id", &clock);
+    const int64_t lease_end = store->LeaseDeadlineMs("id");
+    ASSERT_GT(lease_end, clock + 5000);
+    auto t = c.make(*store);
+    SqlResponse busy = Err(500, 286, "Quorum for previous write has not been satisfied yet");
+    Action a = t->Start({clock, kRandom});
+    int sends = 0;
+    while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
+      if (a.kind == Action::Kind::kWait) {
+        clock += a.wait_ms;
+        a = t->OnTimer({clock, kRandom});
+        continue;
+      }
+      ASSERT_EQ(a.request.purpose, c.purpose);
+      EXPECT_LT(clock, lease_end) << "sent past the lease, send " << sends + 1;
+      EXPECT_EQ(a.request.send_before_ms, lease_end);
+      ASSERT_LT(++sends, 1000);
+      clock += 250;  // each refusal takes a while
+      a = t->OnResponse(busy, {clock, kRandom});
+    }
+    ASSERT_EQ(a.kind, Action::Kind::kFailed);
+    EXPECT_GT(sends, 3);
+    EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted,
+                                   AllOf(HasSubstr("\"id\" ran out while"), HasSubstr("waited out code 286"))));
+  }
+}
+
+// A write with no lock held carries no deadline: it waits out 286 until
+// quorum_busy as before.
+TEST(ClusterStore, AWriteOfAnIdNotHeldHasNoLeaseToKeepTo) {
+  auto store = ShortLeaseClusterStore();
+  int64_t clock = 0;
+  HoldClusterLock(*store, "id", &clock);
+  auto t = store->Import({MeltanoState{"other", nlohmann::json::object(), nlohmann::json::parse(R"({"b":2})")}});
+  Outcome o = Drive(*t, {Q("insert_states", Ok())}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  auto again = store->Import({MeltanoState{"other", nlohmann::json::object(), nlohmann::json::parse(R"({"b":2})")}});
+  Action a = again->Start({clock, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(a.request.send_before_ms, 0);
+}
+
+// With several hosts, a request refused by one goes to the next at once:
+// not past the lease (host 1 took its time to refuse).
+TEST(ClusterStore, AWriteRefusedByOneHostIsNotSentToTheNextPastTheLease) {
+  auto store = ShortLeaseClusterStore({{"a", 1}, {"b", 2}});
+  int64_t clock = 0;
+  HoldClusterLock(*store, "id", &clock);
+  const int64_t lease_end = store->LeaseDeadlineMs("id");
+  auto t = store->Set(MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")});
+  Action a = t->Start({clock, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  ASSERT_EQ(a.request.purpose, "insert_state");
+  a = t->OnResponse(Refused(), {lease_end, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kFailed) << "sent to " << Endpoints::Describe(a.request.endpoint);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted,
+                                 AllOf(HasSubstr("ran out while writing state waited out"),
+                                       HasSubstr("connection refused"), HasSubstr("it was not written"))));
+  // Within the lease it goes to the next host, as before.
+  auto store2 = ShortLeaseClusterStore({{"a", 1}, {"b", 2}});
+  clock = 0;
+  HoldClusterLock(*store2, "id", &clock);
+  auto t2 = store2->Set(MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")});
+  a = t2->Start({clock, kRandom});
+  a = t2->OnResponse(Refused(), {store2->LeaseDeadlineMs("id") - 1, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(a.request.purpose, "insert_state");
+}
+
+TEST(ClusterStore, ARenewalRefusedByOneHostIsNotSentToTheNextPastTheLease) {
+  auto store = ShortLeaseClusterStore({{"a", 1}, {"b", 2}});
+  int64_t clock = 0;
+  HoldClusterLock(*store, "id", &clock);
+  const int64_t lease_end = store->LeaseDeadlineMs("id");
+  clock = lease_end - 10;
+  auto renew = store->RenewLock("id");
+  Action a = renew->Start({clock, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  ASSERT_EQ(a.request.purpose, "renew_claim");
+  EXPECT_EQ(a.request.send_before_ms, lease_end);
+  a = renew->OnResponse(Refused(), {lease_end, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kFailed) << "sent to " << Endpoints::Describe(a.request.endpoint);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("ran out while its renewal waited out")));
+  EXPECT_FALSE(store->LeaseValid("id", lease_end - 1));
+}
+
+TEST(ClusterStore, AReleaseRefusedByOneHostIsNotSentToTheNextPastTheLease) {
+  auto store = ShortLeaseClusterStore({{"a", 1}, {"b", 2}});
+  int64_t clock = 0;
+  HoldClusterLock(*store, "id", &clock);
+  const int64_t lease_end = store->LeaseDeadlineMs("id");
+  auto release = store->ReleaseLock("id", kClaimId);
+  Action a = release->Start({lease_end - 10, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+  ASSERT_EQ(a.request.purpose, "end_claim");
+  a = release->OnResponse(Refused(), {lease_end, kRandom});
+  ASSERT_EQ(a.kind, Action::Kind::kFailed) << "sent to " << Endpoints::Describe(a.request.endpoint);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted,
+                                 AllOf(HasSubstr("release's end row waited out"), HasSubstr("left to expire"))));
+}
+
+// The same with one server: the back-off resend of a refused DROP would go
+// out past the lease (and, after a takeover, drop the new holder's lock).
+TEST(TransportPolicy, ARefusedDropIsNotResentPastTheLease) {
+  for (const int64_t refused_before_end : {40, 0}) {
+    SCOPED_TRACE(refused_before_end);
+    StoreOptions o;
+    o.lock = ScriptLock();
+    o.lock.stale_ms = 10000;
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(o);
+    ASSERT_THAT(store, IsOk());
+    int64_t clock = 0;
+    HoldLock(**store, "a", &clock, kVersion18);
+    const int64_t lease_end = (*store)->LeaseDeadlineMs("a");
+    auto release = (*store)->ReleaseLock("a", kLockId);
+    Action a = release->Start({lease_end - 60, kRandom});
+    ASSERT_EQ(a.request.purpose, "inspect_lock");
+    a = release->OnResponse(Mine(), {lease_end - 50, kRandom});
+    ASSERT_EQ(a.kind, Action::Kind::kRunSql);
+    ASSERT_EQ(a.request.purpose, "drop_lock");
+    EXPECT_EQ(a.request.send_before_ms, lease_end);
+    // Refused: the resend after the 100 ms back-off would be past the lease.
+    a = release->OnResponse(Refused(), {lease_end - refused_before_end, kRandom});
+    if (refused_before_end > 0) {
+      // Still within the lease, the release looks (a read) before any DROP.
+      ASSERT_EQ(a.kind, Action::Kind::kRunSql) << "kind " << static_cast<int>(a.kind);
+      ASSERT_EQ(a.request.purpose, "inspect_lock");
+      a = release->OnResponse(Mine(), {lease_end, kRandom});
+      ASSERT_EQ(a.kind, Action::Kind::kFailed) << a.request.purpose;
+      EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("ran past its lease during release")));
+      continue;
+    }
+    ASSERT_EQ(a.kind, Action::Kind::kFailed) << "kind " << static_cast<int>(a.kind);
+    EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted,
+                                   AllOf(HasSubstr("release's DROP waited out"), HasSubstr("left to expire"))));
+  }
 }
 
 TEST(Store, MoveWritesTheCopyBeforeDeletingTheSource) {

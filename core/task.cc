@@ -46,6 +46,10 @@ bool MayResend(const SqlRequest& request, const SqlResponse& response) {
   return !response.transport_ok && (request.idempotent || !response.maybe_delivered);
 }
 
+bool PastSendBefore(const SqlRequest& request, int64_t now_ms) {
+  return request.send_before_ms > 0 && now_ms >= request.send_before_ms;
+}
+
 bool ReplicaLevelError(const SqlRequest& request, const SqlResponse& response) {
   std::optional<int> code = ResponseCode(response);
   if (!code) return false;
@@ -94,6 +98,16 @@ Action Task::Take(Step step) {
       pending_.request.timeout_ms = policy_.request_timeout_ms;
       tried_.clear();
       failures_.clear();
+      if (PastSendBefore(pending_.request, inputs_.now_ms)) {
+        // The lease of the lock it acts under ran out before it left: it
+        // never goes, and its step hears so.
+        SqlResponse never;
+        never.transport_ok = false;
+        never.transport_error =
+            absl::StrCat("not sent: the lease of the lock it acts under ran out ",
+                         inputs_.now_ms - pending_.request.send_before_ms, " ms before it was to go");
+        return Deliver(never);
+      }
       ChooseHost();
       return SendPending();
     case Action::Kind::kWait:
@@ -130,6 +144,9 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
   if (phase_ != Phase::kSql) return Misuse("OnResponse called when the task was not waiting for SQL");
   inputs_ = in;
   const bool resendable = MayResend(pending_.request, response);
+  // A request acting under a lock goes again (anywhere) only within its
+  // lease: past it another process may hold the lock and have written.
+  const bool in_lease = !PastSendBefore(pending_.request, in.now_ms);
   if (policy_.endpoints && !tried_.empty()) {
     const size_t host = tried_.back();
     const bool replica_error = ReplicaLevelError(pending_.request, response);
@@ -146,7 +163,7 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
     } else {
       policy_.endpoints->Answered(host);
     }
-    if ((resendable || replica_error) && ChooseHost()) return SendPending();
+    if ((resendable || replica_error) && in_lease && ChooseHost()) return SendPending();
   }
   // A replica that is behind the last quorum write (289) catches up within
   // moments: with no other host left, a read asks it again after the
@@ -154,12 +171,21 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
   const bool replica_retry = !resendable && ResponseCode(response) == ch::kReplicaIsNotInQuorum &&
                              pending_.request.idempotent && pending_.request.attempt < 2 * policy_.attempts;
   if ((resendable && pending_.request.attempt < policy_.attempts) || replica_retry) {
-    phase_ = Phase::kResend;
-    Action a;
-    a.kind = Action::Kind::kWait;
-    a.wait_ms = std::min<int64_t>(policy_.backoff_ms << (pending_.request.attempt - 1), 8 * policy_.backoff_ms);
-    return a;
+    const int64_t wait_ms =
+        std::min<int64_t>(policy_.backoff_ms << (pending_.request.attempt - 1), 8 * policy_.backoff_ms);
+    if (!PastSendBefore(pending_.request, in.now_ms + wait_ms)) {
+      phase_ = Phase::kResend;
+      last_failure_ = response;
+      Action a;
+      a.kind = Action::Kind::kWait;
+      a.wait_ms = wait_ms;
+      return a;
+    }
   }
+  return Deliver(response);
+}
+
+Action Task::Deliver(const SqlResponse& response) {
   ResponseHandler handler = std::move(pending_.on_response);
   if (policy_.endpoints && !response.transport_ok && failures_.size() > 1) {
     // Every host was tried: say what each one did.
@@ -173,6 +199,8 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
 Action Task::OnTimer(const Inputs& in) {
   if (phase_ == Phase::kResend) {
     inputs_ = in;
+    // A timer that fired late: past the lease the step gets the last answer.
+    if (PastSendBefore(pending_.request, in.now_ms)) return Deliver(last_failure_);
     ++pending_.request.attempt;
     // A new round: every host may be tried again.
     tried_.clear();

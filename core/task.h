@@ -27,7 +27,10 @@
 //     wait, up to `attempts` sends in all; the resend carries attempt + 1;
 //   - any other failure goes to the step that sent the request, which knows
 //     how to resolve it (the lock inspects its table; a write reports
-//     kUnavailable with the outcome unknown) and never resends it blindly.
+//     kUnavailable with the outcome unknown) and never resends it blindly;
+//   - a request acting under a lock (SqlRequest::send_before_ms) is sent,
+//     first or again, only before its lease ends; past it the step gets the
+//     last answer (or a "not sent" failure) and ends the operation.
 #ifndef CHSTATE_CORE_TASK_H_
 #define CHSTATE_CORE_TASK_H_
 
@@ -113,6 +116,9 @@ struct TransportPolicy {
 // True when `request` may be sent again after `response` (a transport
 // failure): resending cannot do harm.
 bool MayResend(const SqlRequest& request, const SqlResponse& response);
+// True when `request` acts under a lock whose lease has run out by `now_ms`
+// (SqlRequest::send_before_ms): the task sends it no more, to no host.
+bool PastSendBefore(const SqlRequest& request, int64_t now_ms);
 // True when `response` is an error of the one server that sent it, which
 // another replica may not have, and which left nothing written: it lags
 // behind the last quorum write (code 289), lost its ZooKeeper session (225,
@@ -174,6 +180,9 @@ class Task {
   Action Take(Step step);
   Action Misuse(const char* what);
   Action SendPending();
+  // Hands `response` to the pending step (after every host of a round
+  // failed, with what each one did).
+  Action Deliver(const SqlResponse& response);
   // With several hosts: points the pending request at the next host of this
   // round (false when every host was tried).
   bool ChooseHost();
@@ -181,6 +190,8 @@ class Task {
   // This round's hosts, in the order tried, and what each answered.
   std::vector<size_t> tried_;
   std::vector<std::string> failures_;
+  // The failure a resend waits out, for its step should the resend not go.
+  SqlResponse last_failure_;
 
   TransportPolicy policy_;
   Inputs inputs_;
