@@ -164,6 +164,37 @@ std::string DefaultText(const SettingSpec& spec) {
   return absl::StrCat(spec.default_number);
 }
 
+std::vector<std::string> SecretsGiven(const SettingsSources& sources) {
+  std::vector<std::string> secrets;
+  auto add = [&secrets](const std::string& secret) {
+    if (!secret.empty() && std::find(secrets.begin(), secrets.end(), secret) == secrets.end()) {
+      secrets.push_back(secret);
+    }
+  };
+  auto add_uri = [&add](const std::string& uri) {
+    absl::StatusOr<UriParts> parts = ParseClickHouseUri(uri);
+    if (parts.ok() && parts->password) add(*parts->password);
+    // As written, too, and from a URI that does not parse: the user info's
+    // text after its first ':'.
+    absl::string_view rest = uri;
+    if (size_t scheme = rest.find("://"); scheme != absl::string_view::npos) rest.remove_prefix(scheme + 3);
+    rest = rest.substr(0, rest.find_first_of("/?#"));
+    if (size_t at = rest.rfind('@'); at != absl::string_view::npos) {
+      absl::string_view info = rest.substr(0, at);
+      if (size_t colon = info.find(':'); colon != absl::string_view::npos) add(std::string(info.substr(colon + 1)));
+    }
+  };
+  const SettingSpec* password = FindSetting("password");
+  const SettingSpec* uri = FindSetting("uri");
+  if (auto it = sources.values.find(password->key); it != sources.values.end()) add(it->second);
+  if (auto it = sources.values.find(uri->key); it != sources.values.end()) add_uri(it->second);
+  for (const char* name : {password->env, "CLICKHOUSE_PASSWORD"}) {
+    if (auto it = sources.env.find(name); it != sources.env.end()) add(it->second);
+  }
+  if (auto it = sources.env.find(uri->env); it != sources.env.end()) add_uri(it->second);
+  return secrets;
+}
+
 std::string ValueText(const Settings& s, const SettingSpec& spec) {
   const ConnectionConfig& c = s.connection;
   const StoreOptions& o = s.store;

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -121,6 +122,12 @@ struct Settings {
 // 10 s lock_timeout_seconds; "***" for a password that is set): what
 // `chstate settings` and every binding's settings view show.
 std::string ValueText(const Settings& settings, const SettingSpec& spec);
+
+// Every password the inputs hold, wherever given (the password value or
+// variable, CLICKHOUSE_PASSWORD, a URI's user info), resolved or not: a host
+// scrubs them from every message, including one about inputs that do not
+// resolve.
+std::vector<std::string> SecretsGiven(const SettingsSources& sources);
 
 // Resolves every setting. Errors (kInvalidArgument), each naming where the
 // bad value came from and what to write instead: an unknown or renamed key;

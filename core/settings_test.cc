@@ -1,5 +1,7 @@
 #include "core/settings.h"
 
+#include <algorithm>
+
 #include <string>
 
 #include "core/testing/status_matchers.h"
@@ -187,6 +189,26 @@ TEST(SettingsTest, NoMessageHoldsThePassword) {
   s = ResolveSettings(Api({{"password", "Sup3rSecret"}, {"uri", kUri}, {"lock_retry_seconds", "x"}}));
   ASSERT_THAT(s, Not(IsOk()));
   EXPECT_THAT(std::string(s.status().message()), Not(HasSubstr("Sup3rSecret")));
+}
+
+TEST(SettingsTest, SecretsGivenAreEveryPasswordWhereverGiven) {
+  SettingsSources src;
+  src.values = {{"password", "flagpw"}, {"uri", "clickhouse://a:uri%40pw@h:8123/db"}};
+  src.env = {{"MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD", "envpw"},
+             {"CLICKHOUSE_PASSWORD", "genericpw"},
+             {"MELTANO_STATE_BACKEND_URI", "clickhouse://a:envuripw@h:8123/db"},
+             {"MELTANO_STATE_BACKEND_CLICKHOUSE_USER", "not-a-secret"}};
+  std::vector<std::string> got = SecretsGiven(src);
+  std::sort(got.begin(), got.end());
+  // A percent-encoded password both decoded and as written.
+  EXPECT_EQ(got, (std::vector<std::string>{"envpw", "envuripw", "flagpw", "genericpw", "uri%40pw", "uri@pw"}));
+  // Inputs that do not resolve still give their secrets.
+  src.values = {{"uri", "clickhouse://a:uripw@h:notaport/db"}, {"port", "x"}};
+  src.env.clear();
+  EXPECT_EQ(SecretsGiven(src), std::vector<std::string>{"uripw"});
+  src.values = {{"password", "pw"}, {"lock_retry_seconds", "x"}};
+  EXPECT_FALSE(ResolveSettings(src).ok());
+  EXPECT_EQ(SecretsGiven(src), std::vector<std::string>{"pw"});
 }
 
 TEST(SettingsTest, DefaultTexts) {

@@ -385,20 +385,33 @@ class Reporter {
   std::vector<std::string> secrets_;
 };
 
+// The user's inputs as the core's settings sources: each flag under its
+// setting's key (the CLI's binding of the settings table), and the
+// environment. What they mean is the core's (ResolveSettings).
+SettingsSources SourcesOf(const Invocation& inv, const Env& env) {
+  SettingsSources sources;
+  sources.from = SettingsFrom::kCli;
+  sources.env = env;
+  for (const OptionSpec& o : Options()) {
+    if (o.setting == nullptr) continue;
+    if (o.metavar != nullptr) {
+      if (const std::string* v = inv.Value(o.name)) sources.values[o.setting->key] = *v;
+    } else if (auto it = inv.switches.find(o.name); it != inv.switches.end()) {
+      sources.values[o.setting->key] = it->second ? "true" : "false";
+    }
+  }
+  // For `lock`, --timeout is also how long to wait for the lock (flock -w).
+  if (inv.command != nullptr && std::string(inv.command->name) == "lock" && inv.Value("timeout") != nullptr &&
+      inv.Value("lock-timeout") == nullptr) {
+    sources.values["lock_wait_seconds"] = *inv.Value("timeout");
+  }
+  return sources;
+}
+
 // Every password the user may have given, wherever it was given: messages
 // can fail before (or because) the configuration resolves.
 void CollectSecrets(const Invocation& inv, const Env& env, Reporter& report) {
-  if (const std::string* p = inv.Value("password")) report.AddSecret(*p);
-  for (const char* name : {"MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD", "CLICKHOUSE_PASSWORD"}) {
-    if (auto it = env.find(name); it != env.end()) report.AddSecret(it->second);
-  }
-  std::vector<std::string> uris;
-  if (const std::string* u = inv.Value("uri")) uris.push_back(*u);
-  if (auto it = env.find("MELTANO_STATE_BACKEND_URI"); it != env.end()) uris.push_back(it->second);
-  for (const std::string& uri : uris) {
-    absl::StatusOr<UriParts> parts = ParseClickHouseUri(uri);
-    if (parts.ok() && parts->password) report.AddSecret(*parts->password);
-  }
+  for (const std::string& secret : SecretsGiven(SourcesOf(inv, env))) report.AddSecret(secret);
 }
 
 json StateJson(const MeltanoState& state) {
@@ -438,23 +451,7 @@ struct Session {
 // Resolves the settings (the core's: flags, environment, defaults) and builds
 // the transport and store; nothing is sent yet.
 absl::Status Connect(Session& s) {
-  SettingsSources sources;
-  sources.from = SettingsFrom::kCli;
-  sources.env = s.env;
-  for (const OptionSpec& o : Options()) {
-    if (o.setting == nullptr) continue;
-    if (o.metavar != nullptr) {
-      if (const std::string* v = s.inv.Value(o.name)) sources.values[o.setting->key] = *v;
-    } else if (auto it = s.inv.switches.find(o.name); it != s.inv.switches.end()) {
-      sources.values[o.setting->key] = it->second ? "true" : "false";
-    }
-  }
-  // For `lock`, --timeout is also how long to wait for the lock (flock -w).
-  if (s.inv.command != nullptr && std::string(s.inv.command->name) == "lock" && s.inv.Value("timeout") != nullptr &&
-      s.inv.Value("lock-timeout") == nullptr) {
-    sources.values["lock_wait_seconds"] = *s.inv.Value("timeout");
-  }
-  absl::StatusOr<Settings> settings = ResolveSettings(sources);
+  absl::StatusOr<Settings> settings = ResolveSettings(SourcesOf(s.inv, s.env));
   if (!settings.ok()) return settings.status();
   s.settings = *std::move(settings);
   s.report.AddSecret(s.settings.connection.password);
@@ -943,7 +940,7 @@ const std::vector<CommandSpec>& Commands() {
        "creating what is missing.",
        {}, 0, 0, Init},
       {"lock", "ID [--timeout SECONDS] -- COMMAND [ARGS...]", "run a command while holding ID's lock",
-       "Takes ID's lock (waiting up to --timeout seconds, default 10), runs COMMAND, and releases the lock when "
+       "Takes ID's lock (waiting up to --timeout seconds, by default --lock-timeout: 2 x --stale-lock + --lock-retry), runs COMMAND, and releases the lock when "
        "COMMAND ends, like flock(1). COMMAND's exit code passes through (128+N if it died of signal N). "
        "SIGINT, SIGTERM and SIGHUP are passed to COMMAND and the lock is released after it ends. The lock is "
        "renewed while COMMAND runs; if it is lost anyway, COMMAND gets SIGTERM and chstate exits 7. Exits 4, "
