@@ -1,11 +1,13 @@
 """Fault injection through the Meltano adapter's own transport.
 
-The adapter (hosts/python) runs the core through its C ABI with a Python
-HTTP transport (chstate_meltano._http), not the native executor, so its
+The adapter (hosts/python) runs the core through its C ABI with the Python
+binding's pump (chstate_meltano.binding.Store over _native.NativeCore) and
+its HTTP transport (chstate_meltano._http), not the native executor, so its
 retry rules are checked here separately: each request of each operation
-Meltano performs (get, set, delete, get_state_ids, clear_all, and update() =
-acquire_lock, get, set, release) is broken in each way the fault proxy
-knows. After every run the outcome is success with exactly the new states,
+Meltano performs (get, set and delete, each under the id's lock, list,
+clear_all, and update() = the lock scope around get and set) is broken in
+each way the fault proxy knows. Stores open from settings as the adapter
+opens them (its background timer, so a released lock lingers until close). After every run the outcome is success with exactly the new states,
 or a ChstateError naming what failed with the states exactly before or
 after; a request that is not idempotent is never resent after its exchange
 failed; a read broken in transport is retried and succeeds.
@@ -27,7 +29,8 @@ sys.path.insert(0, str(REPO / "hosts" / "python"))
 from test_faults import (A, B, BEFORE, BODY_FAULTS, TRANSPORT_FAULTS, P, full, is_read,  # noqa: E402
                          non_idempotent, prepare)
 
-from chstate_meltano import _http, _native  # noqa: E402
+from chstate_meltano import _native  # noqa: E402
+from chstate_meltano.binding import ChstateError, Store  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import native_library  # noqa: E402
 
@@ -41,40 +44,30 @@ def library():
         yield lib
 
 
-def hexid(s: str) -> str:
-    return s.encode().hex()
-
-
-def update(store: _native.Store) -> None:
+def update(store: Store) -> None:
     """Meltano's update(): under the lock, read, merge a partial, write."""
-    lock = store.run({"op": "acquire_lock", "state_id_hex": hexid("dst")})
-    try:
-        current = store.run({"op": "get", "state_id_hex": hexid("dst")})["state"]
-        store.run({"op": "set", "state_id_hex": hexid("dst"),
-                   "state": {"completed": current["completed"], "partial": P}})
-    finally:
-        store.run({"op": "release_lock", "state_id_hex": hexid("dst"), "lock_id": lock["lock_id"]})
+    with store.lock("dst"):
+        current = store.get("dst")
+        store.set("dst", current["completed"], partial=P, force=True)
 
 
 # op -> (what it does with a store, the states after it succeeds)
 OPS = {
-    "get": (lambda s: s.run({"op": "get", "state_id_hex": hexid("src")}), BEFORE),
-    "set": (lambda s: s.run({"op": "set", "state_id_hex": hexid("dst"), "state": full(A)}),
-            {"src": full(A), "dst": full(A)}),
-    "delete": (lambda s: s.run({"op": "delete", "state_id_hex": hexid("dst")}), {"src": full(A)}),
-    "list": (lambda s: s.run({"op": "list", "pattern_hex": hexid("*s*")}), BEFORE),
-    "clear_all": (lambda s: s.run({"op": "clear_all"}), {}),
+    "get": (lambda s: s.get("src"), BEFORE),
+    "set": (lambda s: s.set("dst", A, force=True), {"src": full(A), "dst": full(A)}),
+    "delete": (lambda s: s.delete("dst"), {"src": full(A)}),
+    "list": (lambda s: s.list("*s*"), BEFORE),
+    "clear_all": (lambda s: s.clear_all(), {}),
     "update": (update, {"src": full(A), "dst": full(B, P)}),
 }
 
 
-def make_store(cli, port: int) -> _native.Store:
+def make_store(cli, port: int) -> Store:
     server = cli.server
-    transport = _http.HttpTransport({"host": server.host, "port": port, "user": server.user,
-                                     "password": server.password, "database": "default",
-                                     "connect_timeout_ms": 1000})
-    return _native.Store({"schema": cli.schema, "endpoint": f"{server.host}:{port}", "lock_timeout_ms": 3000,
-                          "lock_retry_ms": 100, "request_timeout_ms": 1000}, transport)
+    return Store(_native.NativeCore(), {
+        "uri": f"clickhouse://{server.user}@{server.host}:{port}/default", "password": server.password,
+        "schema": cli.schema, "lock_wait_seconds": 3, "lock_retry_seconds": 0.1, "request_timeout_seconds": 1,
+        "connect_timeout_seconds": 1}, env={})
 
 
 def run(cli, port: int, op: str):
@@ -82,7 +75,7 @@ def run(cli, port: int, op: str):
     try:
         OPS[op][0](store)
         return None
-    except _native.ChstateError as e:
+    except ChstateError as e:
         return e
     finally:
         store.close()
