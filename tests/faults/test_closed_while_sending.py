@@ -121,3 +121,6 @@ print(ok, err and err.code, err and err.message)
     r = subprocess.run(["lua5.4", str(script)], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, (r.returncode, r.stderr)
     assert r.stdout.startswith(("false\tUNAVAILABLE", "false\tINTERNAL")), r.stdout
+    # set takes the id's lock first: the error must come from the large write
+    # itself, not from a lock request the stand-in answered oddly.
+    assert listener.cut >= 1, f"the large write never reached the listener: {r.stdout}"
