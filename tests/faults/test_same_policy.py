@@ -8,7 +8,8 @@ persistent fault, in front of the real ClickHouse 18.16, meets the same
 operation through each host:
 
   cli            the native CLI (bazel-out/k8-fastbuild/bin/hosts/native/chstate)
-  python         the Meltano adapter: chstate_meltano._native.Store + _http.HttpTransport
+  python         the Python binding as the Meltano adapter opens it: chstate_meltano.binding.Store
+                 over _native.NativeCore, opened from settings (its own _http.HttpTransport)
   lua            the Lua module with its native transport, driven in C (store:run)
   lua_hooks      the same, driven by chstate.lua's own loop (now/sleep hooks given)
   wasm_node      the Wasm module in Node with httpTransport (same_policy_node.mjs)
@@ -28,8 +29,8 @@ Faults (every attempt of one request kind, for the whole run):
   read_refused         from get_state on, connections are refused: 3 attempts
 
 `test_the_comparison_catches_*` run the read fault through two broken Python
-pumps (one resends on its own, one never resends) and check that the same
-comparison rejects them.
+pumps (subclasses of binding.Store: one resends on its own, one gives up at
+the core's first wait) and check that the same comparison rejects them.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO / "hosts" / "python"))
 sys.path.insert(0, str(REPO / "hosts" / "wasi"))
 
-from chstate_meltano import _http, _native  # noqa: E402
+from chstate_meltano import _native, binding  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import native_library  # noqa: E402
 
@@ -85,6 +86,7 @@ KINDS = [
     ("create_history_table", r"^CREATE TABLE IF NOT EXISTS `[^`]+`\.`state_history`"),
     ("create_history_view", r"^CREATE MATERIALIZED VIEW IF NOT EXISTS `[^`]+`\.`state_history_mv`"),
     ("create_lock", r"^CREATE TABLE `[^`]+`\.`state_lock_\w+`.* ENGINE = .* AS SELECT"),
+    ("foreign_lock_rows", r"^SELECT lock_id, 1 FROM"),
     ("inspect_lock", r"^SELECT lock_id, seq,"),
     ("renew_lock", r"^INSERT INTO `[^`]+`\.`state_lock_\w+` SELECT"),
     ("drop_lock", r"^DROP TABLE IF EXISTS `[^`]+`\.`state_lock_\w+`"),
@@ -260,7 +262,8 @@ LUA_SCRIPT = r"""
 local chstate = require "chstate"
 local mode, host, port, user, schema, op, id, state_json = table.unpack(arg)
 local opts = {host = host, port = port, user = user, password = os.getenv("CHSTATE_SAME_POLICY_PASSWORD") or "",
-              database = "default", schema = schema, env = false, timeout = 1, connect_timeout = 1}
+              database = "default", schema = schema, env = false, request_timeout_seconds = 1,
+              connect_timeout_seconds = 1}
 if mode == "hooks" then
   -- chstate.lua's own driving loop (the C loop, store:run, is used without hooks)
   local socket = require "socket"
@@ -280,16 +283,6 @@ store:close()
 """
 
 
-def hex_id(state_id: str) -> str:
-    return state_id.encode().hex()
-
-
-def op_doc(op: tuple) -> dict:
-    if op[0] == "get":
-        return {"op": "get", "state_id_hex": hex_id(op[1])}
-    return {"op": "set", "state_id_hex": hex_id(op[1]), "state": full(op[2])}
-
-
 class Hosts:
     """Runs one operation, ("get", id) or ("set", id, completed), through one host."""
 
@@ -297,7 +290,7 @@ class Hosts:
         self.server, self.artifacts = server, artifacts
         self.lua_script = tmp / "same_policy.lua"
         self.lua_script.write_text(LUA_SCRIPT)
-        self.python_store_class = python_store_class or _native.Store
+        self.python_store_class = python_store_class or binding.Store
         self.compiled = None  # (engine, module) for wasmtime
 
     def _child_env(self) -> dict:
@@ -324,18 +317,19 @@ class Hosts:
 
     def python(self, cli, port: int, op: tuple) -> Outcome:
         s = self.server
-        transport = _http.HttpTransport({"host": s.host, "port": port, "user": s.user, "password": s.password,
-                                         "database": "default", "connect_timeout_ms": 1000})
-        store = self.python_store_class({"schema": cli.schema, "endpoint": f"{s.host}:{port}",
-                                         "request_timeout_ms": 1000}, transport)
+        store = self.python_store_class(_native.NativeCore(), {
+            "uri": f"clickhouse://{s.user}@{s.host}:{port}/default", "password": s.password, "schema": cli.schema,
+            "connect_timeout_seconds": 1, "request_timeout_seconds": 1}, env={})
         try:
-            store.run(op_doc(op))
+            if op[0] == "get":
+                store.get(op[1])
+            else:
+                store.set(op[1], op[2])  # the completed side
             return Outcome("OK")
-        except _native.ChstateError as e:
+        except binding.ChstateError as e:
             return Outcome(e.code, message=e.message)
         finally:
-            store.close()
-            transport.close()
+            store.close()  # and its transport
 
     def _lua(self, mode: str, cli, port: int, op: tuple) -> Outcome:
         so = self.artifacts["CHSTATE_LUA_SO"]
@@ -590,27 +584,27 @@ def _resending_transport(transport: Callable[[dict], dict]) -> Callable[[dict], 
     return send
 
 
-class _SelfResendingStore(_native.Store):
-    def __init__(self, options, transport, **kw):
-        super().__init__(options, _resending_transport(transport), **kw)
+class _SelfResendingStore(binding.Store):
+    """The binding's pump over a transport that resends on its own."""
+
+    def __init__(self, core, settings, **kw):
+        super().__init__(core, settings, **kw)
+        self._transport = _resending_transport(self._transport)
 
 
-class _NeverResendingStore(_native.Store):
+class _NeverResendingStore(binding.Store):
     """A pump that (wrongly) ends an operation at the core's first wait."""
 
-    def run(self, op):
-        with self._mutex:
-            action = self._call(self._lib.chstate_op_start, op)
-            while True:
-                if "request" in action:
-                    response = self._transport(action["request"])
-                    action = self._call(self._lib.chstate_op_feed, {"response": response})
-                elif "wait_ms" in action:
-                    raise _native.ChstateError("UNAVAILABLE", "gave up instead of waiting")
-                elif "done" in action:
-                    return action["done"]
-                else:
-                    raise _native._failed(action)
+    def _answer(self, action):
+        while True:
+            if "request" in action:
+                response = self._transport(action["request"])
+                action = self._core.feed(self._handle, binding._encode({"response": response}), self._now(),
+                                         self._random(32))
+            elif "wait_ms" in action:
+                raise binding.ChstateError("UNAVAILABLE", "gave up instead of waiting")
+            else:
+                return action
 
 
 @pytest.mark.parametrize("store_class", [_SelfResendingStore, _NeverResendingStore])
