@@ -333,6 +333,9 @@ def test_lock_stays_exclusive_while_a_replica_is_killed(healthy, schema, torture
     assert failures == {}, failures
     summaries = [json.loads(p.stdout.read().decode().strip().splitlines()[-1]) for p, _, _ in procs]
     log = lines()
+    # A release whose requests outlive the lease (the replica killed
+    # mid-release) leaves the lock to expire: logged as late_release, not an
+    # error; exclusivity is what the holds below check.
     assert [f for f in log if f[0] in ("lost", "timeout")] == []
     holds, open_ = [], {}
     for f in log:
@@ -355,7 +358,8 @@ def test_lock_stays_exclusive_while_a_replica_is_killed(healthy, schema, torture
         print(f"\n[ha lock] {workers} workers x {rounds} rounds over 3 replicas, {victim} killed after "
               f"{len(holds) - len(after)} acquisitions: {len(holds)} acquisitions, 0 overlaps, {total:.1f} s; "
               f"longest gap between holds {max(gaps):.0f} ms (after the kill {around:.0f} ms); "
-              f"longest acquire {max(s['max_acquire_ms'] for s in summaries):.0f} ms")
+              f"longest acquire {max(s['max_acquire_ms'] for s in summaries):.0f} ms; "
+              f"releases that outlived their lease (left to expire): {sum(1 for f in log if f[0] == 'late_release')}")
     c.restart_replica(victim, wait=True)
 
 
