@@ -1,8 +1,10 @@
-"""The Python adapter's core (hosts/python: ctypes over libchstate.so and its
-HTTP transport) for the hardening suites, without Meltano.
+"""The Python adapter's core (hosts/python: the binding over libchstate.so
+through ctypes, with its HTTP transport) for the hardening suites, without
+Meltano.
 
-    store, transport = python_store(server, schema)            # plain HTTP
-    store.run({"op": "get", "state_id_hex": b"id".hex()})
+    store = python_store(server, schema)            # a binding.Store, plain HTTP
+    store.get("id")                                 # the verbs are its methods
+    store.close()                                   # and its transport's
 """
 
 from __future__ import annotations
@@ -27,25 +29,33 @@ def library() -> Path:
 
 
 def modules():
+    """(_native, binding) of chstate_meltano, over the library built here."""
     library()
     if str(REPO / "hosts" / "python") not in sys.path:
         sys.path.insert(0, str(REPO / "hosts" / "python"))
-    from chstate_meltano import _http, _native
-    return _native, _http
+    from chstate_meltano import _native, binding
+    return _native, binding
 
 
-def python_store(server, schema: str, *, host: str | None = None, port: int | None = None,
-                 secure: bool = False, ca_file: str | None = None, table: str = "state", timeout: float = 5.0):
-    _native, _http = modules()
-    flags = {"uri": f"clickhouse://{server.user}@{host or server.host}:{port or server.port}/default",
-             "password": server.password, "schema": schema, "table": table, "secure": "true" if secure else "false"}
+def python_settings(server, schema: str, *, host: str | None = None, port: int | None = None,
+                    secure: bool = False, ca_file: str | None = None, table: str = "state",
+                    timeout: float = 5.0) -> dict:
+    """The settings as a user gives them (by the core's names)."""
+    settings = {"uri": f"clickhouse://{server.user}@{host or server.host}:{port or server.port}/default",
+                "password": server.password, "schema": schema, "table": table, "secure": secure,
+                "connect_timeout_seconds": timeout, "request_timeout_seconds": timeout}
     if ca_file:
-        flags["ca_file"] = ca_file
-    config = _native.resolve_config(flags, env={})
-    transport = _http.HttpTransport(dict(config, connect_timeout_ms=int(timeout * 1000)))
-    store = _native.Store({"schema": config["schema"], "table": config["table"], "endpoint": transport.endpoint,
-                           "request_timeout_ms": int(timeout * 1000)}, transport)
-    return store, transport
+        settings["ca_file"] = ca_file
+    return settings
+
+
+def python_store(server, schema: str, **kw):
+    """A binding.Store over the native core, opened from settings (python_settings'
+    keywords) with no environment read; it makes its own HTTP(S) transport from
+    the core's resolution of them. Raises binding.ChstateError for settings the
+    core refuses (nothing sent)."""
+    _native, binding = modules()
+    return binding.Store(_native.NativeCore(), python_settings(server, schema, **kw), env={})
 
 
 def chstate_binary() -> Path:
