@@ -189,12 +189,11 @@ def test_never_falls_back_to_plain_http(tls, chstate_bin):
         uri = f"clickhouse://{s.user}@127.0.0.1:{raw.port}/default?secure=true&ca_file={tls['ca']}"
         r = cli(chstate_bin, s, "get", "tls:cli", uri=uri)
         assert r.returncode == 5, r.stderr
-        store, transport = python_store(s, "tls", port=raw.port, secure=True, ca_file=str(tls["ca"]), timeout=2)
-        _native, _ = modules()
-        with pytest.raises(_native.ChstateError):
-            store.run({"op": "get", "state_id_hex": b"tls:cli".hex()})
+        store = python_store(s, "tls", port=raw.port, secure=True, ca_file=str(tls["ca"]), timeout=2)
+        _, binding = modules()
+        with pytest.raises(binding.ChstateError):
+            store.get("tls:cli")
         store.close()
-        transport.close()
         # Event: every byte both clients sent has been read (not a guessed pause).
         assert raw.drain() >= 2
         # A TLS ClientHello (record type 22, version 3.x), never HTTP or the password.
@@ -211,25 +210,22 @@ def test_never_falls_back_to_plain_http(tls, chstate_bin):
 
 def test_python_adapter_tls(tls):
     s, port = tls["server"], tls["https_port"]
-    _native, _ = modules()
-    store, transport = python_store(s, "tls", port=port, secure=True, ca_file=str(tls["ca"]))
-    state = {"completed": S, "partial": {}}
-    store.run({"op": "set", "state_id_hex": b"tls:py".hex(), "state": state})
-    got = store.run({"op": "get", "state_id_hex": b"tls:py".hex()})
-    assert got["state"]["completed"] == S
+    _, binding = modules()
+    store = python_store(s, "tls", port=port, secure=True, ca_file=str(tls["ca"]))
+    assert repr(store._transport).startswith("HttpTransport(https://"), repr(store._transport)
+    store.set("tls:py", S)  # the completed side
+    got = store.get("tls:py")
+    assert (got["completed"], got["partial"]) == (S, {})
     store.close()
-    transport.close()
     for case, host, ca in (("wrong CA", "127.0.0.1", tls["wrong_ca"]), ("system store", "127.0.0.1", None),
                            ("wrong host name", "localhost", tls["ca"])):
-        store, transport = python_store(s, "tls", host=host, port=port, secure=True,
-                                        ca_file=str(ca) if ca else None)
-        with pytest.raises(_native.ChstateError) as e:
-            store.run({"op": "get", "state_id_hex": b"tls:py".hex()})
+        store = python_store(s, "tls", host=host, port=port, secure=True, ca_file=str(ca) if ca else None)
+        with pytest.raises(binding.ChstateError) as e:
+            store.get("tls:py")
         assert e.value.code == "UNAVAILABLE", (case, e.value.code, str(e.value))
         assert "certificate" in str(e.value).lower(), (case, str(e.value))
         assert s.password not in str(e.value)
         store.close()
-        transport.close()
 
 
 def test_node_wasm_host_tls(tls):
