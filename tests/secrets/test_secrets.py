@@ -2,8 +2,8 @@
 with the password given each way a user can give it, and stdout, stderr,
 --json output, `ping`, the server's own logs (a private 18.16 started here),
 and the argv and environment of the command `chstate lock -- CMD` starts are
-searched for it (as is, and percent-encoded). The Python adapter's errors and
-transport are checked the same way.
+searched for it (as is, and percent-encoded). The Python binding's errors, repr,
+settings view and transport are checked the same way.
 
 A second, recognisable wrong password drives the "wrong password" paths.
 """
@@ -167,26 +167,41 @@ def test_server_logs_never_hold_it(private, binary):
 
 
 def test_python_adapter_errors(private):
+    """The Python binding (as the adapter opens it, from settings): the store's
+    repr, its settings view and its transport's repr hold no password, nor do
+    a wrong password's error and resolve_settings' errors and results."""
     server, _ = private
-    _native, _http = modules()
-    store, transport = python_store(server, "secrets")
-    assert server.password not in repr(transport)
+    _native, binding = modules()
+
+    def shown(store) -> list[bytes]:
+        return [repr(store).encode(), json.dumps(store.settings).encode(), repr(store._transport).encode()]
+
+    store = python_store(server, "secrets")
+    assert_absent(server.password, *shown(store), what="python store")
     store.close()
-    transport.close()
+    # Given in the URI: no I/O at open.
+    enc = urllib.parse.quote(server.password, safe="")
+    store = binding.Store(_native.NativeCore(), {"uri": f"clickhouse://{server.user}:{enc}@127.0.0.1:1/default"},
+                          env={})
+    assert_absent(server.password, *shown(store), what="python store, password in the URI")
+    store.close()
     wrong = type(server)(server.host, server.port, server.user, WRONG)
-    store, transport = python_store(wrong, "secrets")
-    with pytest.raises(_native.ChstateError) as e:
-        store.run({"op": "get", "state_id_hex": b"sec:a".hex()})
+    store = python_store(wrong, "secrets")
+    with pytest.raises(binding.ChstateError) as e:
+        store.get("sec:a")
     assert e.value.code == "UNAUTHENTICATED", e.value
-    assert_absent(WRONG, str(e.value).encode(), repr(e.value).encode(), repr(transport).encode(), what="python")
+    assert_absent(WRONG, str(e.value).encode(), repr(e.value).encode(), *shown(store), what="python")
     store.close()
-    transport.close()
-    # resolve_config's errors never echo a password from the URI.
-    with pytest.raises(_native.ChstateError) as e:
-        _native.resolve_config({"uri": f"clickhouse://u:{WRONG}@h:99999/d"}, env={})
-    assert_absent(WRONG, str(e.value).encode(), what="resolve_config")
-    cfg = _native.resolve_config({"uri": f"clickhouse://u:{WRONG}@h/d"}, env={})
-    assert_absent(WRONG, cfg["redacted_uri"].encode(), json.dumps(cfg["origin"]).encode(), what="config")
+    # resolve_settings' errors never echo a password from the URI; its
+    # redacted URI and provenance hold none either.
+    with pytest.raises(binding.ChstateError) as e:
+        _native.resolve_settings({"from": "api", "values": {"uri": f"clickhouse://u:{WRONG}@h:99999/d"}, "env": {}})
+    assert e.value.code == "INVALID_ARGUMENT", e.value
+    assert_absent(WRONG, str(e.value).encode(), what="resolve_settings")
+    resolved = _native.resolve_settings({"from": "api", "values": {"uri": f"clickhouse://u:{WRONG}@h/d"}, "env": {}})
+    assert resolved["connection"]["password"] == WRONG  # for the transport only
+    assert_absent(WRONG, resolved["connection"]["redacted_uri"].encode(), json.dumps(resolved["origin"]).encode(),
+                  json.dumps(resolved["store"]).encode(), what="resolved settings")
 
 
 def test_lua_binding_errors(private):
