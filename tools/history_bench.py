@@ -58,8 +58,7 @@ for r in range(rounds):
             t0 = time.perf_counter()
             m.update(s)
             times[name]["update"].append(time.perf_counter() - t0)
-history_rows = stores["on"]._run("count", {"op": "history", "state_id_hex": "6465763a7461702d302d746f2d746172676574",
-                                           "limit": 1000000})["versions"]
+history_rows = stores["on"].history("dev:tap-0-to-target", limit=1000000)
 print(json.dumps({"times": times, "versions_of_one_id": len(history_rows)}))
 """
 
