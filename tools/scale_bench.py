@@ -60,9 +60,9 @@ uri, password, schema = cfg["uri"], cfg["password"], cfg["schema"]
 log = []
 
 def manager(linger=True):
-    m = ClickhouseStateStoreManager(uri, password=password, schema=schema, lock_timeout_seconds=60)
-    if not linger:
-        m._extra_options["linger_locks"] = False
+    # linger_locks is a setting (on by default in Python).
+    m = ClickhouseStateStoreManager(uri, password=password, schema=schema, lock_timeout_seconds=60,
+                                    **({} if linger else {"linger_locks": False}))
     make = m._make_transport
     def wrapped():
         t = make()
@@ -74,7 +74,8 @@ def manager(linger=True):
     m._make_transport = wrapped
     return m
 
-raw = HttpTransport(_native.resolve_config({"uri": uri, "password": password}))
+raw = HttpTransport(_native.resolve_settings({"from": "api", "values": {"uri": uri, "password": password},
+                                             "env": {}})["connection"])
 def replay(reqs):
     t = time.perf_counter()
     for req in reqs:
@@ -147,7 +148,9 @@ elif cfg["mode"] == "lock":
         ctx = m.acquire_lock(lock_id, retry_seconds=0.1)
         ctx.__enter__()
         took = time.perf_counter() - t
-        reqs = [r for r in log if r["purpose"] in ("inspect_claims", "claim_lock", "prune_claims")]
+        # The acquisition's own statements: the look at the Python backend's
+        # rows every acquisition makes first, then the claim.
+        reqs = [r for r in log if r["purpose"] in ("foreign_lock_rows", "inspect_claims", "claim_lock", "prune_claims")]
         ctx.__exit__(None, None, None)
         return took, reqs
     for _ in range(cfg["before"]):
