@@ -17,6 +17,7 @@ namespace {
 
 using ::chstate::testing::Lost;
 using ::chstate::testing::Ok;
+using ::chstate::testing::Refused;
 using ::chstate::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -235,6 +236,135 @@ TEST(Connection, AnOperationThatEndsAtOnceLetsTheNextStart) {
   std::optional<Transmit> t = c->PollTransmit();
   ASSERT_TRUE(t.has_value());
   EXPECT_EQ(t->op, good);
+}
+
+// ---- The connection's invariants (issue 28), one test each ----
+
+// One request in flight at a time: however many ops are queued, and even
+// when the host answers before it polled the request, PollTransmit never
+// holds two.
+TEST(ConnectionInvariant, OneRequestInFlightAtATime) {
+  auto c = MakeConnection();
+  uint64_t first = c->Start(c->store().Get("a"), {0, kRandom});
+  uint64_t second = c->Start(c->store().Get("b"), {0, kRandom});
+  uint64_t third = c->Start(c->store().Ping(), {0, kRandom});
+  // The host answers the first op's request without polling it: that request
+  // is sent no more, and only its next one is there to poll.
+  ASSERT_TRUE(c->HandleResponse(first, kVersion, {1, kRandom}).ok());
+  std::optional<Transmit> t = c->PollTransmit();
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->op, first);
+  EXPECT_EQ(t->request.purpose, "get_state");
+  EXPECT_FALSE(c->PollTransmit().has_value()) << "a second request while the first is in flight";
+  ASSERT_TRUE(c->HandleResponse(first, Ok(""), {2, kRandom}).ok());
+  // The next op's first request, and only it.
+  t = c->PollTransmit();
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->op, second);
+  EXPECT_FALSE(c->PollTransmit().has_value());
+  ASSERT_TRUE(c->HandleResponse(second, Ok(""), {3, kRandom}).ok());  // get_state: absent
+  t = c->PollTransmit();
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->op, third);
+  EXPECT_FALSE(c->PollTransmit().has_value());
+}
+
+// An abandoned op sends nothing more and never ends with an event: whether
+// it was queued, had a request not yet polled, or waited for a resend.
+TEST(ConnectionInvariant, AnAbandonedOpSendsNothingAndHasNoEvent) {
+  auto c = MakeConnection();
+  uint64_t running = c->Start(c->store().Get("a"), {0, kRandom});
+  uint64_t queued = c->Start(c->store().Get("b"), {0, kRandom});
+  uint64_t last = c->Start(c->store().Get("c"), {0, kRandom});
+  c->Abandon(queued, {1, kRandom});
+  c->Abandon(running, {1, kRandom});  // its select_version was never polled
+  // The request there to send is the last op's, never an abandoned one's.
+  std::optional<Transmit> t = c->PollTransmit();
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->op, last);
+  EXPECT_FALSE(c->PollTransmit().has_value());
+  // Its request is lost: it waits to resend, and is abandoned while it waits.
+  ASSERT_TRUE(c->HandleResponse(last, Lost(), {2, kRandom}).ok());
+  ASSERT_EQ(c->PollTimeout(), std::optional<int64_t>(102));
+  c->Abandon(last, {3, kRandom});
+  c->HandleTimeout({102, kRandom});
+  c->HandleTimeout({100000, kRandom});
+  EXPECT_FALSE(c->PollTransmit().has_value()) << "a request sent for an abandoned op";
+  EXPECT_FALSE(c->PollEvent().has_value()) << "an event for an abandoned op";
+  EXPECT_TRUE(c->idle());
+}
+
+// A stale answer, for a request that is no longer the one awaited, is
+// refused and changes nothing: a duplicate that arrives while its op waits
+// to resend, or after its op ended.
+TEST(ConnectionInvariant, AStaleAnswerIsRefusedAndChangesNothing) {
+  auto c = MakeConnection();
+  uint64_t op = c->Start(c->store().Get("a"), {0, kRandom});
+  ASSERT_TRUE(c->PollTransmit().has_value());
+  ASSERT_TRUE(c->HandleResponse(op, Lost(), {10, kRandom}).ok());
+  ASSERT_EQ(c->PollTimeout(), std::optional<int64_t>(110));
+  // The lost request's answer turns up after all, during the back-off.
+  EXPECT_THAT(c->HandleResponse(op, kVersion, {20, kRandom}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not waiting")));
+  EXPECT_FALSE(c->PollTransmit().has_value());
+  EXPECT_FALSE(c->PollEvent().has_value());
+  EXPECT_EQ(c->PollTimeout(), std::optional<int64_t>(110));
+  // The resend goes as planned and the op ends.
+  c->HandleTimeout({110, kRandom});
+  std::optional<Transmit> t = c->PollTransmit();
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->request.attempt, 2);
+  ASSERT_TRUE(c->HandleResponse(op, kVersion, {111, kRandom}).ok());
+  Answer(*c, op, "get_state", Ok(""), 112);
+  std::optional<OpEvent> e = c->PollEvent();
+  ASSERT_TRUE(e.has_value());
+  EXPECT_TRUE(e->ok) << e->status;
+  // Once it ended, a late duplicate of its last answer is refused too.
+  EXPECT_THAT(c->HandleResponse(op, Ok(""), {113, kRandom}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not waiting")));
+  EXPECT_FALSE(c->PollEvent().has_value());
+  EXPECT_FALSE(c->PollTransmit().has_value());
+}
+
+// No timer outlives its op: once an op that waited ends (finished, failed
+// or abandoned) and the store holds no lock, PollTimeout asks for nothing.
+TEST(ConnectionInvariant, NoTimerIsLeftForAFinishedOp) {
+  auto c = MakeConnection();
+  // Fails after its resends: every send of select_version is lost.
+  uint64_t failing = c->Start(c->store().Get("a"), {0, kRandom});
+  int64_t now = 0;
+  for (int sends = 0; sends < 10; ++sends) {
+    std::optional<Transmit> t = c->PollTransmit();
+    if (!t) break;
+    ASSERT_TRUE(c->HandleResponse(failing, Lost(), {++now, kRandom}).ok());
+    if (std::optional<int64_t> at = c->PollTimeout()) {
+      now = *at;
+      c->HandleTimeout({now, kRandom});
+    }
+  }
+  std::optional<OpEvent> e = c->PollEvent();
+  ASSERT_TRUE(e.has_value());
+  EXPECT_FALSE(e->ok);
+  EXPECT_FALSE(c->PollTimeout().has_value()) << "a timer left for a failed op";
+  // One that waited to resend, then finished.
+  uint64_t ok = c->Start(c->store().Get("a"), {now, kRandom});
+  ASSERT_TRUE(c->PollTransmit().has_value());
+  ASSERT_TRUE(c->HandleResponse(ok, Refused(), {now, kRandom}).ok());
+  ASSERT_TRUE(c->PollTimeout().has_value());
+  c->HandleTimeout({*c->PollTimeout(), kRandom});
+  ASSERT_TRUE(c->PollTransmit().has_value());
+  ASSERT_TRUE(c->HandleResponse(ok, kVersion, {now + 200, kRandom}).ok());
+  Answer(*c, ok, "get_state", Ok(""), now + 201);
+  ASSERT_TRUE(c->PollEvent().has_value());
+  EXPECT_FALSE(c->PollTimeout().has_value()) << "a timer left for a finished op";
+  // One abandoned while it waited.
+  uint64_t gone = c->Start(c->store().Get("a"), {now + 300, kRandom});
+  ASSERT_TRUE(c->PollTransmit().has_value());
+  ASSERT_TRUE(c->HandleResponse(gone, Refused(), {now + 300, kRandom}).ok());
+  ASSERT_TRUE(c->PollTimeout().has_value());
+  c->Abandon(gone, {now + 301, kRandom});
+  EXPECT_FALSE(c->PollTimeout().has_value()) << "a timer left for an abandoned op";
+  EXPECT_TRUE(c->idle());
 }
 
 }  // namespace

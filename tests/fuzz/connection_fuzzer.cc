@@ -6,9 +6,21 @@
 // holder, ClickHouse errors, lost and refused requests, garbage) and how the
 // clock moves (time jumps, timeouts fired early, on time and late).
 //
-// Properties, checked after every input:
+// The host sometimes polls requests late (several inputs after they were
+// made), so that an abandon, an answer or a timeout can come between the
+// request being made and being sent.
+//
+// Properties, checked after every input (the connection's invariants,
+// core/connection_test.cc "ConnectionInvariant"):
 // - at most one request in flight, and only for the operation that runs;
-//   the answer to it is accepted, an answer for any other op is refused;
+//   the answer to it is accepted (also before the host polled it, and then
+//   it is sent no more), an answer for any other op is refused;
+// - nothing is sent for an abandoned op, however late the host polls;
+// - a stale answer (a second answer to the request just answered, while its
+//   op waits for a timer or has ended) is refused and changes nothing;
+// - no timer is left for an op that ended or was abandoned: with no op
+//   running, PollTimeout is only the store's own renewal, and while a
+//   request is in flight there is no timer at all;
 // - every request carries an attempt within the policy and a deadline after
 //   the time it was made;
 // - every started op ends with exactly one event, and an abandoned op with
@@ -119,17 +131,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::set<uint64_t> abandoned;
   std::set<uint64_t> ended;
 
-  auto drain = [&] {
+  // The last request answered, while its op had no newer request.
+  std::optional<uint64_t> last_answered;
+
+  int64_t polled_at = now;  // requests made before this were polled then
+  auto poll_transmits = [&] {
     while (std::optional<Transmit> t = conn.PollTransmit()) {
       FUZZ_CHECK(!in_flight.has_value(), "two requests in flight");
       FUZZ_CHECK(t->request.attempt >= 1 && t->request.attempt <= policy.attempts,
                  absl::StrCat("attempt ", t->request.attempt));
-      FUZZ_CHECK(t->deadline_ms > now, "a deadline not after the time the request was made");
+      // Made at some time since the last poll: its deadline is its timeout after that.
+      const int64_t made_ms = t->deadline_ms - t->request.timeout_ms;
+      FUZZ_CHECK(t->request.timeout_ms > 0 && made_ms >= polled_at && made_ms <= now,
+                 "a deadline not a timeout after the time the request was made");
       // A started op sends only while it runs; any other op is the
       // connection's own renewal.
       FUZZ_CHECK(running.count(t->op) == 1 || started.count(t->op) == 0, "a request for an op that ended");
+      FUZZ_CHECK(abandoned.count(t->op) == 0, absl::StrCat("a request sent for abandoned op ", t->op));
+      if (last_answered == t->op) last_answered.reset();
       in_flight = std::move(t);
     }
+    polled_at = now;
+  };
+
+  auto drain = [&](bool poll_now) {
+    if (poll_now) poll_transmits();
     while (std::optional<OpEvent> e = conn.PollEvent()) {
       FUZZ_CHECK(abandoned.count(e->op) == 0, "an event for an abandoned op");
       FUZZ_CHECK(ended.insert(e->op).second, "two events for one op");
@@ -140,7 +166,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       if (!e->ok) FUZZ_CHECK(!e->status.ok(), "a failure without a status");
     }
+    if (in_flight) FUZZ_CHECK(!conn.PollTimeout().has_value(), "a timer while a request is in flight");
     if (conn.idle()) {
+      FUZZ_CHECK(conn.PollTimeout() == conn.store().NextTimeoutMs(),
+                 "a timer left for an op that ended (idle, and not the store's renewal)");
       FUZZ_CHECK(!in_flight.has_value(), "a request in flight while idle");
       bool live = conn.store().LeaseValid(kIds[0], now) || conn.store().LeaseValid(kIds[1], now);
       if (!conn.store().NextTimeoutMs().has_value()) {
@@ -152,6 +181,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   for (int step = 0; step < 400 && in.remaining_bytes() > 0; ++step) {
     Inputs at{now, kRandom};
+    // One input in four leaves the requests made unpolled until later.
+    const bool poll_now = in.ConsumeIntegralInRange<int>(0, 3) != 0;
     switch (in.ConsumeIntegralInRange<int>(0, 9)) {
       case 0:
       case 1: {  // start an operation
@@ -185,18 +216,37 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 3:
       case 4:
       case 5: {  // answer the request in flight
-        if (!in_flight) break;
+        if (!in_flight) {
+          // The host answers the oldest running op before polling its
+          // request (accepted only when that op awaits one): the request
+          // answered must not be sent after all.
+          if (running.empty() || !in.ConsumeBool()) break;
+          const uint64_t op = *running.begin();
+          Transmit unseen;
+          unseen.op = op;
+          if (conn.HandleResponse(op, AnswerFor(in, unseen, lock_id, now), at).ok()) last_answered = op;
+          break;
+        }
         Transmit t = *std::move(in_flight);
         in_flight.reset();
         absl::Status st = conn.HandleResponse(t.op, AnswerFor(in, t, lock_id, now), at);
         FUZZ_CHECK(abandoned.count(t.op) == 1 || st.ok(), st.ToString());
+        last_answered = t.op;
         break;
       }
-      case 6: {  // an answer for some other op is refused
+      case 6: {  // an answer for some other op, or a stale one, is refused
+        // Only what the host has seen is judged: poll first.
+        poll_transmits();
         uint64_t op = in.ConsumeIntegralInRange<uint64_t>(0, 40);
+        const bool stale = last_answered.has_value() && in.ConsumeBool();
+        if (stale) op = *last_answered;
         if (in_flight && op == in_flight->op) break;
+        const std::optional<int64_t> timer = conn.PollTimeout();
         absl::Status st = conn.HandleResponse(op, Ok(""), at);
-        FUZZ_CHECK(!st.ok(), absl::StrCat("an answer for op ", op, " accepted while it sent nothing"));
+        FUZZ_CHECK(!st.ok(), absl::StrCat(stale ? "a stale answer for op " : "an answer for op ", op,
+                                          " accepted while it sent nothing"));
+        FUZZ_CHECK(!conn.PollTransmit().has_value(), "a refused answer made a request");
+        FUZZ_CHECK(conn.PollTimeout() == timer, "a refused answer moved the timer");
         break;
       }
       case 7: {  // abandon the request's op or another
@@ -220,7 +270,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         now += in.ConsumeIntegralInRange<int64_t>(0, 120000);
         break;
     }
-    drain();
+    drain(poll_now);
   }
+  drain(true);
   return 0;
 }
