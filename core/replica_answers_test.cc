@@ -1,0 +1,468 @@
+// Scripted replica answers for a cluster-mode store over three hosts (a, b,
+// c): what ClickHouse replicas say when they lag, lose ZooKeeper, miss their
+// quorum or drop the connection, and what the core does with it. Each
+// exchange names the host the request must go to and the answer that host
+// gives, so a test pins what is resent, to which host, and what fails with
+// which status, for reads, quorum writes and the cluster claims lock
+// (README "Cluster mode"; core/task.h's TransportPolicy).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/clickhouse_errors.h"
+#include "core/lock.h"
+#include "core/response.h"
+#include "core/store.h"
+#include "core/testing/responses.h"
+#include "core/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace chstate {
+namespace {
+
+using ::chstate::testing::Err;
+using ::chstate::testing::IsOk;
+using ::chstate::testing::Lost;
+using ::chstate::testing::Ok;
+using ::chstate::testing::Refused;
+using ::chstate::testing::StatusIs;
+using ::testing::HasSubstr;
+
+const std::string kRandom(32, '\x11');
+const std::string kLockId = MakeLockId(kRandom);
+// An acquisition's first claim: its random prefix and a number.
+const std::string kClaimId = kLockId.substr(0, 24) + "00000001";
+const std::string kClaimId2 = kLockId.substr(0, 24) + "00000002";
+
+// One step of a script: a request to `host` ("a", "b", "c") for `purpose`,
+// answered with `response`; or (purpose "") a wait the task asks for.
+struct Exchange {
+  std::string host;
+  std::string purpose;
+  SqlResponse response;
+};
+Exchange At(std::string host, std::string purpose, SqlResponse r) {
+  return Exchange{std::move(host), std::move(purpose), std::move(r)};
+}
+Exchange Wait() { return Exchange{}; }
+
+// What ClickHouse 18.16 answers with `code`.
+SqlResponse Code(int code) { return Err(500, code, absl::StrCat("replica says ", code)); }
+
+struct Script {
+  Action last;
+  std::vector<std::string> sent;  // "host purpose", in order
+  int waits = 0;
+};
+
+// Drives `task` through `script`, failing the test on any deviation: every
+// request must go to the host and be for the purpose the script says.
+Script Drive(Task& task, const std::vector<Exchange>& script, int64_t* clock) {
+  Script out;
+  Action a = task.Start({*clock, kRandom});
+  auto skip_foreign = [&] {  // every acquisition first looks for Python backend rows: none here
+    while (a.kind == Action::Kind::kRunSql && a.request.purpose == "foreign_lock_rows") {
+      *clock += 2;
+      a = task.OnResponse(Ok(""), {*clock, kRandom});
+    }
+  };
+  for (const Exchange& e : script) {
+    skip_foreign();
+    if (e.purpose.empty()) {
+      EXPECT_EQ(a.kind, Action::Kind::kWait) << "expected a wait after " << ::testing::PrintToString(out.sent);
+      if (a.kind != Action::Kind::kWait) break;
+      ++out.waits;
+      *clock += a.wait_ms;
+      a = task.OnTimer({*clock, kRandom});
+      continue;
+    }
+    EXPECT_EQ(a.kind, Action::Kind::kRunSql) << "expected " << e.host << " " << e.purpose << " after "
+                                             << ::testing::PrintToString(out.sent) << "; status " << a.status;
+    if (a.kind != Action::Kind::kRunSql) break;
+    out.sent.push_back(absl::StrCat(a.request.endpoint.host, " ", a.request.purpose));
+    EXPECT_EQ(out.sent.back(), absl::StrCat(e.host, " ", e.purpose)) << "after " << ::testing::PrintToString(out.sent);
+    *clock += 2;
+    a = task.OnResponse(e.response, {*clock, kRandom});
+  }
+  skip_foreign();
+  out.last = a;
+  return out;
+}
+
+// The host the next request of a fresh read goes to.
+std::string NextHost(Store& store, int64_t now) {
+  std::unique_ptr<Task> t = store.Ping();
+  Action a = t->Start({now, kRandom});
+  return a.kind == Action::Kind::kRunSql ? a.request.endpoint.host : "(none)";
+}
+
+std::unique_ptr<Store> ClusterStore() {
+  StoreOptions o;
+  o.lock.stale_ms = 300000;
+  o.lock.timeout_ms = 10000;
+  o.cluster.name = "prod";
+  o.cluster.quorum_timeout_ms = 1000;
+  o.cluster.quorum_busy_ms = 1000;
+  o.hosts = {{"a", 8123}, {"b", 8123}, {"c", 8123}};
+  absl::StatusOr<std::unique_ptr<Store>> s = Store::Create(o);
+  EXPECT_THAT(s, IsOk());
+  return std::move(*s);
+}
+
+const SqlResponse kVersion = Ok("18.16.1\t1\n");
+const SqlResponse kReplicated = Ok("ReplicatedReplacingMergeTree\t1\n");
+const SqlResponse kStateRow = Ok("{}\t{\"singer_state\":{\"a\":1}}\n");
+
+// A claims answer row: lock id, claim rows, end rows, newest row, stale_s, over, now.
+SqlResponse Claim(const std::string& id, int64_t now_s) {
+  return Ok(absl::StrCat(id, "\t1\t0\t", now_s, "\t300\t\t", now_s, "\n"));
+}
+
+MeltanoState State() {
+  return MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"singer_state":{"a":1}})")};
+}
+
+// The store (connected, its table checked) holds the claims lock on "id",
+// all on host a.
+void HoldLock(Store& store, int64_t* clock) {
+  std::unique_ptr<Task> t = store.AcquireLock("id");
+  Script r = Drive(*t,
+                {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                 At("a", "inspect_claims", Ok("")), At("a", "claim_lock", Ok()),
+                 At("a", "inspect_claims", Claim(kClaimId, 100))},
+                clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+}
+
+// ---- reads: replica-level errors and lost answers go to the next host at once ----
+
+TEST(ReplicaReads, ALaggingReplicaIs289AndTheReadGoesToTheNextHostAtOnce) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> get = store->Get("id");
+  Script r = Drive(*get,
+                {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                 At("a", "get_state", Code(ch::kReplicaIsNotInQuorum)), At("b", "get_state", kStateRow)},
+                &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_EQ(r.waits, 0) << "another host is asked at once, without the back-off";
+  ASSERT_TRUE(r.last.result.state.has_value());
+  EXPECT_EQ(NextHost(*store, clock), "b");  // a is marked down
+}
+
+TEST(ReplicaReads, ZooKeeperAndNetworkErrorsOnAReadGoToEachOtherHost) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> get = store->Get("id");
+  Script r = Drive(*get,
+                {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                 At("a", "get_state", Code(ch::kKeeperException)), At("b", "get_state", Code(ch::kNetworkError)),
+                 At("c", "get_state", kStateRow)},
+                &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_EQ(r.waits, 0);
+}
+
+TEST(ReplicaReads, ALostOrRefusedReadGoesToTheNextHost) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> get = store->Get("id");
+  Script r = Drive(*get,
+                {At("a", "select_version", Refused()), At("b", "select_version", kVersion),
+                 At("b", "state_table_engine", kReplicated), At("b", "get_state", Lost()),
+                 At("c", "get_state", kStateRow)},
+                &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+}
+
+TEST(ReplicaReads, EveryReplicaLaggingRetriesAfterTheBackOffThenFailsUnavailable) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> get = store->Get("id");
+  Action a = get->Start({clock, kRandom});
+  int sends = 0, waits = 0;
+  std::vector<std::string> hosts;
+  while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
+    ASSERT_LT(sends, 100);
+    if (a.kind == Action::Kind::kWait) {
+      ++waits;
+      clock += a.wait_ms;
+      a = get->OnTimer({clock, kRandom});
+      continue;
+    }
+    clock += 2;
+    if (a.request.purpose != "get_state") {
+      a = get->OnResponse(a.request.purpose == "select_version" ? kVersion : kReplicated, {clock, kRandom});
+      continue;
+    }
+    ++sends;
+    hosts.push_back(a.request.endpoint.host);
+    a = get->OnResponse(Code(ch::kReplicaIsNotInQuorum), {clock, kRandom});
+  }
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  // Each round asks every host, then waits; a lagging replica catches up
+  // within moments, so a read gets twice the attempts (2 x 3 rounds).
+  EXPECT_EQ(sends, 18);
+  EXPECT_EQ(waits, 5);
+  EXPECT_EQ((std::vector<std::string>(hosts.begin(), hosts.begin() + 3)), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  EXPECT_EQ(ClickHouseCode(a.status), ch::kReplicaIsNotInQuorum);
+}
+
+TEST(ReplicaReads, EveryHostRefusingFailsUnavailableNamingEachHost) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> get = store->Get("id");
+  Script r = Drive(*get,
+                {At("a", "select_version", Refused()), At("b", "select_version", Refused()),
+                 At("c", "select_version", Refused()), Wait(), At("a", "select_version", Refused()),
+                 At("b", "select_version", Refused()), At("c", "select_version", Refused()), Wait(),
+                 At("a", "select_version", Refused()), At("b", "select_version", Refused()),
+                 At("c", "select_version", Refused())},
+                &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(r.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no host answered")));
+  for (const char* h : {"a:8123", "b:8123", "c:8123"}) EXPECT_THAT(r.last.status.message(), HasSubstr(h));
+}
+
+// ---- quorum writes: what is resent, where, and what fails how ----
+
+TEST(ReplicaWrites, Code286IsRetriedOnTheSameHostAfterAPauseUntilItLands) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> set = store->Set(State());
+  Script r = Drive(*set,
+                {At("a", "insert_state", Code(ch::kUnsatisfiedQuorumForPreviousWrite)), Wait(),
+                 At("a", "insert_state", Code(ch::kUnsatisfiedQuorumForPreviousWrite)), Wait(),
+                 At("a", "insert_state", Ok())},
+                &clock);
+  EXPECT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+}
+
+TEST(ReplicaWrites, Code252TooManyPartsIsRetriedLike286) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> set = store->Set(State());
+  Script r = Drive(*set, {At("a", "insert_state", Code(ch::kTooManyParts)), Wait(), At("a", "insert_state", Ok())},
+                &clock);
+  EXPECT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+}
+
+TEST(ReplicaWrites, Code286PastTheQuorumBusyTimeFailsUnavailableWithTheCause) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> set = store->Set(State());
+  const int64_t start = clock;
+  Action a = set->Start({clock, kRandom});
+  int sends = 0;
+  while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
+    ASSERT_LT(sends, 200);
+    if (a.kind == Action::Kind::kWait) {
+      clock += a.wait_ms;
+      a = set->OnTimer({clock, kRandom});
+      continue;
+    }
+    ASSERT_EQ(a.request.purpose, "insert_state");
+    EXPECT_EQ(a.request.endpoint.host, "a") << "286 is the table's state, not the replica's: no other host";
+    ++sends;
+    clock += 2;
+    a = set->OnResponse(Code(ch::kUnsatisfiedQuorumForPreviousWrite), {clock, kRandom});
+  }
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_GE(clock - start, 1000);  // quorum_busy_ms
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not reached its quorum of 2")));
+  EXPECT_EQ(ClickHouseCode(a.status), ch::kUnsatisfiedQuorumForPreviousWrite);
+}
+
+TEST(ReplicaWrites, Code285FailsAtOnceUnavailableAndIsNotSentElsewhere) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> set = store->Set(State());
+  Script r = Drive(*set, {At("a", "insert_state", Code(ch::kTooFewLiveReplicas))}, &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(r.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("fewer than 2 replicas are alive")));
+  EXPECT_EQ(ClickHouseCode(r.last.status), ch::kTooFewLiveReplicas);
+  EXPECT_EQ(NextHost(*store, clock), "a") << "285 is the cluster's state: the host is not marked down";
+}
+
+TEST(ReplicaWrites, Code319IsAnUnknownOutcomeNotResentAndTheHostIsAvoided) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> set = store->Set(State());
+  Script r = Drive(*set, {At("a", "insert_state", Code(ch::kUnknownStatusOfInsert))}, &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(r.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("unknown outcome of the write")));
+  EXPECT_EQ(ClickHouseCode(r.last.status), ch::kUnknownStatusOfInsert);
+  EXPECT_EQ(NextHost(*store, clock), "b") << "a replica with an unconfirmed write holds up its next writes";
+}
+
+// A state write under the lock is idempotent (the whole state, replacing
+// itself; nobody else writes the id meanwhile): a ZooKeeper or network error
+// on that replica, or a lost answer, sends it to the next host at once.
+TEST(ReplicaWrites, AStateWriteWithAZooKeeperErrorOrLostAnswerGoesToTheNextHost) {
+  for (const SqlResponse& failure : {Code(ch::kKeeperException), Code(ch::kNetworkError), Lost()}) {
+    SCOPED_TRACE(failure.body + failure.transport_error);
+    auto store = ClusterStore();
+    int64_t clock = 0;
+    HoldLock(*store, &clock);
+    std::unique_ptr<Task> set = store->Set(State());
+    Script r = Drive(*set, {At("a", "insert_state", failure), At("b", "insert_state", Ok())}, &clock);
+    EXPECT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+    EXPECT_EQ(r.waits, 0);
+  }
+}
+
+// Every replica failing a write with a ZooKeeper error: kUnavailable, saying so.
+TEST(ReplicaWrites, ZooKeeperErrorOnEveryHostIsUnavailableAndSaysSo) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> set = store->Set(State());
+  Action a = set->Start({clock, kRandom});
+  int sends = 0;
+  while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
+    ASSERT_LT(sends, 100);
+    if (a.kind == Action::Kind::kWait) {
+      clock += a.wait_ms;
+      a = set->OnTimer({clock, kRandom});
+      continue;
+    }
+    ASSERT_EQ(a.request.purpose, "insert_state");
+    ++sends;
+    clock += 2;
+    a = set->OnResponse(Code(ch::kKeeperException), {clock, kRandom});
+  }
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_EQ(sends, 3) << "one round of the hosts: a ClickHouse error is no transport failure to back off from";
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach ZooKeeper")));
+  EXPECT_EQ(ClickHouseCode(a.status), ch::kKeeperException);
+}
+
+// A claim is not idempotent (a second claim row is a second claim): a
+// ZooKeeper error on it is not sent elsewhere.
+TEST(ReplicaClaims, AClaimFailingWithAZooKeeperErrorIsNotSentElsewhere) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                 At("a", "inspect_claims", Ok("")), At("a", "claim_lock", Code(ch::kKeeperException))},
+                &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kFailed) << r.last.request.endpoint.host << " " << r.last.request.purpose;
+  EXPECT_THAT(r.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach ZooKeeper")));
+}
+
+TEST(ReplicaWrites, ARefusedWriteGoesToTheNextHostAtOnce) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> set = store->Set(State());
+  Script r = Drive(*set, {At("a", "insert_state", Refused()), At("b", "insert_state", Ok())}, &clock);
+  EXPECT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_EQ(r.waits, 0);
+}
+
+// ---- the cluster claims lock ----
+
+TEST(ReplicaClaims, ALaggingReplicaAnsweringTheClaimsReadIsLeftForTheNext) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                 At("a", "inspect_claims", Ok("")), At("a", "claim_lock", Ok()),
+                 At("a", "inspect_claims", Code(ch::kReplicaIsNotInQuorum)), At("b", "inspect_claims", Claim(kClaimId, 100))},
+                &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_EQ(r.last.result.lock_id, kClaimId);
+}
+
+TEST(ReplicaClaims, AClaimRefusedWith286IsSentAgainAfterAPause) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                 At("a", "inspect_claims", Ok("")), At("a", "claim_lock", Code(ch::kUnsatisfiedQuorumForPreviousWrite)),
+                 Wait(), At("a", "claim_lock", Ok()), At("a", "inspect_claims", Claim(kClaimId, 100))},
+                &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_EQ(r.last.result.lock_id, kClaimId);
+}
+
+TEST(ReplicaClaims, AClaimWhoseAnswerWasLostIsSettledByReadingOnTheNextHost) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                 At("a", "inspect_claims", Ok("")), At("a", "claim_lock", Lost()),
+                 At("b", "inspect_claims", Claim(kClaimId, 100))},
+                &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_EQ(r.last.result.lock_id, kClaimId) << "the claim landed: it is ours";
+}
+
+TEST(ReplicaClaims, TooFewReplicasForTheClaimFailsUnavailableAfterTheWait) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Action a = t->Start({clock, kRandom});
+  int claims = 0;
+  while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
+    ASSERT_LT(claims, 500);
+    if (a.kind == Action::Kind::kWait) {
+      clock += a.wait_ms;
+      a = t->OnTimer({clock, kRandom});
+      continue;
+    }
+    clock += 2;
+    const std::string& p = a.request.purpose;
+    SqlResponse answer = p == "select_version" ? kVersion : p == "state_table_engine" ? kReplicated : Ok("");
+    if (p == "claim_lock") {
+      ++claims;
+      answer = Code(ch::kTooFewLiveReplicas);
+    }
+    a = t->OnResponse(answer, {clock, kRandom});
+  }
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_GE(claims, 2) << "a claim refused before anything was written is tried again until the wait ends";
+  EXPECT_GE(clock, 10000);  // lock.timeout_ms
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("fewer than 2 replicas are alive")));
+}
+
+TEST(ReplicaClaims, AnEndRowWith319IsWrittenAgain) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> t = store->ReleaseLock("id", kClaimId);
+  Script r = Drive(*t, {At("a", "end_claim", Code(ch::kUnknownStatusOfInsert)), Wait(), At("b", "end_claim", Ok())},
+                &clock);
+  EXPECT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+}
+
+TEST(ReplicaClaims, AClaimsTableDdlTimingOutOnSomeHost159StillTakesTheLock) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                 At("a", "inspect_claims", Err(404, 60, "Table meltano.state_claims doesn't exist.")),
+                 At("a", "claim_lock", Err(404, 60, "Table meltano.state_claims doesn't exist.")),
+                 At("a", "create_claims_table", Code(ch::kTimeoutExceeded)), At("a", "inspect_claims", Ok("")),
+                 At("a", "claim_lock", Ok()),
+                 At("a", "inspect_claims", Claim(kClaimId2, 100))},
+                &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_EQ(r.last.result.lock_id, kClaimId2);  // the second claim: the first met no table
+}
+
+}  // namespace
+}  // namespace chstate
