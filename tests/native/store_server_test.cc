@@ -81,7 +81,7 @@ TEST_F(ServerTest, HostileIdsRoundTripByteExact) {
   for (const std::string& id : kIds) {
     SCOPED_TRACE(id.substr(0, 30));
     nlohmann::json completed = {{"singer_state", {{"id_length", id.size()}}}};
-    ASSERT_THAT(Run(store_->SetLocked(Complete(id, completed))), IsOk());
+    ASSERT_THAT(Run(store_->Set(Complete(id, completed))), IsOk());
     ASSERT_OK_AND_ASSIGN(Result got, Run(store_->Get(id)));
     ASSERT_TRUE(got.state.has_value());
     EXPECT_EQ(got.state->completed, completed);
@@ -93,7 +93,7 @@ TEST_F(ServerTest, HostileIdsRoundTripByteExact) {
   }
   EXPECT_EQ(listed.state_ids.size(), std::size(kIds));
   // Deleting one hostile id removes exactly that one.
-  ASSERT_THAT(Run(store_->DeleteLocked(kIds[0])), IsOk());
+  ASSERT_THAT(Run(store_->Delete(kIds[0])), IsOk());
   ASSERT_OK_AND_ASSIGN(Result after, Run(store_->List(std::nullopt)));
   EXPECT_EQ(after.state_ids.size(), std::size(kIds) - 1);
   ASSERT_OK_AND_ASSIGN(Result gone, Run(store_->Get(kIds[0])));
