@@ -68,7 +68,7 @@ const std::vector<VerbSpec>& Verbs() {
       {"export",
        {{"pattern", ArgType::kPattern, false, "only ids matching this glob", true},
         Named("after", ArgType::kStateId, "the last id of the previous page"),
-        Named("limit", ArgType::kCount, "states per page (default 1000)")},
+        Named("limit", ArgType::kCount, "states per page (default 10000)")},
        LockRule::kNone, "", "", Returns::kPage,
        "one page of every state (meltano state export), sorted by id; ask again after the page's last id while "
        "more is true"},

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/defaults.h"
 #include "core/lock.h"
 #include "core/quoting.h"
 #include "core/testing/responses.h"
@@ -279,6 +280,26 @@ TEST(Verbs, MergeFromReadsTheSourcesMergedView) {
                     answers, &clock);
   EXPECT_EQ(empty.last.status.code(), absl::StatusCode::kInvalidArgument);
   for (const std::string& p : empty.purposes) EXPECT_NE(p, "insert_state");
+}
+
+// A default a row's text names is the one the verb uses (the export page's
+// said 1000 after the default became 10000).
+TEST(Verbs, TheDefaultsTheTableNamesAreTheCoresOwn) {
+  const struct {
+    const char* verb;
+    int64_t value;
+  } kCases[] = {{"export", kDefaultExportPageStates}, {"history", kDefaultHistoryLimit}};
+  for (const auto& c : kCases) {
+    const VerbSpec* v = FindVerb(c.verb);
+    ASSERT_NE(v, nullptr) << c.verb;
+    bool found = false;
+    for (const VerbArg& a : v->args) {
+      if (std::string(a.name) != "limit") continue;
+      found = true;
+      EXPECT_THAT(std::string(a.meaning), HasSubstr(absl::StrCat("(default ", c.value, ")"))) << c.verb;
+    }
+    EXPECT_TRUE(found) << c.verb;
+  }
 }
 
 TEST(Verbs, TheTableAsJsonNamesEachArgumentsField) {

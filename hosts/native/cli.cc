@@ -916,7 +916,7 @@ const std::vector<CommandSpec>& Commands() {
       {"export", "[--pattern GLOB] [--output FILE]", "print every state in Meltano's export format",
        "Prints every state (matching GLOB, if given) as one JSON object {\"ID\": {\"completed\": {...}, "
        "\"partial\": {...}}, ...}, the format of `meltano state export`, read from ClickHouse a page of "
-       "1000 states at a time. With --output the file is written whole or not at all.",
+       "up to 10000 states at a time. With --output the file is written whole or not at all.",
        {"pattern", "output"}, 0, 0, Export},
       {"import", "[FILE | -]", "write every state of an export document",
        "Reads a document in the format of `meltano state export` (or `chstate export`) from FILE or stdin and "
