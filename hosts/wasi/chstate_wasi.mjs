@@ -224,7 +224,7 @@ export function httpTransport(config) {
             });
           });
         });
-      const timeoutMs = Number(request.timeout_ms) > 0 ? Number(request.timeout_ms) : connectTimeoutMs;
+      const timeoutMs = Number(request.timeout_ms);  // the core gives every request its timeout
       const timer = setTimeout(() => fail(Object.assign(new Error(`no answer within ${timeoutMs} ms`), { code: "ETIMEDOUT" })), timeoutMs);
       req.on("socket", (socket) => {
         // A reused keep-alive socket is connected already.

@@ -154,7 +154,7 @@ function M.new(now_ms)
   local t = {}
 
   function t.execute(_, conn, request, connect_ms)
-    local read_ms = request.timeout_ms or 30000
+    local read_ms = assert(request.timeout_ms, "chstate: a request without timeout_ms (the core gives each one)")
     local target = {host = request.host or conn.host, port = tonumber(request.port or conn.port),
                     secure = conn.secure}
     local endpoint = target.host:find(":", 1, true) and ("[" .. target.host .. "]:" .. target.port)
