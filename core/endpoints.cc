@@ -15,10 +15,9 @@ Endpoints::Endpoints(std::vector<Endpoint> list, int64_t down_ms)
 std::optional<size_t> Endpoints::Pick(int64_t now_ms, const std::vector<size_t>& tried) const {
   auto untried = [&](size_t i) { return std::find(tried.begin(), tried.end(), i) == tried.end(); };
   std::optional<size_t> best;
-  // From the current host on, in list order: the first healthy untried host;
-  // failing that, the untried host whose mark runs out first.
-  for (size_t k = 0; k < list_.size(); ++k) {
-    const size_t i = (current_ + k) % list_.size();
+  // In list order: the first untried host not marked down; failing that,
+  // the untried host whose mark runs out first.
+  for (size_t i = 0; i < list_.size(); ++i) {
     if (!untried(i)) continue;
     if (!Down(i, now_ms)) return i;
     if (!best || down_until_ms_[i] < down_until_ms_[*best]) best = i;
@@ -28,13 +27,9 @@ std::optional<size_t> Endpoints::Pick(int64_t now_ms, const std::vector<size_t>&
 
 void Endpoints::Failed(size_t i, int64_t now_ms) {
   down_until_ms_[i] = now_ms + down_ms_;
-  if (i == current_ && list_.size() > 1) current_ = (i + 1) % list_.size();
 }
 
-void Endpoints::Answered(size_t i) {
-  down_until_ms_[i] = 0;
-  current_ = i;
-}
+void Endpoints::Answered(size_t i) { down_until_ms_[i] = 0; }
 
 std::string Endpoints::Describe(const Endpoint& e) {
   const bool ipv6 = e.host.find(':') != std::string::npos;

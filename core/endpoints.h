@@ -4,14 +4,17 @@
 // next one, in every host runtime alike.
 //
 //   chstate::Endpoints hosts({{"h1", 8123}, {"h2", 8123}, {"h3", 8123}});
-//   size_t i = hosts.Pick(now_ms, /*tried=*/{});   // healthy first
+//   size_t i = hosts.Pick(now_ms, /*tried=*/{});   // the first host not down
 //   // h1 refused: hosts.Failed(i, now_ms); i = hosts.Pick(now_ms, {i});
 //
-// The rule: keep to the host that answered last (a client's requests stay on
-// one server while it is well: its connections are reused); a host that
-// failed is skipped for host_down_ms (kDefaultHostDownMs), and a request that failed on one
-// host tries each other host before it reports the failure. When every host
-// is marked down the one marked down longest ago is tried first.
+// The rule: the list is an order of preference. Every request goes to the
+// first host not marked down; a host that failed is marked down for
+// host_down_ms (kDefaultHostDownMs), skipped by later requests meanwhile,
+// then tried first again (what clickhouse-client, libpq and ClickHouse's
+// in_order load balancing do: all clients of a cluster meet on its first
+// healthy host). A request that failed on one host tries each other host
+// before it reports the failure. When every host left is marked down the
+// one whose mark runs out first is tried first.
 #ifndef CHSTATE_CORE_ENDPOINTS_H_
 #define CHSTATE_CORE_ENDPOINTS_H_
 
@@ -38,9 +41,9 @@ class Endpoints {
   // The host for the next send of a request that already went to `tried`
   // (indices), or nullopt when every host has been tried.
   std::optional<size_t> Pick(int64_t now_ms, const std::vector<size_t>& tried) const;
-  // Host i gave no answer, or a replica-level error: skip it for a while.
+  // Host i gave no answer, or a replica-level error: skip it for down_ms.
   void Failed(size_t i, int64_t now_ms);
-  // Host i answered: it is the one to keep to.
+  // Host i answered: it is down no more.
   void Answered(size_t i);
   bool Down(size_t i, int64_t now_ms) const { return down_until_ms_[i] > now_ms; }
 
@@ -52,7 +55,6 @@ class Endpoints {
   std::vector<Endpoint> list_;
   int64_t down_ms_;
   std::vector<int64_t> down_until_ms_;
-  size_t current_ = 0;
 };
 
 }  // namespace chstate

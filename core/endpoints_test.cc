@@ -16,22 +16,50 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(EndpointsTest, KeepsToTheLastHostThatAnsweredAndSkipsFailedOnes) {
+// The list is an order of preference: every request goes to the first host
+// not marked down, whichever host answered last.
+TEST(EndpointsTest, EveryRequestGoesToTheFirstHostNotMarkedDown) {
   Endpoints e({{"a", 1}, {"b", 2}, {"c", 3}});
   EXPECT_EQ(e.Pick(0, {}), 0u);
   e.Failed(0, 1000);
   EXPECT_EQ(e.Pick(1000, {}), 1u);
-  e.Answered(2);
+  e.Answered(2);  // c answered (a request b failed too, say): b is still preferred
+  EXPECT_EQ(e.Pick(1000, {}), 1u);
+  e.Failed(1, 1000);
   EXPECT_EQ(e.Pick(1000, {}), 2u);
   // Within a request: every host once, then none.
-  EXPECT_EQ(e.Pick(1000, {2}), 1u);
-  EXPECT_EQ(e.Pick(1000, {2, 1}), 0u);  // down, but untried: tried last
-  EXPECT_EQ(e.Pick(1000, {2, 1, 0}), std::nullopt);
-  // The mark runs out.
-  e.Failed(2, 2000);
-  EXPECT_EQ(e.Pick(2000 + kDefaultHostDownMs, {}), 0u);
+  EXPECT_EQ(e.Pick(1000, {2}), 0u);     // a and b are down, untried: the first mark to run out
+  EXPECT_EQ(e.Pick(1000, {2, 0}), 1u);
+  EXPECT_EQ(e.Pick(1000, {2, 0, 1}), std::nullopt);
+  // The marks run out: a is first again.
+  EXPECT_EQ(e.Pick(1000 + kDefaultHostDownMs, {}), 0u);
   EXPECT_EQ(e.Describe(), "a:1, b:2 and c:3");
   EXPECT_EQ(Endpoints::Describe({"::1", 8123}), "[::1]:8123");
+}
+
+// A host that failed is skipped for host_down_ms, then tried first again
+// (the old rule stayed on the host it moved to: host_down_ms changed nothing).
+TEST(EndpointsTest, AFailedHostIsTriedFirstAgainAfterHostDownMs) {
+  for (const int64_t down_ms : {int64_t{0}, int64_t{100}, kDefaultHostDownMs}) {
+    SCOPED_TRACE(down_ms);
+    Endpoints e({{"a", 1}, {"b", 2}, {"c", 3}}, down_ms);
+    e.Failed(0, 1000);
+    e.Answered(1);
+    if (down_ms > 0) EXPECT_EQ(e.Pick(1000 + down_ms - 1, {}), 1u);
+    EXPECT_EQ(e.Pick(1000 + down_ms, {}), 0u);
+  }
+}
+
+// An answer from a host marked down (every host was down) clears its mark.
+TEST(EndpointsTest, AnAnswerClearsTheMark) {
+  Endpoints e({{"a", 1}, {"b", 2}});
+  e.Failed(0, 100);
+  e.Failed(1, 200);
+  EXPECT_EQ(e.Pick(300, {}), 0u);
+  e.Answered(0);
+  EXPECT_FALSE(e.Down(0, 300));
+  EXPECT_TRUE(e.Down(1, 300));
+  EXPECT_EQ(e.Pick(300, {}), 0u);
 }
 
 TEST(EndpointsTest, TheDownMarkLastsHostDownMs) {
@@ -112,6 +140,19 @@ TEST(FailoverTest, ARefusedHostIsFollowedAtOnceByTheNextAndTheNextRequestStartsT
   EXPECT_EQ(a.kind, Action::Kind::kDone);
   std::unique_ptr<Task> next = t.Make(true);
   EXPECT_EQ(next->Start({7, ""}).request.endpoint, (Endpoint{"b", 2}));
+}
+
+// Through the task driver: once a's mark runs out (host_down_ms after it
+// failed), requests go to a again, though b answered in between.
+TEST(FailoverTest, TheFirstHostIsUsedAgainOnceItsMarkRunsOut) {
+  OneRequest t;
+  std::unique_ptr<Task> task = t.Make(/*idempotent=*/true);
+  task->Start({0, ""});
+  Action a = task->OnResponse(Refused("a:1"), {10, ""});
+  ASSERT_EQ(a.request.endpoint, (Endpoint{"b", 2}));
+  ASSERT_EQ(task->OnResponse(Ok(), {11, ""}).kind, Action::Kind::kDone);
+  EXPECT_EQ(t.Make(true)->Start({10 + kDefaultHostDownMs - 1, ""}).request.endpoint, (Endpoint{"b", 2}));
+  EXPECT_EQ(t.Make(true)->Start({10 + kDefaultHostDownMs, ""}).request.endpoint, (Endpoint{"a", 1}));
 }
 
 TEST(FailoverTest, ALaggingReplicaIsSkipped) {
