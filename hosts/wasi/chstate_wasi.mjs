@@ -224,7 +224,9 @@ export function httpTransport(config) {
             });
           });
         });
-      const timeoutMs = Number(request.timeout_ms);  // the core gives every request its timeout
+      // The core gives every request its timeout_ms; a direct call of this
+      // public transport without one waits as long as a connect may.
+      const timeoutMs = Number(request.timeout_ms) > 0 ? Number(request.timeout_ms) : connectTimeoutMs;
       const timer = setTimeout(() => fail(Object.assign(new Error(`no answer within ${timeoutMs} ms`), { code: "ETIMEDOUT" })), timeoutMs);
       req.on("socket", (socket) => {
         // A reused keep-alive socket is connected already.
