@@ -137,10 +137,14 @@ def test_the_measurement_sees_a_blocked_worker(nginx):
 
 
 def sleeper_against_a_contender(nginx, clickhouse, bazel_binary, schema, block: bool) -> tuple[str, int, str, dict]:
-    """/sleeper holds dev:sleeper for 3 s (3x its 1 s validity) without a store
-    call while the chstate CLI, with the same validity, tries for 1.8 s to
+    """/sleeper holds dev:sleeper for 4 s (4x its 1 s validity) without a store
+    call while the chstate CLI, with the same validity, tries for 2.6 s to
     merge into it. Returns /sleeper's answer, the contender's exit status and
-    output, and the state after both."""
+    output, and the state after both. The server judges staleness in whole
+    seconds, so an unrenewed lock of 1 s validity is taken over between 1 and
+    2 s after its last row: the contender's 2.6 s cover that (at 1.8 s the
+    control failed once in a clean-clone run), and end before the holder's
+    4 s do."""
     binary = bazel_binary("CHSTATE_CLI", "hosts/native/chstate", "//hosts/native:chstate")
     env = clickhouse.env()
     env.update(MELTANO_STATE_BACKEND_URI=clickhouse.uri(), MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD=clickhouse.password,
@@ -149,7 +153,7 @@ def sleeper_against_a_contender(nginx, clickhouse, bazel_binary, schema, block: 
     def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
-    holder, box = in_thread(nginx.get, "/sleeper", schema=schema, id="dev:sleeper", seconds=3, block=int(block))
+    holder, box = in_thread(nginx.get, "/sleeper", schema=schema, id="dev:sleeper", seconds=4, block=int(block))
     # Event: the holder wrote inside its scope (it holds the lock). The
     # deadline only bounds a broken build.
     deadline = time.monotonic() + 20
@@ -159,7 +163,7 @@ def sleeper_against_a_contender(nginx, clickhouse, bazel_binary, schema, block: 
             break
         assert time.monotonic() < deadline, f"the holder never wrote inside its scope: {got.stdout} {got.stderr}"
         time.sleep(0.05)
-    contender = cli("--stale-lock", "1", "--lock-timeout", "1.8", "--lock-retry", "0.1", "merge", "dev:sleeper",
+    contender = cli("--stale-lock", "1", "--lock-timeout", "2.6", "--lock-retry", "0.1", "merge", "dev:sleeper",
                     json.dumps({"singer_state": {"contender": 1}}))
     holder.join()
     status, text, _ = box["result"]
