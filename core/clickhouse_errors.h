@@ -57,7 +57,7 @@ inline constexpr ErrorCode kInterpreted[] = {
     {kTooManyParts, "TOO_MANY_PARTS", "cluster mode: retried like UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE"},
     {kTooFewLiveReplicas, "TOO_FEW_LIVE_REPLICAS", "cluster mode: kUnavailable, nothing was written"},
     {kUnsatisfiedQuorumForPreviousWrite, "UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE",
-     "cluster mode: retried until quorum_timeout_ms, then kUnavailable"},
+     "cluster mode: retried until quorum_busy_ms, then kUnavailable"},
     {kReplicaIsNotInQuorum, "REPLICA_IS_NOT_IN_QUORUM",
      "several hosts: the read goes to another replica; all lagging: kUnavailable, retry later"},
     {kUnknownStatusOfInsert, "UNKNOWN_STATUS_OF_INSERT", "cluster mode: kUnavailable, outcome explained"},

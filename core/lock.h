@@ -12,8 +12,10 @@
 // timestamped by the server. No fixed sleep is needed on the uncontended path:
 // acquire is one round trip, release two.
 // A lock older than `stale_ms` (by the server's clock) is taken over: the taker
-// RENAMEs it aside (atomic: one taker wins), checks it moved the lock it judged
-// stale, and drops it.
+// RENAMEs it aside (atomic: one taker wins) and checks it moved the lock it
+// judged stale. The renamed table stays as a tombstone (a taker that lost the
+// race may still read it); `chstate init` drops tombstones older than twice
+// the stale window.
 #ifndef CHSTATE_CORE_LOCK_H_
 #define CHSTATE_CORE_LOCK_H_
 

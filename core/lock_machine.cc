@@ -48,11 +48,6 @@ Event Classify(const SqlResponse& r) {
   return Event::kError;
 }
 
-std::string Printable(const std::string& id) {
-  std::string e = EscapeParamValue(id.substr(0, 200));
-  return id.size() > 200 ? absl::StrCat(e, "...") : e;
-}
-
 }  // namespace
 
 const char* LockStateName(LockState s) {
@@ -473,7 +468,7 @@ void LockMachine::CreateUncertain(const SqlResponse* r, const Inputs& in) {
     // ours by then it is ended before anything else.
     if (r && !r->transport_ok) {
       quorum_trouble_ = absl::UnavailableError(absl::StrCat(
-          "the lock on state id \"", Printable(state_id_), "\" could not be taken: its claim got no answer (",
+          "the lock on state id \"", PrintableId(state_id_), "\" could not be taken: its claim got no answer (",
           r->transport_error, "); replicas may be down or hung. If the claim landed, it blocks the id for ",
           options_.stale_ms / 1000, " s at most"));
       saw_live_claim_ = false;
@@ -622,7 +617,7 @@ void LockMachine::NoteQuorumTrouble(const SqlResponse& r) {
                         ? "an earlier write to the lock's claims has not reached its quorum (code 286: a replica that "
                           "holds it is down or lagging)"
                         : "a claim's quorum was not confirmed in time (code 319: a replica is down or hung)";
-  quorum_trouble_ = absl::UnavailableError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+  quorum_trouble_ = absl::UnavailableError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
                                                         "\" could not be taken: ", why,
                                                         ". Retry when the replicas are back. ClickHouse said: ",
                                                         st.message()));
@@ -778,7 +773,7 @@ void LockMachine::Decide(const SqlResponse* r, const Inputs& in) {
       return;
     case LockVerdict::kGiveUp:
       Fail(absl::AbortedError(absl::StrCat(
-          "state id \"", Printable(state_id_), "\" is locked by another process (its lock was last renewed ",
+          "state id \"", PrintableId(state_id_), "\" is locked by another process (its lock was last renewed ",
           insp->age_s, " s ago); gave up after ", (in.now_ms - start_ms_) / 1000.0,
           " s. Retry later or raise the lock timeout; a dead holder's lock is taken over after ",
           options_.stale_ms / 1000, " s")));
@@ -801,7 +796,7 @@ void LockMachine::BackOff(const Inputs& in) {
     return;
   }
   if (in.now_ms >= deadline_ms_) {
-    Fail(absl::AbortedError(absl::StrCat("state id \"", Printable(state_id_),
+    Fail(absl::AbortedError(absl::StrCat("state id \"", PrintableId(state_id_),
                                          "\" is locked by another process; gave up after ",
                                          (in.now_ms - start_ms_) / 1000.0, " s. Retry later or raise the lock timeout")));
     return;
@@ -818,7 +813,7 @@ void LockMachine::BackOff(const Inputs& in) {
 }
 
 void LockMachine::Cancel(const SqlResponse*, const Inputs&) {
-  Fail(absl::CancelledError(absl::StrCat("gave up waiting for the lock on state id \"", Printable(state_id_),
+  Fail(absl::CancelledError(absl::StrCat("gave up waiting for the lock on state id \"", PrintableId(state_id_),
                                          "\": released before it was acquired")));
 }
 
@@ -826,7 +821,7 @@ void LockMachine::Cancel(const SqlResponse*, const Inputs&) {
 
 void LockMachine::Renew(const SqlResponse*, const Inputs& in) {
   if (!LeaseValid(in.now_ms)) {
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
                                          "\" expired: it could not be renewed within the stale window")));
     return;
   }
@@ -851,7 +846,7 @@ void LockMachine::Confirmed(const SqlResponse* r, const Inputs& in) {
   // live claim of a racer that has yet to see ours and withdraw is no loss).
   const bool ours = Claims() ? insp.ok() && insp->ours_held : insp.ok() && insp->exists && insp->holder == lock_id_;
   if (!ours && !defects_.renewal_accepts_any_holder) {
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
                                          "\" was taken over by another process while held")));
     return;
   }
@@ -859,7 +854,7 @@ void LockMachine::Confirmed(const SqlResponse* r, const Inputs& in) {
     // The lease ran out while the renewal was in flight: from then on a taker
     // may have judged the lock stale and acted (a renewal row that landed
     // late, beyond the margin, cannot undo that). Never revive it.
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
                                          "\" ran out while its renewal was in flight")));
     return;
   }
@@ -890,7 +885,7 @@ void LockMachine::RenewalInconclusive(const SqlResponse* r, const Inputs& in) {
 }
 
 void LockMachine::LoseTable(const SqlResponse*, const Inputs&) {
-  Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+  Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
                                        "\" is gone: it was taken over as stale while held")));
 }
 
@@ -901,7 +896,7 @@ void LockMachine::StartRelease(const SqlResponse*, const Inputs& in) {
   if (!LeaseValid(in.now_ms)) {
     // Past the lease another process may hold the lock: dropping could remove
     // theirs. Leave ours to expire.
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
                                          "\" was held past its lease; it was left to expire instead of being "
                                          "dropped. Keep holds shorter than the stale window or let renewals run")));
     return;
@@ -924,12 +919,12 @@ void LockMachine::CheckBeforeDrop(const SqlResponse* r, const Inputs& in) {
     return;
   }
   if (!insp.ok() || !insp->exists || insp->holder != lock_id_) {
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
                                          "\" was no longer ours at release: it was taken over while held")));
     return;
   }
   if (in.now_ms >= lease_deadline_ms_) {
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", Printable(state_id_),
+    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
                                          "\" ran past its lease during release; it was left to expire instead of "
                                          "being dropped")));
     return;
@@ -994,7 +989,7 @@ void LockMachine::LeaseRanOut(const std::string& cause, const Inputs&) {
   const bool dropping = state_ == LockState::kDropping;
   const char* request = !dropping ? "its renewal" : Claims() ? "its release's end row" : "its release's DROP";
   Lose(absl::AbortedError(absl::StrCat(
-      "the lock on state id \"", Printable(state_id_), "\" ran out while ", request, " waited out ", cause,
+      "the lock on state id \"", PrintableId(state_id_), "\" ran out while ", request, " waited out ", cause,
       ": it was not sent again past the lease, since another process may hold the lock by now. ",
       dropping ? "It was left to expire" : "Stop acting under it and release it")));
 }
@@ -1008,7 +1003,7 @@ void LockMachine::Dropped(const SqlResponse*, const Inputs&) {
 void LockMachine::ReleaseFailed(const SqlResponse* r, const Inputs&) {
   absl::Status s = r ? CheckResponse(*r, "releasing the lock") : absl::UnknownError("release failed");
   if (s.ok()) s = absl::InternalError("unexpected answer releasing the lock");
-  Lose(absl::Status(s.code(), absl::StrCat(s.message(), ". The lock on state id \"", Printable(state_id_),
+  Lose(absl::Status(s.code(), absl::StrCat(s.message(), ". The lock on state id \"", PrintableId(state_id_),
                                            "\" was not released; it expires after ", options_.stale_ms / 1000,
                                            " s")));
 }

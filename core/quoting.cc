@@ -103,4 +103,9 @@ std::string HexEncode(absl::string_view bytes) {
   return out;
 }
 
+std::string PrintableId(absl::string_view id) {
+  std::string escaped = EscapeParamValue(id.substr(0, 200));
+  return id.size() > 200 ? absl::StrCat(escaped, "...") : escaped;
+}
+
 }  // namespace chstate

@@ -43,6 +43,10 @@ std::string QuoteStringLiteral(absl::string_view value);
 // \xHH, backslash doubled. The transport then only URL-encodes it.
 std::string EscapeParamValue(absl::string_view value);
 
+// A state id (user data: it may hold anything) as messages show it: escaped
+// as EscapeParamValue does, cut to its first 200 bytes with "..." after.
+std::string PrintableId(absl::string_view id);
+
 // Meltano's glob (`*` any run, `?` one character) as a LIKE pattern: `%`, `_`
 // and `\` in the glob are escaped with a backslash so they match themselves.
 std::string GlobToLike(absl::string_view glob);

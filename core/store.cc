@@ -165,7 +165,7 @@ class StoreSteps {
       StateVersion v;
       if (!row[0] || !absl::SimpleAtoi(*row[0], &v.unix_ms) || !row[1] || !row[2]) {
         return absl::DataLossError(absl::StrCat("ClickHouse sent a malformed history row for state id \"",
-                                                Printable(id), "\""));
+                                                PrintableId(id), "\""));
       }
       v.version = absl::StrCat(v.unix_ms, "-", *row[1]);
       // "2026-12-01 20:01:02[.123]" in UTC -> ISO 8601.
@@ -537,8 +537,8 @@ class StoreSteps {
                      OnFailure fail, int64_t deadline) {
     if (in_->now_ms + s_->options_.lock.retry_ms >= deadline) {
       return fail(absl::AbortedError(absl::StrCat(
-          "state id \"", Printable(id), "\" is locked by a process of the Python ClickHouse backend (its lock row ",
-          Printable(python_lock_id), " in ", s_->options_.table, "_lock); it was not free within the lock timeout")));
+          "state id \"", PrintableId(id), "\" is locked by a process of the Python ClickHouse backend (its lock row ",
+          PrintableId(python_lock_id), " in ", s_->options_.table, "_lock); it was not free within the lock timeout")));
     }
     return Step::Wait(s_->options_.lock.retry_ms,
                       [this, id, then, fail, deadline] { return Acquire(id, then, fail, deadline); });
@@ -602,8 +602,8 @@ class StoreSteps {
           [this, id, deadline, then, fail, python_lock_id] {
             if (in_->now_ms + s_->options_.lock.retry_ms >= deadline) {
               return fail(absl::AbortedError(absl::StrCat(
-                  "state id \"", Printable(id), "\" is locked by a process of the Python ClickHouse backend (its "
-                  "lock row ", Printable(python_lock_id), " in ", s_->options_.table,
+                  "state id \"", PrintableId(id), "\" is locked by a process of the Python ClickHouse backend (its "
+                  "lock row ", PrintableId(python_lock_id), " in ", s_->options_.table,
                   "_lock); it was not free within the lock timeout")));
             }
             return Step::Wait(s_->options_.lock.retry_ms,
@@ -681,7 +681,7 @@ class StoreSteps {
   // before it could go again: nothing more is sent.
   absl::Status LeaseRanOut(const std::string& what, const std::string& cause, bool maybe_landed) const {
     return absl::AbortedError(absl::StrCat(
-        "the lock on state id \"", Printable(lease_id_), "\" ran out while ", what, " waited out ", cause,
+        "the lock on state id \"", PrintableId(lease_id_), "\" ran out while ", what, " waited out ", cause,
         ": it was not sent again past the lease, since another process may hold the lock by now (",
         maybe_landed ? "its last send may have landed" : "it was not written",
         "). Release the lock and start again"));
@@ -693,7 +693,7 @@ class StoreSteps {
     const LockMachine* lock = LockOf(id);
     if (lock == nullptr || lock->LeaseValid(in_->now_ms)) return absl::OkStatus();
     return absl::AbortedError(absl::StrCat(
-        "the lock on state id \"", Printable(id), "\" ran out before the write (its lease ends ",
+        "the lock on state id \"", PrintableId(id), "\" ran out before the write (its lease ends ",
         s_->options_.lock.stale_ms / 1000, " s, less a safety margin, after it was taken or last renewed; the store "
         "renews it when used or ticked after a third of that); nothing was written: release it and start again"));
   }
@@ -772,7 +772,7 @@ class StoreSteps {
 
   static absl::Status LostLock(const std::string& id) {
     return absl::AbortedError(
-        absl::StrCat("the lock on state id \"", Printable(id), "\" was lost: stop acting under it and release it"));
+        absl::StrCat("the lock on state id \"", PrintableId(id), "\" was lost: stop acting under it and release it"));
   }
 
   // A lingering lock whose lease ran out (the process was paused) or that
@@ -975,12 +975,6 @@ class StoreSteps {
     Result r = Base();
     r.states.emplace();
     return Step::Done(std::move(r));
-  }
-
-  // For messages: ids are user data and may hold anything.
-  static std::string Printable(const std::string& id) {
-    std::string escaped = EscapeParamValue(id.size() > 200 ? id.substr(0, 200) : id);
-    return id.size() > 200 ? absl::StrCat(escaped, "...") : escaped;
   }
 
  private:
@@ -1301,7 +1295,7 @@ std::unique_ptr<Task> Store::ForceUnlock(std::string state_id) {
         [&s, state_id] {
           auto not_locked = [state_id] {
             return Step::Fail(absl::NotFoundError(
-                absl::StrCat("state id \"", StoreSteps::Printable(state_id), "\" is not locked")));
+                absl::StrCat("state id \"", PrintableId(state_id), "\" is not locked")));
           };
           if (s.st().cluster().enabled()) {
             // Every claim not ended: the holder's and any racer's.
@@ -1339,7 +1333,7 @@ std::unique_ptr<Task> Store::ForceUnlock(std::string state_id) {
                       // 60: released meanwhile; 57: this instance was taken over already.
                       if (st.code() == absl::StatusCode::kNotFound || st.code() == absl::StatusCode::kAlreadyExists) {
                         return Step::Fail(absl::AbortedError(absl::StrCat(
-                            "the lock on state id \"", StoreSteps::Printable(state_id),
+                            "the lock on state id \"", PrintableId(state_id),
                             "\" changed hands while it was being removed; look again with `chstate locks`")));
                       }
                       return Step::Fail(std::move(st));
@@ -1403,7 +1397,7 @@ std::unique_ptr<Task> Store::Rollback(std::string state_id, std::string version)
   if (dash == std::string::npos || !absl::SimpleAtoi(version.substr(0, dash), &unix_ms) || unix_ms < 0 ||
       hash8.size() != 8 || hash8.find_first_not_of("0123456789abcdef") != std::string::npos) {
     return Invalid(absl::InvalidArgumentError(absl::StrCat(
-        "\"", StoreSteps::Printable(version),
+        "\"", PrintableId(version),
         "\" is not a version: versions look like 1796155032000-9f3a2b1c (`chstate history ID` lists them)")));
   }
   return MakeTask(this, [state_id, version, unix_ms, hash8](StoreSteps& s) {
@@ -1412,7 +1406,7 @@ std::unique_ptr<Task> Store::Rollback(std::string state_id, std::string version)
           return s.WithLock(state_id, [&s, state_id, version, unix_ms, hash8](StoreSteps::Finish finish) {
             auto missing = [state_id, version] {
               return absl::NotFoundError(absl::StrCat(
-                  "state id \"", StoreSteps::Printable(state_id), "\" has no version ", version,
+                  "state id \"", PrintableId(state_id), "\" has no version ", version,
                   " in its history; `chstate history ID` lists the versions kept"));
             };
             return s.Query(
@@ -1545,19 +1539,19 @@ std::unique_ptr<Task> Store::MergeFrom(std::string src, std::string dst, bool fo
               [&s, src, dst, force](std::optional<MeltanoState> source) -> Step {
                 if (!source) {
                   return Step::Fail(absl::NotFoundError(
-                      absl::StrCat("state id \"", StoreSteps::Printable(src), "\" has no state to merge")));
+                      absl::StrCat("state id \"", PrintableId(src), "\" has no state to merge")));
                 }
                 MeltanoState incoming;
                 incoming.state_id = dst;
                 incoming.partial = source->Merged();
                 if (incoming.partial.empty()) {
                   return Step::Fail(absl::InvalidArgumentError(absl::StrCat(
-                      "merge: the state of \"", StoreSteps::Printable(src), "\" is empty, so there is nothing to "
+                      "merge: the state of \"", PrintableId(src), "\" is empty, so there is nothing to "
                       "merge; nothing was written")));
                 }
                 if (!force && !incoming.partial.contains("singer_state")) {
                   return Step::Fail(absl::InvalidArgumentError(absl::StrCat(
-                      "merge: the state of \"", StoreSteps::Printable(src), "\" has no top-level \"singer_state\" "
+                      "merge: the state of \"", PrintableId(src), "\" has no top-level \"singer_state\" "
                       "key, which Meltano's states have; nothing was written. Pass force to merge it as it is")));
                 }
                 return UnderIdLock(s, dst, [&s, incoming](StoreSteps::Finish finish) {
@@ -1633,7 +1627,7 @@ std::unique_ptr<Task> Store::Import(std::vector<MeltanoState> states) {
     if (!fresh) {
       return Invalid(absl::InvalidArgumentError(absl::StrCat(
           "import entries ", it->second + 1, " and ", i + 1, " have the same state id ",
-          "\"", StoreSteps::Printable(id), "\"; keep one of them (nothing was written)")));
+          "\"", PrintableId(id), "\"; keep one of them (nothing was written)")));
     }
   }
   auto all = std::make_shared<const std::vector<MeltanoState>>(std::move(states));
@@ -1682,7 +1676,7 @@ Step CopySteps(StoreSteps& s, const std::string& src, const std::string& dst, co
       [&s, src, dst, verb, after](std::optional<MeltanoState> state) -> Step {
         if (!state) {
           return Step::Fail(absl::NotFoundError(
-              absl::StrCat("state id \"", StoreSteps::Printable(src), "\" has no state to ", verb)));
+              absl::StrCat("state id \"", PrintableId(src), "\" has no state to ", verb)));
         }
         MeltanoState copy = *state;
         copy.state_id = dst;
@@ -1737,7 +1731,7 @@ std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
     if (auto it = held_.find(state_id); it != held_.end() && !it->second.lingering && it->second.Live()) {
       // Waiting for a lock this store holds would wait for itself.
       return Step::Fail(absl::FailedPreconditionError(absl::StrCat(
-          "this store already holds the lock on state id \"", StoreSteps::Printable(state_id),
+          "this store already holds the lock on state id \"", PrintableId(state_id),
           "\": lock scopes on one id do not nest (writes inside the scope already run under it)")));
     }
     if (auto it = held_.find(state_id); it != held_.end() && it->second.lingering) {
@@ -1781,7 +1775,7 @@ std::unique_ptr<Task> Store::RenewLock(std::string state_id) {
     auto it = held_.find(state_id);
     if (it == held_.end()) {
       return Step::Fail(absl::FailedPreconditionError(absl::StrCat(
-          "cannot renew the lock on state id \"", StoreSteps::Printable(state_id), "\": this store does not hold it")));
+          "cannot renew the lock on state id \"", PrintableId(state_id), "\": this store does not hold it")));
     }
     std::string lock_id = it->second.machine->lock_id();
     return s.Renew(
@@ -1874,7 +1868,7 @@ std::unique_ptr<Task> Store::ReleaseLock(std::string state_id, std::string lock_
     if (it == held_.end() || it->second.machine->lock_id() != lock_id) {
       // Releasing needs the machine that acquired: only the holder can release.
       return Step::Fail(absl::FailedPreconditionError(
-          absl::StrCat("cannot release the lock on state id \"", StoreSteps::Printable(state_id),
+          absl::StrCat("cannot release the lock on state id \"", PrintableId(state_id),
                        "\": this store does not hold it with that lock id (only the process that acquired a lock "
                        "releases it)")));
     }
@@ -1885,7 +1879,7 @@ std::unique_ptr<Task> Store::ReleaseLock(std::string state_id, std::string lock_
       // the scope it guarded was not exclusive, which its user must hear.
       held_.erase(it);
       return Step::Fail(absl::AbortedError(absl::StrCat(
-          "the lock on state id \"", StoreSteps::Printable(state_id), "\" was lost while held (its lease of ",
+          "the lock on state id \"", PrintableId(state_id), "\" was lost while held (its lease of ",
           options_.lock.stale_ms / 1000.0, " s, lock_timeout_seconds, could not be renewed in time, and another "
           "process may have taken it): what was done under it was not exclusive. Check the work, then run it "
           "again")));
