@@ -137,7 +137,7 @@ struct Action {
 };
 
 // Internal continuation: the step a task takes next. Public only so that
-// store.cc can build tasks; hosts use Task.
+// the store (core/store*.cc) can build tasks; hosts use Task.
 struct Step;
 using ResponseHandler = std::function<Step(const SqlResponse&)>;
 using TimerHandler = std::function<Step()>;

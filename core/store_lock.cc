@@ -1,0 +1,169 @@
+// An operation's lock: driving the lock machine (core/lock_machine.h) with
+// SQL steps, acquiring (and, in cluster mode, pruning dead claims) and
+// releasing.
+#include "core/store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/lock_machine.h"
+#include "core/response.h"
+#include "core/store_steps.h"
+
+namespace chstate {
+
+  // Turns a LockMachine's actions into steps until it reports an outcome
+  // (acquired, released, failed, lost). Renewal timers armed while held are
+  // not run inside a task: the lease is checked before every write instead.
+Step StoreSteps::DriveLock(const LockPtr& m, LockOutcome on_outcome) {
+  while (std::optional<LockAction> a = m->Poll()) {
+    switch (a->kind) {
+      case LockAction::Kind::kRunSql: {
+        const bool inspection = a->request.purpose == "inspect_lock" || a->request.purpose == "inspect_claims";
+        return Step::Run(std::move(a->request), [this, m, on_outcome, inspection](const SqlResponse& r) {
+          // Whether the lock was seen held by a live holder, for the backoff below.
+          seen_holder_ = false;
+          if (inspection && r.transport_ok && r.http_status == 200) {
+            absl::StatusOr<LockInspection> insp =
+                st().cluster().enabled()
+                    ? ParseClaimInspection(r.body, m->lock_id(), (m->options().stale_ms + 999) / 1000,
+                                           m->claim_prefix())
+                    : ParseLockInspection(r.body);
+            seen_holder_ = insp.ok() && insp->exists && !insp->holder.empty() && insp->holder != m->lock_id() &&
+                           (!st().cluster().enabled() ||
+                            insp->age_s * 1000 <= std::max(m->options().stale_ms, insp->stale_s * 1000));
+            if (seen_holder_) seen_holder_id_ = insp->holder;
+            if (insp.ok()) last_dead_ = insp->dead;
+          }
+          m->OnResponse(r, *in_);
+          return DriveLock(m, on_outcome);
+        });
+      }
+      case LockAction::Kind::kArmTimer:
+        // A renewal that finished arms the next one: that is its outcome.
+        if (m->state() == LockState::kHeld) return on_outcome(*a);
+        // Cluster mode: a claim row resent after code 286 waits a moment.
+        if (m->state() != LockState::kBackingOff && !m->busy_waiting()) continue;
+        {
+          auto wait = [this, m, on_outcome, delay_ms = a->delay_ms] {
+            return Step::Wait(delay_ms, [this, m, on_outcome] {
+              m->OnTimer(*in_);
+              return DriveLock(m, on_outcome);
+            });
+          };
+          // Once per holder seen: a row each retry would only fill the table.
+          if (!seen_holder_ || announced_to_ == seen_holder_id_) return wait();
+          // Shown to the holder, which gives up a lingering lock for it
+          // (linger_locks); an error (the table gone meanwhile) is harmless.
+          return Sql(
+              st().AnnounceLockWaiter(m->state_id(), m->lock_id(), seen_holder_id_),
+              "showing the holder that a process waits",
+              [this, wait](const std::string&) {
+                announced_to_ = seen_holder_id_;
+                return wait();
+              }, [wait](absl::Status) { return wait(); });
+        }
+      default:
+        return on_outcome(*a);
+    }
+  }
+  return Step::Fail(absl::InternalError(
+      absl::StrCat("the lock stopped in state ", LockStateName(m->state()), " without an outcome")));
+}
+
+  // `deadline_ms`: when waiting ends (the lock timeout from the first
+  // attempt); a retry after yielding to the Python backend keeps it.
+Step StoreSteps::Acquire(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail,
+                         std::optional<int64_t> deadline_ms) {
+  const int64_t deadline = deadline_ms.value_or(in_->now_ms + s_->options_.lock.timeout_ms);
+  if (auto y = s_->yielded_until_.find(id); y != s_->yielded_until_.end()) {
+    // This store just gave the id's lingering lock up to a waiting
+    // process: stay away until that process has had its next attempt.
+    if (in_->now_ms < y->second && y->second < deadline) {
+      return Step::Wait(y->second - in_->now_ms,
+                        [this, id, then, fail, deadline] { return Acquire(id, then, fail, deadline); });
+    }
+    s_->yielded_until_.erase(y);
+  }
+  // A mixed fleet is safe by default: a live row of the Python backend in
+  // <table>_lock is waited for whatever python_locks says (that setting
+  // decides whether this store also shows itself there, and looks again
+  // after taking its own lock). Looked at before taking the lock, so that
+  // a failed look leaves nothing to release. The Python backend knows no
+  // clusters.
+  if (!s_->options_.python_locks && !st().cluster().enabled()) {
+    return Query(
+        st().ForeignLockRows(id), "looking for the Python backend's lock rows", 2,
+        [this, id, then, fail, deadline](const Rows& rows) -> Step {
+          if (rows.empty()) return TakeLock(id, then, fail, deadline);
+          return WaitForPython(id, rows[0][0].value_or(""), then, fail, deadline);
+        },
+        [this, id, then, fail, deadline](absl::Status st) -> Step {
+          // No such table: no Python process ever ran on this schema.
+          if (st.code() == absl::StatusCode::kNotFound) return TakeLock(id, then, fail, deadline);
+          return fail(std::move(st));
+        });
+  }
+  return TakeLock(id, then, fail, deadline);
+}
+
+Step StoreSteps::TakeLock(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail, int64_t deadline) {
+  LockOptions options = s_->options_.lock;
+  options.timeout_ms = std::max<int64_t>(deadline - in_->now_ms, 0);
+  auto m = std::make_shared<LockMachine>(st(), id, options);
+  m->Acquire(*in_);
+  last_dead_.clear();
+  return DriveLock(m, [this, m, id, deadline, then, fail](const LockAction& a) -> Step {
+    if (a.kind != LockAction::Kind::kAcquired) return fail(ExplainCluster(a.status));
+    if (!s_->options_.python_locks) return PruneClaims(id, [this, m, then] { return then(m); });
+    return ClaimFromPython(id, m, deadline, then, fail);
+  });
+}
+
+  // Cluster mode, just acquired: when the claims read last held
+  // kClaimsPruneAt claims of the id that no reader counts any more, they
+  // are removed (kClaimsPruneAt). A failure changes nothing: they are
+  // removed by a later acquisition.
+Step StoreSteps::PruneClaims(const std::string& id, Then then) {
+  if (!st().cluster().enabled() || static_cast<int64_t>(last_dead_.size()) < kClaimsPruneAt) return then();
+  std::vector<std::string> dead = std::move(last_dead_);
+  last_dead_.clear();
+  // A backlog (claims from before pruning existed) goes kClaimsPruneMax
+  // at a time, a slice at a random offset, at every acquisition until it
+  // is gone (a statement must stay below max_query_size, 256 KiB).
+  const bool backlog = static_cast<int64_t>(dead.size()) > kClaimsPruneMax;
+  auto last = s_->claims_pruned_ms_.find(id);
+  if (!backlog && last != s_->claims_pruned_ms_.end() && in_->now_ms - last->second < kClaimsPruneEveryMs) {
+    return then();
+  }
+  s_->claims_pruned_ms_[id] = in_->now_ms;
+  if (backlog) {
+    uint64_t r = 0;
+    for (size_t i = 0; i < in_->random.size() && i < 8; ++i) r = (r << 8) | static_cast<unsigned char>(in_->random[i]);
+    const size_t from = static_cast<size_t>(r % (dead.size() - kClaimsPruneMax + 1));
+    dead = std::vector<std::string>(dead.begin() + from, dead.begin() + from + kClaimsPruneMax);
+  }
+  return Sql(
+      st().PruneClaims(id, dead), "removing ended lock claims", [then](const std::string&) { return then(); },
+      [then](absl::Status) { return then(); });
+}
+
+Step StoreSteps::Release(const LockPtr& m, Then then, OnFailure fail) {
+  auto drop = [this, m, then, fail] {
+    m->Release(*in_);
+    return DriveLock(m, [this, then, fail](const LockAction& a) -> Step {
+      if (a.kind == LockAction::Kind::kReleased) return then();
+      return fail(ExplainCluster(a.status));
+    });
+  };
+  if (!s_->options_.python_locks || m->state() != LockState::kHeld) return drop();
+  // The marker first: while it stands, Python processes wait.
+  return Sql(
+      st().DeleteLockMarker(m->state_id(), m->lock_id()), "withdrawing the lock marker",
+      [drop](const std::string&) { return drop(); },
+      // Dropped anyway; the marker then ends with the Python backend's window.
+      [drop](absl::Status) { return drop(); });
+}
+
+}  // namespace chstate
