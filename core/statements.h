@@ -256,6 +256,10 @@ class Statements {
   std::string HistoryRows() const;
   // " ON CLUSTER `name`" in cluster mode, else "".
   std::string OnCluster() const;
+  // A request named `purpose` (what logs and the transport policy call it).
+  static SqlRequest Request(std::string purpose, bool idempotent);
+  // A read: idempotent, and wait_end_of_query=1 (see statements.cc).
+  static SqlRequest Read(std::string purpose);
   // DDL settings (cluster mode: wait for the end, bounded DDL timeout).
   SqlRequest Ddl(std::string purpose, bool idempotent) const;
   // Settings of a write (quorum in cluster mode) and of a read (sequential
