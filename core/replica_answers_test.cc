@@ -5,6 +5,7 @@
 // gives, so a test pins what is resent, to which host, and what fails with
 // which status, for reads, quorum writes and the cluster claims lock
 // (README "Cluster mode"; core/task.h's TransportPolicy).
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -277,6 +278,101 @@ TEST(ReplicaWrites, Code286PastTheQuorumBusyTimeFailsUnavailableWithTheCause) {
   EXPECT_GE(clock - start, 1000);  // quorum_busy_ms
   EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not reached its quorum of 2")));
   EXPECT_EQ(ClickHouseCode(a.status), ch::kUnsatisfiedQuorumForPreviousWrite);
+}
+
+// A state write under a held lock answered 286 for longer than the lease:
+// the store renews the lock during the wait (nothing was written, so the
+// lock is still its own) and keeps trying until quorum_busy_ms, as Meltano's
+// run does while a killed replica restarts. `renewal_claims` answers each
+// inspection after a renewal row; returns the final action and the number
+// of renewals sent.
+struct LongBusyWrite {
+  Action last;
+  int renewals = 0;
+  int writes = 0;
+};
+LongBusyWrite WriteBusyFor(int64_t busy_ms, const std::function<SqlResponse(int64_t now_s)>& renewal_claims,
+                           bool held = true) {
+  StoreOptions o;
+  o.lock.stale_ms = 3000;  // a lease of 2.7 s
+  o.lock.timeout_ms = 10000;
+  o.cluster.name = "prod";
+  o.cluster.quorum_timeout_ms = 1000;
+  o.cluster.quorum_busy_ms = 20000;
+  o.hosts = {{"a", 8123}, {"b", 8123}, {"c", 8123}};
+  auto store = Store::Create(o);
+  EXPECT_THAT(store, IsOk());
+  int64_t clock = 0;
+  if (held) HoldLock(**store, &clock);
+  std::unique_ptr<Task> set = (*store)->Set(State());
+  int64_t start = clock;
+  bool claimed = false;
+  LongBusyWrite out;
+  Action a = set->Start({clock, kRandom});
+  while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
+    if (out.writes + out.renewals > 2000) break;
+    if (a.kind == Action::Kind::kWait) {
+      clock += a.wait_ms;
+      a = set->OnTimer({clock, kRandom});
+      continue;
+    }
+    const std::string purpose = a.request.purpose;
+    clock += 2;
+    if (!held && out.writes == 0 && purpose != "insert_state") {
+      // Set taking the lock itself: connecting, then claiming it.
+      SqlResponse answer = Ok("");
+      if (purpose == "select_version") answer = kVersion;
+      if (purpose == "state_table_engine") answer = kReplicated;
+      // The claims before ours (none), then ours after the claim row.
+      if (purpose == "inspect_claims" && claimed) answer = Claim(kClaimId, 100 + clock / 1000);
+      if (purpose == "claim_lock") claimed = true;
+      a = set->OnResponse(answer, {clock, kRandom});
+      start = clock;
+      continue;
+    }
+    if (purpose == "insert_state") {
+      ++out.writes;
+      EXPECT_GT(a.request.send_before_ms, clock - 2) << "a write sent past its lease";
+      a = set->OnResponse(clock - start < busy_ms ? Code(ch::kUnsatisfiedQuorumForPreviousWrite) : Ok(),
+                          {clock, kRandom});
+    } else if (purpose == "renew_claim") {
+      ++out.renewals;
+      a = set->OnResponse(Ok(), {clock, kRandom});
+    } else if (purpose == "inspect_claims") {
+      a = set->OnResponse(renewal_claims(100 + clock / 1000), {clock, kRandom});
+    } else if (!held && purpose == "end_claim") {  // Set releasing its own lock
+      a = set->OnResponse(Ok(), {clock, kRandom});
+    } else {
+      ADD_FAILURE() << "unexpected request " << purpose;
+      break;
+    }
+  }
+  out.last = a;
+  return out;
+}
+
+TEST(ReplicaWrites, Code286LongerThanTheLeaseRenewsTheHeldLockAndTheWriteLands) {
+  LongBusyWrite r = WriteBusyFor(8000, [](int64_t now_s) { return Claim(kClaimId, now_s); });
+  EXPECT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  // 8 s of 286 against a 2.7 s lease: a renewal at each lease's end.
+  EXPECT_GE(r.renewals, 2);
+  EXPECT_LE(r.renewals, 8);
+  EXPECT_GT(r.writes, r.renewals);
+}
+
+TEST(ReplicaWrites, Code286LongerThanTheLeaseRenewsTheLockTheWritesOwnTaskTook) {
+  LongBusyWrite r = WriteBusyFor(8000, [](int64_t now_s) { return Claim(kClaimId, now_s); }, /*held=*/false);
+  EXPECT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_GE(r.renewals, 2);
+  EXPECT_LE(r.renewals, 8);
+}
+
+TEST(ReplicaWrites, Code286LongerThanTheLeaseWithTheLockFoundLostFailsAbortedNothingResent) {
+  // The renewal's inspection shows another holder's claim only: lost.
+  LongBusyWrite r = WriteBusyFor(8000, [](int64_t now_s) { return Claim(kClaimId2, now_s); });
+  ASSERT_EQ(r.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(r.last.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("waited out code 286")));
+  EXPECT_EQ(r.renewals, 1);
 }
 
 TEST(ReplicaWrites, Code285FailsAtOnceUnavailableAndIsNotSentElsewhere) {

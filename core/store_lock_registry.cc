@@ -61,6 +61,17 @@ Step StoreSteps::Renew(const std::string& id, Then then, OnFailure lost, OnFailu
   });
 }
 
+Step StoreSteps::RenewForWait(const std::string& id, Then then, OnFailure fail) {
+  if (s_->held_.count(id) != 0) return Renew(id, then, fail, fail);
+  LockPtr m = current_lock_;
+  if (!m || m->state_id() != id || m->state() != LockState::kHeld) return fail(LostLock(id));
+  m->OnTimer(*in_);
+  return DriveLock(m, [m, id, then, fail](const LockAction& a) -> Step {
+    if (a.kind == LockAction::Kind::kArmTimer && m->state() == LockState::kHeld) return then();
+    return fail(a.status.ok() ? LostLock(id) : a.status);
+  });
+}
+
 absl::Status StoreSteps::LostLock(const std::string& id) {
   return absl::AbortedError(
       absl::StrCat("the lock on state id \"", PrintableId(id), "\" was lost: stop acting under it and release it"));

@@ -221,20 +221,41 @@ Step StoreSteps::QuorumWrite(SqlRequest req, std::string what, int64_t deadline_
           // A little jitter from the fresh random bytes keeps two writers
           // from retrying in lockstep.
           int64_t jitter = in_->random.empty() ? 0 : static_cast<unsigned char>(in_->random[0]) % 8;
+          const char* cause = *code == ch::kTooManyParts
+                                  ? "code 252 (too many parts: the table merges slower than it is written)"
+                                  : "code 286 (an earlier quorum write to the table is not confirmed yet)";
           // Under a lock, sent again only within its lease.
           if (PastSendBefore(req, in_->now_ms + wait_ms + jitter)) {
-            return fail(LeaseRanOut(what,
-                                    *code == ch::kTooManyParts
-                                        ? "code 252 (too many parts: the table merges slower than it is written)"
-                                        : "code 286 (an earlier quorum write to the table is not confirmed yet)",
-                                    false));
+            return QuorumWaitPastLease(req, what, deadline_ms, wait_ms + jitter, cause, then, fail);
           }
-          return Step::Wait(wait_ms + jitter, [this, req, what, deadline_ms, wait_ms, then, fail] {
-            return QuorumWrite(req, what, deadline_ms, std::min<int64_t>(wait_ms * 2, 100), then, fail);
-          });
+          return QuorumResend(req, what, deadline_ms, wait_ms, jitter, then, fail);
         }
         return fail(ExplainQuorumError(std::move(st), *code));
       });
+}
+
+Step StoreSteps::QuorumResend(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, int64_t jitter,
+                              Then then, OnFailure fail) {
+  return Step::Wait(wait_ms + jitter, [this, req, what, deadline_ms, wait_ms, then, fail] {
+    return QuorumWrite(req, what, deadline_ms, std::min<int64_t>(wait_ms * 2, 100), then, fail);
+  });
+}
+
+// Nothing was written, so the lock is still ours to renew: it is renewed
+// now and the wait goes on within the lease that gives. A renewal that fails,
+// finds the lock lost, or gives no lease long enough ends the write as a
+// lease that ran out.
+Step StoreSteps::QuorumWaitPastLease(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms,
+                                     const char* cause, Then then, OnFailure fail) {
+  return RenewForWait(
+      lease_id_,
+      [this, req, what, deadline_ms, wait_ms, cause, then, fail]() -> Step {
+        SqlRequest next = req;
+        if (const LockMachine* lock = LockOf(lease_id_)) next.send_before_ms = lock->lease_deadline_ms();
+        if (PastSendBefore(next, in_->now_ms + wait_ms)) return fail(LeaseRanOut(what, cause, false));
+        return QuorumResend(next, what, deadline_ms, wait_ms, 0, then, fail);
+      },
+      [this, what, cause, fail](absl::Status) { return fail(LeaseRanOut(what, cause, false)); });
 }
 
 absl::Status StoreSteps::ExplainQuorumError(absl::Status st, int code) const {

@@ -93,6 +93,14 @@ class StoreSteps {
   Step QuorumWrite(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, Then then,
                    OnFailure fail);
 
+  // QuorumWrite's resend of `req` after `wait_ms` plus `jitter`.
+  Step QuorumResend(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, int64_t jitter, Then then,
+                    OnFailure fail);
+  // QuorumWrite's resend when waiting `wait_ms` would outlast the lease of
+  // the lock it writes under (lease_id_): the lock is renewed first.
+  Step QuorumWaitPastLease(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, const char* cause,
+                           Then then, OnFailure fail);
+
   absl::Status ExplainQuorumError(absl::Status st, int code) const;
 
   // Cluster mode: errors that mean "ZooKeeper is unreachable" say so, and
@@ -224,6 +232,13 @@ class StoreSteps {
   // Renews, one after another, every held lock whose renewal is due; a lost
   // one ends the task with kAborted naming it.
   Step RenewAllDue(Then then, OnFailure fail);
+
+  // Renews the lock on `id` now (the store's held lock on it, or the one
+  // this task took), so that a write under it can wait longer than the
+  // lease left (QuorumWaitPastLease). `then` once the renewal is confirmed
+  // or inconclusive (the caller checks the lease again); `fail` when the
+  // lock is not held or was found lost.
+  Step RenewForWait(const std::string& id, Then then, OnFailure fail);
 
   // ---- store_bulk.cc: history and bulk ----
 
