@@ -36,6 +36,8 @@ const std::string kLockId = MakeLockId(kRandom);
 // An acquisition's first claim: its random prefix and a number.
 const std::string kClaimId = kLockId.substr(0, 24) + "00000001";
 const std::string kClaimId2 = kLockId.substr(0, 24) + "00000002";
+// A claim of another process (another random prefix).
+const std::string kOtherProcessClaim = MakeLockId(std::string(32, '\x22')).substr(0, 24) + "00000001";
 
 // One step of a script: a request to `host` ("a", "b", "c") for `purpose`,
 // answered with `response`; or (purpose "") a wait the task asks for.
@@ -135,6 +137,25 @@ void HoldLock(Store& store, int64_t* clock) {
                  At("a", "inspect_claims", Claim(kClaimId, 100))},
                 clock);
   ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+}
+
+// Drives `task` to its end, each request answered by `answer(purpose,
+// clock)`; waits are waited. Stops after `max_steps` (a task that never
+// ends). `waits` collects the waits' lengths.
+Action RunToEnd(Task& task, int64_t* clock, const std::function<SqlResponse(const std::string&, int64_t)>& answer,
+                std::vector<int64_t>* waits = nullptr, int max_steps = 5000, const std::string& random = kRandom) {
+  Action a = task.Start({*clock, random});
+  for (int i = 0; i < max_steps && (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait); ++i) {
+    if (a.kind == Action::Kind::kWait) {
+      if (waits) waits->push_back(a.wait_ms);
+      *clock += a.wait_ms;
+      a = task.OnTimer({*clock, random});
+      continue;
+    }
+    *clock += 2;
+    a = task.OnResponse(answer(a.request.purpose, *clock), {*clock, random});
+  }
+  return a;
 }
 
 // ---- reads: replica-level errors and lost answers go to the next host at once ----
@@ -369,10 +390,33 @@ TEST(ReplicaWrites, Code286LongerThanTheLeaseRenewsTheLockTheWritesOwnTaskTook) 
 
 TEST(ReplicaWrites, Code286LongerThanTheLeaseWithTheLockFoundLostFailsAbortedNothingResent) {
   // The renewal's inspection shows another holder's claim only: lost.
-  LongBusyWrite r = WriteBusyFor(8000, [](int64_t now_s) { return Claim(kClaimId2, now_s); });
+  LongBusyWrite r = WriteBusyFor(8000, [](int64_t now_s) { return Claim(kOtherProcessClaim, now_s); });
   ASSERT_EQ(r.last.kind, Action::Kind::kFailed);
   EXPECT_THAT(r.last.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("waited out code 286")));
   EXPECT_EQ(r.renewals, 1);
+}
+
+TEST(ReplicaWrites, AnOnClusterCreateTimingOutOnADownHost159StillWritesTheState) {
+  // The first write finds no database: the schema is made ON CLUSTER, and a
+  // host that is down does not run it in time (159). The live hosts did, so
+  // the write goes on.
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> set = store->Set(State());
+  int writes = 0;
+  std::vector<std::string> ddl;
+  Action a = RunToEnd(*set, &clock, [&](const std::string& purpose, int64_t) {
+    if (purpose == "insert_state") return ++writes == 1 ? Code(ch::kUnknownDatabase) : Ok();
+    if (purpose.rfind("create_", 0) == 0) {
+      ddl.push_back(purpose);
+      return Code(ch::kTimeoutExceeded);
+    }
+    return Ok("");
+  });
+  EXPECT_EQ(a.kind, Action::Kind::kDone) << a.status;
+  EXPECT_EQ(writes, 2);
+  EXPECT_GE(ddl.size(), 3u) << ::testing::PrintToString(ddl);
 }
 
 TEST(ReplicaWrites, Code285FailsAtOnceUnavailableAndIsNotSentElsewhere) {
@@ -491,6 +535,81 @@ TEST(ReplicaClaims, AClaimRefusedWith286IsSentAgainAfterAPause) {
                 &clock);
   ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
   EXPECT_EQ(r.last.result.lock_id, kClaimId);
+}
+
+TEST(ReplicaClaims, AClaimAnswered286AgainAndAgainIsResentOnlyWithinQuorumBusyTime) {
+  // Every claim row is refused with 286: each claim is resent for
+  // quorum_busy_ms (1 s) at most, then the acquisition backs off, and at the
+  // lock timeout (10 s) it fails as the replicas' trouble.
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  int claims = 0;
+  Action a = RunToEnd(*t, &clock, [&](const std::string& purpose, int64_t) {
+    if (purpose == "select_version") return kVersion;
+    if (purpose == "state_table_engine") return kReplicated;
+    if (purpose == "claim_lock") {
+      ++claims;
+      return Code(ch::kUnsatisfiedQuorumForPreviousWrite);
+    }
+    return Ok("");
+  });
+  ASSERT_EQ(a.kind, Action::Kind::kFailed) << "still running after " << claims << " claim rows, at " << clock;
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("code 286")));
+  EXPECT_LE(clock, 15000);
+}
+
+TEST(ReplicaClaims, ALiveHolderSeenAfterQuorumTroubleTimesOutAsLockedByAnotherProcess) {
+  // One claim meets 285 (quorum trouble); from then on the claims show
+  // another process's live claim until the lock timeout: the lock was busy,
+  // not the replicas.
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  int claims = 0;
+  std::vector<std::string> seen;
+  Action a = RunToEnd(*t, &clock, [&](const std::string& purpose, int64_t now) {
+    if (purpose == "select_version") return kVersion;
+    if (purpose == "state_table_engine") return kReplicated;
+    seen.push_back(purpose);
+    if (purpose == "claim_lock") return ++claims == 1 ? Code(ch::kTooFewLiveReplicas) : Ok();
+    if (purpose == "inspect_claims" && claims > 0) return Claim(kOtherProcessClaim, 100 + now / 1000);
+    return Ok("");
+  });
+  SCOPED_TRACE(::testing::PrintToString(seen));
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("locked by another process")));
+}
+
+TEST(ReplicaClaims, ClaimantsThatSawALiveHolderBackOffForTimesTheirRandomBytesPick) {
+  // Two claimants with different random bytes, both seeing a live holder,
+  // wait different times before trying again, each within the retry time's
+  // half to one and a half (no lockstep).
+  auto waits_with = [](const std::string& random) {
+    auto store = ClusterStore();
+    int64_t clock = 0;
+    std::unique_ptr<Task> t = store->AcquireLock("id");
+    std::vector<int64_t> waits;
+    RunToEnd(
+        *t, &clock,
+        [&](const std::string& purpose, int64_t now) {
+          if (purpose == "select_version") return kVersion;
+          if (purpose == "state_table_engine") return kReplicated;
+          if (purpose == "inspect_claims") return Claim(kOtherProcessClaim, 100 + now / 1000);
+          return Ok("");
+        },
+        &waits, 40, random);
+    return waits;
+  };
+  std::vector<int64_t> a = waits_with(std::string(32, '\x11'));
+  std::vector<int64_t> b = waits_with(std::string(32, '\x5a'));
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  EXPECT_NE(a.front(), b.front());
+  for (int64_t w : {a.front(), b.front()}) {
+    EXPECT_GE(w, 500);   // retry_ms / 2
+    EXPECT_LT(w, 1500);  // 3 * retry_ms / 2
+  }
 }
 
 TEST(ReplicaClaims, AClaimWhoseAnswerWasLostIsSettledByReadingOnTheNextHost) {

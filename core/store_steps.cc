@@ -145,14 +145,9 @@ Step StoreSteps::EnsureSchema(Then then, OnFailure fail) {
   // With history on, the history table and the view that feeds it.
 Step StoreSteps::EnsureHistory(Then then, OnFailure fail) {
   if (s_->options_.history_days <= 0) return then();
-  return Sql(
-      st().CreateHistoryTable(s_->options_.history_days), "creating the state history table",
-      [this, then, fail](const std::string&) {
-        return Sql(
-            st().CreateHistoryView(), "creating the state history view",
-            [then](const std::string&) { return then(); }, fail);
-      },
-      fail);
+  return Ddl(st().CreateHistoryTable(s_->options_.history_days), "creating the state history table",
+             [this, then, fail] { return Ddl(st().CreateHistoryView(), "creating the state history view", then, fail); },
+             fail);
 }
 
   // Reads one state; a missing table or database reads as "absent".
