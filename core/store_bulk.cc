@@ -162,7 +162,7 @@ std::unique_ptr<Task> Store::Import(std::vector<MeltanoState> states) {
 }
 
 
-  // Rows of ListHistory / GetHistoryVersion as versions.
+// Rows of ListHistory / GetHistoryVersion as versions.
 absl::StatusOr<std::vector<StateVersion>> StoreSteps::Versions(const std::string& id, const Rows& rows) {
   std::vector<StateVersion> out;
   for (const Row& row : rows) {
@@ -184,10 +184,10 @@ absl::StatusOr<std::vector<StateVersion>> StoreSteps::Versions(const std::string
   return out;
 }
 
-  // After a write of `id`, one time in kHistoryUpkeepEvery (by the fresh
-  // random bytes of the write's answer): the id's versions beyond
-  // history_versions or older than history_days are removed. The write is
-  // done either way; a failure here is left to a later write.
+// After a write of `id`, one time in kHistoryUpkeepEvery (by the fresh
+// random bytes of the write's answer): the id's versions beyond
+// history_versions or older than history_days are removed. The write is
+// done either way; a failure here is left to a later write.
 Step StoreSteps::HistoryUpkeep(const std::string& id, Then then) {
   const StoreOptions& o = s_->options_;
   if (o.history_days <= 0 || in_->random.size() < 16 ||
@@ -214,8 +214,8 @@ Step StoreSteps::HistoryUpkeep(const std::string& id, Then then) {
       [then](absl::Status) { return then(); });
 }
 
-  // Import: the states from `from` on, in multi-row INSERTs (see
-  // Store::Import), creating the schema once if it is missing.
+// Import: the states from `from` on, in multi-row INSERTs (see
+// Store::Import), creating the schema once if it is missing.
 Step StoreSteps::WriteBatches(std::shared_ptr<const std::vector<MeltanoState>> all, size_t from, bool schema_made) {
   const std::vector<MeltanoState>& states = *all;
   if (from >= states.size()) {
@@ -256,8 +256,8 @@ Step StoreSteps::WriteBatches(std::shared_ptr<const std::vector<MeltanoState>> a
       });
 }
 
-  // Samples the page boundaries beyond `from` into the store's export
-  // cursor, then reads the next page.
+// Samples the page boundaries beyond `from` into the store's export
+// cursor, then reads the next page.
 Step StoreSteps::ExportSample(std::optional<std::string> from, int64_t limit) {
   Store::ExportCursor& c = *s_->export_;
   return Query(
@@ -278,8 +278,8 @@ Step StoreSteps::ExportSample(std::optional<std::string> from, int64_t limit) {
       [this](absl::Status st) { return ExportFailed(std::move(st)); });
 }
 
-  // Reads the states after `from` up to the next boundaries (as many ranges
-  // as make about kDefaultExportPageBytes, at most `limit` states).
+// Reads the states after `from` up to the next boundaries (as many ranges
+// as make about kDefaultExportPageBytes, at most `limit` states).
 Step StoreSteps::ExportRange(std::optional<std::string> from, int64_t limit) {
   Store::ExportCursor& c = *s_->export_;
   if (c.bounds.empty() && !c.sampled_to_end) return ExportSample(from, limit);
@@ -338,8 +338,8 @@ Step StoreSteps::ExportRange(std::optional<std::string> from, int64_t limit) {
       [this](absl::Status st) { return ExportFailed(std::move(st)); });
 }
 
-  // A failed page forgets the export (the next page samples afresh); a
-  // missing table is an export of no states.
+// A failed page forgets the export (the next page samples afresh); a
+// missing table is an export of no states.
 Step StoreSteps::ExportFailed(absl::Status st) {
   s_->export_.reset();
   if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));

@@ -13,9 +13,9 @@
 
 namespace chstate {
 
-  // Turns a LockMachine's actions into steps until it reports an outcome
-  // (acquired, released, failed, lost). Renewal timers armed while held are
-  // not run inside a task: the lease is checked before every write instead.
+// Turns a LockMachine's actions into steps until it reports an outcome
+// (acquired, released, failed, lost). Renewal timers armed while held are
+// not run inside a task: the lease is checked before every write instead.
 Step StoreSteps::DriveLock(const LockPtr& m, LockOutcome on_outcome) {
   while (std::optional<LockAction> a = m->Poll()) {
     switch (a->kind) {
@@ -72,8 +72,8 @@ Step StoreSteps::DriveLock(const LockPtr& m, LockOutcome on_outcome) {
       absl::StrCat("the lock stopped in state ", LockStateName(m->state()), " without an outcome")));
 }
 
-  // `deadline_ms`: when waiting ends (the lock timeout from the first
-  // attempt); a retry after yielding to the Python backend keeps it.
+// `deadline_ms`: when waiting ends (the lock timeout from the first
+// attempt); a retry after yielding to the Python backend keeps it.
 Step StoreSteps::Acquire(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail,
                          std::optional<int64_t> deadline_ms) {
   const int64_t deadline = deadline_ms.value_or(in_->now_ms + s_->options_.lock.timeout_ms);
@@ -121,10 +121,10 @@ Step StoreSteps::TakeLock(const std::string& id, std::function<Step(LockPtr)> th
   });
 }
 
-  // Cluster mode, just acquired: when the claims read last held
-  // kClaimsPruneAt claims of the id that no reader counts any more, they
-  // are removed (kClaimsPruneAt). A failure changes nothing: they are
-  // removed by a later acquisition.
+// Cluster mode, just acquired: when the claims read last held
+// kClaimsPruneAt claims of the id that no reader counts any more, they
+// are removed (kClaimsPruneAt). A failure changes nothing: they are
+// removed by a later acquisition.
 Step StoreSteps::PruneClaims(const std::string& id, Then then) {
   if (!st().cluster().enabled() || static_cast<int64_t>(last_dead_.size()) < kClaimsPruneAt) return then();
   std::vector<std::string> dead = std::move(last_dead_);

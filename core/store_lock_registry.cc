@@ -25,17 +25,17 @@ int64_t Store::LeaseDeadlineMs(const std::string& state_id) const {
 }
 
 
-  // Renews the lock this store holds on `id` when its renewal is due. A lock
-  // found lost stays known (writes to the id are refused by LeaseCheck until
-  // it is released), and the operation goes on: reading is harmless.
+// Renews the lock this store holds on `id` when its renewal is due. A lock
+// found lost stays known (writes to the id are refused by LeaseCheck until
+// it is released), and the operation goes on: reading is harmless.
 Step StoreSteps::RenewIfDue(const std::string& id, Then then, OnFailure fail) {
   auto it = s_->held_.find(id);
   if (it == s_->held_.end() || !it->second.Live() || in_->now_ms < it->second.renew_at_ms) return then();
   return Renew(id, then, [then](absl::Status) { return then(); }, std::move(fail));
 }
 
-  // Renews the lock this store holds on `id` now. `lost` gets the status
-  // when the lock turned out not ours any more; `fail` any other failure.
+// Renews the lock this store holds on `id` now. `lost` gets the status
+// when the lock turned out not ours any more; `fail` any other failure.
 Step StoreSteps::Renew(const std::string& id, Then then, OnFailure lost, OnFailure fail) {
   auto it = s_->held_.find(id);
   if (it == s_->held_.end()) return lost(LostLock(id));
@@ -77,9 +77,9 @@ absl::Status StoreSteps::LostLock(const std::string& id) {
       absl::StrCat("the lock on state id \"", PrintableId(id), "\" was lost: stop acting under it and release it"));
 }
 
-  // A lingering lock whose lease ran out (the process was paused) or that
-  // was found lost is forgotten when a task starts: not ours to drop, and
-  // the next acquisition starts afresh.
+// A lingering lock whose lease ran out (the process was paused) or that
+// was found lost is forgotten when a task starts: not ours to drop, and
+// the next acquisition starts afresh.
 void StoreSteps::ForgetStaleLingering() {
   for (auto it = s_->held_.begin(); it != s_->held_.end();) {
     if (it->second.lingering && (!it->second.Live() || !it->second.machine->LeaseValid(in_->now_ms))) {
@@ -90,11 +90,11 @@ void StoreSteps::ForgetStaleLingering() {
   }
 }
 
-  // Releases the held lock `m` on `id` (inspection and DROP) and then
-  // forgets it. It stays known until the release ends (its machine, no
-  // longer holding, is neither renewed nor valid for writes meanwhile), so
-  // that its lease deadline stays visible (LeaseDeadlineMs) while the DROP
-  // is decided.
+// Releases the held lock `m` on `id` (inspection and DROP) and then
+// forgets it. It stays known until the release ends (its machine, no
+// longer holding, is neither renewed nor valid for writes meanwhile), so
+// that its lease deadline stays visible (LeaseDeadlineMs) while the DROP
+// is decided.
 Step StoreSteps::ReleaseAndForget(const std::string& id, const LockPtr& m, Then then, OnFailure fail) {
   auto forget = [this, id, m] {
     auto held = s_->held_.find(id);
@@ -112,18 +112,18 @@ Step StoreSteps::ReleaseAndForget(const std::string& id, const LockPtr& m, Then 
       });
 }
 
-  // Releases for real the lingering lock on `id`; `then` either way (a
-  // failed release leaves it to expire).
+// Releases for real the lingering lock on `id`; `then` either way (a
+// failed release leaves it to expire).
 Step StoreSteps::ReleaseLingeringLock(const std::string& id, Then then) {
   auto it = s_->held_.find(id);
   if (it == s_->held_.end() || !it->second.lingering) return then();
   return ReleaseAndForget(id, it->second.machine, then, [then](absl::Status) { return then(); });
 }
 
-  // linger_locks: looks for processes waiting for the lock on `id`. `none`
-  // when there is none; when there is one (or the look fails), this store
-  // stays away from the id until that process's next attempt (Acquire
-  // waits) and `waiter` runs (the release for real).
+// linger_locks: looks for processes waiting for the lock on `id`. `none`
+// when there is none; when there is one (or the look fails), this store
+// stays away from the id until that process's next attempt (Acquire
+// waits) and `waiter` runs (the release for real).
 Step StoreSteps::LookForWaiters(const std::string& id, Then none, Then waiter) {
   auto yield = [this, id, waiter] {
     s_->yielded_until_[id] = in_->now_ms + s_->options_.lock.retry_ms + kDefaultLockYieldMarginMs;
@@ -137,9 +137,9 @@ Step StoreSteps::LookForWaiters(const std::string& id, Then none, Then waiter) {
       [yield](absl::Status) { return yield(); });
 }
 
-  // Tick's part for linger_locks: lingering locks idle past their time go,
-  // and so do those another process now waits for (looked for every
-  // WaiterCheckEveryMs while they linger).
+// Tick's part for linger_locks: lingering locks idle past their time go,
+// and so do those another process now waits for (looked for every
+// WaiterCheckEveryMs while they linger).
 Step StoreSteps::ReleaseIdleLingering(Then then) {
   for (auto& [id, held] : s_->held_) {
     if (!held.lingering) continue;
@@ -155,11 +155,11 @@ Step StoreSteps::ReleaseIdleLingering(Then then) {
   return then();
 }
 
-  // Tasks of one store run one at a time, so when one starts, a held lock
-  // still waiting for a renewal's answer belongs to a task that was
-  // abandoned (a host that lost interest): that answer will never come.
-  // Such a renewal counts as inconclusive, as a lost answer would: the lease
-  // stands as last confirmed, and the lock is renewed again when due.
+// Tasks of one store run one at a time, so when one starts, a held lock
+// still waiting for a renewal's answer belongs to a task that was
+// abandoned (a host that lost interest): that answer will never come.
+// Such a renewal counts as inconclusive, as a lost answer would: the lease
+// stands as last confirmed, and the lock is renewed again when due.
 void StoreSteps::SettleAbandonedRenewals() {
   for (auto& [id, held] : s_->held_) {
     if (!held.AbandonedRenewal()) continue;
@@ -174,8 +174,8 @@ void StoreSteps::SettleAbandonedRenewals() {
   }
 }
 
-  // Renews, one after another, every held lock whose renewal is due; a lost
-  // one ends the task with kAborted naming it.
+// Renews, one after another, every held lock whose renewal is due; a lost
+// one ends the task with kAborted naming it.
 Step StoreSteps::RenewAllDue(Then then, OnFailure fail) {
   for (const auto& [id, held] : s_->held_) {
     if (held.Live() && in_->now_ms >= held.renew_at_ms) {

@@ -12,8 +12,8 @@
 
 namespace chstate {
 
-  // A Python backend's process holds the id: try again after the retry
-  // wait, or give up naming it.
+// A Python backend's process holds the id: try again after the retry
+// wait, or give up naming it.
 Step StoreSteps::WaitForPython(const std::string& id, const std::string& python_lock_id, std::function<Step(LockPtr)> then,
                                OnFailure fail, int64_t deadline) {
   if (in_->now_ms + s_->options_.lock.retry_ms >= deadline) {
@@ -25,11 +25,11 @@ Step StoreSteps::WaitForPython(const std::string& id, const std::string& python_
                     [this, id, then, fail, deadline] { return Acquire(id, then, fail, deadline); });
 }
 
-  // python_locks: the table lock is ours; now the Python backend's rows.
-  // Look (a Python holder: yield), show ourselves with a marker, wait the
-  // settle time (a Python process that saw the lock free before the marker
-  // has written its row by then), look again. Yielding releases the table
-  // lock and tries again until the deadline.
+// python_locks: the table lock is ours; now the Python backend's rows.
+// Look (a Python holder: yield), show ourselves with a marker, wait the
+// settle time (a Python process that saw the lock free before the marker
+// has written its row by then), look again. Yielding releases the table
+// lock and tries again until the deadline.
 Step StoreSteps::ClaimFromPython(const std::string& id, const LockPtr& m, int64_t deadline, std::function<Step(LockPtr)> then,
                                  OnFailure fail) {
   // Release withdraws the marker first (it is harmless when none was written).

@@ -38,9 +38,9 @@ std::unique_ptr<Task> Invalid(absl::Status status) {
 }
 
 
-  // Runs `req`; on success continues with the body, on failure with `fail`.
-  // A request acting under a lock (UnderLease) whose failure would have
-  // been sent again, once the lease ran out: kAborted, naming the failure.
+// Runs `req`; on success continues with the body, on failure with `fail`.
+// A request acting under a lock (UnderLease) whose failure would have
+// been sent again, once the lease ran out: kAborted, naming the failure.
 Step StoreSteps::Sql(SqlRequest req, std::string what, std::function<Step(const std::string& body)> then,
                      OnFailure fail) {
   SqlRequest sent;  // what the failure needs of the request (not its SQL)
@@ -57,7 +57,7 @@ Step StoreSteps::Sql(SqlRequest req, std::string what, std::function<Step(const 
   });
 }
 
-  // Like Sql, decoding `columns`-wide TabSeparated rows.
+// Like Sql, decoding `columns`-wide TabSeparated rows.
 Step StoreSteps::Query(SqlRequest req, std::string what, size_t columns, std::function<Step(const Rows& rows)> then,
                        OnFailure fail) {
   return Sql(
@@ -70,7 +70,7 @@ Step StoreSteps::Query(SqlRequest req, std::string what, size_t columns, std::fu
       fail);
 }
 
-  // Asks the server's version once per store and picks the dialect.
+// Asks the server's version once per store and picks the dialect.
 Step StoreSteps::Connected(Then then, OnFailure fail, bool force) {
   if (s_->statements_ && !force) return then();
   return Query(
@@ -93,8 +93,8 @@ Step StoreSteps::Connected(Then then, OnFailure fail, bool force) {
       fail);
 }
 
-  // Cluster mode: a state table made earlier without cluster mode is a plain
-  // table on one server; writing to it would silently skip replication.
+// Cluster mode: a state table made earlier without cluster mode is a plain
+// table on one server; writing to it would silently skip replication.
 Step StoreSteps::CheckReplicated(Then then, OnFailure fail) {
   return Query(
       st().StateTableEngine(), "checking the state table's engine", 2,
@@ -118,9 +118,9 @@ Step StoreSteps::CheckReplicated(Then then, OnFailure fail) {
       fail);
 }
 
-  // CREATE ... IF NOT EXISTS. Cluster mode: code 159 (a host did not run the
-  // ON CLUSTER DDL in time: it is down) means the live hosts ran it and the
-  // others will when they are back, so the schema is there for the quorum.
+// CREATE ... IF NOT EXISTS. Cluster mode: code 159 (a host did not run the
+// ON CLUSTER DDL in time: it is down) means the live hosts ran it and the
+// others will when they are back, so the schema is there for the quorum.
 Step StoreSteps::Ddl(SqlRequest req, std::string what, Then then, OnFailure fail) {
   return Sql(
       std::move(req), std::move(what), [then](const std::string&) { return then(); },
@@ -142,7 +142,7 @@ Step StoreSteps::EnsureSchema(Then then, OnFailure fail) {
   }, fail);
 }
 
-  // With history on, the history table and the view that feeds it.
+// With history on, the history table and the view that feeds it.
 Step StoreSteps::EnsureHistory(Then then, OnFailure fail) {
   if (s_->options_.history_days <= 0) return then();
   return Ddl(st().CreateHistoryTable(s_->options_.history_days), "creating the state history table",
@@ -150,7 +150,7 @@ Step StoreSteps::EnsureHistory(Then then, OnFailure fail) {
              fail);
 }
 
-  // Reads one state; a missing table or database reads as "absent".
+// Reads one state; a missing table or database reads as "absent".
 Step StoreSteps::ReadState(const std::string& id, std::function<Step(std::optional<MeltanoState>)> then, OnFailure fail) {
   return Query(
       st().GetState(id), "reading state", 2,
@@ -180,7 +180,7 @@ absl::StatusOr<std::string> StoreSteps::Token() {
   return absl::StrCat("chstate-", HexEncode(in_->random.substr(0, 16)), "-", ++s_->writes_);
 }
 
-  // Writes a whole state row, creating the schema once if it is missing.
+// Writes a whole state row, creating the schema once if it is missing.
 Step StoreSteps::WriteState(const MeltanoState& state, Then then, OnFailure fail, bool schema_made) {
   if (absl::Status lease = LeaseCheck(state.state_id); !lease.ok()) return fail(lease);
   absl::StatusOr<std::string> token = Token();
@@ -199,11 +199,11 @@ Step StoreSteps::WriteState(const MeltanoState& state, Then then, OnFailure fail
       });
 }
 
-  // Cluster mode: a write that must reach the quorum. Code 286 (another
-  // quorum write to the table is in flight, or the previous one has not
-  // reached its quorum yet) wrote nothing, so it is retried until the
-  // deadline. Code 319 is explained: the row is on one replica and will
-  // appear everywhere once another replica has it; writing again is safe.
+// Cluster mode: a write that must reach the quorum. Code 286 (another
+// quorum write to the table is in flight, or the previous one has not
+// reached its quorum yet) wrote nothing, so it is retried until the
+// deadline. Code 319 is explained: the row is on one replica and will
+// appear everywhere once another replica has it; writing again is safe.
 Step StoreSteps::QuorumWrite(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, Then then,
                              OnFailure fail) {
   return Sql(
@@ -280,8 +280,8 @@ absl::Status StoreSteps::ExplainQuorumError(absl::Status st, int code) const {
                   absl::StrCat(why, ". ClickHouse said: ", st.message()));
 }
 
-  // Cluster mode: errors that mean "ZooKeeper is unreachable" say so, and
-  // are kUnavailable (retry later) whatever ClickHouse called them.
+// Cluster mode: errors that mean "ZooKeeper is unreachable" say so, and
+// are kUnavailable (retry later) whatever ClickHouse called them.
 absl::Status StoreSteps::ExplainCluster(absl::Status st) const {
   std::optional<int> code = ClickHouseCode(st);
   if (s_->options_.cluster.enabled() && code == ch::kBadArguments && absl::StrContains(st.message(), "Requested cluster")) {
@@ -298,7 +298,7 @@ absl::Status StoreSteps::ExplainCluster(absl::Status st) const {
                                st.message()));
 }
 
-  // A new message for `st`, keeping its payloads (the ClickHouse code).
+// A new message for `st`, keeping its payloads (the ClickHouse code).
 absl::Status StoreSteps::Reworded(const absl::Status& st, absl::StatusCode code, absl::string_view message) {
   absl::Status out(code, message);
   st.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
@@ -327,7 +327,7 @@ Step StoreSteps::DeleteState(const std::string& id, Then then, OnFailure fail) {
       });
 }
 
-  // 18.x: ALTER ... DELETE returns before rows are gone; poll until done.
+// 18.x: ALTER ... DELETE returns before rows are gone; poll until done.
 Step StoreSteps::AwaitMutations(int64_t deadline_ms, int64_t wait_ms, Then then, OnFailure fail) {
   return Query(
       st().PendingMutations(), "waiting for the delete to finish", 2,
@@ -350,8 +350,8 @@ Step StoreSteps::AwaitMutations(int64_t deadline_ms, int64_t wait_ms, Then then,
       fail);
 }
 
-  // The lock a write to `id` acts under: the one this task took
-  // (WithLock), or one this store holds on `id`; null when none.
+// The lock a write to `id` acts under: the one this task took
+// (WithLock), or one this store holds on `id`; null when none.
 const LockMachine* StoreSteps::LockOf(const std::string& id) const {
   const LockMachine* lock = current_lock_.get();
   if (lock == nullptr || lock->state_id() != id) {
@@ -361,9 +361,9 @@ const LockMachine* StoreSteps::LockOf(const std::string& id) const {
   return lock;
 }
 
-  // `req` writes to `id`: under its lock, the task sends it (first, again,
-  // anywhere) only before the lease ends (SqlRequest::send_before_ms; with
-  // several ids, the earliest lease).
+// `req` writes to `id`: under its lock, the task sends it (first, again,
+// anywhere) only before the lease ends (SqlRequest::send_before_ms; with
+// several ids, the earliest lease).
 SqlRequest StoreSteps::UnderLease(SqlRequest req, const std::string& id) {
   const LockMachine* lock = LockOf(id);
   if (lock == nullptr) return req;
@@ -375,8 +375,8 @@ SqlRequest StoreSteps::UnderLease(SqlRequest req, const std::string& id) {
   return req;
 }
 
-  // A write under the lock of lease_id_ met `cause` and the lease ran out
-  // before it could go again: nothing more is sent.
+// A write under the lock of lease_id_ met `cause` and the lease ran out
+// before it could go again: nothing more is sent.
 absl::Status StoreSteps::LeaseRanOut(const std::string& what, const std::string& cause, bool maybe_landed) const {
   return absl::AbortedError(absl::StrCat(
       "the lock on state id \"", PrintableId(lease_id_), "\" ran out while ", what, " waited out ", cause,
@@ -385,8 +385,8 @@ absl::Status StoreSteps::LeaseRanOut(const std::string& what, const std::string&
       "). Release the lock and start again"));
 }
 
-  // Writes under a lock are sent only while its lease is valid: the lock
-  // this task took (WithLock), or one this store holds on `id`.
+// Writes under a lock are sent only while its lease is valid: the lock
+// this task took (WithLock), or one this store holds on `id`.
 absl::Status StoreSteps::LeaseCheck(const std::string& id) const {
   const LockMachine* lock = LockOf(id);
   if (lock == nullptr || lock->LeaseValid(in_->now_ms)) return absl::OkStatus();
