@@ -30,9 +30,6 @@ const std::string kRandom(32, '\x22');
 const std::string kOurs = MakeLockId(kRandom);
 constexpr char kId[] = "dev:tap-a-to-target-b";
 
-
-
-
 // An inspection answer (Statements::InspectLock's five columns), times in
 // server seconds.
 struct Row {

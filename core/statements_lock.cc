@@ -186,7 +186,6 @@ SqlRequest Statements::DropTable(absl::string_view name) const {
   return r;
 }
 
-
 std::string Statements::ClaimsTable() const { return absl::StrCat("`", schema_, "`.`", table_, "_claims`"); }
 
 SqlRequest Statements::CreateClaimsTable() const {

@@ -120,7 +120,6 @@ Step InspectLocks(StoreSteps& s, std::shared_ptr<std::vector<std::pair<std::stri
       });
 }
 
-
 // Cluster mode: the claims not ended, one HeldLockInfo each (`names` maps
 // lock names to state ids).
 Step ListClaimLocks(StoreSteps& s, std::shared_ptr<std::map<std::string, std::string>> names, bool all) {
@@ -291,7 +290,6 @@ std::unique_ptr<Task> Store::ForceUnlock(std::string state_id) {
         StoreSteps::Failed);
   });
 }
-
 
 std::unique_ptr<Task> Store::ClearAll() {
   return MakeTask(this, [](StoreSteps& s) {

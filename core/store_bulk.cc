@@ -101,7 +101,6 @@ std::unique_ptr<Task> Store::Rollback(std::string state_id, std::string version)
   });
 }
 
-
 std::unique_ptr<Task> Store::List(std::optional<std::string> glob) {
   return MakeTask(this, [glob](StoreSteps& s) {
     return s.Connected(
@@ -160,7 +159,6 @@ std::unique_ptr<Task> Store::Import(std::vector<MeltanoState> states) {
     return s.Connected([&s, all] { return s.WriteBatches(all, 0, false); }, StoreSteps::Failed);
   });
 }
-
 
 // Rows of ListHistory / GetHistoryVersion as versions.
 absl::StatusOr<std::vector<StateVersion>> StoreSteps::Versions(const std::string& id, const Rows& rows) {

@@ -24,7 +24,6 @@ int64_t Store::LeaseDeadlineMs(const std::string& state_id) const {
   return it == held_.end() ? 0 : it->second.machine->lease_deadline_ms();
 }
 
-
 // Renews the lock this store holds on `id` when its renewal is due. A lock
 // found lost stays known (writes to the id are refused by LeaseCheck until
 // it is released), and the operation goes on: reading is harmless.

@@ -37,7 +37,6 @@ std::unique_ptr<Task> Invalid(absl::Status status) {
   });
 }
 
-
 // Runs `req`; on success continues with the body, on failure with `fail`.
 // A request acting under a lock (UnderLease) whose failure would have
 // been sent again, once the lease ran out: kAborted, naming the failure.

@@ -32,9 +32,6 @@ using ::testing::Not;
 const std::string kRandom(32, '\x11');
 const std::string kLockId = MakeLockId(kRandom);
 
-
-
-
 // One expected request (by purpose, optionally checking the SQL) and the
 // answer to give, or a timer to fire after advancing the fake clock.
 struct Exchange {
@@ -1873,7 +1870,6 @@ TEST(Store, ErrorsNameTheCause) {
 }
 
 // ---- the transport policy (core/task.h): resends are the core's, not the host's ----
-
 
 TEST(TransportPolicy, AReadIsResentWithBackOffThenReportedUnavailable) {
   auto store = MakeStore();

@@ -37,7 +37,6 @@ const RE2& Ipv6Pattern() {
   return *kIpv6;
 }
 
-
 std::optional<int> ParsePort(absl::string_view text) {
   static const RE2* const kDigits = new RE2("[0-9]{1,5}");
   int port = 0;
