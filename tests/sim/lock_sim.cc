@@ -379,6 +379,21 @@ class Sim {
   std::unique_ptr<SimServer> server_;
   std::vector<Contender> cs_;
   std::vector<Request> requests_;
+  // refuse_every_max_ms: the current or next period of refused connections.
+  int64_t refuse_from_ms_ = -1;
+  int64_t refuse_until_ms_ = 0;
+  bool Refused(int64_t t) {
+    if (cfg_.refuse_every_max_ms <= 0) return false;
+    if (refuse_from_ms_ < 0) {
+      refuse_from_ms_ = t + Uniform(0, cfg_.refuse_every_max_ms);
+      refuse_until_ms_ = refuse_from_ms_ + Uniform(1, cfg_.refuse_max_ms + 1);
+    }
+    while (t >= refuse_until_ms_) {
+      refuse_from_ms_ = refuse_until_ms_ + Uniform(0, cfg_.refuse_every_max_ms);
+      refuse_until_ms_ = refuse_from_ms_ + Uniform(1, cfg_.refuse_max_ms + 1);
+    }
+    return t >= refuse_from_ms_;
+  }
   std::vector<Instance> instances_;
   std::map<std::string, std::vector<size_t>> instances_of_;  // lock id -> instances_ indices
   std::vector<std::string> writes_;  // lock id of each user write in flight (Ev::kWriteLands)
@@ -438,6 +453,8 @@ void Sim::Setup() {
   so.quorum_unknown_prob = cfg_.quorum_unknown_prob;
   so.quorum_unknown_max_ms = cfg_.quorum_unknown_max_ms;
   so.lagging_read_prob = cfg_.lagging_read_prob;
+  so.lag_every_max_ms = cfg_.lag_every_max_ms;
+  so.lag_max_ms = cfg_.lag_max_ms;
   so.prune_lag_max_ms = cfg_.prune_lag_max_ms;
   server_ = std::make_unique<SimServer>(so, &rng_);
   server_->on_claim_over = [this](const std::string& over, int64_t now) { OnClaimOver(over, now); };
@@ -838,6 +855,17 @@ void Sim::Send(Contender& c, int64_t t, SqlRequest req, int sends) {
     // Beyond D_max on purpose (a stalled lock-table insert).
     there = Uniform(cfg_.slow_renewal_min_ms, cfg_.slow_renewal_max_ms);
     TRACE(t, Name(c.index), " (this renewal is slow: it lands after ", there, "ms)");
+  }
+  if (Refused(t)) {
+    r.answer.transport_ok = false;
+    r.answer.maybe_delivered = false;
+    r.answer.transport_error = "connection refused (simulated: the server refuses connections for a while)";
+    r.lose_answer = true;
+    TRACE(t, Name(c.index), " -> ", req.purpose, " (refused)");
+    r.req = std::move(req);
+    requests_.push_back(std::move(r));
+    Push(t + Delay(), Ev::kRespond, c.index, id, c.attempt);
+    return;
   }
   bool lost = Chance(cfg_.lost_prob);
   bool arrives = !lost || Chance(0.5);
@@ -1310,6 +1338,50 @@ std::vector<SimConfig> Configs() {
       out.push_back(c);
       break;
     }
+  }
+  // Cluster mode with contenders of different stale windows (2 to 12 s) and
+  // retries, as mixed-settings, with the replicas' faults above: a claimant
+  // judges another's claim by the longer of the two windows.
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].name != "mixed-settings") continue;
+    SimConfig c = out[i];
+    c.name = "cluster/mixed-settings";
+    c.cluster = true;
+    c.write_every_max_ms = 50;
+    c.quorum_busy_prob = 0.1;
+    c.too_few_replicas_prob = 0.02;
+    c.quorum_unknown_prob = 0.05;
+    c.quorum_unknown_max_ms = 3000;
+    c.lagging_read_prob = 0.05;
+    out.push_back(c);
+    break;
+  }
+  // A server that refuses connections for up to 3 s at a time (a restart),
+  // a period starting within 2 s of the last: requests are resent by the
+  // transport policy, then the lock decides (an unreachable server is not a
+  // busy lock). One server, and the cluster with its faults.
+  for (const std::string& name : std::vector<std::string>{"delays-and-losses", "cluster/delays-and-losses"}) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i].name != name) continue;
+      SimConfig c = out[i];
+      c.name = name == "delays-and-losses" ? "refusals" : "cluster/refusals";
+      c.refuse_every_max_ms = 2000;
+      c.refuse_max_ms = 3000;
+      out.push_back(c);
+      break;
+    }
+  }
+  // Cluster mode with the claims replica lagging for long: periods of up to
+  // 4 s (half a stale window) in which every claims read is refused with
+  // 289, within 2 s of each other, besides the occasional lagging read.
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].name != "cluster/crashes") continue;
+    SimConfig c = out[i];
+    c.name = "cluster/long-lag";
+    c.lag_every_max_ms = 2000;
+    c.lag_max_ms = 4000;
+    out.push_back(c);
+    break;
   }
   // Cluster mode with a pruner removing old claims all the time (a prune
   // every 2 s at most, each row going up to 1.5 s after it lands), as

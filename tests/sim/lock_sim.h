@@ -141,6 +141,17 @@ struct SimConfig {
   double quorum_unknown_prob = 0;
   int64_t quorum_unknown_max_ms = 0;
   double lagging_read_prob = 0;
+  // Cluster mode: periods when the replica the claims are read from lags
+  // (every claims read answered 289), one starting up to lag_every_max_ms
+  // after the last one ended and lasting 1..lag_max_ms (0: none).
+  int64_t lag_every_max_ms = 0;
+  int64_t lag_max_ms = 0;
+  // Periods when the server refuses every connection (nothing arrives, the
+  // client sees "connection refused", maybe_delivered false), one starting
+  // up to refuse_every_max_ms after the last one ended and lasting
+  // 1..refuse_max_ms (0: none).
+  int64_t refuse_every_max_ms = 0;
+  int64_t refuse_max_ms = 0;
   // Cluster mode: a pruner, as an acquisition that found many old claims
   // runs it (Store), every 1..prune_every_max_ms (0: never) from a claims
   // read that ran at that moment: it removes the claims that read found

@@ -50,7 +50,8 @@ constexpr Budget kBudgets[] = {
     // 285), confirming late or never (319) and lagging (289).
     {"cluster/no-faults", 2000}, {"cluster/delays-and-losses", 2000}, {"cluster/crashes", 2000},
     {"cluster/long-holds", 1000}, {"cluster/many-contenders", 1000}, {"cluster/cancels", 1500},
-    {"cluster/everything", 1000},
+    {"cluster/everything", 1000}, {"cluster/mixed-settings", 1000}, {"refusals", 1000},
+    {"cluster/refusals", 1000}, {"cluster/long-lag", 1000},
     // ... with a pruner removing old claims (ended, taken over, stale by their
     // own window) all the while, its rows going part by part.
     {"cluster/pruned-no-faults", 1500}, {"cluster/pruned-crashes", 1500}, {"cluster/pruned-long-holds", 1000},

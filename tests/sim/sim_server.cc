@@ -276,6 +276,20 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     if (!CheckDatabase(db, now_ms, &err)) return err;
     if (name != "state_claims") return Unrecognized(request, "a read of another table", now_ms);
     if (!claims_table_) return UnknownTable(name, now_ms);
+    if (options_.lag_every_max_ms > 0) {
+      if (lag_from_ms_ < 0) {
+        lag_from_ms_ = now_ms + Upto(options_.lag_every_max_ms);
+        lag_until_ms_ = lag_from_ms_ + 1 + Upto(options_.lag_max_ms);
+      }
+      while (now_ms >= lag_until_ms_) {
+        lag_from_ms_ = lag_until_ms_ + Upto(options_.lag_every_max_ms);
+        lag_until_ms_ = lag_from_ms_ + 1 + Upto(options_.lag_max_ms);
+      }
+      if (now_ms >= lag_from_ms_) {
+        return Error(289, "Replica doesn't have part all_1_1_0 which was successfully written to quorum of other "
+                          "replicas (a long lag).", now_ms);
+      }
+    }
     if (Chance(options_.lagging_read_prob)) {
       return Error(289, "Replica doesn't have part all_1_1_0 which was successfully written to quorum of other "
                         "replicas.", now_ms);

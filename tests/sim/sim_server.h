@@ -82,6 +82,10 @@ struct ServerOptions {
   int64_t quorum_unknown_max_ms = 0;
   // - 289: the replica read lags behind the last quorum insert.
   double lagging_read_prob = 0;
+  //   and in periods: one starting up to lag_every_max_ms after the last one
+  //   ended, lasting 1..lag_max_ms, every claims read answered 289 (0: none).
+  int64_t lag_every_max_ms = 0;
+  int64_t lag_max_ms = 0;
   // A prune of claims (ALTER ... DELETE, a mutation) removes each row it
   // matches up to this long after it ran, row by row in any order (a mutation
   // rewrites one part after another; rows written before it that become
@@ -178,6 +182,8 @@ class SimServer {
   uint64_t next_instance_ = 1;
   uint64_t next_insert_ = 1;
   std::vector<std::string> unrecognized_;
+  int64_t lag_from_ms_ = -1;  // the current or next lag period (lag_every_max_ms)
+  int64_t lag_until_ms_ = 0;
   bool claims_table_ = false;
   std::vector<ClaimRow> claims_;
 };
