@@ -130,23 +130,24 @@ Step StoreSteps::Ddl(SqlRequest req, std::string what, Then then, OnFailure fail
 }
 
 Step StoreSteps::EnsureSchema(Then then, OnFailure fail) {
-  return Ddl(st().CreateDatabase(), "creating the state database", [this, then, fail] {
-    return Ddl(st().CreateStateTable(), "creating the state table", [this, then, fail] {
-      return Ddl(st().CreateLockTable(), "creating the lock table", [this, then, fail] {
-        if (!st().cluster().enabled()) return EnsureHistory(then, fail);
-        return Ddl(st().CreateClaimsTable(), "creating the lock claims table",
-                   [this, then, fail] { return EnsureHistory(then, fail); }, fail);
-      }, fail);
-    }, fail);
-  }, fail);
+  auto ddl = std::make_shared<std::vector<std::pair<SqlRequest, std::string>>>();
+  ddl->emplace_back(st().CreateDatabase(), "creating the state database");
+  ddl->emplace_back(st().CreateStateTable(), "creating the state table");
+  ddl->emplace_back(st().CreateLockTable(), "creating the lock table");
+  if (st().cluster().enabled()) ddl->emplace_back(st().CreateClaimsTable(), "creating the lock claims table");
+  if (s_->options_.history_days > 0) {
+    // With history on, the history table and the view that feeds it.
+    ddl->emplace_back(st().CreateHistoryTable(s_->options_.history_days), "creating the state history table");
+    ddl->emplace_back(st().CreateHistoryView(), "creating the state history view");
+  }
+  return DdlInOrder(std::move(ddl), 0, std::move(then), std::move(fail));
 }
 
-// With history on, the history table and the view that feeds it.
-Step StoreSteps::EnsureHistory(Then then, OnFailure fail) {
-  if (s_->options_.history_days <= 0) return then();
-  return Ddl(st().CreateHistoryTable(s_->options_.history_days), "creating the state history table",
-             [this, then, fail] { return Ddl(st().CreateHistoryView(), "creating the state history view", then, fail); },
-             fail);
+Step StoreSteps::DdlInOrder(std::shared_ptr<const std::vector<std::pair<SqlRequest, std::string>>> ddl, size_t next,
+                            Then then, OnFailure fail) {
+  if (next >= ddl->size()) return then();
+  const auto& [req, what] = (*ddl)[next];
+  return Ddl(req, what, [this, ddl, next, then, fail] { return DdlInOrder(ddl, next + 1, then, fail); }, fail);
 }
 
 // Reads one state; a missing table or database reads as "absent".

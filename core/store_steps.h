@@ -72,10 +72,13 @@ class StoreSteps {
   // others will when they are back, so the schema is there for the quorum.
   Step Ddl(SqlRequest req, std::string what, Then then, OnFailure fail);
 
+  // The schema, each statement through Ddl in turn: the database, the
+  // state, lock (and in cluster mode claims) tables, and with history on the
+  // history table and the view that feeds it.
   Step EnsureSchema(Then then, OnFailure fail);
-
-  // With history on, the history table and the view that feeds it.
-  Step EnsureHistory(Then then, OnFailure fail);
+  // Runs ddl[next..] in order, then `then`.
+  Step DdlInOrder(std::shared_ptr<const std::vector<std::pair<SqlRequest, std::string>>> ddl, size_t next,
+                  Then then, OnFailure fail);
 
   // Reads one state; a missing table or database reads as "absent".
   Step ReadState(const std::string& id, std::function<Step(std::optional<MeltanoState>)> then, OnFailure fail);
