@@ -8,6 +8,7 @@
 #include "tests/sim/lock_sim.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <deque>
 #include <limits>
 #include <map>
@@ -1086,6 +1087,27 @@ std::string ScheduleResult::Report() const {
   return out;
 }
 
+namespace {
+
+// The replicas' faults every cluster configuration adds (see below).
+void AddReplicaFaults(SimConfig& c) {
+  c.quorum_busy_prob = 0.1;
+  c.too_few_replicas_prob = 0.02;
+  c.quorum_unknown_prob = 0.05;
+  c.quorum_unknown_max_ms = 3000;
+  c.lagging_read_prob = 0.05;
+}
+
+// The configuration named `name` among `configs` (made earlier), to derive another from.
+SimConfig Named(const std::vector<SimConfig>& configs, const std::string& name) {
+  for (const SimConfig& c : configs) {
+    if (c.name == name) return c;
+  }
+  std::abort();  // a configuration derived from one that does not exist: a bug in this list
+}
+
+}  // namespace
+
 std::vector<SimConfig> Configs() {
   std::vector<SimConfig> out;
   SimConfig base;
@@ -1328,13 +1350,7 @@ std::vector<SimConfig> Configs() {
       // A release is one row that is not a write under the lock (it ends
       // only the holder's own claim): holders write state more often instead.
       c.write_every_max_ms = 50;
-      if (name != "no-faults") {
-        c.quorum_busy_prob = 0.1;
-        c.too_few_replicas_prob = 0.02;
-        c.quorum_unknown_prob = 0.05;
-        c.quorum_unknown_max_ms = 3000;
-        c.lagging_read_prob = 0.05;
-      }
+      if (name != "no-faults") AddReplicaFaults(c);
       out.push_back(c);
       break;
     }
@@ -1342,46 +1358,34 @@ std::vector<SimConfig> Configs() {
   // Cluster mode with contenders of different stale windows (2 to 12 s) and
   // retries, as mixed-settings, with the replicas' faults above: a claimant
   // judges another's claim by the longer of the two windows.
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (out[i].name != "mixed-settings") continue;
-    SimConfig c = out[i];
+  {
+    SimConfig c = Named(out, "mixed-settings");
     c.name = "cluster/mixed-settings";
     c.cluster = true;
     c.write_every_max_ms = 50;
-    c.quorum_busy_prob = 0.1;
-    c.too_few_replicas_prob = 0.02;
-    c.quorum_unknown_prob = 0.05;
-    c.quorum_unknown_max_ms = 3000;
-    c.lagging_read_prob = 0.05;
+    AddReplicaFaults(c);
     out.push_back(c);
-    break;
   }
   // A server that refuses connections for up to 3 s at a time (a restart),
   // a period starting within 2 s of the last: requests are resent by the
   // transport policy, then the lock decides (an unreachable server is not a
   // busy lock). One server, and the cluster with its faults.
   for (const std::string& name : std::vector<std::string>{"delays-and-losses", "cluster/delays-and-losses"}) {
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (out[i].name != name) continue;
-      SimConfig c = out[i];
-      c.name = name == "delays-and-losses" ? "refusals" : "cluster/refusals";
-      c.refuse_every_max_ms = 2000;
-      c.refuse_max_ms = 3000;
-      out.push_back(c);
-      break;
-    }
+    SimConfig c = Named(out, name);
+    c.name = name == "delays-and-losses" ? "refusals" : "cluster/refusals";
+    c.refuse_every_max_ms = 2000;
+    c.refuse_max_ms = 3000;
+    out.push_back(c);
   }
   // Cluster mode with the claims replica lagging for long: periods of up to
   // 4 s (half a stale window) in which every claims read is refused with
   // 289, within 2 s of each other, besides the occasional lagging read.
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (out[i].name != "cluster/crashes") continue;
-    SimConfig c = out[i];
+  {
+    SimConfig c = Named(out, "cluster/crashes");
     c.name = "cluster/long-lag";
     c.lag_every_max_ms = 2000;
     c.lag_max_ms = 4000;
     out.push_back(c);
-    break;
   }
   // Cluster mode with a pruner removing old claims all the time (a prune
   // every 2 s at most, each row going up to 1.5 s after it lands), as
