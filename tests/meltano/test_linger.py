@@ -79,14 +79,17 @@ def test_updates_of_one_id_cost_one_insert_each_and_the_lock_goes_when_idle(proj
         seen = counting(m)
         m.update(state(-1))              # creates the schema and takes the lock
         del seen[:]
+        t0 = time.monotonic()
         for i in range(50):
             m.update(state(i))           # Meltano's update(): the lock, then set (a complete state)
+        elapsed_ms = (time.monotonic() - t0) * 1000
         from collections import Counter
         c = Counter(seen)
         # Besides: one write in 64 looks at the id's history (and may trim it).
         upkeep = ("lock_waiters", "history_over_limits", "trim_history_of")
         others = {p: n for p, n in c.items() if p != "insert_state" and p not in upkeep}
-        print(">", c["insert_state"], json.dumps(others), c["lock_waiters"] < 10)
+        print(">", c["insert_state"], json.dumps(others))
+        print(">", c["lock_waiters"], round(elapsed_ms))
         print(">", json.dumps(m.get("dev:stream").completed_state))
         print(">", len(lock_tables()))   # lingering
         time.sleep(1.8)                  # idle: the background ticks release it
@@ -97,7 +100,12 @@ def test_updates_of_one_id_cost_one_insert_each_and_the_lock_goes_when_idle(proj
     """)
     # 50 INSERTs and nothing else but a few looks for waiters (and the
     # history's upkeep): the lock lingered.
-    assert lines[0] == "50 {} True", lines
+    assert lines[0] == "50 {}", lines
+    # A lingering lock looks for waiters at most once per WaiterCheckEveryMs
+    # (200 ms at the default retry), however long the 50 updates took (a
+    # loaded machine, the cluster suite running beside, makes them slower).
+    looks, elapsed_ms = map(int, lines.pop(1).split())
+    assert looks <= elapsed_ms // 200 + 1, (looks, elapsed_ms)
     assert json.loads(lines[1]) == {"singer_state": {"n": 49}}
     assert lines[2] == "1"
     assert lines[3] == "0 1"
