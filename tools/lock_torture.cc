@@ -19,8 +19,9 @@
 //     log `renew <worker> <ns>` (the time it is sent), RenewLock, log `renewed <worker> <ns>`
 //   if the lease is no longer valid: log `lost <worker> <round> <ns>`, exit 3
 //   log `leave <worker> <round> <ns>` (before the release is sent), ReleaseLock;
-//   a release whose requests outlived the lease (ABORTED "past its lease": the
-//   lock is left to expire) logs `late_release <worker> <round> <ns>`.
+//   a release whose requests outlived the lease (ABORTED, "... left to
+//   expire": held past the lease, or its end row waited out 286 past it)
+//   logs `late_release <worker> <round> <ns>`.
 // Other lines: `start <worker> <ns>` once, `timeout <worker> <round> <ns>` for
 // a tolerated acquire timeout, `exit <worker> <code> <ns>` at the end.
 // The log is opened with O_APPEND and every line is one write(), so lines of
@@ -302,7 +303,7 @@ int Run(const Flags& f) {
       // to expire rather than drop it blind. Exclusive all the same; the next
       // holder takes it over once stale.
       if (released.status().code() != absl::StatusCode::kAborted ||
-          !absl::StrContains(released.status().message(), "past its lease")) {
+          !absl::StrContains(released.status().message(), "left to expire")) {
         return fail(absl::StrCat("release failed in round ", round), released.status(), kExitError);
       }
       ++late_releases;
