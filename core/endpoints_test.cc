@@ -79,6 +79,22 @@ TEST(EndpointsTest, WhenAllAreDownTheOneMarkedLongestAgoGoesFirst) {
   EXPECT_EQ(e.Pick(300, {}), 1u);
 }
 
+// One request, sent once: the task's transport policy does the rest.
+class OneRequestOp final : public Op {
+ public:
+  OneRequestOp(SqlRequest request, SqlResponse* seen) : request_(std::move(request)), seen_(seen) {}
+  Next Resume(const Reply& reply) override {
+    if (reply.kind == Reply::Kind::kStart) return Next::Send(request_);
+    *seen_ = *reply.answer;
+    return Next::Done(Result{});
+  }
+  std::string Where() const override { return "one request"; }
+
+ private:
+  SqlRequest request_;
+  SqlResponse* seen_;
+};
+
 // A one-request task over three hosts.
 struct OneRequest {
   std::shared_ptr<Endpoints> hosts = std::make_shared<Endpoints>(std::vector<Endpoint>{{"a", 1}, {"b", 2}, {"c", 3}});
@@ -87,20 +103,12 @@ struct OneRequest {
     TransportPolicy policy;
     if (!one_host) policy.endpoints = hosts;
     policy.attempts = 2;
+    SqlRequest r;
+    r.sql = "SELECT 1";
+    r.idempotent = idempotent;
+    r.send_before_ms = send_before_ms;
     return std::make_unique<Task>(
-        [this, idempotent, send_before_ms](const Inputs*) {
-          return [this, idempotent, send_before_ms] {
-            SqlRequest r;
-            r.sql = "SELECT 1";
-            r.idempotent = idempotent;
-            r.send_before_ms = send_before_ms;
-            return Step::Run(r, [this](const SqlResponse& resp) {
-              seen = resp;
-              return Step::Done(Result{});
-            });
-          };
-        },
-        policy);
+        [this, r](const Inputs*) { return Task::Root{nullptr, std::make_unique<OneRequestOp>(r, &seen)}; }, policy);
   }
 };
 

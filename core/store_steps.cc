@@ -20,26 +20,504 @@ namespace chstate {
 // A task whose body gets a StoreSteps bound to the task's inputs.
 std::unique_ptr<Task> MakeTask(Store* store, std::function<Step(StoreSteps&)> body) {
   return std::make_unique<Task>(
-      [store, body = std::move(body)](const Inputs* in) -> Task::Body {
+      [store, body = std::move(body)](const Inputs* in) {
         auto steps = std::make_shared<StoreSteps>(store, in);
-        return [steps, body] {
-          steps->SettleAbandonedRenewals();
-          steps->ForgetStaleLingering();
-          return body(*steps);
-        };
+        StoreSteps* s = steps.get();
+        return Task::Root{steps, std::make_unique<StepOp>([s, body] {
+                            s->SettleAbandonedRenewals();
+                            s->ForgetStaleLingering();
+                            return body(*s);
+                          })};
       },
       store->options().transport);
 }
 
 std::unique_ptr<Task> Invalid(absl::Status status) {
-  return std::make_unique<Task>([status](const Inputs*) -> Task::Body {
-    return [status] { return Step::Fail(status); };
+  return std::make_unique<Task>([status](const Inputs*) {
+    return Task::Root{nullptr, std::make_unique<StepOp>([status] { return Step::Fail(status); })};
   });
 }
 
-// Runs `req`; on success continues with the body, on failure with `fail`.
-// A request acting under a lock (UnderLease) whose failure would have
-// been sent again, once the lease ran out: kAborted, naming the failure.
+// ---- answers ----
+
+absl::StatusOr<std::string> StoreSteps::Answer(const Reply& r, absl::string_view what) const {
+  absl::Status st = CheckResponse(*r.answer, what);
+  if (st.ok()) return r.answer->body;
+  // A request acting under a lock (UnderLease) whose failure would have
+  // been sent again, once the lease ran out: kAborted, naming the failure.
+  if (PastSendBefore(*r.sent, in_->now_ms) && (MayResend(*r.sent, *r.answer) || ReplicaLevelError(*r.sent, *r.answer))) {
+    return LeaseRanOut(std::string(what), std::string(st.message()),
+                       !r.answer->transport_ok && r.answer->maybe_delivered);
+  }
+  return ExplainCluster(std::move(st));
+}
+
+absl::StatusOr<Rows> StoreSteps::AnswerRows(const Reply& r, absl::string_view what, size_t columns) const {
+  absl::StatusOr<std::string> body = Answer(r, what);
+  if (!body.ok()) return body.status();
+  return ParseTabSeparated(*body, columns);
+}
+
+namespace part {
+namespace {
+
+// Asks the server's version once per store and picks the dialect; in
+// cluster mode, checks that the state table is replicated.
+class ConnectOp final : public StorePart {
+ public:
+  ConnectOp(StoreSteps& s, bool force) : StorePart(s), force_(force) {}
+  std::string Where() const override { return stage_ == Stage::kEngine ? "checking the state table" : "connecting"; }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kStart:
+        if (s_.statements_slot() && !force_) return Next::Done();
+        stage_ = Stage::kVersion;
+        return Next::Send(Statements::SelectVersion());
+      case Stage::kVersion: {
+        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "connecting", 2);
+        if (!rows.ok()) return Next::Fail(rows.status());
+        if (rows->empty() || !(*rows)[0][0]) {
+          return Next::Fail(absl::DataLossError("ClickHouse sent no version for SELECT version()"));
+        }
+        absl::StatusOr<ServerVersion> v = ParseServerVersion(*(*rows)[0][0]);
+        if (!v.ok()) return Next::Fail(v.status());
+        absl::StatusOr<Dialect> d = DialectFor(*v);
+        if (!d.ok()) return Next::Fail(d.status());
+        const StoreOptions& o = s_.options();
+        absl::StatusOr<Statements> st = Statements::Create(*d, o.schema, o.table, o.cluster);
+        if (!st.ok()) return Next::Fail(st.status());
+        s_.statements_slot() = std::move(*st);
+        s_.set_server_version(v->text);
+        if (!o.cluster.enabled()) return Next::Done();
+        stage_ = Stage::kEngine;
+        return Next::Send(s_.st().StateTableEngine());
+      }
+      case Stage::kEngine:
+        return CheckReplicated(r);
+    }
+    return Next::Fail(absl::InternalError("connect: no such stage"));
+  }
+
+ private:
+  // Cluster mode: a state table made earlier without cluster mode is a plain
+  // table on one server; writing to it would silently skip replication.
+  Next CheckReplicated(const Reply& r) {
+    absl::StatusOr<Rows> rows = s_.AnswerRows(r, "checking the state table's engine", 2);
+    if (!rows.ok()) return Next::Fail(rows.status());
+    const StoreOptions& o = s_.options();
+    std::string engine = rows->empty() ? "" : (*rows)[0][0].value_or("");
+    if (!rows->empty() && (*rows)[0][1].value_or("") == "0") {
+      s_.statements_slot().reset();  // ask again next time
+      return Next::Fail(absl::InvalidArgumentError(absl::StrCat(
+          "the servers know no cluster \"", o.cluster.name,
+          "\": set the cluster setting to a name from their remote_servers (SELECT DISTINCT cluster FROM "
+          "system.clusters)")));
+    }
+    if (engine.empty() || engine.rfind("Replicated", 0) == 0) return Next::Done();
+    s_.statements_slot().reset();  // ask again next time
+    return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
+        "cluster mode is on (cluster \"", o.cluster.name, "\") but the state table ", o.schema, ".", o.table,
+        " on this server is a ", engine,
+        ", not replicated: writes would stay on this server. Use another schema for cluster mode, or move "
+        "the states into a replicated table (README \"Cluster mode\")")));
+  }
+
+  enum class Stage { kStart, kVersion, kEngine };
+  Stage stage_ = Stage::kStart;
+  bool force_;
+};
+
+// The schema, each statement in turn: the database, the state, lock (and in
+// cluster mode claims) tables, and with history on the history table and
+// the view that feeds it. CREATE ... IF NOT EXISTS each; in cluster mode
+// code 159 (a host did not run the ON CLUSTER DDL in time: it is down)
+// means the live hosts ran it and the others will when they are back, so
+// the schema is there for the quorum.
+class EnsureSchemaOp final : public StorePart {
+ public:
+  explicit EnsureSchemaOp(StoreSteps& s) : StorePart(s) {
+    const Statements& st = s.st();
+    ddl_.emplace_back(st.CreateDatabase(), "creating the state database");
+    ddl_.emplace_back(st.CreateStateTable(), "creating the state table");
+    ddl_.emplace_back(st.CreateLockTable(), "creating the lock table");
+    if (st.cluster().enabled()) ddl_.emplace_back(st.CreateClaimsTable(), "creating the lock claims table");
+    if (s.options().history_days > 0) {
+      ddl_.emplace_back(st.CreateHistoryTable(s.options().history_days), "creating the state history table");
+      ddl_.emplace_back(st.CreateHistoryView(), "creating the state history view");
+    }
+  }
+  std::string Where() const override { return next_ == 0 ? "making the schema" : ddl_[next_ - 1].second; }
+
+  Next Resume(const Reply& r) override {
+    if (r.kind == Reply::Kind::kAnswer) {
+      absl::StatusOr<std::string> done = s_.Answer(r, ddl_[next_ - 1].second);
+      if (!done.ok() && !(s_.st().cluster().enabled() && ClickHouseCode(done.status()) == ch::kTimeoutExceeded)) {
+        return Next::Fail(done.status());
+      }
+    }
+    if (next_ == ddl_.size()) return Next::Done();
+    return Next::Send(ddl_[next_++].first);
+  }
+
+ private:
+  std::vector<std::pair<SqlRequest, std::string>> ddl_;
+  size_t next_ = 0;
+};
+
+// Reads one state into *out; a missing table or database reads as
+// "absent" (nullopt).
+class ReadStateOp final : public StorePart {
+ public:
+  ReadStateOp(StoreSteps& s, std::string id, std::optional<MeltanoState>* out)
+      : StorePart(s), id_(std::move(id)), out_(out) {}
+  std::string Where() const override { return absl::StrCat("reading state \"", PrintableId(id_), "\""); }
+
+  Next Resume(const Reply& r) override {
+    if (r.kind == Reply::Kind::kStart) return Next::Send(s_.st().GetState(id_));
+    absl::StatusOr<Rows> rows = s_.AnswerRows(r, "reading state", 2);
+    if (!rows.ok()) {
+      if (rows.status().code() != absl::StatusCode::kNotFound) return Next::Fail(rows.status());
+      *out_ = std::nullopt;
+      return Next::Done();
+    }
+    if (rows->empty()) {
+      *out_ = std::nullopt;
+      return Next::Done();
+    }
+    absl::StatusOr<nlohmann::json> partial = FromColumn((*rows)[0][0], id_, "partial_state");
+    if (!partial.ok()) return Next::Fail(partial.status());
+    absl::StatusOr<nlohmann::json> completed = FromColumn((*rows)[0][1], id_, "completed_state");
+    if (!completed.ok()) return Next::Fail(completed.status());
+    MeltanoState state;
+    state.state_id = id_;
+    state.partial = std::move(*partial);
+    state.completed = std::move(*completed);
+    *out_ = std::move(state);
+    return Next::Done();
+  }
+
+ private:
+  std::string id_;
+  std::optional<MeltanoState>* out_;
+};
+
+// Cluster mode: a write that must reach the quorum. Code 286 (another
+// quorum write to the table is in flight, or the previous one has not
+// reached its quorum yet) and 252 wrote nothing, so the write is sent again
+// until the deadline, after a short wait that doubles up to 100 ms with a
+// little jitter; a wait that would outlast the lease of the lock it writes
+// under renews the lock first. Code 319 is explained: the row is on one
+// replica and will appear everywhere once another replica has it; writing
+// again is safe. Without cluster mode: one send.
+class QuorumWriteOp final : public StorePart {
+ public:
+  QuorumWriteOp(StoreSteps& s, SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms)
+      : StorePart(s), req_(std::move(req)), what_(std::move(what)), deadline_ms_(deadline_ms), wait_ms_(wait_ms) {}
+  std::string Where() const override {
+    switch (stage_) {
+      case Stage::kRenewing: return absl::StrCat(what_, " (renewing the lock to wait out ", cause_, ")");
+      case Stage::kWaiting: return absl::StrCat(what_, " (waiting out ", cause_, ")");
+      default: return what_;
+    }
+  }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kSend:
+        stage_ = Stage::kSent;
+        return Next::Send(req_);
+      case Stage::kSent:
+        return Answered(r);
+      case Stage::kRenewing: {
+        // Nothing was written, so the lock is still ours to renew: it is
+        // renewed now and the wait goes on within the lease that gives. A
+        // renewal that fails, finds the lock lost, or gives no lease long
+        // enough ends the write as a lease that ran out.
+        if (!r.status.ok()) return Next::Fail(s_.LeaseRanOut(what_, cause_, false));
+        if (const LockMachine* lock = s_.LockOf(s_.lease_id())) req_.send_before_ms = lock->lease_deadline_ms();
+        if (PastSendBefore(req_, s_.inputs().now_ms + wait_ms_)) {
+          return Next::Fail(s_.LeaseRanOut(what_, cause_, false));
+        }
+        stage_ = Stage::kWaiting;
+        return Next::Wait(TimerKind::kQuorumBusy, wait_ms_);
+      }
+      case Stage::kWaiting:
+        wait_ms_ = std::min<int64_t>(wait_ms_ * 2, 100);
+        stage_ = Stage::kSent;
+        return Next::Send(req_);
+    }
+    return Next::Fail(absl::InternalError("quorum write: no such stage"));
+  }
+
+ private:
+  Next Answered(const Reply& r) {
+    absl::StatusOr<std::string> body = s_.Answer(r, what_);
+    if (body.ok()) return Next::Done();
+    absl::Status st = body.status();
+    std::optional<int> code = ClickHouseCode(st);
+    if (!s_.options().cluster.enabled() || !code) return Next::Fail(std::move(st));
+    const Inputs& in = s_.inputs();
+    if ((*code == ch::kUnsatisfiedQuorumForPreviousWrite || *code == ch::kTooManyParts) && in.now_ms < deadline_ms_) {
+      // A little jitter from the fresh random bytes keeps two writers
+      // from retrying in lockstep.
+      const int64_t jitter = in.random.empty() ? 0 : static_cast<unsigned char>(in.random[0]) % 8;
+      cause_ = *code == ch::kTooManyParts ? "code 252 (too many parts: the table merges slower than it is written)"
+                                          : "code 286 (an earlier quorum write to the table is not confirmed yet)";
+      wait_ms_ += jitter;
+      // Under a lock, sent again only within its lease.
+      if (PastSendBefore(req_, in.now_ms + wait_ms_)) {
+        stage_ = Stage::kRenewing;
+        return Next::Try(s_.RenewForWaitPart(s_.lease_id()));
+      }
+      stage_ = Stage::kWaiting;
+      const int64_t wait = wait_ms_;
+      wait_ms_ -= jitter;  // the next wait doubles the one without jitter
+      return Next::Wait(TimerKind::kQuorumBusy, wait);
+    }
+    return Next::Fail(s_.ExplainQuorumError(std::move(st), *code));
+  }
+
+  enum class Stage { kSend, kSent, kRenewing, kWaiting };
+  Stage stage_ = Stage::kSend;
+  SqlRequest req_;
+  std::string what_;
+  int64_t deadline_ms_;
+  int64_t wait_ms_;
+  std::string cause_;
+};
+
+// Writes a whole state row, under the id's lock when the task or the store
+// holds it, creating the schema once if it is missing; then keeps the id's
+// history in bounds (HistoryUpkeep).
+class WriteStateOp final : public StorePart {
+ public:
+  WriteStateOp(StoreSteps& s, MeltanoState state) : StorePart(s), state_(std::move(state)) {}
+  std::string Where() const override {
+    switch (stage_) {
+      case Stage::kSchema: return "making the schema for the first write";
+      case Stage::kUpkeep: return "keeping the history in bounds";
+      default: return absl::StrCat("writing state \"", PrintableId(state_.state_id), "\"");
+    }
+  }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kWrite: {
+        if (absl::Status lease = s_.LeaseCheck(state_.state_id); !lease.ok()) return Next::Fail(lease);
+        absl::StatusOr<std::string> token = s_.Token();
+        if (!token.ok()) return Next::Fail(token.status());
+        SqlRequest req = s_.UnderLease(
+            s_.st().InsertState(state_.state_id, ToColumn(state_.partial), ToColumn(state_.completed), *token),
+            state_.state_id);
+        stage_ = Stage::kWritten;
+        return Next::Try(std::make_unique<QuorumWriteOp>(
+            s_, std::move(req), "writing state", s_.inputs().now_ms + s_.options().cluster.quorum_busy_ms, 5));
+      }
+      case Stage::kWritten:
+        if (r.status.ok()) {
+          stage_ = Stage::kUpkeep;
+          return Next::Call(s_.HistoryUpkeepPart(state_.state_id));
+        }
+        if (r.status.code() != absl::StatusCode::kNotFound || schema_made_) return Next::Fail(r.status);
+        stage_ = Stage::kSchema;
+        return Next::Call(std::make_unique<EnsureSchemaOp>(s_));
+      case Stage::kSchema:
+        schema_made_ = true;
+        stage_ = Stage::kWrite;
+        return Resume(r);
+      case Stage::kUpkeep:
+        return Next::Done();
+    }
+    return Next::Fail(absl::InternalError("write state: no such stage"));
+  }
+
+ private:
+  enum class Stage { kWrite, kWritten, kSchema, kUpkeep };
+  Stage stage_ = Stage::kWrite;
+  MeltanoState state_;
+  bool schema_made_ = false;
+};
+
+// 18.x: ALTER ... DELETE returns before rows are gone; polls until done,
+// waiting 5 ms, then twice as long each time up to 200 ms.
+class AwaitMutationsOp final : public StorePart {
+ public:
+  AwaitMutationsOp(StoreSteps& s, int64_t deadline_ms) : StorePart(s), deadline_ms_(deadline_ms) {}
+  std::string Where() const override { return "waiting for the delete to finish"; }
+
+  Next Resume(const Reply& r) override {
+    switch (r.kind) {
+      case Reply::Kind::kStart:
+        return Next::Send(s_.st().PendingMutations());
+      case Reply::Kind::kTimer:
+        wait_ms_ = std::min<int64_t>(wait_ms_ * 2, 200);
+        return Next::Send(s_.st().PendingMutations());
+      default:
+        break;
+    }
+    absl::StatusOr<Rows> rows = s_.AnswerRows(r, "waiting for the delete to finish", 2);
+    if (!rows.ok()) return Next::Fail(rows.status());
+    int64_t pending = 0;
+    if (rows->empty() || !(*rows)[0][0] || !absl::SimpleAtoi(*(*rows)[0][0], &pending)) {
+      return Next::Fail(absl::DataLossError("unexpected answer counting pending mutations"));
+    }
+    if (pending == 0) return Next::Done();
+    if (s_.inputs().now_ms >= deadline_ms_) {
+      return Next::Fail(absl::DeadlineExceededError(
+          absl::StrCat("the delete was accepted but its mutation is still running after ",
+                       s_.options().mutation_timeout_ms / 1000,
+                       " s; check system.mutations on the server (it will finish there)")));
+    }
+    return Next::Wait(TimerKind::kMutationPoll, wait_ms_);
+  }
+
+ private:
+  int64_t deadline_ms_;
+  int64_t wait_ms_ = 5;
+};
+
+// Removes the id's state under its lock (as WriteState); a missing table
+// is nothing to delete. Cluster mode: a quorum write; else on 18.x the
+// mutation is waited for.
+class DeleteStateOp final : public StorePart {
+ public:
+  DeleteStateOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
+  std::string Where() const override { return absl::StrCat("deleting state \"", PrintableId(id_), "\""); }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kStart: {
+        if (absl::Status lease = s_.LeaseCheck(id_); !lease.ok()) return Next::Fail(lease);
+        SqlRequest req = s_.UnderLease(s_.st().DeleteState(id_), id_);
+        if (s_.st().cluster().enabled()) {
+          stage_ = Stage::kQuorumDeleted;
+          return Next::Try(std::make_unique<QuorumWriteOp>(
+              s_, std::move(req), "deleting state", s_.inputs().now_ms + s_.options().cluster.quorum_busy_ms, 5));
+        }
+        stage_ = Stage::kDeleted;
+        return Next::Send(std::move(req));
+      }
+      case Stage::kQuorumDeleted:
+        if (r.status.ok() || r.status.code() == absl::StatusCode::kNotFound) return Next::Done();
+        return Next::Fail(r.status);
+      case Stage::kDeleted: {
+        absl::StatusOr<std::string> done = s_.Answer(r, "deleting state");
+        if (!done.ok()) {
+          if (done.status().code() == absl::StatusCode::kNotFound) return Next::Done();  // no table: nothing to delete
+          return Next::Fail(done.status());
+        }
+        if (s_.st().dialect() == Dialect::kModern) return Next::Done();
+        stage_ = Stage::kMutation;
+        return Next::Call(
+            std::make_unique<AwaitMutationsOp>(s_, s_.inputs().now_ms + s_.options().mutation_timeout_ms));
+      }
+      case Stage::kMutation:
+        return Next::Done();
+    }
+    return Next::Fail(absl::InternalError("delete state: no such stage"));
+  }
+
+ private:
+  enum class Stage { kStart, kQuorumDeleted, kDeleted, kMutation };
+  Stage stage_ = Stage::kStart;
+  std::string id_;
+};
+
+// Runs `body` under the lock for `id`, taken for it and released on every
+// exit path. Ends with the body's result; the body's error matters more
+// than a failed release.
+class LockedOp final : public StorePart {
+ public:
+  LockedOp(StoreSteps& s, std::string id, std::unique_ptr<Op> body)
+      : StorePart(s), id_(std::move(id)), body_(std::move(body)) {}
+  std::string Where() const override {
+    switch (stage_) {
+      case Stage::kAcquire: return absl::StrCat("taking the lock on \"", PrintableId(id_), "\"");
+      case Stage::kBody: return absl::StrCat("under the lock on \"", PrintableId(id_), "\"");
+      default: return absl::StrCat("releasing the lock on \"", PrintableId(id_), "\"");
+    }
+  }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kAcquire:
+        stage_ = Stage::kBody;
+        return Next::Call(s_.AcquirePart(id_, &lock_));
+      case Stage::kBody:
+        s_.set_current_lock(lock_);
+        stage_ = Stage::kRelease;
+        return Next::Try(std::move(body_));
+      case Stage::kRelease:
+        s_.set_current_lock(nullptr);
+        outcome_ = r.status;
+        result_ = r.result;
+        stage_ = Stage::kReleased;
+        return Next::Try(s_.ReleasePart(lock_));
+      case Stage::kReleased:
+        if (!outcome_.ok()) return Next::Fail(outcome_);
+        if (!r.status.ok()) return Next::Fail(r.status);
+        return result_ ? Next::Done(*result_) : Next::Done();
+    }
+    return Next::Fail(absl::InternalError("locked: no such stage"));
+  }
+
+ private:
+  enum class Stage { kAcquire, kBody, kRelease, kReleased };
+  Stage stage_ = Stage::kAcquire;
+  std::string id_;
+  std::unique_ptr<Op> body_;
+  StoreSteps::LockPtr lock_;
+  absl::Status outcome_;
+  std::shared_ptr<Result> result_;
+};
+
+// A continuation chain (the lock's steps, until they are parts too) as a
+// part: `chain(then, fail)` builds it.
+class ChainOp final : public StorePart {
+ public:
+  using Chain = std::function<Step(StoreSteps::Then then, StoreSteps::OnFailure fail)>;
+  ChainOp(StoreSteps& s, std::string where, Chain chain)
+      : StorePart(s), steps_([chain = std::move(chain)] {
+          return chain([] { return Step::Done(Result{}); }, StoreSteps::Failed);
+        }, std::move(where)) {}
+  std::string Where() const override { return steps_.Where(); }
+  Next Resume(const Reply& r) override {
+    Next n = steps_.Resume(r);
+    if (n.kind == Next::Kind::kDone) n.result = nullptr;  // a part's chain ends with nothing to report
+    return n;
+  }
+
+ private:
+  StepOp steps_;
+};
+
+}  // namespace
+
+std::unique_ptr<Op> Connect(StoreSteps& s, bool force) { return std::make_unique<ConnectOp>(s, force); }
+std::unique_ptr<Op> EnsureSchema(StoreSteps& s) { return std::make_unique<EnsureSchemaOp>(s); }
+std::unique_ptr<Op> ReadState(StoreSteps& s, std::string id, std::optional<MeltanoState>* out) {
+  return std::make_unique<ReadStateOp>(s, std::move(id), out);
+}
+std::unique_ptr<Op> WriteState(StoreSteps& s, MeltanoState state) {
+  return std::make_unique<WriteStateOp>(s, std::move(state));
+}
+std::unique_ptr<Op> QuorumWrite(StoreSteps& s, SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms) {
+  return std::make_unique<QuorumWriteOp>(s, std::move(req), std::move(what), deadline_ms, wait_ms);
+}
+std::unique_ptr<Op> DeleteState(StoreSteps& s, std::string id) { return std::make_unique<DeleteStateOp>(s, std::move(id)); }
+std::unique_ptr<Op> Locked(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
+  return std::make_unique<LockedOp>(s, std::move(id), std::move(body));
+}
+std::unique_ptr<Op> Chain(StoreSteps& s, std::string where,
+                          std::function<Step(StoreSteps::Then, StoreSteps::OnFailure)> chain) {
+  return std::make_unique<ChainOp>(s, std::move(where), std::move(chain));
+}
+
+}  // namespace part
+
+// ---- the continuation API over the parts, for the chains not yet parts ----
+
 Step StoreSteps::Sql(SqlRequest req, std::string what, std::function<Step(const std::string& body)> then,
                      OnFailure fail) {
   SqlRequest sent;  // what the failure needs of the request (not its SQL)
@@ -47,16 +525,16 @@ Step StoreSteps::Sql(SqlRequest req, std::string what, std::function<Step(const 
   sent.send_before_ms = req.send_before_ms;
   return Step::Run(std::move(req), [this, sent, what = std::move(what), then = std::move(then),
                                     fail = std::move(fail)](const SqlResponse& r) -> Step {
-    absl::Status st = CheckResponse(r, what);
-    if (!st.ok() && PastSendBefore(sent, in_->now_ms) && (MayResend(sent, r) || ReplicaLevelError(sent, r))) {
-      return fail(LeaseRanOut(what, std::string(st.message()), !r.transport_ok && r.maybe_delivered));
-    }
-    if (!st.ok()) return fail(ExplainCluster(std::move(st)));
-    return then(r.body);
+    Reply reply;
+    reply.kind = Reply::Kind::kAnswer;
+    reply.answer = &r;
+    reply.sent = &sent;
+    absl::StatusOr<std::string> body = Answer(reply, what);
+    if (!body.ok()) return fail(body.status());
+    return then(*body);
   });
 }
 
-// Like Sql, decoding `columns`-wide TabSeparated rows.
 Step StoreSteps::Query(SqlRequest req, std::string what, size_t columns, std::function<Step(const Rows& rows)> then,
                        OnFailure fail) {
   return Sql(
@@ -69,107 +547,30 @@ Step StoreSteps::Query(SqlRequest req, std::string what, size_t columns, std::fu
       fail);
 }
 
-// Asks the server's version once per store and picks the dialect.
+Step StoreSteps::Run(std::unique_ptr<Op> part, Then then, OnFailure fail) {
+  return Step::Call(std::move(part), [then = std::move(then), fail = std::move(fail)](absl::Status st,
+                                                                                     std::shared_ptr<Result>) {
+    return st.ok() ? then() : fail(std::move(st));
+  });
+}
+
 Step StoreSteps::Connected(Then then, OnFailure fail, bool force) {
+  // No request when connected (a part would cost nothing more, but keeps
+  // the chain's shape the same).
   if (s_->statements_ && !force) return then();
-  return Query(
-      Statements::SelectVersion(), "connecting", 2,
-      [this, then = std::move(then), fail](const Rows& rows) -> Step {
-        if (rows.empty() || !rows[0][0]) {
-          return fail(absl::DataLossError("ClickHouse sent no version for SELECT version()"));
-        }
-        absl::StatusOr<ServerVersion> v = ParseServerVersion(*rows[0][0]);
-        if (!v.ok()) return fail(v.status());
-        absl::StatusOr<Dialect> d = DialectFor(*v);
-        if (!d.ok()) return fail(d.status());
-        absl::StatusOr<Statements> st = Statements::Create(*d, s_->options_.schema, s_->options_.table, s_->options_.cluster);
-        if (!st.ok()) return fail(st.status());
-        s_->statements_ = std::move(*st);
-        s_->server_version_ = v->text;
-        if (s_->options_.cluster.enabled()) return CheckReplicated(then, fail);
-        return then();
-      },
-      fail);
-}
-
-// Cluster mode: a state table made earlier without cluster mode is a plain
-// table on one server; writing to it would silently skip replication.
-Step StoreSteps::CheckReplicated(Then then, OnFailure fail) {
-  return Query(
-      st().StateTableEngine(), "checking the state table's engine", 2,
-      [this, then, fail](const Rows& rows) -> Step {
-        std::string engine = rows.empty() ? "" : rows[0][0].value_or("");
-        if (!rows.empty() && rows[0][1].value_or("") == "0") {
-          s_->statements_.reset();  // ask again next time
-          return fail(absl::InvalidArgumentError(absl::StrCat(
-              "the servers know no cluster \"", s_->options_.cluster.name,
-              "\": set the cluster setting to a name from their remote_servers (SELECT DISTINCT cluster FROM "
-              "system.clusters)")));
-        }
-        if (engine.empty() || engine.rfind("Replicated", 0) == 0) return then();
-        s_->statements_.reset();  // ask again next time
-        return fail(absl::FailedPreconditionError(absl::StrCat(
-            "cluster mode is on (cluster \"", s_->options_.cluster.name, "\") but the state table ",
-            s_->options_.schema, ".", s_->options_.table, " on this server is a ", engine,
-            ", not replicated: writes would stay on this server. Use another schema for cluster mode, or move "
-            "the states into a replicated table (README \"Cluster mode\")")));
-      },
-      fail);
-}
-
-// CREATE ... IF NOT EXISTS. Cluster mode: code 159 (a host did not run the
-// ON CLUSTER DDL in time: it is down) means the live hosts ran it and the
-// others will when they are back, so the schema is there for the quorum.
-Step StoreSteps::Ddl(SqlRequest req, std::string what, Then then, OnFailure fail) {
-  return Sql(
-      std::move(req), std::move(what), [then](const std::string&) { return then(); },
-      [this, then, fail](absl::Status status) -> Step {
-        if (st().cluster().enabled() && ClickHouseCode(status) == ch::kTimeoutExceeded) return then();
-        return fail(std::move(status));
-      });
+  return Run(part::Connect(*this, force), std::move(then), std::move(fail));
 }
 
 Step StoreSteps::EnsureSchema(Then then, OnFailure fail) {
-  auto ddl = std::make_shared<std::vector<std::pair<SqlRequest, std::string>>>();
-  ddl->emplace_back(st().CreateDatabase(), "creating the state database");
-  ddl->emplace_back(st().CreateStateTable(), "creating the state table");
-  ddl->emplace_back(st().CreateLockTable(), "creating the lock table");
-  if (st().cluster().enabled()) ddl->emplace_back(st().CreateClaimsTable(), "creating the lock claims table");
-  if (s_->options_.history_days > 0) {
-    // With history on, the history table and the view that feeds it.
-    ddl->emplace_back(st().CreateHistoryTable(s_->options_.history_days), "creating the state history table");
-    ddl->emplace_back(st().CreateHistoryView(), "creating the state history view");
-  }
-  return DdlInOrder(std::move(ddl), 0, std::move(then), std::move(fail));
+  return Run(part::EnsureSchema(*this), std::move(then), std::move(fail));
 }
 
-Step StoreSteps::DdlInOrder(std::shared_ptr<const std::vector<std::pair<SqlRequest, std::string>>> ddl, size_t next,
-                            Then then, OnFailure fail) {
-  if (next >= ddl->size()) return then();
-  const auto& [req, what] = (*ddl)[next];
-  return Ddl(req, what, [this, ddl, next, then, fail] { return DdlInOrder(ddl, next + 1, then, fail); }, fail);
-}
-
-// Reads one state; a missing table or database reads as "absent".
-Step StoreSteps::ReadState(const std::string& id, std::function<Step(std::optional<MeltanoState>)> then, OnFailure fail) {
-  return Query(
-      st().GetState(id), "reading state", 2,
-      [id, then, fail](const Rows& rows) -> Step {
-        if (rows.empty()) return then(std::nullopt);
-        absl::StatusOr<nlohmann::json> partial = FromColumn(rows[0][0], id, "partial_state");
-        if (!partial.ok()) return fail(partial.status());
-        absl::StatusOr<nlohmann::json> completed = FromColumn(rows[0][1], id, "completed_state");
-        if (!completed.ok()) return fail(completed.status());
-        MeltanoState s;
-        s.state_id = id;
-        s.partial = std::move(*partial);
-        s.completed = std::move(*completed);
-        return then(std::move(s));
-      },
-      [then, fail](absl::Status st) -> Step {
-        if (st.code() == absl::StatusCode::kNotFound) return then(std::nullopt);
-        return fail(std::move(st));
-      });
+Step StoreSteps::ReadState(const std::string& id, std::function<Step(std::optional<MeltanoState>)> then,
+                           OnFailure fail) {
+  auto out = std::make_shared<std::optional<MeltanoState>>();
+  return Step::Call(part::ReadState(*this, id, out.get()), [out, then, fail](absl::Status st, std::shared_ptr<Result>) {
+    return st.ok() ? then(std::move(*out)) : fail(std::move(st));
+  });
 }
 
 absl::StatusOr<std::string> StoreSteps::Token() {
@@ -180,77 +581,57 @@ absl::StatusOr<std::string> StoreSteps::Token() {
   return absl::StrCat("chstate-", HexEncode(in_->random.substr(0, 16)), "-", ++s_->writes_);
 }
 
-// Writes a whole state row, creating the schema once if it is missing.
-Step StoreSteps::WriteState(const MeltanoState& state, Then then, OnFailure fail, bool schema_made) {
-  if (absl::Status lease = LeaseCheck(state.state_id); !lease.ok()) return fail(lease);
-  absl::StatusOr<std::string> token = Token();
-  if (!token.ok()) return fail(token.status());
-  SqlRequest req = UnderLease(
-      st().InsertState(state.state_id, ToColumn(state.partial), ToColumn(state.completed), *token), state.state_id);
-  const std::string id = state.state_id;
-  return QuorumWrite(
-      std::move(req), "writing state", in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5,
-      [this, id, then] { return HistoryUpkeep(id, then); },
-      [this, state, then, fail, schema_made](absl::Status st) -> Step {
-        if (st.code() == absl::StatusCode::kNotFound && !schema_made) {
-          return EnsureSchema([this, state, then, fail] { return WriteState(state, then, fail, true); }, fail);
-        }
-        return fail(std::move(st));
-      });
+Step StoreSteps::WriteState(const MeltanoState& state, Then then, OnFailure fail) {
+  return Run(part::WriteState(*this, state), std::move(then), std::move(fail));
 }
 
-// Cluster mode: a write that must reach the quorum. Code 286 (another
-// quorum write to the table is in flight, or the previous one has not
-// reached its quorum yet) wrote nothing, so it is retried until the
-// deadline. Code 319 is explained: the row is on one replica and will
-// appear everywhere once another replica has it; writing again is safe.
 Step StoreSteps::QuorumWrite(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, Then then,
                              OnFailure fail) {
-  return Sql(
-      req, what, [then](const std::string&) { return then(); },
-      [this, req, what, deadline_ms, wait_ms, then, fail](absl::Status st) -> Step {
-        std::optional<int> code = ClickHouseCode(st);
-        if (!s_->options_.cluster.enabled() || !code) return fail(std::move(st));
-        if ((*code == ch::kUnsatisfiedQuorumForPreviousWrite || *code == ch::kTooManyParts) &&
-            in_->now_ms < deadline_ms) {
-          // A little jitter from the fresh random bytes keeps two writers
-          // from retrying in lockstep.
-          int64_t jitter = in_->random.empty() ? 0 : static_cast<unsigned char>(in_->random[0]) % 8;
-          const char* cause = *code == ch::kTooManyParts
-                                  ? "code 252 (too many parts: the table merges slower than it is written)"
-                                  : "code 286 (an earlier quorum write to the table is not confirmed yet)";
-          // Under a lock, sent again only within its lease.
-          if (PastSendBefore(req, in_->now_ms + wait_ms + jitter)) {
-            return QuorumWaitPastLease(req, what, deadline_ms, wait_ms + jitter, cause, then, fail);
-          }
-          return QuorumResend(req, what, deadline_ms, wait_ms, jitter, then, fail);
-        }
-        return fail(ExplainQuorumError(std::move(st), *code));
-      });
+  return Run(part::QuorumWrite(*this, std::move(req), std::move(what), deadline_ms, wait_ms), std::move(then),
+             std::move(fail));
 }
 
-Step StoreSteps::QuorumResend(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, int64_t jitter,
-                              Then then, OnFailure fail) {
-  return Step::Wait(wait_ms + jitter, [this, req, what, deadline_ms, wait_ms, then, fail] {
-    return QuorumWrite(req, what, deadline_ms, std::min<int64_t>(wait_ms * 2, 100), then, fail);
+Step StoreSteps::DeleteState(const std::string& id, Then then, OnFailure fail) {
+  return Run(part::DeleteState(*this, id), std::move(then), std::move(fail));
+}
+
+Step StoreSteps::WithLock(const std::string& id, std::function<Step(Finish)> body, Finish after) {
+  auto chain = std::make_unique<StepOp>([body] { return body(Terminal); }, "steps under the lock");
+  return Step::Call(part::Locked(*this, id, std::move(chain)), [after](absl::Status st, std::shared_ptr<Result> r) {
+    // Locked ends with the body's result, which the chain's Terminal made.
+    if (!st.ok()) return after(std::move(st));
+    return after(r ? std::move(*r) : Result{});
   });
 }
 
-// Nothing was written, so the lock is still ours to renew: it is renewed
-// now and the wait goes on within the lease that gives. A renewal that fails,
-// finds the lock lost, or gives no lease long enough ends the write as a
-// lease that ran out.
-Step StoreSteps::QuorumWaitPastLease(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms,
-                                     const char* cause, Then then, OnFailure fail) {
-  return RenewForWait(
-      lease_id_,
-      [this, req, what, deadline_ms, wait_ms, cause, then, fail]() -> Step {
-        SqlRequest next = req;
-        if (const LockMachine* lock = LockOf(lease_id_)) next.send_before_ms = lock->lease_deadline_ms();
-        if (PastSendBefore(next, in_->now_ms + wait_ms)) return fail(LeaseRanOut(what, cause, false));
-        return QuorumResend(next, what, deadline_ms, wait_ms, 0, then, fail);
-      },
-      [this, what, cause, fail](absl::Status) { return fail(LeaseRanOut(what, cause, false)); });
+std::unique_ptr<Op> StoreSteps::RenewForWaitPart(const std::string& id) {
+  return part::Chain(*this, "renewing the lock to wait", [this, id](Then then, OnFailure fail) {
+    return RenewForWait(id, std::move(then), std::move(fail));
+  });
+}
+
+std::unique_ptr<Op> StoreSteps::HistoryUpkeepPart(const std::string& id) {
+  return part::Chain(*this, "keeping the history in bounds",
+                     [this, id](Then then, OnFailure) { return HistoryUpkeep(id, std::move(then)); });
+}
+
+std::unique_ptr<Op> StoreSteps::AcquirePart(const std::string& id, LockPtr* out) {
+  return part::Chain(*this, absl::StrCat("taking the lock on \"", PrintableId(id), "\""),
+                     [this, id, out](Then then, OnFailure fail) {
+                       return Acquire(
+                           id,
+                           [out, then](LockPtr m) {
+                             *out = std::move(m);
+                             return then();
+                           },
+                           std::move(fail));
+                     });
+}
+
+std::unique_ptr<Op> StoreSteps::ReleasePart(LockPtr m) {
+  return part::Chain(*this, "releasing the lock", [this, m](Then then, OnFailure fail) {
+    return Release(m, std::move(then), std::move(fail));
+  });
 }
 
 absl::Status StoreSteps::ExplainQuorumError(absl::Status st, int code) const {
@@ -305,51 +686,6 @@ absl::Status StoreSteps::Reworded(const absl::Status& st, absl::StatusCode code,
   return out;
 }
 
-Step StoreSteps::DeleteState(const std::string& id, Then then, OnFailure fail) {
-  if (absl::Status lease = LeaseCheck(id); !lease.ok()) return fail(lease);
-  if (st().cluster().enabled()) {
-    return QuorumWrite(UnderLease(st().DeleteState(id), id), "deleting state",
-                       in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5, then,
-                       [then, fail](absl::Status st) -> Step {
-                         if (st.code() == absl::StatusCode::kNotFound) return then();  // no table: nothing to delete
-                         return fail(std::move(st));
-                       });
-  }
-  return Sql(
-      UnderLease(st().DeleteState(id), id), "deleting state",
-      [this, then, fail](const std::string&) -> Step {
-        if (st().dialect() == Dialect::kModern) return then();
-        return AwaitMutations(in_->now_ms + s_->options_.mutation_timeout_ms, 5, then, fail);
-      },
-      [then, fail](absl::Status st) -> Step {
-        if (st.code() == absl::StatusCode::kNotFound) return then();  // no table: nothing to delete
-        return fail(std::move(st));
-      });
-}
-
-// 18.x: ALTER ... DELETE returns before rows are gone; poll until done.
-Step StoreSteps::AwaitMutations(int64_t deadline_ms, int64_t wait_ms, Then then, OnFailure fail) {
-  return Query(
-      st().PendingMutations(), "waiting for the delete to finish", 2,
-      [this, deadline_ms, wait_ms, then, fail](const Rows& rows) -> Step {
-        int64_t pending = 0;
-        if (rows.empty() || !rows[0][0] || !absl::SimpleAtoi(*rows[0][0], &pending)) {
-          return fail(absl::DataLossError("unexpected answer counting pending mutations"));
-        }
-        if (pending == 0) return then();
-        if (in_->now_ms >= deadline_ms) {
-          return fail(absl::DeadlineExceededError(
-              absl::StrCat("the delete was accepted but its mutation is still running after ",
-                           s_->options_.mutation_timeout_ms / 1000,
-                           " s; check system.mutations on the server (it will finish there)")));
-        }
-        return Step::Wait(wait_ms, [this, deadline_ms, wait_ms, then, fail] {
-          return AwaitMutations(deadline_ms, std::min<int64_t>(wait_ms * 2, 200), then, fail);
-        });
-      },
-      fail);
-}
-
 // The lock a write to `id` acts under: the one this task took
 // (WithLock), or one this store holds on `id`; null when none.
 const LockMachine* StoreSteps::LockOf(const std::string& id) const {
@@ -398,25 +734,6 @@ absl::Status StoreSteps::LeaseCheck(const std::string& id) const {
 
 Step StoreSteps::Terminal(absl::StatusOr<Result> outcome) {
   return outcome.ok() ? Step::Done(*std::move(outcome)) : Step::Fail(outcome.status());
-}
-
-Step StoreSteps::WithLock(const std::string& id, std::function<Step(Finish)> body, Finish after) {
-  return Acquire(
-      id,
-      [this, body, after](LockPtr m) -> Step {
-        current_lock_ = m;
-        Finish finish = [this, m, after](absl::StatusOr<Result> outcome) -> Step {
-          current_lock_ = nullptr;
-          return Release(
-              m, [outcome, after]() -> Step { return after(outcome); },
-              [outcome, after](absl::Status release_error) -> Step {
-                // The body's own error matters more than a failed release.
-                return after(outcome.ok() ? absl::StatusOr<Result>(release_error) : outcome);
-              });
-        };
-        return body(finish);
-      },
-      [after](absl::Status st) { return after(std::move(st)); });
 }
 
 Result StoreSteps::Base() const {

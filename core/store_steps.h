@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/lock_machine.h"
+#include "core/op.h"
 #include "core/response.h"
 #include "core/store.h"
 #include "core/task.h"
@@ -47,62 +48,52 @@ class StoreSteps {
   using LockOutcome = std::function<Step(const LockAction&)>;
   using Finish = std::function<Step(absl::StatusOr<Result>)>;
 
-  // ---- store_steps.cc: running SQL and wording its failures, the schema,
-  // one state, quorum writes, mutations, acting under a lease ----
+  // What one task knows of its store (the parts read and write these).
+  const StoreOptions& options() const { return s_->options_; }
+  std::optional<Statements>& statements_slot() { return s_->statements_; }
+  void set_server_version(std::string v) { s_->server_version_ = std::move(v); }
+  const std::string& lease_id() const { return lease_id_; }
+  void set_current_lock(LockPtr m) { current_lock_ = std::move(m); }
 
-  // Runs `req`; on success continues with the body, on failure with `fail`.
-  // A request acting under a lock (UnderLease) whose failure would have
-  // been sent again, once the lease ran out: kAborted, naming the failure.
+  // ---- store_steps.cc: answers, and the parts every operation uses ----
+
+  // The body of the answer to `r` (a Reply::kAnswer), or its failure
+  // worded for `what`: a request acting under a lock (UnderLease) whose
+  // failure would have been sent again, once the lease ran out, is kAborted
+  // naming the failure; cluster trouble is explained (ExplainCluster).
+  absl::StatusOr<std::string> Answer(const Reply& r, absl::string_view what) const;
+  // Like Answer, decoding `columns`-wide TabSeparated rows.
+  absl::StatusOr<Rows> AnswerRows(const Reply& r, absl::string_view what, size_t columns) const;
+
+  // The parts still built as continuation chains (the lock's), as parts.
+  std::unique_ptr<Op> AcquirePart(const std::string& id, LockPtr* out);
+  std::unique_ptr<Op> ReleasePart(LockPtr m);
+  std::unique_ptr<Op> RenewForWaitPart(const std::string& id);
+  std::unique_ptr<Op> HistoryUpkeepPart(const std::string& id);
+
+  // ---- the continuation API over the parts (namespace part below), for
+  // the chains that are not parts yet ----
+
+  // Runs `req`; on success continues with the body, on failure with `fail`
+  // (worded as Answer does).
   Step Sql(SqlRequest req, std::string what, std::function<Step(const std::string& body)> then,
            OnFailure fail);
-
   // Like Sql, decoding `columns`-wide TabSeparated rows.
   Step Query(SqlRequest req, std::string what, size_t columns, std::function<Step(const Rows& rows)> then,
              OnFailure fail);
-
-  // Asks the server's version once per store and picks the dialect.
+  // Runs `part`; `then` when it succeeded, `fail` with its error.
+  Step Run(std::unique_ptr<Op> part, Then then, OnFailure fail);
   Step Connected(Then then, OnFailure fail, bool force = false);
-
-  // Cluster mode: a state table made earlier without cluster mode is a plain
-  // table on one server; writing to it would silently skip replication.
-  Step CheckReplicated(Then then, OnFailure fail);
-
-  // CREATE ... IF NOT EXISTS. Cluster mode: code 159 (a host did not run the
-  // ON CLUSTER DDL in time: it is down) means the live hosts ran it and the
-  // others will when they are back, so the schema is there for the quorum.
-  Step Ddl(SqlRequest req, std::string what, Then then, OnFailure fail);
-
-  // The schema, each statement through Ddl in turn: the database, the
-  // state, lock (and in cluster mode claims) tables, and with history on the
-  // history table and the view that feeds it.
   Step EnsureSchema(Then then, OnFailure fail);
-  // Runs ddl[next..] in order, then `then`.
-  Step DdlInOrder(std::shared_ptr<const std::vector<std::pair<SqlRequest, std::string>>> ddl, size_t next,
-                  Then then, OnFailure fail);
-
-  // Reads one state; a missing table or database reads as "absent".
   Step ReadState(const std::string& id, std::function<Step(std::optional<MeltanoState>)> then, OnFailure fail);
-
-  absl::StatusOr<std::string> Token();
-
-  // Writes a whole state row, creating the schema once if it is missing.
-  Step WriteState(const MeltanoState& state, Then then, OnFailure fail, bool schema_made = false);
-
-  // Cluster mode: a write that must reach the quorum. Code 286 (another
-  // quorum write to the table is in flight, or the previous one has not
-  // reached its quorum yet) wrote nothing, so it is retried until the
-  // deadline. Code 319 is explained: the row is on one replica and will
-  // appear everywhere once another replica has it; writing again is safe.
+  Step WriteState(const MeltanoState& state, Then then, OnFailure fail);
   Step QuorumWrite(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, Then then,
                    OnFailure fail);
+  Step DeleteState(const std::string& id, Then then, OnFailure fail);
 
-  // QuorumWrite's resend of `req` after `wait_ms` plus `jitter`.
-  Step QuorumResend(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, int64_t jitter, Then then,
-                    OnFailure fail);
-  // QuorumWrite's resend when waiting `wait_ms` would outlast the lease of
-  // the lock it writes under (lease_id_): the lock is renewed first.
-  Step QuorumWaitPastLease(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, const char* cause,
-                           Then then, OnFailure fail);
+  // A token naming one write (insert deduplication), from the fresh random
+  // bytes: kInvalidArgument when the host gave fewer than 16.
+  absl::StatusOr<std::string> Token();
 
   absl::Status ExplainQuorumError(absl::Status st, int code) const;
 
@@ -112,11 +103,6 @@ class StoreSteps {
 
   // A new message for `st`, keeping its payloads (the ClickHouse code).
   static absl::Status Reworded(const absl::Status& st, absl::StatusCode code, absl::string_view message);
-
-  Step DeleteState(const std::string& id, Then then, OnFailure fail);
-
-  // 18.x: ALTER ... DELETE returns before rows are gone; poll until done.
-  Step AwaitMutations(int64_t deadline_ms, int64_t wait_ms, Then then, OnFailure fail);
 
   // The lock a write to `id` acts under: the one this task took
   // (WithLock), or one this store holds on `id`; null when none.
@@ -281,6 +267,40 @@ class StoreSteps {
   std::vector<std::string> last_dead_;  // cluster mode: the prunable claims the last read found
   std::vector<std::shared_ptr<void>> keep_;
 };
+
+// A part of a store operation (core/op.h): it runs with its task's StoreSteps.
+class StorePart : public Op {
+ protected:
+  explicit StorePart(StoreSteps& s) : s_(s) {}
+  StoreSteps& s_;
+};
+
+// The parts every operation is built from (store_steps.cc).
+namespace part {
+// Asks the server's version (once per store unless `force`) and picks the
+// dialect; in cluster mode checks that the state table is replicated.
+std::unique_ptr<Op> Connect(StoreSteps& s, bool force = false);
+// The schema, each CREATE ... IF NOT EXISTS in turn (cluster mode: code 159
+// counts as done).
+std::unique_ptr<Op> EnsureSchema(StoreSteps& s);
+// Reads one state into *out (nullopt when absent or the table is missing).
+std::unique_ptr<Op> ReadState(StoreSteps& s, std::string id, std::optional<MeltanoState>* out);
+// Writes a whole state row under the id's lock if held, making the schema
+// once if missing, then keeps its history in bounds.
+std::unique_ptr<Op> WriteState(StoreSteps& s, MeltanoState state);
+// A write that must reach the quorum in cluster mode (286/252 waited out
+// until `deadline_ms`); one send otherwise.
+std::unique_ptr<Op> QuorumWrite(StoreSteps& s, SqlRequest req, std::string what, int64_t deadline_ms,
+                                int64_t wait_ms);
+// Removes one state under its lock if held (18.x: waits for the mutation).
+std::unique_ptr<Op> DeleteState(StoreSteps& s, std::string id);
+// Runs `body` under the lock for `id`, taken for it and released on every
+// exit path; ends with the body's result.
+std::unique_ptr<Op> Locked(StoreSteps& s, std::string id, std::unique_ptr<Op> body);
+// A continuation chain as a part (until the lock's steps are parts).
+std::unique_ptr<Op> Chain(StoreSteps& s, std::string where,
+                          std::function<Step(StoreSteps::Then, StoreSteps::OnFailure)> chain);
+}  // namespace part
 
 // A task whose body gets a StoreSteps bound to the task's inputs.
 std::unique_ptr<Task> MakeTask(Store* store, std::function<Step(StoreSteps&)> body);

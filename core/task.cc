@@ -14,32 +14,143 @@ namespace chstate {
 
 Step Step::Run(SqlRequest request, ResponseHandler then) {
   Step s;
-  s.kind = Action::Kind::kRunSql;
+  s.kind = Kind::kRunSql;
   s.request = std::move(request);
   s.on_response = std::move(then);
   return s;
 }
 
-Step Step::Wait(int64_t ms, TimerHandler then) {
+Step Step::Wait(int64_t ms, TimerHandler then, TimerKind timer) {
   Step s;
-  s.kind = Action::Kind::kWait;
+  s.kind = Kind::kWait;
   s.wait_ms = ms < 0 ? 0 : ms;
+  s.timer = timer;
   s.on_timer = std::move(then);
   return s;
 }
 
 Step Step::Done(Result result) {
   Step s;
-  s.kind = Action::Kind::kDone;
+  s.kind = Kind::kDone;
   s.result = std::move(result);
   return s;
 }
 
 Step Step::Fail(absl::Status status) {
   Step s;
-  s.kind = Action::Kind::kFailed;
+  s.kind = Kind::kFailed;
   s.status = std::move(status);
   return s;
+}
+
+Step Step::Call(std::unique_ptr<Op> part, PartHandler then) {
+  Step s;
+  s.kind = Kind::kCall;
+  s.part = std::move(part);
+  s.on_part = std::move(then);
+  return s;
+}
+
+Next Next::Send(SqlRequest request) {
+  Next n;
+  n.kind = Kind::kSend;
+  n.request = std::move(request);
+  return n;
+}
+
+Next Next::Wait(TimerKind timer, int64_t ms) {
+  Next n;
+  n.kind = Kind::kWait;
+  n.timer = timer;
+  n.wait_ms = ms < 0 ? 0 : ms;
+  return n;
+}
+
+Next Next::Call(std::unique_ptr<Op> part) {
+  Next n;
+  n.kind = Kind::kCall;
+  n.part = std::move(part);
+  return n;
+}
+
+Next Next::Try(std::unique_ptr<Op> part) {
+  Next n;
+  n.kind = Kind::kTry;
+  n.part = std::move(part);
+  return n;
+}
+
+Next Next::Done() {
+  Next n;
+  n.kind = Kind::kDone;
+  return n;
+}
+
+Next Next::Done(Result result) {
+  Next n;
+  n.kind = Kind::kDone;
+  n.result = std::make_shared<Result>(std::move(result));
+  return n;
+}
+
+Next Next::Fail(absl::Status status) {
+  Next n;
+  n.kind = Kind::kFail;
+  n.status = std::move(status);
+  return n;
+}
+
+namespace {
+
+// A shared_ptr's op as a part the task owns (the chain keeps no other use).
+class SharedPart final : public Op {
+ public:
+  explicit SharedPart(std::shared_ptr<Op> op) : op_(std::move(op)) {}
+  Next Resume(const Reply& reply) override { return op_->Resume(reply); }
+  std::string Where() const override { return op_->Where(); }
+
+ private:
+  std::shared_ptr<Op> op_;
+};
+
+}  // namespace
+
+Next StepOp::Resume(const Reply& reply) {
+  Step step;
+  switch (reply.kind) {
+    case Reply::Kind::kStart:
+      step = body_();
+      break;
+    case Reply::Kind::kAnswer: {
+      ResponseHandler handler = std::move(pending_.on_response);
+      step = handler(*reply.answer);
+      break;
+    }
+    case Reply::Kind::kTimer: {
+      TimerHandler handler = std::move(pending_.on_timer);
+      step = handler();
+      break;
+    }
+    case Reply::Kind::kPart: {
+      PartHandler handler = std::move(pending_.on_part);
+      step = handler(reply.status, reply.result);
+      break;
+    }
+  }
+  pending_ = std::move(step);
+  switch (pending_.kind) {
+    case Step::Kind::kRunSql:
+      return Next::Send(pending_.request);
+    case Step::Kind::kWait:
+      return Next::Wait(pending_.timer, pending_.wait_ms);
+    case Step::Kind::kDone:
+      return Next::Done(std::move(pending_.result));
+    case Step::Kind::kFailed:
+      return Next::Fail(pending_.status);
+    case Step::Kind::kCall:
+      return Next::Try(std::make_unique<SharedPart>(std::move(pending_.part)));
+  }
+  return Next::Fail(absl::InternalError("a step of unknown kind"));
 }
 
 bool MayResend(const SqlRequest& request, const SqlResponse& response) {
@@ -67,8 +178,10 @@ bool ReplicaLevelError(const SqlRequest& request, const SqlResponse& response) {
   }
 }
 
-Task::Task(std::function<Body(const Inputs*)> make_body, TransportPolicy policy) : policy_(policy) {
-  body_ = make_body(&inputs_);
+Task::Task(const std::function<Root(const Inputs*)>& make_root, TransportPolicy policy) : policy_(policy) {
+  Root root = make_root(&inputs_);
+  context_ = std::move(root.context);
+  stack_.push_back(Frame{std::move(root.op), false});
 }
 
 bool Task::ChooseHost() {
@@ -76,7 +189,7 @@ bool Task::ChooseHost() {
   std::optional<size_t> i = policy_.endpoints->Pick(inputs_.now_ms, tried_);
   if (!i) return false;
   tried_.push_back(*i);
-  pending_.request.endpoint = policy_.endpoints->at(*i);
+  pending_.endpoint = policy_.endpoints->at(*i);
   return true;
 }
 
@@ -84,50 +197,75 @@ Action Task::SendPending() {
   phase_ = Phase::kSql;
   Action a;
   a.kind = Action::Kind::kRunSql;
-  a.request = pending_.request;
+  a.request = pending_;
   return a;
 }
 
-Action Task::Take(Step step) {
-  pending_ = std::move(step);
-  Action a;
-  a.kind = pending_.kind;
-  switch (pending_.kind) {
-    case Action::Kind::kRunSql:
-      pending_.request.attempt = 1;
-      pending_.request.timeout_ms = policy_.request_timeout_ms;
-      tried_.clear();
-      failures_.clear();
-      if (PastSendBefore(pending_.request, inputs_.now_ms)) {
-        // The lease of the lock it acts under ran out before it left: it
-        // never goes, and its step hears so.
-        SqlResponse never;
-        never.transport_ok = false;
-        never.transport_error =
-            absl::StrCat("not sent: the lease of the lock it acts under ran out ",
-                         inputs_.now_ms - pending_.request.send_before_ms, " ms before it was to go");
-        return Deliver(never);
+Action Task::Advance(Next next) {
+  for (;;) {
+    switch (next.kind) {
+      case Next::Kind::kCall:
+      case Next::Kind::kTry:
+        stack_.push_back(Frame{std::move(next.part), next.kind == Next::Kind::kTry});
+        next = stack_.back().op->Resume(Reply{});
+        continue;
+      case Next::Kind::kDone:
+      case Next::Kind::kFail: {
+        const bool ok = next.kind == Next::Kind::kDone;
+        if (stack_.size() <= 1) {
+          stack_.clear();
+          phase_ = Phase::kFinished;
+          Action a;
+          a.kind = ok ? Action::Kind::kDone : Action::Kind::kFailed;
+          if (ok && next.result) a.result = std::move(*next.result);
+          if (!ok) a.status = std::move(next.status);
+          return a;
+        }
+        const bool tried = stack_.back().tried;
+        stack_.pop_back();
+        // A part called (not tried) that failed fails its caller too.
+        if (!ok && !tried) continue;
+        Reply r;
+        r.kind = Reply::Kind::kPart;
+        if (!ok) r.status = std::move(next.status);
+        r.result = std::move(next.result);
+        next = stack_.back().op->Resume(r);
+        continue;
       }
-      ChooseHost();
-      return SendPending();
-    case Action::Kind::kWait:
-      phase_ = Phase::kTimer;
-      a.wait_ms = pending_.wait_ms;
-      break;
-    case Action::Kind::kDone:
-      phase_ = Phase::kFinished;
-      a.result = std::move(pending_.result);
-      break;
-    case Action::Kind::kFailed:
-      phase_ = Phase::kFinished;
-      a.status = pending_.status;
-      break;
+      case Next::Kind::kSend:
+        pending_ = std::move(next.request);
+        pending_.attempt = 1;
+        pending_.timeout_ms = policy_.request_timeout_ms;
+        tried_.clear();
+        failures_.clear();
+        if (PastSendBefore(pending_, inputs_.now_ms)) {
+          // The lease of the lock it acts under ran out before it left: it
+          // never goes, and its op hears so.
+          SqlResponse never;
+          never.transport_ok = false;
+          never.transport_error =
+              absl::StrCat("not sent: the lease of the lock it acts under ran out ",
+                           inputs_.now_ms - pending_.send_before_ms, " ms before it was to go");
+          return Deliver(never);
+        }
+        ChooseHost();
+        return SendPending();
+      case Next::Kind::kWait: {
+        phase_ = Phase::kTimer;
+        waiting_for_ = next.timer;
+        wait_ms_ = next.wait_ms;
+        Action a;
+        a.kind = Action::Kind::kWait;
+        a.wait_ms = next.wait_ms;
+        return a;
+      }
+    }
   }
-  return a;
 }
 
 Action Task::Misuse(const char* what) {
   phase_ = Phase::kFinished;
+  stack_.clear();
   Action a;
   a.kind = Action::Kind::kFailed;
   a.status = absl::FailedPreconditionError(absl::StrCat("task misuse: ", what));
@@ -137,19 +275,19 @@ Action Task::Misuse(const char* what) {
 Action Task::Start(const Inputs& in) {
   if (phase_ != Phase::kNew) return Misuse("Start called twice");
   inputs_ = in;
-  return Take(body_());
+  return Advance(stack_.back().op->Resume(Reply{}));
 }
 
 Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
   if (phase_ != Phase::kSql) return Misuse("OnResponse called when the task was not waiting for SQL");
   inputs_ = in;
-  const bool resendable = MayResend(pending_.request, response);
+  const bool resendable = MayResend(pending_, response);
   // A request acting under a lock goes again (anywhere) only within its
   // lease: past it another process may hold the lock and have written.
-  const bool in_lease = !PastSendBefore(pending_.request, in.now_ms);
+  const bool in_lease = !PastSendBefore(pending_, in.now_ms);
   if (policy_.endpoints && !tried_.empty()) {
     const size_t host = tried_.back();
-    const bool replica_error = ReplicaLevelError(pending_.request, response);
+    const bool replica_error = ReplicaLevelError(pending_, response);
     // A write whose quorum was not confirmed there (319) may hold up that
     // replica's next writes too: the next requests go elsewhere.
     const bool unconfirmed = ResponseCode(response) == ch::kUnknownStatusOfInsert;
@@ -169,13 +307,14 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
   // moments: with no other host left, a read asks it again after the
   // back-off, for up to twice the attempts.
   const bool replica_retry = !resendable && ResponseCode(response) == ch::kReplicaIsNotInQuorum &&
-                             pending_.request.idempotent && pending_.request.attempt < 2 * policy_.attempts;
-  if ((resendable && pending_.request.attempt < policy_.attempts) || replica_retry) {
+                             pending_.idempotent && pending_.attempt < 2 * policy_.attempts;
+  if ((resendable && pending_.attempt < policy_.attempts) || replica_retry) {
     const int64_t wait_ms =
-        std::min<int64_t>(policy_.backoff_ms << (pending_.request.attempt - 1), 8 * policy_.backoff_ms);
-    if (!PastSendBefore(pending_.request, in.now_ms + wait_ms)) {
+        std::min<int64_t>(policy_.backoff_ms << (pending_.attempt - 1), 8 * policy_.backoff_ms);
+    if (!PastSendBefore(pending_, in.now_ms + wait_ms)) {
       phase_ = Phase::kResend;
       last_failure_ = response;
+      wait_ms_ = wait_ms;
       Action a;
       a.kind = Action::Kind::kWait;
       a.wait_ms = wait_ms;
@@ -186,22 +325,26 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
 }
 
 Action Task::Deliver(const SqlResponse& response) {
-  ResponseHandler handler = std::move(pending_.on_response);
+  Reply r;
+  r.kind = Reply::Kind::kAnswer;
+  r.sent = &pending_;
   if (policy_.endpoints && !response.transport_ok && failures_.size() > 1) {
     // Every host was tried: say what each one did.
     SqlResponse all = response;
     all.transport_error = absl::StrCat("no host answered (", absl::StrJoin(failures_, "; "), ")");
-    return Take(handler(all));
+    r.answer = &all;
+    return Advance(stack_.back().op->Resume(r));
   }
-  return Take(handler(response));
+  r.answer = &response;
+  return Advance(stack_.back().op->Resume(r));
 }
 
 Action Task::OnTimer(const Inputs& in) {
   if (phase_ == Phase::kResend) {
     inputs_ = in;
-    // A timer that fired late: past the lease the step gets the last answer.
-    if (PastSendBefore(pending_.request, in.now_ms)) return Deliver(last_failure_);
-    ++pending_.request.attempt;
+    // A timer that fired late: past the lease the op gets the last answer.
+    if (PastSendBefore(pending_, in.now_ms)) return Deliver(last_failure_);
+    ++pending_.attempt;
     // A new round: every host may be tried again.
     tried_.clear();
     failures_.clear();
@@ -210,8 +353,25 @@ Action Task::OnTimer(const Inputs& in) {
   }
   if (phase_ != Phase::kTimer) return Misuse("OnTimer called when the task was not waiting for a timer");
   inputs_ = in;
-  TimerHandler handler = std::move(pending_.on_timer);
-  return Take(handler());
+  Reply r;
+  r.kind = Reply::Kind::kTimer;
+  return Advance(stack_.back().op->Resume(r));
+}
+
+std::string Task::Where() const {
+  std::vector<std::string> parts;
+  for (const Frame& f : stack_) parts.push_back(f.op->Where());
+  std::string out = absl::StrJoin(parts, " > ");
+  switch (phase_) {
+    case Phase::kNew: absl::StrAppend(&out, " (not started)"); break;
+    case Phase::kSql: absl::StrAppend(&out, " (", pending_.purpose, " sent, attempt ", pending_.attempt, ")"); break;
+    case Phase::kTimer: absl::StrAppend(&out, " (waiting ", wait_ms_, " ms: ", TimerKindName(waiting_for_), ")"); break;
+    case Phase::kResend:
+      absl::StrAppend(&out, " (", pending_.purpose, " failed; sent again in ", wait_ms_, " ms)");
+      break;
+    case Phase::kFinished: out = "finished"; break;
+  }
+  return out;
 }
 
 }  // namespace chstate

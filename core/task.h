@@ -45,8 +45,10 @@
 #include "core/defaults.h"
 #include "core/dialect.h"
 #include "core/endpoints.h"
+#include "core/op.h"
 #include "core/sql_request.h"
 #include "core/state.h"
+#include "core/timers.h"
 
 namespace chstate {
 
@@ -136,67 +138,109 @@ struct Action {
   absl::Status status; // kFailed
 };
 
-// Internal continuation: the step a task takes next. Public only so that
-// the store (core/store*.cc) can build tasks; hosts use Task.
+// Legacy continuation chains (core/store*.cc), being replaced by explicit
+// operations (core/op.h); a chain runs inside a task as one op (StepOp) and
+// may call an op as a part (Step::Call). Public only so that the store can
+// build tasks; hosts use Task.
 struct Step;
 using ResponseHandler = std::function<Step(const SqlResponse&)>;
 using TimerHandler = std::function<Step()>;
+using PartHandler = std::function<Step(absl::Status, std::shared_ptr<Result>)>;
 struct Step {
-  Action::Kind kind = Action::Kind::kFailed;
+  enum class Kind { kRunSql, kWait, kDone, kFailed, kCall };
+  Kind kind = Kind::kFailed;
   SqlRequest request;
   ResponseHandler on_response;
   int64_t wait_ms = 0;
+  TimerKind timer = TimerKind::kOpWait;
   TimerHandler on_timer;
+  std::shared_ptr<Op> part;
+  PartHandler on_part;
   Result result;
   absl::Status status;
 
   static Step Run(SqlRequest request, ResponseHandler then);
-  static Step Wait(int64_t ms, TimerHandler then);
+  static Step Wait(int64_t ms, TimerHandler then, TimerKind timer = TimerKind::kOpWait);
   static Step Done(Result result);
   static Step Fail(absl::Status status);
+  // Runs `part`, then `then` with how it ended.
+  static Step Call(std::unique_ptr<Op> part, PartHandler then);
 };
 
+// A continuation chain as an op: `body` builds its first step when it starts.
+class StepOp final : public Op {
+ public:
+  explicit StepOp(std::function<Step()> body, std::string where = "steps")
+      : body_(std::move(body)), where_(std::move(where)) {}
+  Next Resume(const Reply& reply) override;
+  std::string Where() const override { return where_; }
+
+ private:
+  std::function<Step()> body_;
+  Step pending_;
+  std::string where_;
+};
+
+// Runs one operation: the stack of its parts (core/op.h), and the transport
+// policy for every request they send.
 class Task {
  public:
-  // `body` runs on Start and builds the first step. `inputs` points at the
-  // latest Inputs the host gave, for steps that need the time or randomness.
-  using Body = std::function<Step()>;
-  explicit Task(std::function<Body(const Inputs*)> make_body, TransportPolicy policy = {});
+  // What a task runs: its root op, and whatever the root's parts refer to
+  // (kept alive as long as the task).
+  struct Root {
+    std::shared_ptr<void> context;
+    std::unique_ptr<Op> op;
+  };
+  // `make_root` runs on construction; `inputs` points at the latest Inputs
+  // the host gave, for ops that need the time or randomness.
+  explicit Task(const std::function<Root(const Inputs*)>& make_root, TransportPolicy policy = {});
 
   Action Start(const Inputs& in);
   Action OnResponse(const SqlResponse& response, const Inputs& in);
   Action OnTimer(const Inputs& in);
   bool finished() const { return phase_ == Phase::kFinished; }
+  // Where the task is: its stack of parts, outermost first, and what it
+  // waits for ("update \"dev:a\" > writing state (sent, attempt 2)").
+  std::string Where() const;
 
  private:
   // Where the task is. Each input is accepted in exactly one phase:
-  //   kNew      --Start-------> (the body's first step)
-  //   kSql      --OnResponse--> kResend (a failure MayResend allows) | (the handler's next step)
-  //   kTimer    --OnTimer-----> (the handler's next step)
+  //   kNew      --Start-------> (the root's first need)
+  //   kSql      --OnResponse--> kResend (a failure MayResend allows) | (the op's next need)
+  //   kTimer    --OnTimer-----> (the op's next need)
   //   kResend   --OnTimer-----> kSql (the same request, attempt + 1)
-  //   (a step)  = kSql | kTimer | kFinished (done or failed)
+  //   (a need)  = kSql | kTimer | kFinished (done or failed)
   enum class Phase { kNew, kSql, kTimer, kResend, kFinished };
 
-  Action Take(Step step);
+  // Runs parts until one needs the host (a request, a wait) or the root ends.
+  Action Advance(Next next);
   Action Misuse(const char* what);
   Action SendPending();
-  // Hands `response` to the pending step (after every host of a round
-  // failed, with what each one did).
+  // Hands `response` to the op that sent the request (after every host of
+  // a round failed, with what each one did).
   Action Deliver(const SqlResponse& response);
   // With several hosts: points the pending request at the next host of this
   // round (false when every host was tried).
   bool ChooseHost();
 
+  struct Frame {
+    std::unique_ptr<Op> op;
+    bool tried = false;  // its parent hears about its failure (Next::Try)
+  };
+  std::vector<Frame> stack_;
+  std::shared_ptr<void> context_;
+
   // This round's hosts, in the order tried, and what each answered.
   std::vector<size_t> tried_;
   std::vector<std::string> failures_;
-  // The failure a resend waits out, for its step should the resend not go.
+  // The failure a resend waits out, for its op should the resend not go.
   SqlResponse last_failure_;
 
   TransportPolicy policy_;
   Inputs inputs_;
-  Body body_;
-  Step pending_;
+  SqlRequest pending_;   // kSql, kResend: the request in flight
+  TimerKind waiting_for_ = TimerKind::kOpWait;  // kTimer
+  int64_t wait_ms_ = 0;  // kTimer, kResend
   Phase phase_ = Phase::kNew;
 };
 

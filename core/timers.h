@@ -1,0 +1,94 @@
+// Every deadline the core keeps, in one table keyed by (kind, id), in the
+// shape of quinn-proto's TimerTable: a store's tasks, its held locks, its
+// lock machines and its hosts' down marks all set and read their deadlines
+// here, so that what a store waits for is one list a reader (and
+// Store::Where) can print, PollTimeout is its earliest entry, and
+// HandleTimeout walks it.
+//
+//   TimerTable t;
+//   t.Set(TimerKind::kRenewal, "dev:a", now_ms + 3000);
+//   if (std::optional<int64_t> at = t.Earliest(kIdleTimers)) sleep_until(*at);
+//   for (const TimerTable::Key& k : t.Due(now_ms, kIdleTimers)) { ... }
+//
+// Times are on the host's monotonic clock in milliseconds, as every Inputs.
+#ifndef CHSTATE_CORE_TIMERS_H_
+#define CHSTATE_CORE_TIMERS_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace chstate {
+
+enum class TimerKind {
+  // An operation's own waits (the task that runs it is woken).
+  kResend,        // a request sent again after a transport failure (the task's back-off)
+  kLockRetry,     // an acquisition's wait before its next attempt
+  kQuorumBusy,    // a quorum write (or a claim) sent again after code 286 or 252
+  kMutationPoll,  // 18.x: a delete's mutation looked at again
+  kPythonSettle,  // python_locks: the settle wait before looking at the Python backend's rows again
+  kOpWait,        // any other wait of an operation
+  // Deadlines an operation compares the time with (nothing is woken).
+  kLockDeadline,  // an acquisition gives up (the lock timeout)
+  kQuorumBusyEnd, // code 286 is waited out until then (quorum_busy_ms)
+  kLease,         // a held lock's lease ends: nothing is sent under it from then on
+  // The store's idle timers (the connection wakes for them while no task runs).
+  kRenewal,       // a held lock's next renewal
+  kLinger,        // a lingering lock is released for real when idle until then
+  kWaiterLook,    // a lingering lock's next look for processes waiting for it
+  // Marks the store reads (nothing is woken).
+  kYield,         // this store stays away from the id until then (it yielded its lock)
+  kHostDown,      // the host is skipped until then
+};
+
+const char* TimerKindName(TimerKind kind);
+
+// A set of kinds, for Earliest and Due.
+class TimerKinds {
+ public:
+  constexpr TimerKinds() = default;
+  template <typename... K>
+  constexpr explicit TimerKinds(K... kinds) : bits_(((1u << static_cast<unsigned>(kinds)) | ... | 0u)) {}
+  constexpr bool Has(TimerKind k) const { return (bits_ >> static_cast<unsigned>(k)) & 1u; }
+
+ private:
+  unsigned bits_ = 0;
+};
+
+// The kinds a running task is woken for.
+inline constexpr TimerKinds kTaskTimers{TimerKind::kResend, TimerKind::kLockRetry, TimerKind::kQuorumBusy,
+                                        TimerKind::kMutationPoll, TimerKind::kPythonSettle, TimerKind::kOpWait};
+// The kinds an idle store is woken for (Store::Tick).
+inline constexpr TimerKinds kIdleTimers{TimerKind::kRenewal, TimerKind::kLinger, TimerKind::kWaiterLook};
+
+class TimerTable {
+ public:
+  using Key = std::pair<TimerKind, std::string>;
+
+  // Sets (or moves) the deadline of (kind, id).
+  void Set(TimerKind kind, const std::string& id, int64_t at_ms) { timers_[Key(kind, id)] = at_ms; }
+  void Clear(TimerKind kind, const std::string& id) { timers_.erase(Key(kind, id)); }
+  // Clears every timer of `id` (a lock forgotten, a task ended).
+  void ClearId(const std::string& id);
+  std::optional<int64_t> At(TimerKind kind, const std::string& id) const;
+  // True when (kind, id) is set and its time has come at `now_ms`.
+  bool Expired(TimerKind kind, const std::string& id, int64_t now_ms) const;
+  // The earliest deadline among `kinds`.
+  std::optional<int64_t> Earliest(TimerKinds kinds) const;
+  // The entries of `kinds` whose time has come at `now_ms`, earliest first
+  // (ties in key order).
+  std::vector<Key> Due(int64_t now_ms, TimerKinds kinds) const;
+  // Every entry, as "kind id @at" lines (for Where and tests).
+  std::string Describe() const;
+  bool empty() const { return timers_.empty(); }
+
+ private:
+  std::map<Key, int64_t> timers_;
+};
+
+}  // namespace chstate
+
+#endif  // CHSTATE_CORE_TIMERS_H_
