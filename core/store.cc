@@ -1,6 +1,6 @@
 // Store: its creation and the operations on one state (get, set, update,
-// merge, delete, copy, move). Each operation is a task built from the
-// steps in store_steps.h; nothing here blocks.
+// merge, delete, copy, move). Each operation is an Op (core/op.h) built
+// from the parts in store_steps.h; nothing here blocks.
 #include "core/store.h"
 
 #include <utility>
@@ -60,182 +60,308 @@ std::optional<Dialect> Store::dialect() const {
   return std::nullopt;
 }
 
-std::unique_ptr<Task> Store::Get(std::string state_id) {
-  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [state_id](StoreSteps& s) {
-    return s.Connected(
-        [&s, state_id] {
-          return s.RenewIfDue(
-              state_id,
-              [&s, state_id] {
-                return s.ReadState(
-                    state_id,
-                    [&s](std::optional<MeltanoState> state) {
-                      Result r = s.Base();
-                      r.state = std::move(state);
-                      return Step::Done(std::move(r));
-                    },
-                    StoreSteps::Failed);
-              },
-              StoreSteps::Failed);
-        },
-        StoreSteps::Failed);
-  });
-}
-
 namespace {
 
 // Under the id's lock: the one this store holds (the caller's lock scope),
 // renewed when due and lease-checked at the write, or one taken for `body`
-// alone. Which it is, is looked at when the task starts (tasks queue).
-Step UnderIdLock(StoreSteps& s, const std::string& id, std::function<Step(StoreSteps::Finish)> body) {
-  if (s.HoldsLock(id)) {
-    return s.RenewIfDue(id, [body] { return body(StoreSteps::Terminal); }, StoreSteps::Failed);
+// alone (Locked). Which it is, is looked at when the part starts (tasks
+// queue).
+class UnderIdLockOp final : public StorePart {
+ public:
+  UnderIdLockOp(StoreSteps& s, std::string id, std::unique_ptr<Op> body)
+      : StorePart(s), id_(std::move(id)), body_(std::move(body)) {}
+  std::string Where() const override {
+    return stage_ == Stage::kRenew ? absl::StrCat("renewing the held lock on \"", PrintableId(id_), "\"")
+                                   : "under the id's lock";
   }
-  return s.WithLock(id, std::move(body));
+
+  Next Resume(const Reply&) override {
+    switch (stage_) {
+      case Stage::kStart:
+        if (!s_.HoldsLock(id_)) {
+          stage_ = Stage::kEnd;
+          return Next::Call(part::Locked(s_, id_, std::move(body_)));
+        }
+        stage_ = Stage::kRenew;
+        return Next::Call(s_.RenewIfDuePart(id_));
+      case Stage::kRenew:
+        stage_ = Stage::kEnd;
+        return Next::Call(std::move(body_));
+      case Stage::kEnd:
+        return Next::Done();
+    }
+    return Next::Fail(absl::InternalError("under the id's lock: no such stage"));
+  }
+
+ private:
+  enum class Stage { kStart, kRenew, kEnd };
+  Stage stage_ = Stage::kStart;
+  std::string id_;
+  std::unique_ptr<Op> body_;
+};
+
+// Meltano's update() under a lock the caller holds: reads the id's state,
+// merges `incoming` into it (ApplyUpdate) and writes the result to
+// *written.
+class ReadMergeWriteOp final : public StorePart {
+ public:
+  ReadMergeWriteOp(StoreSteps& s, MeltanoState incoming, MeltanoState* written)
+      : StorePart(s), incoming_(std::move(incoming)), written_(written) {}
+  std::string Where() const override { return "merging"; }
+
+  Next Resume(const Reply&) override {
+    switch (stage_) {
+      case Stage::kRead:
+        stage_ = Stage::kWrite;
+        return Next::Call(part::ReadState(s_, incoming_.state_id, &current_));
+      case Stage::kWrite:
+        *written_ = ApplyUpdate(current_, incoming_);
+        stage_ = Stage::kEnd;
+        return Next::Call(part::WriteState(s_, *written_));
+      case Stage::kEnd:
+        return Next::Done();
+    }
+    return Next::Fail(absl::InternalError("merge: no such stage"));
+  }
+
+ private:
+  enum class Stage { kRead, kWrite, kEnd };
+  Stage stage_ = Stage::kRead;
+  MeltanoState incoming_;
+  MeltanoState* written_;
+  std::optional<MeltanoState> current_;
+};
+
+std::unique_ptr<Op> UnderIdLock(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
+  return std::make_unique<UnderIdLockOp>(s, std::move(id), std::move(body));
 }
 
+// get: the id's state, renewing this store's held lock on it first when due.
+class GetOp final : public StorePart {
+ public:
+  GetOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
+  std::string Where() const override { return absl::StrCat("get \"", PrintableId(id_), "\""); }
+
+  Next Resume(const Reply&) override {
+    switch (stage_) {
+      case Stage::kConnect:
+        stage_ = Stage::kRenew;
+        return Next::Call(part::Connect(s_));
+      case Stage::kRenew:
+        stage_ = Stage::kRead;
+        return Next::Call(s_.RenewIfDuePart(id_));
+      case Stage::kRead:
+        stage_ = Stage::kEnd;
+        return Next::Call(part::ReadState(s_, id_, &state_));
+      case Stage::kEnd: {
+        Result r = s_.Base();
+        r.state = std::move(state_);
+        return Next::Done(std::move(r));
+      }
+    }
+    return Next::Fail(absl::InternalError("get: no such stage"));
+  }
+
+ private:
+  enum class Stage { kConnect, kRenew, kRead, kEnd };
+  Stage stage_ = Stage::kConnect;
+  std::string id_;
+  std::optional<MeltanoState> state_;
+};
+
+// set, update, merge and delete: one change to one id under its lock.
+class ChangeOp final : public StorePart {
+ public:
+  enum class Kind { kSet, kUpdate, kDelete };
+  ChangeOp(StoreSteps& s, Kind kind, MeltanoState state) : StorePart(s), kind_(kind), state_(std::move(state)) {}
+  std::string Where() const override {
+    const char* verb = kind_ == Kind::kSet ? "set" : kind_ == Kind::kUpdate ? "update" : "delete";
+    return absl::StrCat(verb, " \"", PrintableId(state_.state_id), "\"");
+  }
+
+  Next Resume(const Reply&) override {
+    switch (stage_) {
+      case Stage::kConnect:
+        stage_ = Stage::kChange;
+        return Next::Call(part::Connect(s_));
+      case Stage::kChange: {
+        stage_ = Stage::kEnd;
+        std::unique_ptr<Op> change;
+        switch (kind_) {
+          case Kind::kSet: change = part::WriteState(s_, state_); break;
+          case Kind::kUpdate: change = std::make_unique<ReadMergeWriteOp>(s_, state_, &written_); break;
+          case Kind::kDelete: change = part::DeleteState(s_, state_.state_id); break;
+        }
+        return Next::Call(UnderIdLock(s_, state_.state_id, std::move(change)));
+      }
+      case Stage::kEnd: {
+        Result r = s_.Base();
+        if (kind_ == Kind::kSet) r.state = state_;
+        if (kind_ == Kind::kUpdate) r.state = written_;
+        return Next::Done(std::move(r));
+      }
+    }
+    return Next::Fail(absl::InternalError("change: no such stage"));
+  }
+
+ private:
+  enum class Stage { kConnect, kChange, kEnd };
+  Stage stage_ = Stage::kConnect;
+  Kind kind_;
+  MeltanoState state_;
+  MeltanoState written_;
+};
+
+// merge --from-state-id: the merged view of `src`'s state, read without its
+// lock, merged into `dst` as update() does.
+class MergeFromOp final : public StorePart {
+ public:
+  MergeFromOp(StoreSteps& s, std::string src, std::string dst, bool force)
+      : StorePart(s), src_(std::move(src)), dst_(std::move(dst)), force_(force) {}
+  std::string Where() const override {
+    return absl::StrCat("merge \"", PrintableId(src_), "\" into \"", PrintableId(dst_), "\"");
+  }
+
+  Next Resume(const Reply&) override {
+    switch (stage_) {
+      case Stage::kConnect:
+        stage_ = Stage::kRead;
+        return Next::Call(part::Connect(s_));
+      case Stage::kRead:
+        stage_ = Stage::kMerge;
+        return Next::Call(part::ReadState(s_, src_, &source_));
+      case Stage::kMerge: {
+        absl::StatusOr<MeltanoState> incoming = Incoming();
+        if (!incoming.ok()) return Next::Fail(incoming.status());
+        stage_ = Stage::kEnd;
+        return Next::Call(
+            UnderIdLock(s_, dst_, std::make_unique<ReadMergeWriteOp>(s_, *std::move(incoming), &written_)));
+      }
+      case Stage::kEnd: {
+        Result r = s_.Base();
+        r.state = written_;
+        return Next::Done(std::move(r));
+      }
+    }
+    return Next::Fail(absl::InternalError("merge: no such stage"));
+  }
+
+ private:
+  // The source's merged view as dst's incoming partial state; nothing is
+  // written when there is nothing to merge or it is not Meltano's shape.
+  absl::StatusOr<MeltanoState> Incoming() const {
+    if (!source_) {
+      return absl::NotFoundError(absl::StrCat("state id \"", PrintableId(src_), "\" has no state to merge"));
+    }
+    MeltanoState incoming;
+    incoming.state_id = dst_;
+    incoming.partial = source_->Merged();
+    if (incoming.partial.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("merge: the state of \"", PrintableId(src_),
+                                                     "\" is empty, so there is nothing to merge; nothing was written"));
+    }
+    if (!force_ && !incoming.partial.contains("singer_state")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "merge: the state of \"", PrintableId(src_), "\" has no top-level \"singer_state\" "
+          "key, which Meltano's states have; nothing was written. Pass force to merge it as it is"));
+    }
+    return incoming;
+  }
+
+  enum class Stage { kConnect, kRead, kMerge, kEnd };
+  Stage stage_ = Stage::kConnect;
+  std::string src_;
+  std::string dst_;
+  bool force_;
+  std::optional<MeltanoState> source_;
+  MeltanoState written_;
+};
+
+// copy and move: dst := src under dst's lock; a move then deletes src under
+// its own lock. The copy is written (and its lock released) before the
+// source is deleted: a failure in between leaves both states, never neither.
+class CopyOp final : public StorePart {
+ public:
+  CopyOp(StoreSteps& s, std::string src, std::string dst, bool move)
+      : StorePart(s), src_(std::move(src)), dst_(std::move(dst)), move_(move) {}
+  std::string Where() const override {
+    return absl::StrCat(move_ ? "move" : "copy", " \"", PrintableId(src_), "\" to \"", PrintableId(dst_), "\"");
+  }
+
+  Next Resume(const Reply&) override {
+    switch (stage_) {
+      case Stage::kConnect:
+        stage_ = Stage::kRead;
+        return Next::Call(part::Connect(s_));
+      case Stage::kRead:
+        stage_ = Stage::kCopy;
+        return Next::Call(part::ReadState(s_, src_, &state_));
+      case Stage::kCopy: {
+        if (!state_) {
+          return Next::Fail(absl::NotFoundError(
+              absl::StrCat("state id \"", PrintableId(src_), "\" has no state to ", move_ ? "move" : "copy")));
+        }
+        MeltanoState copy = *state_;
+        copy.state_id = dst_;
+        stage_ = move_ ? Stage::kDeleteSource : Stage::kEnd;
+        return Next::Call(part::Locked(s_, dst_, part::WriteState(s_, std::move(copy))));
+      }
+      case Stage::kDeleteSource:
+        stage_ = Stage::kEnd;
+        return Next::Call(part::Locked(s_, src_, part::DeleteState(s_, src_)));
+      case Stage::kEnd:
+        return Next::Done(s_.Base());
+    }
+    return Next::Fail(absl::InternalError("copy: no such stage"));
+  }
+
+ private:
+  enum class Stage { kConnect, kRead, kCopy, kDeleteSource, kEnd };
+  Stage stage_ = Stage::kConnect;
+  std::string src_;
+  std::string dst_;
+  bool move_;
+  std::optional<MeltanoState> state_;
+};
+
 }  // namespace
+
+std::unique_ptr<Task> Store::Get(std::string state_id) {
+  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
+  return MakeOpTask(this, [state_id](StoreSteps& s) { return std::make_unique<GetOp>(s, state_id); });
+}
 
 std::unique_ptr<Task> Store::Set(MeltanoState state) {
   if (absl::Status st = ValidateStateId(state.state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [state](StoreSteps& s) {
-    return s.Connected(
-        [&s, state] {
-          return UnderIdLock(s, state.state_id, [&s, state](StoreSteps::Finish finish) {
-            return s.WriteState(
-                state,
-                [&s, state, finish] {
-                  Result r = s.Base();
-                  r.state = state;
-                  return finish(std::move(r));
-                },
-                finish);
-          });
-        },
-        StoreSteps::Failed);
-  });
+  return MakeOpTask(this, [state](StoreSteps& s) { return std::make_unique<ChangeOp>(s, ChangeOp::Kind::kSet, state); });
 }
-
-namespace {
-
-// Reads the id's state, merges `incoming` into it and writes the result;
-// `finish` gets the outcome. The caller holds the id's lock.
-Step ReadMergeWrite(StoreSteps& s, const MeltanoState& incoming, StoreSteps::Finish finish) {
-  return s.ReadState(
-      incoming.state_id,
-      [&s, incoming, finish](std::optional<MeltanoState> current) {
-        MeltanoState next = ApplyUpdate(current, incoming);
-        return s.WriteState(
-            next,
-            [&s, next, finish] {
-              Result r = s.Base();
-              r.state = next;
-              return finish(std::move(r));
-            },
-            finish);
-      },
-      finish);
-}
-
-}  // namespace
 
 std::unique_ptr<Task> Store::Update(MeltanoState incoming) {
   if (absl::Status st = ValidateStateId(incoming.state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [incoming](StoreSteps& s) {
-    return s.Connected(
-        [&s, incoming] {
-          return UnderIdLock(s, incoming.state_id,
-                             [&s, incoming](StoreSteps::Finish finish) { return ReadMergeWrite(s, incoming, finish); });
-        },
-        StoreSteps::Failed);
+  return MakeOpTask(this, [incoming](StoreSteps& s) {
+    return std::make_unique<ChangeOp>(s, ChangeOp::Kind::kUpdate, incoming);
   });
 }
 
 std::unique_ptr<Task> Store::MergeFrom(std::string src, std::string dst, bool force) {
   if (absl::Status st = ValidateStateId(src); !st.ok()) return Invalid(st);
   if (absl::Status st = ValidateStateId(dst); !st.ok()) return Invalid(st);
-  return MakeTask(this, [src, dst, force](StoreSteps& s) {
-    return s.Connected(
-        [&s, src, dst, force] {
-          // As `meltano state merge --from-state-id`: the source's merged
-          // view, read without its lock, is the incoming partial state.
-          return s.ReadState(
-              src,
-              [&s, src, dst, force](std::optional<MeltanoState> source) -> Step {
-                if (!source) {
-                  return Step::Fail(absl::NotFoundError(
-                      absl::StrCat("state id \"", PrintableId(src), "\" has no state to merge")));
-                }
-                MeltanoState incoming;
-                incoming.state_id = dst;
-                incoming.partial = source->Merged();
-                if (incoming.partial.empty()) {
-                  return Step::Fail(absl::InvalidArgumentError(absl::StrCat(
-                      "merge: the state of \"", PrintableId(src), "\" is empty, so there is nothing to "
-                      "merge; nothing was written")));
-                }
-                if (!force && !incoming.partial.contains("singer_state")) {
-                  return Step::Fail(absl::InvalidArgumentError(absl::StrCat(
-                      "merge: the state of \"", PrintableId(src), "\" has no top-level \"singer_state\" "
-                      "key, which Meltano's states have; nothing was written. Pass force to merge it as it is")));
-                }
-                return UnderIdLock(s, dst, [&s, incoming](StoreSteps::Finish finish) {
-                  return ReadMergeWrite(s, incoming, finish);
-                });
-              },
-              StoreSteps::Failed);
-        },
-        StoreSteps::Failed);
-  });
+  return MakeOpTask(this, [src, dst, force](StoreSteps& s) { return std::make_unique<MergeFromOp>(s, src, dst, force); });
 }
 
 std::unique_ptr<Task> Store::Delete(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [state_id](StoreSteps& s) {
-    return s.Connected(
-        [&s, state_id] {
-          return UnderIdLock(s, state_id, [&s, state_id](StoreSteps::Finish finish) {
-            return s.DeleteState(state_id, [&s, finish] { return finish(s.Base()); }, finish);
-          });
-        },
-        StoreSteps::Failed);
+  MeltanoState id_only;
+  id_only.state_id = std::move(state_id);
+  return MakeOpTask(this, [id_only](StoreSteps& s) {
+    return std::make_unique<ChangeOp>(s, ChangeOp::Kind::kDelete, id_only);
   });
 }
-
-namespace {
-
-// Reads `src` and writes it to `dst` under dst's lock; `after` gets the outcome.
-Step CopySteps(StoreSteps& s, const std::string& src, const std::string& dst, const char* verb,
-               StoreSteps::Finish after) {
-  return s.ReadState(
-      src,
-      [&s, src, dst, verb, after](std::optional<MeltanoState> state) -> Step {
-        if (!state) {
-          return Step::Fail(absl::NotFoundError(
-              absl::StrCat("state id \"", PrintableId(src), "\" has no state to ", verb)));
-        }
-        MeltanoState copy = *state;
-        copy.state_id = dst;
-        return s.WithLock(
-            dst,
-            [&s, copy](StoreSteps::Finish finish) {
-              return s.WriteState(copy, [&s, finish] { return finish(s.Base()); }, finish);
-            },
-            after);
-      },
-      StoreSteps::Failed);
-}
-
-}  // namespace
 
 std::unique_ptr<Task> Store::Copy(std::string src, std::string dst) {
   if (absl::Status st = ValidateStateId(src); !st.ok()) return Invalid(st);
   if (absl::Status st = ValidateStateId(dst); !st.ok()) return Invalid(st);
-  return MakeTask(this, [src, dst](StoreSteps& s) {
-    return s.Connected([&s, src, dst] { return CopySteps(s, src, dst, "copy", StoreSteps::Terminal); },
-                       StoreSteps::Failed);
-  });
+  return MakeOpTask(this, [src, dst](StoreSteps& s) { return std::make_unique<CopyOp>(s, src, dst, false); });
 }
 
 std::unique_ptr<Task> Store::Move(std::string src, std::string dst) {
@@ -244,21 +370,7 @@ std::unique_ptr<Task> Store::Move(std::string src, std::string dst) {
   if (src == dst) {
     return Invalid(absl::InvalidArgumentError("move needs two different state ids: source and destination are equal"));
   }
-  return MakeTask(this, [src, dst](StoreSteps& s) {
-    return s.Connected(
-        [&s, src, dst] {
-          // The copy is written (and its lock released) before the source is
-          // deleted under its own lock: a failure in between leaves both
-          // states, never neither.
-          return CopySteps(s, src, dst, "move", [&s, src](absl::StatusOr<Result> copied) -> Step {
-            if (!copied.ok()) return Step::Fail(copied.status());
-            return s.WithLock(src, [&s, src](StoreSteps::Finish finish) {
-              return s.DeleteState(src, [&s, finish] { return finish(s.Base()); }, finish);
-            });
-          });
-        },
-        StoreSteps::Failed);
-  });
+  return MakeOpTask(this, [src, dst](StoreSteps& s) { return std::make_unique<CopyOp>(s, src, dst, true); });
 }
 
 }  // namespace chstate

@@ -32,6 +32,39 @@ std::unique_ptr<Task> MakeTask(Store* store, std::function<Step(StoreSteps&)> bo
       store->options().transport);
 }
 
+namespace {
+
+// The root of a store task: when the task starts, it settles what earlier
+// tasks left behind (abandoned renewals, stale lingering locks), then runs
+// the operation `make` builds, and ends as it ends. Invisible in Where.
+class StoreTaskOp final : public Op {
+ public:
+  StoreTaskOp(StoreSteps* s, std::function<std::unique_ptr<Op>(StoreSteps&)> make) : s_(s), make_(std::move(make)) {}
+  std::string Where() const override { return ""; }
+
+  Next Resume(const Reply& r) override {
+    if (r.kind != Reply::Kind::kStart) return r.result ? Next::Done(*r.result) : Next::Done(Result{});
+    s_->SettleAbandonedRenewals();
+    s_->ForgetStaleLingering();
+    return Next::Call(make_(*s_));
+  }
+
+ private:
+  StoreSteps* s_;
+  std::function<std::unique_ptr<Op>(StoreSteps&)> make_;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> MakeOpTask(Store* store, std::function<std::unique_ptr<Op>(StoreSteps&)> make) {
+  return std::make_unique<Task>(
+      [store, make = std::move(make)](const Inputs* in) {
+        auto steps = std::make_shared<StoreSteps>(store, in);
+        return Task::Root{steps, std::make_unique<StoreTaskOp>(steps.get(), make)};
+      },
+      store->options().transport);
+}
+
 std::unique_ptr<Task> Invalid(absl::Status status) {
   return std::make_unique<Task>([status](const Inputs*) {
     return Task::Root{nullptr, std::make_unique<StepOp>([status] { return Step::Fail(status); })};
@@ -608,6 +641,11 @@ std::unique_ptr<Op> StoreSteps::RenewForWaitPart(const std::string& id) {
   return part::Chain(*this, "renewing the lock to wait", [this, id](Then then, OnFailure fail) {
     return RenewForWait(id, std::move(then), std::move(fail));
   });
+}
+
+std::unique_ptr<Op> StoreSteps::RenewIfDuePart(const std::string& id) {
+  return part::Chain(*this, absl::StrCat("renewing the held lock on \"", PrintableId(id), "\" if due"),
+                     [this, id](Then then, OnFailure fail) { return RenewIfDue(id, std::move(then), std::move(fail)); });
 }
 
 std::unique_ptr<Op> StoreSteps::HistoryUpkeepPart(const std::string& id) {

@@ -70,6 +70,7 @@ class StoreSteps {
   std::unique_ptr<Op> ReleasePart(LockPtr m);
   std::unique_ptr<Op> RenewForWaitPart(const std::string& id);
   std::unique_ptr<Op> HistoryUpkeepPart(const std::string& id);
+  std::unique_ptr<Op> RenewIfDuePart(const std::string& id);
 
   // ---- the continuation API over the parts (namespace part below), for
   // the chains that are not parts yet ----
@@ -304,6 +305,8 @@ std::unique_ptr<Op> Chain(StoreSteps& s, std::string where,
 
 // A task whose body gets a StoreSteps bound to the task's inputs.
 std::unique_ptr<Task> MakeTask(Store* store, std::function<Step(StoreSteps&)> body);
+// A task that runs the operation `make` builds when the task starts.
+std::unique_ptr<Task> MakeOpTask(Store* store, std::function<std::unique_ptr<Op>(StoreSteps&)> make);
 // A task that fails at once with `status` (bad arguments).
 std::unique_ptr<Task> Invalid(absl::Status status);
 

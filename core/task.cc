@@ -360,7 +360,10 @@ Action Task::OnTimer(const Inputs& in) {
 
 std::string Task::Where() const {
   std::vector<std::string> parts;
-  for (const Frame& f : stack_) parts.push_back(f.op->Where());
+  for (const Frame& f : stack_) {
+    std::string where = f.op->Where();
+    if (!where.empty()) parts.push_back(std::move(where));
+  }
   std::string out = absl::StrJoin(parts, " > ");
   switch (phase_) {
     case Phase::kNew: absl::StrAppend(&out, " (not started)"); break;
