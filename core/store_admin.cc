@@ -1,5 +1,5 @@
 // Administration: ping, init (schema and old tombstones), listing and
-// force-unlocking locks, and clearing every state.
+// force-unlocking locks, and clearing every state: one Op each.
 #include "core/store.h"
 
 #include <map>
@@ -16,71 +16,6 @@
 
 namespace chstate {
 
-std::unique_ptr<Task> Store::Ping() {
-  return MakeTask(this, [](StoreSteps& s) {
-    return s.Connected([&s] { return Step::Done(s.Base()); }, StoreSteps::Failed, /*force=*/true);
-  });
-}
-
-namespace {
-
-// Drops tombstones of taken-over locks once they are older than twice the
-// stale window: by then no taker can still be acting on what it saw.
-Step DropTombstones(StoreSteps& s, std::vector<std::string> names, size_t next, int64_t* dropped) {
-  if (next >= names.size()) {
-    Result r = s.Base();
-    r.count = *dropped;
-    return Step::Done(std::move(r));
-  }
-  SqlRequest drop = s.st().DropTable(names[next]);
-  return s.Sql(
-      std::move(drop), "removing an old lock tombstone",
-      [&s, names, next, dropped](const std::string&) {
-        ++*dropped;
-        return DropTombstones(s, names, next + 1, dropped);
-      },
-      StoreSteps::Failed);
-}
-
-}  // namespace
-
-std::unique_ptr<Task> Store::Init() {
-  return MakeTask(this, [this](StoreSteps& s) {
-    return s.Connected(
-        [this, &s] {
-          return s.EnsureSchema(
-              [this, &s] {
-                auto tombstones = [this, &s] {
-                  int64_t older_than_s = 2 * ((options_.lock.stale_ms + 999) / 1000);
-                  return s.Query(
-                      s.st().ListOldTombstones(older_than_s), "listing old lock tombstones", 2,
-                      [&s](const Rows& rows) {
-                        std::vector<std::string> names;
-                        for (const Row& row : rows) names.push_back(row[0].value_or(""));
-                        auto dropped = std::make_shared<int64_t>(0);
-                        // The counter lives as long as the steps that use it.
-                        return DropTombstones(s, names, 0, s.Keep(dropped));
-                      },
-                      StoreSteps::Failed);
-                };
-                if (options_.history_days <= 0) return tombstones();
-                auto trim = [this, &s, tombstones] {
-                  if (options_.history_versions <= 0) return tombstones();
-                  return s.Sql(
-                      s.st().TrimHistory(options_.history_versions), "removing state versions beyond the count kept",
-                      [tombstones](const std::string&) { return tombstones(); }, StoreSteps::Failed);
-                };
-                // 18.x has no TTL: retention is applied here (modern tables also have one).
-                return s.Sql(
-                    s.st().ExpireHistory(options_.history_days), "removing old state history",
-                    [trim](const std::string&) { return trim(); }, StoreSteps::Failed);
-              },
-              StoreSteps::Failed);
-        },
-        StoreSteps::Failed);
-  });
-}
-
 namespace {
 
 HeldLockInfo LockInfo(const LockInspection& insp, std::string table, std::optional<std::string> state_id) {
@@ -95,230 +30,367 @@ HeldLockInfo LockInfo(const LockInspection& insp, std::string table, std::option
   return info;
 }
 
-// Inspects the lock tables from `next` on, one request each, collecting the
-// ones that still exist.
-Step InspectLocks(StoreSteps& s, std::shared_ptr<std::vector<std::pair<std::string, std::optional<std::string>>>> tables,
-                  size_t next, std::shared_ptr<std::vector<HeldLockInfo>> found) {
-  if (next >= tables->size()) {
-    Result r = s.Base();
-    r.locks = *found;
-    return Step::Done(std::move(r));
+// ping: the server's version, always asked.
+class PingOp final : public StorePart {
+ public:
+  explicit PingOp(StoreSteps& s) : StorePart(s) {}
+  std::string Where() const override { return "ping"; }
+  Next Resume(const Reply& r) override {
+    if (r.kind == Reply::Kind::kStart) return Next::Call(part::Connect(s_, /*force=*/true));
+    return Next::Done(s_.Base());
   }
-  const auto& [table, id] = (*tables)[next];
-  return s.Sql(
-      s.st().InspectLockTable(table), "inspecting a lock",
-      [&s, tables, next, found](const std::string& body) {
-        absl::StatusOr<LockInspection> insp = ParseLockInspection(body);
-        if (!insp.ok()) return Step::Fail(insp.status());
-        if (insp->exists) found->push_back(LockInfo(*insp, (*tables)[next].first, (*tables)[next].second));
-        return InspectLocks(s, tables, next + 1, found);
-      },
-      [&s, tables, next, found](absl::Status st) {
+};
+
+// init (and compact): the schema; with history, versions past their days
+// and beyond the count kept removed (18.x has no TTL: retention is applied
+// here; modern tables also have one); then tombstones of taken-over locks
+// dropped once older than twice the stale window, when no taker can still
+// be acting on what it saw.
+class InitOp final : public StorePart {
+ public:
+  explicit InitOp(StoreSteps& s) : StorePart(s) {}
+  std::string Where() const override {
+    switch (stage_) {
+      case Stage::kExpire: return "removing old state history";
+      case Stage::kTrim: return "removing state versions beyond the count kept";
+      case Stage::kList: return "listing old lock tombstones";
+      case Stage::kDrop: return "removing old lock tombstones";
+      default: return "init";
+    }
+  }
+
+  Next Resume(const Reply& r) override {
+    const StoreOptions& o = s_.options();
+    switch (stage_) {
+      case Stage::kConnect:
+        stage_ = Stage::kSchema;
+        return Next::Call(part::Connect(s_));
+      case Stage::kSchema:
+        stage_ = Stage::kExpire;
+        return Next::Call(part::EnsureSchema(s_));
+      case Stage::kExpire:
+        if (o.history_days > 0) {
+          stage_ = Stage::kTrim;
+          return Next::Send(s_.st().ExpireHistory(o.history_days));
+        }
+        return ListTombstones();
+      case Stage::kTrim:
+        if (absl::StatusOr<std::string> a = s_.Answer(r, "removing old state history"); !a.ok()) {
+          return Next::Fail(a.status());
+        }
+        if (o.history_versions > 0) {
+          stage_ = Stage::kTrimmed;
+          return Next::Send(s_.st().TrimHistory(o.history_versions));
+        }
+        return ListTombstones();
+      case Stage::kTrimmed:
+        if (absl::StatusOr<std::string> a = s_.Answer(r, "removing state versions beyond the count kept"); !a.ok()) {
+          return Next::Fail(a.status());
+        }
+        return ListTombstones();
+      case Stage::kList: {
+        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "listing old lock tombstones", 2);
+        if (!rows.ok()) return Next::Fail(rows.status());
+        for (const Row& row : *rows) tombstones_.push_back(row[0].value_or(""));
+        stage_ = Stage::kDrop;
+        return DropNext();
+      }
+      case Stage::kDrop:
+        if (absl::StatusOr<std::string> a = s_.Answer(r, "removing an old lock tombstone"); !a.ok()) {
+          return Next::Fail(a.status());
+        }
+        ++dropped_;
+        return DropNext();
+    }
+    return Next::Fail(absl::InternalError("init: no such stage"));
+  }
+
+ private:
+  Next ListTombstones() {
+    stage_ = Stage::kList;
+    return Next::Send(s_.st().ListOldTombstones(2 * ((s_.options().lock.stale_ms + 999) / 1000)));
+  }
+  Next DropNext() {
+    if (dropped_ < tombstones_.size()) return Next::Send(s_.st().DropTable(tombstones_[dropped_]));
+    Result r = s_.Base();
+    r.count = static_cast<int64_t>(dropped_);
+    return Next::Done(std::move(r));
+  }
+
+  enum class Stage { kConnect, kSchema, kExpire, kTrim, kTrimmed, kList, kDrop };
+  Stage stage_ = Stage::kConnect;
+  std::vector<std::string> tombstones_;
+  size_t dropped_ = 0;
+};
+
+// locks: every lock held now. Lock tables are named by a hash of their id,
+// so ids come from the state table; a lock can exist before any state or
+// state table does, so the lock tables (cluster mode: the claims not ended)
+// are listed too.
+class LocksOp final : public StorePart {
+ public:
+  LocksOp(StoreSteps& s, std::optional<std::string> glob) : StorePart(s), glob_(std::move(glob)) {}
+  std::string Where() const override { return "locks"; }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kConnect:
+        stage_ = Stage::kIds;
+        return Next::Call(part::Connect(s_));
+      case Stage::kIds:
+        stage_ = Stage::kTables;
+        return Next::Send(s_.st().ListStateIds(glob_));
+      case Stage::kTables: {
+        absl::StatusOr<Rows> ids = s_.AnswerRows(r, "listing state ids", 2);
+        if (!ids.ok() && ids.status().code() != absl::StatusCode::kNotFound) return Next::Fail(ids.status());
+        if (ids.ok()) {  // else no state table yet
+          for (const Row& row : *ids) names_[s_.st().LockTableName(row[0].value_or(""))] = row[0].value_or("");
+        }
+        if (s_.st().cluster().enabled()) {
+          stage_ = Stage::kClaims;
+          return Next::Send(s_.st().ListClaims());
+        }
+        stage_ = Stage::kListed;
+        return Next::Send(s_.st().ListLockTables());
+      }
+      case Stage::kClaims:
+        return Claims(r);
+      case Stage::kListed: {
+        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "listing lock tables", 2);
+        if (!rows.ok()) return Next::Fail(rows.status());
+        for (const Row& row : *rows) {
+          const std::string table = row[0].value_or("");
+          auto it = names_.find(table);
+          if (it != names_.end()) {
+            tables_.emplace_back(table, it->second);
+          } else if (!glob_) {
+            tables_.emplace_back(table, std::nullopt);
+          }
+        }
+        stage_ = Stage::kInspect;
+        return InspectNext();
+      }
+      case Stage::kInspect: {
+        absl::StatusOr<std::string> body = s_.Answer(r, "inspecting a lock");
         // Released between the listing and the look: not held.
-        if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
-        return InspectLocks(s, tables, next + 1, found);
-      });
-}
-
-// Cluster mode: the claims not ended, one HeldLockInfo each (`names` maps
-// lock names to state ids).
-Step ListClaimLocks(StoreSteps& s, std::shared_ptr<std::map<std::string, std::string>> names, bool all) {
-  return s.Query(
-      s.st().ListClaims(), "listing lock claims", 8,
-      [names, all, &s](const Rows& rows) {
-        // A claim another claim took over is gone, ended or not.
-        std::set<std::pair<std::string, std::string>> taken;
-        for (const Row& row : rows) {
-          for (absl::string_view id : absl::StrSplit(row[7].value_or(""), ',', absl::SkipEmpty())) {
-            taken.emplace(row[0].value_or(""), std::string(id));
-          }
+        if (!body.ok() && body.status().code() != absl::StatusCode::kNotFound) return Next::Fail(body.status());
+        if (body.ok()) {
+          absl::StatusOr<LockInspection> insp = ParseLockInspection(*body);
+          if (!insp.ok()) return Next::Fail(insp.status());
+          const auto& [table, id] = tables_[next_];
+          if (insp->exists) found_.push_back(LockInfo(*insp, table, id));
         }
-        std::vector<HeldLockInfo> found;
-        for (const Row& row : rows) {
-          if (row[6].value_or("0") != "0" || taken.count({row[0].value_or(""), row[1].value_or("")})) continue;
-          int64_t claimed = 0, newest = 0, stale_s = 0, now = 0;
-          if (!absl::SimpleAtoi(row[2].value_or(""), &claimed) || !absl::SimpleAtoi(row[3].value_or(""), &newest) ||
-              !absl::SimpleAtoi(row[4].value_or(""), &stale_s) || !absl::SimpleAtoi(row[5].value_or(""), &now)) {
-            return Step::Fail(absl::DataLossError("unexpected answer listing lock claims"));
-          }
-          HeldLockInfo info;
-          info.table = row[0].value_or("");
-          auto it = names->find(info.table);
-          if (it != names->end()) {
-            info.state_id = it->second;
-          } else if (!all) {
-            continue;
-          }
-          info.holder = row[1].value_or("");
-          info.held_s = now - claimed;
-          info.renewed_s = now - newest;
-          info.validity_s = stale_s;
-          info.stale = stale_s > 0 && info.renewed_s > stale_s;
-          found.push_back(std::move(info));
-        }
-        Result r = s.Base();
-        r.locks = std::move(found);
-        return Step::Done(std::move(r));
-      },
-      [&s](absl::Status st) {
-        if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
-        Result r = s.Base();  // no claims table yet: no locks
-        r.locks = std::vector<HeldLockInfo>{};
-        return Step::Done(std::move(r));
-      });
-}
-
-// Cluster mode: ends the claims in `ids` from `next` on.
-Step EndClaims(StoreSteps& s, const std::string& state_id, std::shared_ptr<std::vector<std::string>> ids, size_t next,
-               HeldLockInfo info) {
-  if (next >= ids->size()) {
-    Result r = s.Base();
-    r.locks = std::vector<HeldLockInfo>{info};
-    return Step::Done(std::move(r));
+        ++next_;
+        return InspectNext();
+      }
+    }
+    return Next::Fail(absl::InternalError("locks: no such stage"));
   }
-  return s.QuorumWrite(
-      s.st().EndClaim(state_id, (*ids)[next]), "removing the lock",
-      s.inputs().now_ms + s.st().cluster().quorum_busy_ms, 5,
-      [&s, state_id, ids, next, info] { return EndClaims(s, state_id, ids, next + 1, info); }, StoreSteps::Failed);
-}
+
+ private:
+  Next InspectNext() {
+    if (next_ < tables_.size()) return Next::Send(s_.st().InspectLockTable(tables_[next_].first));
+    Result r = s_.Base();
+    r.locks = std::move(found_);
+    return Next::Done(std::move(r));
+  }
+
+  // Cluster mode: the claims not ended, one HeldLockInfo each.
+  Next Claims(const Reply& r) {
+    absl::StatusOr<Rows> rows = s_.AnswerRows(r, "listing lock claims", 8);
+    if (!rows.ok()) {
+      if (rows.status().code() != absl::StatusCode::kNotFound) return Next::Fail(rows.status());
+      Result out = s_.Base();  // no claims table yet: no locks
+      out.locks = std::vector<HeldLockInfo>{};
+      return Next::Done(std::move(out));
+    }
+    // A claim another claim took over is gone, ended or not.
+    std::set<std::pair<std::string, std::string>> taken;
+    for (const Row& row : *rows) {
+      for (absl::string_view id : absl::StrSplit(row[7].value_or(""), ',', absl::SkipEmpty())) {
+        taken.emplace(row[0].value_or(""), std::string(id));
+      }
+    }
+    std::vector<HeldLockInfo> found;
+    for (const Row& row : *rows) {
+      if (row[6].value_or("0") != "0" || taken.count({row[0].value_or(""), row[1].value_or("")})) continue;
+      int64_t claimed = 0, newest = 0, stale_s = 0, now = 0;
+      if (!absl::SimpleAtoi(row[2].value_or(""), &claimed) || !absl::SimpleAtoi(row[3].value_or(""), &newest) ||
+          !absl::SimpleAtoi(row[4].value_or(""), &stale_s) || !absl::SimpleAtoi(row[5].value_or(""), &now)) {
+        return Next::Fail(absl::DataLossError("unexpected answer listing lock claims"));
+      }
+      HeldLockInfo info;
+      info.table = row[0].value_or("");
+      auto it = names_.find(info.table);
+      if (it != names_.end()) {
+        info.state_id = it->second;
+      } else if (glob_) {
+        continue;
+      }
+      info.holder = row[1].value_or("");
+      info.held_s = now - claimed;
+      info.renewed_s = now - newest;
+      info.validity_s = stale_s;
+      info.stale = stale_s > 0 && info.renewed_s > stale_s;
+      found.push_back(std::move(info));
+    }
+    Result out = s_.Base();
+    out.locks = std::move(found);
+    return Next::Done(std::move(out));
+  }
+
+  enum class Stage { kConnect, kIds, kTables, kClaims, kListed, kInspect };
+  Stage stage_ = Stage::kConnect;
+  std::optional<std::string> glob_;
+  std::map<std::string, std::string> names_;  // lock table -> state id
+  std::vector<std::pair<std::string, std::optional<std::string>>> tables_;
+  size_t next_ = 0;
+  std::vector<HeldLockInfo> found_;
+};
+
+// unlock --force: removes the id's lock whoever holds it. One server: the
+// lock table is moved to its tombstone as a takeover does. Cluster mode:
+// every claim not ended (the holder's and any racer's) is ended.
+class ForceUnlockOp final : public StorePart {
+ public:
+  ForceUnlockOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
+  std::string Where() const override { return absl::StrCat("unlock \"", PrintableId(id_), "\""); }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kConnect:
+        stage_ = Stage::kInspect;
+        return Next::Call(part::Connect(s_));
+      case Stage::kInspect:
+        stage_ = Stage::kDecide;
+        return Next::Send(s_.st().cluster().enabled() ? s_.st().InspectClaims(id_) : s_.st().InspectLock(id_));
+      case Stage::kDecide: {
+        absl::StatusOr<std::string> body = s_.Answer(r, "inspecting the lock");
+        if (!body.ok()) {
+          if (body.status().code() != absl::StatusCode::kNotFound) return Next::Fail(body.status());
+          return NotLocked();
+        }
+        const bool claims = s_.st().cluster().enabled();
+        absl::StatusOr<LockInspection> insp = claims ? ParseClaimInspection(*body, "", 0) : ParseLockInspection(*body);
+        if (!insp.ok()) return Next::Fail(insp.status());
+        if (!insp->exists) return NotLocked();
+        info_ = LockInfo(*insp, s_.st().LockTableName(id_), id_);
+        if (!claims) {
+          stage_ = Stage::kEntombed;
+          return Next::Send(s_.st().EntombLock(id_, LockInstance(*insp)));
+        }
+        info_.held_s = 0;  // claims carry no creation time here
+        claims_ = absl::StrSplit(insp->over, ',', absl::SkipEmpty());
+        stage_ = Stage::kEndClaims;
+        return EndNextClaim();
+      }
+      case Stage::kEntombed: {
+        absl::StatusOr<std::string> done = s_.Answer(r, "removing the lock");
+        if (!done.ok()) {
+          // 60: released meanwhile; 57: this instance was taken over already.
+          const absl::StatusCode code = done.status().code();
+          if (code == absl::StatusCode::kNotFound || code == absl::StatusCode::kAlreadyExists) {
+            return Next::Fail(absl::AbortedError(
+                absl::StrCat("the lock on state id \"", PrintableId(id_),
+                             "\" changed hands while it was being removed; look again with `chstate locks`")));
+          }
+          return Next::Fail(done.status());
+        }
+        return Removed();
+      }
+      case Stage::kEndClaims:
+        return EndNextClaim();
+    }
+    return Next::Fail(absl::InternalError("unlock: no such stage"));
+  }
+
+ private:
+  Next NotLocked() const {
+    return Next::Fail(absl::NotFoundError(absl::StrCat("state id \"", PrintableId(id_), "\" is not locked")));
+  }
+  Next EndNextClaim() {
+    if (ended_ == claims_.size()) return Removed();
+    const std::string& claim = claims_[ended_++];
+    return Next::Call(part::QuorumWrite(s_, s_.st().EndClaim(id_, claim), "removing the lock",
+                                        s_.inputs().now_ms + s_.st().cluster().quorum_busy_ms, 5));
+  }
+  Next Removed() {
+    Result out = s_.Base();
+    out.locks = std::vector<HeldLockInfo>{info_};
+    return Next::Done(std::move(out));
+  }
+
+  enum class Stage { kConnect, kInspect, kDecide, kEntombed, kEndClaims };
+  Stage stage_ = Stage::kConnect;
+  std::string id_;
+  HeldLockInfo info_;
+  std::vector<std::string> claims_;
+  size_t ended_ = 0;
+};
+
+// clear --all: every state removed (no lock), counted first.
+class ClearAllOp final : public StorePart {
+ public:
+  explicit ClearAllOp(StoreSteps& s) : StorePart(s) {}
+  std::string Where() const override { return "clear all"; }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kConnect:
+        stage_ = Stage::kCount;
+        return Next::Call(part::Connect(s_));
+      case Stage::kCount:
+        stage_ = Stage::kClear;
+        return Next::Send(s_.st().CountStates());
+      case Stage::kClear: {
+        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "counting states", 2);
+        if (!rows.ok()) {
+          if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s_.Base());
+          return Next::Fail(rows.status());
+        }
+        if (rows->empty() || !(*rows)[0][0] || !absl::SimpleAtoi(*(*rows)[0][0], &count_)) {
+          return Next::Fail(absl::DataLossError("unexpected answer counting states"));
+        }
+        stage_ = Stage::kEnd;
+        return Next::Call(part::QuorumWrite(s_, s_.st().ClearStates(), "clearing all states",
+                                            s_.inputs().now_ms + s_.st().cluster().quorum_busy_ms, 5));
+      }
+      case Stage::kEnd: {
+        Result out = s_.Base();
+        out.count = count_;
+        return Next::Done(std::move(out));
+      }
+    }
+    return Next::Fail(absl::InternalError("clear all: no such stage"));
+  }
+
+ private:
+  enum class Stage { kConnect, kCount, kClear, kEnd };
+  Stage stage_ = Stage::kConnect;
+  int64_t count_ = 0;
+};
 
 }  // namespace
 
+std::unique_ptr<Task> Store::Ping() {
+  return MakeOpTask(this, [](StoreSteps& s) { return std::make_unique<PingOp>(s); });
+}
+
+std::unique_ptr<Task> Store::Init() {
+  return MakeOpTask(this, [](StoreSteps& s) { return std::make_unique<InitOp>(s); });
+}
+
 std::unique_ptr<Task> Store::Locks(std::optional<std::string> glob) {
-  return MakeTask(this, [glob](StoreSteps& s) {
-    return s.Connected(
-        [&s, glob] {
-          // Lock tables by name, then (a lock can exist before any state or
-          // state table does) the tables themselves.
-          std::function<Step(std::shared_ptr<std::map<std::string, std::string>>)> with_ids =
-              [&s, glob](std::shared_ptr<std::map<std::string, std::string>> names) {
-            return s.Query(
-                s.st().ListLockTables(), "listing lock tables", 2,
-                [&s, glob, names](const Rows& rows) {
-                  auto tables = std::make_shared<std::vector<std::pair<std::string, std::optional<std::string>>>>();
-                  for (const Row& row : rows) {
-                    const std::string table = row[0].value_or("");
-                    auto it = names->find(table);
-                    if (it != names->end()) {
-                      tables->emplace_back(table, it->second);
-                    } else if (!glob) {
-                      tables->emplace_back(table, std::nullopt);
-                    }
-                  }
-                  return InspectLocks(s, tables, 0, std::make_shared<std::vector<HeldLockInfo>>());
-                },
-                StoreSteps::Failed);
-          };
-          if (s.st().cluster().enabled()) {
-            // Cluster mode: the claims not ended.
-            with_ids = [&s, glob](std::shared_ptr<std::map<std::string, std::string>> names) {
-              return ListClaimLocks(s, names, !glob);
-            };
-          }
-          return s.Query(
-              s.st().ListStateIds(glob), "listing state ids", 2,
-              [&s, with_ids](const Rows& ids) {
-                auto names = std::make_shared<std::map<std::string, std::string>>();
-                for (const Row& row : ids) (*names)[s.st().LockTableName(row[0].value_or(""))] = row[0].value_or("");
-                return with_ids(names);
-              },
-              [with_ids](absl::Status st) {
-                if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
-                return with_ids(std::make_shared<std::map<std::string, std::string>>());  // no state table yet
-              });
-        },
-        StoreSteps::Failed);
-  });
+  return MakeOpTask(this, [glob](StoreSteps& s) { return std::make_unique<LocksOp>(s, glob); });
 }
 
 std::unique_ptr<Task> Store::ForceUnlock(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [state_id](StoreSteps& s) {
-    return s.Connected(
-        [&s, state_id] {
-          auto not_locked = [state_id] {
-            return Step::Fail(absl::NotFoundError(
-                absl::StrCat("state id \"", PrintableId(state_id), "\" is not locked")));
-          };
-          if (s.st().cluster().enabled()) {
-            // Every claim not ended: the holder's and any racer's.
-            return s.Sql(
-                s.st().InspectClaims(state_id), "inspecting the lock",
-                [&s, state_id, not_locked](const std::string& body) {
-                  absl::StatusOr<LockInspection> insp = ParseClaimInspection(body, "", 0);
-                  if (!insp.ok()) return Step::Fail(insp.status());
-                  if (!insp->exists) return not_locked();
-                  HeldLockInfo info = LockInfo(*insp, s.st().LockTableName(state_id), state_id);
-                  info.held_s = 0;  // claims carry no creation time here
-                  auto ids = std::make_shared<std::vector<std::string>>(absl::StrSplit(insp->over, ',', absl::SkipEmpty()));
-                  return EndClaims(s, state_id, ids, 0, info);
-                },
-                [not_locked](absl::Status st) {
-                  if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
-                  return not_locked();
-                });
-          }
-          return s.Sql(
-              s.st().InspectLock(state_id), "inspecting the lock",
-              [&s, state_id, not_locked](const std::string& body) {
-                absl::StatusOr<LockInspection> insp = ParseLockInspection(body);
-                if (!insp.ok()) return Step::Fail(insp.status());
-                if (!insp->exists) return not_locked();
-                HeldLockInfo info = LockInfo(*insp, s.st().LockTableName(state_id), state_id);
-                return s.Sql(
-                    s.st().EntombLock(state_id, LockInstance(*insp)), "removing the lock",
-                    [&s, info](const std::string&) {
-                      Result r = s.Base();
-                      r.locks = std::vector<HeldLockInfo>{info};
-                      return Step::Done(std::move(r));
-                    },
-                    [state_id](absl::Status st) {
-                      // 60: released meanwhile; 57: this instance was taken over already.
-                      if (st.code() == absl::StatusCode::kNotFound || st.code() == absl::StatusCode::kAlreadyExists) {
-                        return Step::Fail(absl::AbortedError(absl::StrCat(
-                            "the lock on state id \"", PrintableId(state_id),
-                            "\" changed hands while it was being removed; look again with `chstate locks`")));
-                      }
-                      return Step::Fail(std::move(st));
-                    });
-              },
-              [not_locked](absl::Status st) {
-                if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
-                return not_locked();
-              });
-        },
-        StoreSteps::Failed);
-  });
+  return MakeOpTask(this, [state_id](StoreSteps& s) { return std::make_unique<ForceUnlockOp>(s, state_id); });
 }
 
 std::unique_ptr<Task> Store::ClearAll() {
-  return MakeTask(this, [](StoreSteps& s) {
-    return s.Connected(
-        [&s] {
-          return s.Query(
-              s.st().CountStates(), "counting states", 2,
-              [&s](const Rows& rows) {
-                int64_t count = 0;
-                if (rows.empty() || !rows[0][0] || !absl::SimpleAtoi(*rows[0][0], &count)) {
-                  return Step::Fail(absl::DataLossError("unexpected answer counting states"));
-                }
-                return s.QuorumWrite(
-                    s.st().ClearStates(), "clearing all states",
-                    s.inputs().now_ms + s.st().cluster().quorum_busy_ms, 5,
-                    [&s, count] {
-                      Result r = s.Base();
-                      r.count = count;
-                      return Step::Done(std::move(r));
-                    },
-                    StoreSteps::Failed);
-              },
-              [&s](absl::Status st) {
-                if (st.code() == absl::StatusCode::kNotFound) return Step::Done(s.Base());
-                return Step::Fail(std::move(st));
-              });
-        },
-        StoreSteps::Failed);
-  });
+  return MakeOpTask(this, [](StoreSteps& s) { return std::make_unique<ClearAllOp>(s); });
 }
 
 }  // namespace chstate
