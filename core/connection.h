@@ -85,6 +85,9 @@ class Connection {
   std::optional<Transmit> PollTransmit();
   std::optional<int64_t> PollTimeout() const;
   std::optional<OpEvent> PollEvent();
+  // What the store told (core/diagnostics.h), oldest first; nothing unless
+  // the host set a level on store().diagnostics().
+  std::optional<Diagnostic> PollDiagnostic() { return store_->diagnostics().Poll(); }
 
   // No operation running or queued.
   bool idle() const { return !current_ && queue_.empty(); }

@@ -33,6 +33,7 @@ class Endpoints {
  public:
   // A host that failed is skipped for `down_ms` (host_down_ms).
   explicit Endpoints(std::vector<Endpoint> list, int64_t down_ms = kDefaultHostDownMs);
+  int64_t down_ms() const { return down_ms_; }
 
   size_t size() const { return list_.size(); }
   const Endpoint& at(size_t i) const { return list_[i]; }

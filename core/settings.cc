@@ -520,6 +520,8 @@ absl::StatusOr<Settings> Resolve(const SettingsSources& src) {
   // only allows it, so one environment serves every runtime.)
   const bool can_linger = src.host.timers && src.host.exit_release;
   o.linger_locks = can_linger && (flag.count("linger_locks") ? flag["linger_locks"] : true);
+  o.diagnostics = src.host.diagnostics;
+  o.diagnostics_show_states = src.host.show_states;
   return out;
 }
 

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/config.h"
+#include "core/diagnostics.h"
 #include "core/store.h"
 
 namespace chstate {
@@ -93,6 +94,10 @@ extern const size_t kRenamedSettingsCount;
 struct HostCapabilities {
   bool timers = false;        // calls back at next_timeout_ms even while its user code runs
   bool exit_release = false;  // closes stores (releasing locks) when the process ends
+  // What the host routes to its users (core/diagnostics.h): nothing unless
+  // it asks; statements (debug) show states redacted unless show_states.
+  DiagnosticLevel diagnostics = DiagnosticLevel::kNone;
+  bool show_states = false;
 };
 
 struct SettingsSources {

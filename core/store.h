@@ -62,6 +62,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/defaults.h"
+#include "core/diagnostics.h"
 #include "core/dialect.h"
 #include "core/lock.h"
 #include "core/lock_machine.h"
@@ -116,6 +117,11 @@ struct StoreOptions {
   // cluster mode those rows are claims rows naming the holder). Ignored with
   // python_locks.
   bool linger_locks = false;
+  // What the store tells its host (core/diagnostics.h): the level it starts
+  // with (the host may change it: Store::diagnostics), and whether
+  // statements shown at debug level keep states' contents.
+  DiagnosticLevel diagnostics = DiagnosticLevel::kNone;
+  bool diagnostics_show_states = false;
 };
 
 class Store {
@@ -234,14 +240,22 @@ class Store {
   std::optional<int64_t> NextTimeoutMs() const;
 
   const StoreOptions& options() const { return options_; }
+  // What the store tells a person watching it (core/diagnostics.h); a host
+  // sets the level it wants and takes them (Connection::PollDiagnostic).
+  Diagnostics& diagnostics() { return diagnostics_; }
   // Known after the first task connected.
   std::optional<Dialect> dialect() const;
   const std::string& server_version() const { return server_version_; }
 
  private:
-  explicit Store(StoreOptions options) : options_(std::move(options)) {}
+  explicit Store(StoreOptions options) : options_(std::move(options)) {
+    options_.transport.diagnostics = &diagnostics_;
+    diagnostics_.set_level(options_.diagnostics);
+    diagnostics_.set_redact_states(!options_.diagnostics_show_states);
+  }
   friend class StoreSteps;
 
+  Diagnostics diagnostics_;
   StoreOptions options_;
   std::optional<Statements> statements_;
   // Locks taken by AcquireLock and not yet released, with when each needs

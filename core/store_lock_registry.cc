@@ -47,6 +47,10 @@ Step StoreSteps::Renew(const std::string& id, Then then, OnFailure lost, OnFailu
       // names when the next renewal is due.
       auto it = s_->held_.find(id);
       if (it != s_->held_.end() && it->second.machine == m) it->second.renew_at_ms = in_->now_ms + a.delay_ms;
+      Tell(DiagnosticKind::kLeaseRenewed, DiagnosticLevel::kDebug, id,
+           absl::StrCat("the lock on \"", PrintableId(id), "\" was renewed; its lease runs ",
+                        m->lease_deadline_ms() - in_->now_ms, " ms more, next renewal in ", a.delay_ms, " ms"),
+           {{"lease_left_ms", m->lease_deadline_ms() - in_->now_ms}, {"next_renewal_ms", a.delay_ms}});
       if (!s_->options_.python_locks || m->state() != LockState::kHeld) return then();
       // The marker is renewed with the lock: the Python backend counts a
       // row live for kPythonLockWindowS. A failure here is tried again at
@@ -55,7 +59,11 @@ Step StoreSteps::Renew(const std::string& id, Then then, OnFailure lost, OnFailu
           st().InsertLockMarker(id, m->lock_id()), "renewing the lock marker",
           [then](const std::string&) { return then(); }, [then](absl::Status) { return then(); });
     }
-    if (m->state() == LockState::kLost) return lost(a.status.ok() ? LostLock(id) : a.status);
+    if (m->state() == LockState::kLost) {
+      absl::Status why = a.status.ok() ? LostLock(id) : a.status;
+      Tell(DiagnosticKind::kLeaseLost, DiagnosticLevel::kWarning, id, std::string(why.message()));
+      return lost(std::move(why));
+    }
     return fail(a.status);
   });
 }
@@ -126,6 +134,11 @@ Step StoreSteps::ReleaseLingeringLock(const std::string& id, Then then) {
 Step StoreSteps::LookForWaiters(const std::string& id, Then none, Then waiter) {
   auto yield = [this, id, waiter] {
     s_->yielded_until_[id] = in_->now_ms + s_->options_.lock.retry_ms + kDefaultLockYieldMarginMs;
+    Tell(DiagnosticKind::kLockYielded, DiagnosticLevel::kInfo, id,
+         absl::StrCat("the lingering lock on \"", PrintableId(id),
+                      "\" is released for a process waiting for it; this process stays away for ",
+                      s_->options_.lock.retry_ms + kDefaultLockYieldMarginMs, " ms"),
+         {{"away_ms", s_->options_.lock.retry_ms + kDefaultLockYieldMarginMs}});
     return waiter();
   };
   auto held = s_->held_.find(id);
@@ -219,6 +232,10 @@ std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
                 Result r = s.Base();
                 r.lock_id = m->lock_id();
                 r.waited_ms = s.inputs().now_ms - started_ms;
+                s.Tell(DiagnosticKind::kLockAcquired, r.waited_ms > 0 ? DiagnosticLevel::kInfo : DiagnosticLevel::kDebug,
+                       state_id,
+                       absl::StrCat("acquired the lock on \"", PrintableId(state_id), "\" after ", r.waited_ms, " ms"),
+                       {{"waited_ms", r.waited_ms}}, {{"lock_id", m->lock_id()}});
                 return Step::Done(std::move(r));
               },
               StoreSteps::Failed);

@@ -71,6 +71,21 @@ std::unique_ptr<Task> Invalid(absl::Status status) {
   });
 }
 
+void StoreSteps::Tell(DiagnosticKind kind, DiagnosticLevel level, const std::string& state_id, std::string message,
+                      std::vector<std::pair<std::string, int64_t>> numbers,
+                      std::vector<std::pair<std::string, std::string>> texts) {
+  if (!s_->diagnostics_.Wants(level)) return;
+  Diagnostic d;
+  d.kind = kind;
+  d.level = level;
+  d.at_ms = in_->now_ms;
+  d.state_id = state_id;
+  d.message = std::move(message);
+  d.numbers = std::move(numbers);
+  d.texts = std::move(texts);
+  s_->diagnostics_.Emit(std::move(d));
+}
+
 // ---- answers ----
 
 absl::StatusOr<std::string> StoreSteps::Answer(const Reply& r, absl::string_view what) const {
@@ -298,6 +313,10 @@ class QuorumWriteOp final : public StorePart {
       cause_ = *code == ch::kTooManyParts ? "code 252 (too many parts: the table merges slower than it is written)"
                                           : "code 286 (an earlier quorum write to the table is not confirmed yet)";
       wait_ms_ += jitter;
+      s_.Tell(DiagnosticKind::kQuorumBusy, DiagnosticLevel::kInfo, s_.lease_id(),
+              absl::StrCat(what_, " waits ", wait_ms_, " ms for ", cause_, "; it is sent again until ",
+                           deadline_ms_ - in.now_ms, " ms from now"),
+              {{"wait_ms", wait_ms_}, {"left_ms", deadline_ms_ - in.now_ms}}, {{"code", std::to_string(*code)}});
       // Under a lock, sent again only within its lease.
       if (PastSendBefore(req_, in.now_ms + wait_ms_)) {
         stage_ = Stage::kRenewing;
@@ -466,28 +485,36 @@ class LockedOp final : public StorePart {
       : StorePart(s), id_(std::move(id)), body_(std::move(body)) {}
   std::string Where() const override {
     switch (stage_) {
-      case Stage::kAcquire: return absl::StrCat("taking the lock on \"", PrintableId(id_), "\"");
-      case Stage::kBody: return absl::StrCat("under the lock on \"", PrintableId(id_), "\"");
-      default: return absl::StrCat("releasing the lock on \"", PrintableId(id_), "\"");
+      case Stage::kStart:
+      case Stage::kAcquiring: return absl::StrCat("taking the lock on \"", PrintableId(id_), "\"");
+      case Stage::kInBody: return absl::StrCat("under the lock on \"", PrintableId(id_), "\"");
+      case Stage::kReleasing: return absl::StrCat("releasing the lock on \"", PrintableId(id_), "\"");
     }
+    return "";
   }
 
   Next Resume(const Reply& r) override {
     switch (stage_) {
-      case Stage::kAcquire:
-        stage_ = Stage::kBody;
+      case Stage::kStart:
+        started_ms_ = s_.inputs().now_ms;
+        stage_ = Stage::kAcquiring;
         return Next::Call(s_.AcquirePart(id_, &lock_));
-      case Stage::kBody:
+      case Stage::kAcquiring: {
+        const int64_t waited = s_.inputs().now_ms - started_ms_;
+        s_.Tell(DiagnosticKind::kLockAcquired, waited > 0 ? DiagnosticLevel::kInfo : DiagnosticLevel::kDebug, id_,
+                absl::StrCat("acquired the lock on \"", PrintableId(id_), "\" after ", waited, " ms"),
+                {{"waited_ms", waited}}, {{"lock_id", lock_->lock_id()}});
         s_.set_current_lock(lock_);
-        stage_ = Stage::kRelease;
+        stage_ = Stage::kInBody;
         return Next::Try(std::move(body_));
-      case Stage::kRelease:
+      }
+      case Stage::kInBody:
         s_.set_current_lock(nullptr);
         outcome_ = r.status;
         result_ = r.result;
-        stage_ = Stage::kReleased;
+        stage_ = Stage::kReleasing;
         return Next::Try(s_.ReleasePart(lock_));
-      case Stage::kReleased:
+      case Stage::kReleasing:
         if (!outcome_.ok()) return Next::Fail(outcome_);
         if (!r.status.ok()) return Next::Fail(r.status);
         return result_ ? Next::Done(*result_) : Next::Done();
@@ -496,10 +523,12 @@ class LockedOp final : public StorePart {
   }
 
  private:
-  enum class Stage { kAcquire, kBody, kRelease, kReleased };
-  Stage stage_ = Stage::kAcquire;
+  // What the op is doing (waiting for); Resume goes on from there.
+  enum class Stage { kStart, kAcquiring, kInBody, kReleasing };
+  Stage stage_ = Stage::kStart;
   std::string id_;
   std::unique_ptr<Op> body_;
+  int64_t started_ms_ = 0;
   StoreSteps::LockPtr lock_;
   absl::Status outcome_;
   std::shared_ptr<Result> result_;

@@ -55,6 +55,11 @@ class StoreSteps {
   const std::string& lease_id() const { return lease_id_; }
   void set_current_lock(LockPtr m) { current_lock_ = std::move(m); }
 
+  // Tells the store's host what happened (core/diagnostics.h), at `level`.
+  void Tell(DiagnosticKind kind, DiagnosticLevel level, const std::string& state_id, std::string message,
+            std::vector<std::pair<std::string, int64_t>> numbers = {},
+            std::vector<std::pair<std::string, std::string>> texts = {});
+
   // ---- store_steps.cc: answers, and the parts every operation uses ----
 
   // The body of the answer to `r` (a Reply::kAnswer), or its failure

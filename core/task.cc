@@ -195,6 +195,7 @@ bool Task::ChooseHost() {
 
 Action Task::SendPending() {
   phase_ = Phase::kSql;
+  sent_at_ms_ = inputs_.now_ms;
   Action a;
   a.kind = Action::Kind::kRunSql;
   a.request = pending_;
@@ -281,6 +282,7 @@ Action Task::Start(const Inputs& in) {
 Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
   if (phase_ != Phase::kSql) return Misuse("OnResponse called when the task was not waiting for SQL");
   inputs_ = in;
+  TellStatement(response);
   const bool resendable = MayResend(pending_, response);
   // A request acting under a lock goes again (anywhere) only within its
   // lease: past it another process may hold the lock and have written.
@@ -291,7 +293,9 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
     // A write whose quorum was not confirmed there (319) may hold up that
     // replica's next writes too: the next requests go elsewhere.
     const bool unconfirmed = ResponseCode(response) == ch::kUnknownStatusOfInsert;
-    if (resendable || replica_error || unconfirmed || (!response.transport_ok && response.maybe_delivered)) {
+    const bool failed =
+        resendable || replica_error || unconfirmed || (!response.transport_ok && response.maybe_delivered);
+    if (failed) {
       // This host failed; the next request of any task avoids it for a while.
       policy_.endpoints->Failed(host, in.now_ms);
       std::optional<int> code = ResponseCode(response);
@@ -301,7 +305,16 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
     } else {
       policy_.endpoints->Answered(host);
     }
-    if ((resendable || replica_error) && in_lease && ChooseHost()) return SendPending();
+    const bool next_host = (resendable || replica_error) && in_lease && ChooseHost();
+    if (failed) {
+      const std::string down = Endpoints::Describe(policy_.endpoints->at(host));
+      const std::string next = next_host ? Endpoints::Describe(policy_.endpoints->at(tried_.back())) : "";
+      Tell(DiagnosticKind::kHostDown, DiagnosticLevel::kInfo,
+           absl::StrCat("host ", down, " marked down for ", policy_.endpoints->down_ms(), " ms (", failures_.back(),
+                        ")", next_host ? absl::StrCat("; ", pending_.purpose, " goes to ", next, " now") : ""),
+           {{"down_ms", policy_.endpoints->down_ms()}}, {{"host", down}, {"next_host", next}});
+    }
+    if (next_host) return SendPending();
   }
   // A replica that is behind the last quorum write (289) catches up within
   // moments: with no other host left, a read asks it again after the
@@ -315,6 +328,14 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
       phase_ = Phase::kResend;
       last_failure_ = response;
       wait_ms_ = wait_ms;
+      const int of = replica_retry ? 2 * policy_.attempts : policy_.attempts;
+      const std::string why = response.transport_ok ? absl::StrCat("code ", ResponseCode(response).value_or(0))
+                                                    : response.transport_error;
+      Tell(DiagnosticKind::kResent, DiagnosticLevel::kInfo,
+           absl::StrCat(pending_.purpose, " is sent again in ", wait_ms, " ms (attempt ", pending_.attempt + 1,
+                        " of ", of, "): ", why),
+           {{"attempt", pending_.attempt + 1}, {"attempts", of}, {"wait_ms", wait_ms}},
+           {{"purpose", pending_.purpose}, {"why", why}});
       Action a;
       a.kind = Action::Kind::kWait;
       a.wait_ms = wait_ms;
@@ -356,6 +377,40 @@ Action Task::OnTimer(const Inputs& in) {
   Reply r;
   r.kind = Reply::Kind::kTimer;
   return Advance(stack_.back().op->Resume(r));
+}
+
+void Task::Tell(DiagnosticKind kind, DiagnosticLevel level, std::string message,
+                std::vector<std::pair<std::string, int64_t>> numbers,
+                std::vector<std::pair<std::string, std::string>> texts) {
+  if (policy_.diagnostics == nullptr || !policy_.diagnostics->Wants(level)) return;
+  Diagnostic d;
+  d.kind = kind;
+  d.level = level;
+  d.at_ms = inputs_.now_ms;
+  d.message = std::move(message);
+  d.numbers = std::move(numbers);
+  d.texts = std::move(texts);
+  policy_.diagnostics->Emit(std::move(d));
+}
+
+void Task::TellStatement(const SqlResponse& response) {
+  if (policy_.diagnostics == nullptr || !policy_.diagnostics->Wants(DiagnosticLevel::kDebug)) return;
+  const int64_t took = inputs_.now_ms - sent_at_ms_;
+  std::string outcome = "ok";
+  if (!response.transport_ok) {
+    outcome = absl::StrCat("no answer: ", response.transport_error);
+  } else if (std::optional<int> code = ResponseCode(response)) {
+    outcome = absl::StrCat("code ", *code);
+  } else if (response.http_status != 200) {
+    outcome = absl::StrCat("HTTP ", response.http_status);
+  }
+  const std::string host = pending_.endpoint.port != 0 ? Endpoints::Describe(pending_.endpoint) : "";
+  const std::string sql = policy_.diagnostics->redact_states() ? RedactStates(pending_.sql) : pending_.sql;
+  Tell(DiagnosticKind::kStatement, DiagnosticLevel::kDebug,
+       absl::StrCat(pending_.purpose, " (attempt ", pending_.attempt, host.empty() ? "" : absl::StrCat(", ", host),
+                    "): ", outcome, " in ", took, " ms"),
+       {{"took_ms", took}, {"attempt", pending_.attempt}}, {{"purpose", pending_.purpose}, {"host", host},
+                                                            {"outcome", outcome}, {"sql", sql}});
 }
 
 std::string Task::Where() const {

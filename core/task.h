@@ -43,6 +43,7 @@
 
 #include "absl/status/status.h"
 #include "core/defaults.h"
+#include "core/diagnostics.h"
 #include "core/dialect.h"
 #include "core/endpoints.h"
 #include "core/op.h"
@@ -113,6 +114,9 @@ struct TransportPolicy {
   // replica-level error: ReplicaLevelError) goes to each other host at once
   // before the back-off above; one attempt is one round of the hosts.
   std::shared_ptr<Endpoints> endpoints;
+  // Where the task tells what it did (resends, hosts marked down, each
+  // statement's time); null: nowhere. The store's own (Store::diagnostics).
+  Diagnostics* diagnostics = nullptr;
 };
 
 // True when `request` may be sent again after `response` (a transport
@@ -222,6 +226,10 @@ class Task {
   // With several hosts: points the pending request at the next host of this
   // round (false when every host was tried).
   bool ChooseHost();
+  // Diagnostics of the transport policy (no effect on what the task does).
+  void Tell(DiagnosticKind kind, DiagnosticLevel level, std::string message,
+            std::vector<std::pair<std::string, int64_t>> numbers, std::vector<std::pair<std::string, std::string>> texts);
+  void TellStatement(const SqlResponse& response);
 
   struct Frame {
     std::unique_ptr<Op> op;
@@ -239,6 +247,7 @@ class Task {
   TransportPolicy policy_;
   Inputs inputs_;
   SqlRequest pending_;   // kSql, kResend: the request in flight
+  int64_t sent_at_ms_ = 0;  // kSql: when it was handed to the host
   TimerKind waiting_for_ = TimerKind::kOpWait;  // kTimer
   int64_t wait_ms_ = 0;  // kTimer, kResend
   Phase phase_ = Phase::kNew;

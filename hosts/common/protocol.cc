@@ -260,12 +260,32 @@ absl::StatusOr<SettingsSources> SettingsSourcesFromJson(const json& doc) {
   src.values = *std::move(values);
   src.env = *std::move(env);
   if (auto h = doc.find("host"); h != doc.end() && !h->is_null()) {
-    if (!h->is_object()) return absl::InvalidArgumentError("\"host\" must be {\"timers\": bool, \"exit_release\": bool}");
+    static constexpr char kHostShape[] =
+        "\"host\" must be {\"timers\": bool, \"exit_release\": bool, \"diagnostics\": "
+        "\"none\"|\"warning\"|\"info\"|\"debug\", \"show_states\": bool}";
+    if (!h->is_object()) return absl::InvalidArgumentError(kHostShape);
     for (const auto& [key, value] : h->items()) {
-      bool* target = key == "timers" ? &src.host.timers : key == "exit_release" ? &src.host.exit_release : nullptr;
-      if (target == nullptr || !value.is_boolean()) {
-        return absl::InvalidArgumentError("\"host\" must be {\"timers\": bool, \"exit_release\": bool}");
+      if (key == "diagnostics") {
+        const std::string level = value.is_string() ? value.get<std::string>() : "";
+        static const std::pair<const char*, DiagnosticLevel> kLevels[] = {{"none", DiagnosticLevel::kNone},
+                                                                        {"warning", DiagnosticLevel::kWarning},
+                                                                        {"info", DiagnosticLevel::kInfo},
+                                                                        {"debug", DiagnosticLevel::kDebug}};
+        bool known = false;
+        for (const auto& [name, l] : kLevels) {
+          if (level == name) {
+            src.host.diagnostics = l;
+            known = true;
+          }
+        }
+        if (!known) return absl::InvalidArgumentError(kHostShape);
+        continue;
       }
+      bool* target = key == "timers"         ? &src.host.timers
+                     : key == "exit_release" ? &src.host.exit_release
+                     : key == "show_states"  ? &src.host.show_states
+                                             : nullptr;
+      if (target == nullptr || !value.is_boolean()) return absl::InvalidArgumentError(kHostShape);
       *target = value.get<bool>();
     }
   }
@@ -405,6 +425,24 @@ void AddMergedViews(json& done) {
   }
 }
 
+json DiagnosticJson(const Diagnostic& d) {
+  json numbers = json::object();
+  for (const auto& [k, v] : d.numbers) numbers[k] = v;
+  json texts = json::object();
+  for (const auto& [k, v] : d.texts) texts[k] = v;
+  json e = {{"kind", DiagnosticKindName(d.kind)}, {"level", DiagnosticLevelName(d.level)}, {"at_ms", d.at_ms},
+            {"message", d.message},           {"numbers", std::move(numbers)},       {"texts", std::move(texts)}};
+  if (!d.state_id.empty()) e["state_id_hex"] = HexEncode(d.state_id);
+  return e;
+}
+
+json OpDriver::WithEvents(json doc) {
+  json events = json::array();
+  while (std::optional<Diagnostic> d = conn_.PollDiagnostic()) events.push_back(DiagnosticJson(*d));
+  if (!events.empty()) doc["events"] = std::move(events);
+  return doc;
+}
+
 json OpDriver::Abort(const absl::Status& status, const Inputs& in) {
   if (op_ != 0) conn_.Abandon(op_, in);
   op_ = 0;
@@ -449,6 +487,14 @@ json OpDriver::Next(const Inputs& in) {
 }
 
 json OpDriver::Start(absl::string_view op_document, const Inputs& defaults) {
+  return WithEvents(StartOp(op_document, defaults));
+}
+
+json OpDriver::Feed(absl::string_view answer_document, const Inputs& defaults) {
+  return WithEvents(FeedAnswer(answer_document, defaults));
+}
+
+json OpDriver::StartOp(absl::string_view op_document, const Inputs& defaults) {
   if (op_ != 0) conn_.Abandon(op_, defaults);
   op_ = 0;
   internal_ = false;
@@ -479,7 +525,7 @@ json OpDriver::Start(absl::string_view op_document, const Inputs& defaults) {
   return Next(*in);
 }
 
-json OpDriver::Feed(absl::string_view answer_document, const Inputs& defaults) {
+json OpDriver::FeedAnswer(absl::string_view answer_document, const Inputs& defaults) {
   absl::StatusOr<json> answer = ParseDocument(answer_document);
   if (!answer.ok()) return op_ != 0 ? Abort(answer.status(), defaults) : FailedJson(answer.status());
   absl::StatusOr<Inputs> in = InputsFromJson(*answer, defaults);

@@ -17,7 +17,8 @@
 // Documents (state ids travel as hex so any bytes cross JSON unchanged):
 //
 //   settings {"from": "api"|"cli"|"meltano", "values": {KEY: value, ...},
-//             "env": {NAME: value, ...}, "host": {"timers": bool, "exit_release": bool}}
+//             "env": {NAME: value, ...}, "host": {"timers": bool, "exit_release": bool,
+//             "diagnostics": "none"|"warning"|"info"|"debug", "show_states": bool}}
 //            The user's settings as they gave them (core/settings.h): values
 //            may be strings, numbers or booleans (null or "" = not given);
 //            "host" says what the host can do (lock policy follows from it).
@@ -59,6 +60,14 @@
 //            newest first; locks and unlock have "locks" [{"state_id_hex"|null,
 //            "table","holder","held_s","renewed_s","validity_s","stale"}].
 //   failed   {"failed":{"code":"NOT_FOUND","message":"..."}} (code: absl::StatusCode name)
+//   events   any action document may also carry "events": [{"kind": "lock_waiting"|"lock_acquired"|
+//            "lease_renewed"|"lease_lost"|"lock_yielded"|"resent"|"host_down"|"quorum_busy"|
+//            "history_pruned"|"statement", "level": "warning"|"info"|"debug", "at_ms": N,
+//            "message": "...", "state_id_hex": "..." (when it concerns an id), "numbers": {NAME: N},
+//            "texts": {NAME: "..."}}], what the store told since the last document
+//            (core/diagnostics.h): only when the settings document's "host" asked for a
+//            "diagnostics" level ("none" by default; "show_states": true keeps states'
+//            contents in debug statements).
 //
 // Any op or answer document may also carry "now_ms" (integer) and
 // "random_hex", which override the time and random bytes the host supplied
@@ -100,6 +109,8 @@ absl::StatusOr<std::string> HexDecode(absl::string_view hex, absl::string_view f
 nlohmann::json RequestJson(const SqlRequest& request);
 // {"done": {...}}.
 nlohmann::json ResultJson(const Result& result);
+// One diagnostic (core/diagnostics.h) as an "events" entry.
+nlohmann::json DiagnosticJson(const Diagnostic& d);
 // {"failed": {"code": ..., "message": ...}}.
 nlohmann::json FailedJson(const absl::Status& status);
 
@@ -162,6 +173,11 @@ class OpDriver {
   bool busy() const { return op_ != 0; }
 
  private:
+  nlohmann::json StartOp(absl::string_view op_document, const Inputs& inputs);
+  nlohmann::json FeedAnswer(absl::string_view answer_document, const Inputs& inputs);
+  // `doc` with the diagnostics the store told since the last document
+  // ("events"), when there are any.
+  nlohmann::json WithEvents(nlohmann::json doc);
   // An idle timer's document: the connection's renewals and lingering
   // releases, then {"idle": ...}.
   nlohmann::json Idle(const Inputs& in);

@@ -470,3 +470,46 @@ TEST(Documents, DumpNeverThrowsOnInvalidUtf8) {
 
 }  // namespace
 }  // namespace chstate::protocol
+
+namespace chstate::protocol {
+namespace {
+
+TEST(OpDriver, ActionsCarryTheDiagnosticsTheHostAskedFor) {
+  absl::StatusOr<OpenedStore> opened = OpenStore(Dump(
+      json{{"values", {{"uri", "clickhouse://me@127.0.0.1:8123/default"}}}, {"host", {{"diagnostics", "info"}}}}));
+  ASSERT_THAT(opened, IsOk());
+  OpDriver d(opened->store.get());
+  json a = d.Start(Dump(json{{"op", "ping"}}), kIn);
+  ASSERT_TRUE(a.contains("request")) << a;
+  EXPECT_FALSE(a.contains("events")) << a;
+  a = d.Feed(Dump(json{{"response", {{"transport_ok", false}, {"maybe_delivered", false},
+                                     {"transport_error", "connection refused"}}}}),
+             kIn);
+  ASSERT_TRUE(a.contains("wait_ms")) << a;
+  ASSERT_TRUE(a.contains("events")) << a;
+  ASSERT_EQ(a["events"].size(), 1u) << a;
+  EXPECT_EQ(a["events"][0]["kind"], "resent");
+  EXPECT_EQ(a["events"][0]["level"], "info");
+  EXPECT_EQ(a["events"][0]["numbers"]["attempt"], 2);
+  EXPECT_THAT(a["events"][0]["message"].get<std::string>(), HasSubstr("connection refused"));
+  // Taken once: the next document carries none.
+  a = d.Feed(Dump(json{{"timer", true}}), kIn);
+  EXPECT_FALSE(a.contains("events")) << a;
+}
+
+TEST(OpDriver, NoDiagnosticsUnlessAskedAndABadLevelIsNamed) {
+  absl::StatusOr<OpenedStore> opened =
+      OpenStore(Dump(json{{"values", {{"uri", "clickhouse://me@127.0.0.1:8123/default"}}}}));
+  ASSERT_THAT(opened, IsOk());
+  OpDriver d(opened->store.get());
+  d.Start(Dump(json{{"op", "ping"}}), kIn);
+  json a = d.Feed(Dump(json{{"response", {{"transport_ok", false}, {"maybe_delivered", false},
+                                          {"transport_error", "connection refused"}}}}),
+                  kIn);
+  EXPECT_FALSE(a.contains("events")) << a;
+  EXPECT_THAT(OpenStore(Dump(json{{"values", {{"uri", "clickhouse://me@h/db"}}}, {"host", {{"diagnostics", "loud"}}}})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"diagnostics\"")));
+}
+
+}  // namespace
+}  // namespace chstate::protocol
