@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/connection.h"
 #include "core/store.h"
 #include "core/testing/responses.h"
@@ -180,6 +181,38 @@ TEST(Diagnostics, ALevelOfNoneMakesNothing) {
   ASSERT_EQ(a.kind, Action::Kind::kRunSql);
   t->OnResponse(Refused(), {5, kRandom});
   EXPECT_TRUE(store->diagnostics().empty());
+}
+
+}  // namespace
+}  // namespace chstate
+
+namespace chstate {
+namespace {
+
+TEST(Diagnostics, AWaitForALockHeldByAnotherProcessIsToldWithTheHolderAndTimes) {
+  std::unique_ptr<Store> store = MakeStore();
+  store->diagnostics().set_level(DiagnosticLevel::kInfo);
+  std::unique_ptr<Task> t = store->AcquireLock("dev:a");
+  int64_t now = 0;
+  Action a = t->Start({now, kRandom});
+  // The version, the Python backend's rows (none), then CREATE meets the
+  // lock another process holds, renewed 4 s ago with a 300 s window.
+  std::vector<Diagnostic> told;
+  for (int i = 0; i < 10 && a.kind == Action::Kind::kRunSql; ++i) {
+    const std::string& p = a.request.purpose;
+    SqlResponse r = Ok("");
+    if (p == "select_version") r = Ok("18.16.1\t0\n");
+    if (p == "create_lock") r = ::chstate::testing::Err(500, 57, "Table already exists");
+    if (p == "inspect_lock") r = Ok("otherholder\t0\t1000\t1004\t300\n\t255\t1000\t1004\t0\n");
+    a = t->OnResponse(r, {now += 3, kRandom});
+  }
+  ASSERT_EQ(a.kind, Action::Kind::kWait);
+  while (std::optional<Diagnostic> d = store->diagnostics().Poll()) told.push_back(std::move(*d));
+  const Diagnostic* waiting = Find(told, DiagnosticKind::kLockWaiting);
+  ASSERT_NE(waiting, nullptr);
+  EXPECT_EQ(waiting->state_id, "dev:a");
+  EXPECT_THAT(waiting->message, AllOf(HasSubstr("otherholder"), HasSubstr("4 s ago"), HasSubstr("296 s more"),
+                                      HasSubstr(absl::StrCat("next try in ", a.wait_ms, " ms"))));
 }
 
 }  // namespace

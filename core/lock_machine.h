@@ -186,6 +186,8 @@ class LockMachine {
   // the holder act under the lock.
   bool LeaseValid(int64_t now_ms) const;
   int64_t lease_deadline_ms() const { return lease_deadline_ms_; }
+  // While acquiring: when it gives up (the lock timeout from Acquire).
+  int64_t acquire_deadline_ms() const { return deadline_ms_; }
   int64_t acquired_at_ms() const { return acquired_at_ms_; }
   // Cluster mode: a request that met code 286 waits for its timer.
   bool busy_waiting() const { return busy_resend_.has_value(); }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/lock_machine.h"
+#include "core/quoting.h"
 #include "core/response.h"
 #include "core/store_steps.h"
 
@@ -33,7 +34,11 @@ Step StoreSteps::DriveLock(const LockPtr& m, LockOutcome on_outcome) {
             seen_holder_ = insp.ok() && insp->exists && !insp->holder.empty() && insp->holder != m->lock_id() &&
                            (!st().cluster().enabled() ||
                             insp->age_s * 1000 <= std::max(m->options().stale_ms, insp->stale_s * 1000));
-            if (seen_holder_) seen_holder_id_ = insp->holder;
+            if (seen_holder_) {
+              seen_holder_id_ = insp->holder;
+              seen_age_s_ = insp->age_s;
+              seen_window_s_ = std::max((m->options().stale_ms + 999) / 1000, insp->stale_s);
+            }
             if (insp.ok()) last_dead_ = insp->dead;
           }
           m->OnResponse(r, *in_);
@@ -52,6 +57,19 @@ Step StoreSteps::DriveLock(const LockPtr& m, LockOutcome on_outcome) {
               return DriveLock(m, on_outcome);
             });
           };
+          if (seen_holder_) {
+            Tell(DiagnosticKind::kLockWaiting, DiagnosticLevel::kInfo, m->state_id(),
+                 absl::StrCat("waiting for the lock on \"", PrintableId(m->state_id()), "\": another process (lock ",
+                              seen_holder_id_, ") renewed it ", seen_age_s_, " s ago and it stays valid up to ",
+                              std::max<int64_t>(seen_window_s_ - seen_age_s_, 0), " s more; next try in ",
+                              a->delay_ms, " ms, giving up in ",
+                              std::max<int64_t>(m->acquire_deadline_ms() - in_->now_ms, 0), " ms"),
+                 {{"renewed_s_ago", seen_age_s_},
+                  {"validity_left_s", std::max<int64_t>(seen_window_s_ - seen_age_s_, 0)},
+                  {"next_try_ms", a->delay_ms},
+                  {"gives_up_in_ms", std::max<int64_t>(m->acquire_deadline_ms() - in_->now_ms, 0)}},
+                 {{"holder", seen_holder_id_}});
+          }
           // Once per holder seen: a row each retry would only fill the table.
           if (!seen_holder_ || announced_to_ == seen_holder_id_) return wait();
           // Shown to the holder, which gives up a lingering lock for it

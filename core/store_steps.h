@@ -269,6 +269,8 @@ class StoreSteps {
   std::string lease_id_;  // the id whose lease the last UnderLease request keeps to
   bool seen_holder_ = false;  // the last lock inspection found another live holder
   std::string seen_holder_id_;  // cluster mode: the holder the waiter row names
+  int64_t seen_age_s_ = 0;      // how long ago that holder last renewed, by the server's clock
+  int64_t seen_window_s_ = 0;   // and how long its lock stays valid without renewal
   std::string announced_to_;  // the holder this task's waiter row named last
   std::vector<std::string> last_dead_;  // cluster mode: the prunable claims the last read found
   std::vector<std::shared_ptr<void>> keep_;
