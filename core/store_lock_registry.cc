@@ -1,6 +1,7 @@
 // Locks held between operations: a lock scope's lock (AcquireLock,
 // RenewLock, ReleaseLock) and a lingering one (linger_locks), their
 // renewal and lease checks, yielding to a waiter, and the timers Tick runs.
+// Each operation and part is an Op (core/op.h).
 #include "core/store.h"
 
 #include <algorithm>
@@ -24,61 +25,6 @@ int64_t Store::LeaseDeadlineMs(const std::string& state_id) const {
   return it == held_.end() ? 0 : it->second.machine->lease_deadline_ms();
 }
 
-// Renews the lock this store holds on `id` when its renewal is due. A lock
-// found lost stays known (writes to the id are refused by LeaseCheck until
-// it is released), and the operation goes on: reading is harmless.
-Step StoreSteps::RenewIfDue(const std::string& id, Then then, OnFailure fail) {
-  auto it = s_->held_.find(id);
-  if (it == s_->held_.end() || !it->second.Live() || in_->now_ms < it->second.renew_at_ms) return then();
-  return Renew(id, then, [then](absl::Status) { return then(); }, std::move(fail));
-}
-
-// Renews the lock this store holds on `id` now. `lost` gets the status
-// when the lock turned out not ours any more; `fail` any other failure.
-Step StoreSteps::Renew(const std::string& id, Then then, OnFailure lost, OnFailure fail) {
-  auto it = s_->held_.find(id);
-  if (it == s_->held_.end()) return lost(LostLock(id));
-  std::shared_ptr<LockMachine> m = it->second.machine;
-  if (m->state() != LockState::kHeld) return lost(LostLock(id));
-  m->OnTimer(*in_);
-  return DriveLock(m, [this, m, id, then, lost, fail](const LockAction& a) -> Step {
-    if (a.kind == LockAction::Kind::kArmTimer) {
-      // Confirmed (or inconclusive, to be tried again soon): the machine
-      // names when the next renewal is due.
-      auto it = s_->held_.find(id);
-      if (it != s_->held_.end() && it->second.machine == m) it->second.renew_at_ms = in_->now_ms + a.delay_ms;
-      Tell(DiagnosticKind::kLeaseRenewed, DiagnosticLevel::kDebug, id,
-           absl::StrCat("the lock on \"", PrintableId(id), "\" was renewed; its lease runs ",
-                        m->lease_deadline_ms() - in_->now_ms, " ms more, next renewal in ", a.delay_ms, " ms"),
-           {{"lease_left_ms", m->lease_deadline_ms() - in_->now_ms}, {"next_renewal_ms", a.delay_ms}});
-      if (!s_->options_.python_locks || m->state() != LockState::kHeld) return then();
-      // The marker is renewed with the lock: the Python backend counts a
-      // row live for kPythonLockWindowS. A failure here is tried again at
-      // the next renewal, well inside that window.
-      return Sql(
-          st().InsertLockMarker(id, m->lock_id()), "renewing the lock marker",
-          [then](const std::string&) { return then(); }, [then](absl::Status) { return then(); });
-    }
-    if (m->state() == LockState::kLost) {
-      absl::Status why = a.status.ok() ? LostLock(id) : a.status;
-      Tell(DiagnosticKind::kLeaseLost, DiagnosticLevel::kWarning, id, std::string(why.message()));
-      return lost(std::move(why));
-    }
-    return fail(a.status);
-  });
-}
-
-Step StoreSteps::RenewForWait(const std::string& id, Then then, OnFailure fail) {
-  if (s_->held_.count(id) != 0) return Renew(id, then, fail, fail);
-  LockPtr m = current_lock_;
-  if (!m || m->state_id() != id || m->state() != LockState::kHeld) return fail(LostLock(id));
-  m->OnTimer(*in_);
-  return DriveLock(m, [m, id, then, fail](const LockAction& a) -> Step {
-    if (a.kind == LockAction::Kind::kArmTimer && m->state() == LockState::kHeld) return then();
-    return fail(a.status.ok() ? LostLock(id) : a.status);
-  });
-}
-
 absl::Status StoreSteps::LostLock(const std::string& id) {
   return absl::AbortedError(
       absl::StrCat("the lock on state id \"", PrintableId(id), "\" was lost: stop acting under it and release it"));
@@ -95,76 +41,6 @@ void StoreSteps::ForgetStaleLingering() {
       ++it;
     }
   }
-}
-
-// Releases the held lock `m` on `id` (inspection and DROP) and then
-// forgets it. It stays known until the release ends (its machine, no
-// longer holding, is neither renewed nor valid for writes meanwhile), so
-// that its lease deadline stays visible (LeaseDeadlineMs) while the DROP
-// is decided.
-Step StoreSteps::ReleaseAndForget(const std::string& id, const LockPtr& m, Then then, OnFailure fail) {
-  auto forget = [this, id, m] {
-    auto held = s_->held_.find(id);
-    if (held != s_->held_.end() && held->second.machine == m) s_->held_.erase(held);
-  };
-  return Release(
-      m,
-      [forget, then] {
-        forget();
-        return then();
-      },
-      [forget, fail](absl::Status st) {
-        forget();
-        return fail(std::move(st));
-      });
-}
-
-// Releases for real the lingering lock on `id`; `then` either way (a
-// failed release leaves it to expire).
-Step StoreSteps::ReleaseLingeringLock(const std::string& id, Then then) {
-  auto it = s_->held_.find(id);
-  if (it == s_->held_.end() || !it->second.lingering) return then();
-  return ReleaseAndForget(id, it->second.machine, then, [then](absl::Status) { return then(); });
-}
-
-// linger_locks: looks for processes waiting for the lock on `id`. `none`
-// when there is none; when there is one (or the look fails), this store
-// stays away from the id until that process's next attempt (Acquire
-// waits) and `waiter` runs (the release for real).
-Step StoreSteps::LookForWaiters(const std::string& id, Then none, Then waiter) {
-  auto yield = [this, id, waiter] {
-    s_->yielded_until_[id] = in_->now_ms + s_->options_.lock.retry_ms + kDefaultLockYieldMarginMs;
-    Tell(DiagnosticKind::kLockYielded, DiagnosticLevel::kInfo, id,
-         absl::StrCat("the lingering lock on \"", PrintableId(id),
-                      "\" is released for a process waiting for it; this process stays away for ",
-                      s_->options_.lock.retry_ms + kDefaultLockYieldMarginMs, " ms"),
-         {{"away_ms", s_->options_.lock.retry_ms + kDefaultLockYieldMarginMs}});
-    return waiter();
-  };
-  auto held = s_->held_.find(id);
-  const std::string holder = held == s_->held_.end() ? std::string() : held->second.machine->lock_id();
-  return Query(
-      st().LockWaiters(id, holder), "looking for processes waiting for the lock", 2,
-      [none, yield](const Rows& rows) { return rows.empty() ? none() : yield(); },
-      [yield](absl::Status) { return yield(); });
-}
-
-// Tick's part for linger_locks: lingering locks idle past their time go,
-// and so do those another process now waits for (looked for every
-// WaiterCheckEveryMs while they linger).
-Step StoreSteps::ReleaseIdleLingering(Then then) {
-  for (auto& [id, held] : s_->held_) {
-    if (!held.lingering) continue;
-    const std::string state_id = id;
-    auto next = [this, then] { return ReleaseIdleLingering(then); };
-    if (in_->now_ms >= held.linger_until_ms) return ReleaseLingeringLock(state_id, next);
-    if (in_->now_ms >= held.waiters_checked_ms + s_->WaiterCheckEveryMs()) {
-      held.waiters_checked_ms = in_->now_ms;
-      return LookForWaiters(state_id, next,
-                            [this, state_id, next] { return ReleaseLingeringLock(state_id, next); });
-    }
-  }
-  return then();
 }
 
 // Tasks of one store run one at a time, so when one starts, a held lock
@@ -186,139 +62,548 @@ void StoreSteps::SettleAbandonedRenewals() {
   }
 }
 
-// Renews, one after another, every held lock whose renewal is due; a lost
-// one ends the task with kAborted naming it.
-Step StoreSteps::RenewAllDue(Then then, OnFailure fail) {
-  for (const auto& [id, held] : s_->held_) {
-    if (held.Live() && in_->now_ms >= held.renew_at_ms) {
-      return Renew(id, [this, then, fail] { return RenewAllDue(then, fail); }, fail, fail);
-    }
+namespace part {
+namespace {
+
+// Renews the lock this store holds on `id` now. Fails with the reason when
+// it is not renewed; *lost says whether that is because the lock turned out
+// not ours any more (or not held at all). With python_locks the marker is
+// renewed with the lock: the Python backend counts a row live for
+// kPythonLockWindowS, and a failure there is tried again at the next
+// renewal, well inside that window.
+class RenewOp final : public StorePart {
+ public:
+  RenewOp(StoreSteps& s, std::string id, bool* lost) : StorePart(s), id_(std::move(id)), lost_(lost) {}
+  std::string Where() const override {
+    return stage_ == Stage::kMarker ? "renewing the lock marker"
+                                    : absl::StrCat("renewing the lock on \"", PrintableId(id_), "\"");
   }
-  return then();
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kStart: {
+        *lost_ = false;
+        auto it = s_.held().find(id_);
+        if (it == s_.held().end() || it->second.machine->state() != LockState::kHeld) return Lost(StoreSteps::LostLock(id_));
+        m_ = it->second.machine;
+        m_->OnTimer(s_.inputs());
+        stage_ = Stage::kRenewing;
+        return Next::Call(s_.DriveLockPart(m_, &outcome_));
+      }
+      case Stage::kRenewing:
+        return Renewed();
+      case Stage::kMarker:
+        return Next::Done();  // the marker's outcome does not matter (see above)
+    }
+    return Next::Fail(absl::InternalError("renew: no such stage"));
+  }
+
+ private:
+  Next Renewed() {
+    const Inputs& in = s_.inputs();
+    if (outcome_.kind == LockAction::Kind::kArmTimer) {
+      // Confirmed (or inconclusive, to be tried again soon): the machine
+      // names when the next renewal is due.
+      auto it = s_.held().find(id_);
+      if (it != s_.held().end() && it->second.machine == m_) it->second.renew_at_ms = in.now_ms + outcome_.delay_ms;
+      s_.Tell(DiagnosticKind::kLeaseRenewed, DiagnosticLevel::kDebug, id_,
+              absl::StrCat("the lock on \"", PrintableId(id_), "\" was renewed; its lease runs ",
+                           m_->lease_deadline_ms() - in.now_ms, " ms more, next renewal in ", outcome_.delay_ms, " ms"),
+              {{"lease_left_ms", m_->lease_deadline_ms() - in.now_ms}, {"next_renewal_ms", outcome_.delay_ms}});
+      if (!s_.options().python_locks || m_->state() != LockState::kHeld) return Next::Done();
+      stage_ = Stage::kMarker;
+      return Next::Try(s_.SqlPart(s_.st().InsertLockMarker(id_, m_->lock_id()), "renewing the lock marker"));
+    }
+    if (m_->state() == LockState::kLost) {
+      absl::Status why = outcome_.status.ok() ? StoreSteps::LostLock(id_) : outcome_.status;
+      s_.Tell(DiagnosticKind::kLeaseLost, DiagnosticLevel::kWarning, id_, std::string(why.message()));
+      return Lost(std::move(why));
+    }
+    return Next::Fail(outcome_.status);
+  }
+  Next Lost(absl::Status why) {
+    *lost_ = true;
+    return Next::Fail(std::move(why));
+  }
+
+  enum class Stage { kStart, kRenewing, kMarker };
+  Stage stage_ = Stage::kStart;
+  std::string id_;
+  bool* lost_;
+  StoreSteps::LockPtr m_;
+  LockAction outcome_{LockAction::Kind::kFailed};
+};
+
+// Renews the lock this store holds on `id` when its renewal is due. A lock
+// found lost stays known (writes to the id are refused by LeaseCheck until
+// it is released), and the operation goes on: reading is harmless.
+class RenewIfDueOp final : public StorePart {
+ public:
+  RenewIfDueOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
+  std::string Where() const override { return absl::StrCat("renewing the held lock on \"", PrintableId(id_), "\""); }
+
+  Next Resume(const Reply& r) override {
+    if (r.kind == Reply::Kind::kStart) {
+      auto it = s_.held().find(id_);
+      if (it == s_.held().end() || !it->second.Live() || s_.inputs().now_ms < it->second.renew_at_ms) {
+        return Next::Done();
+      }
+      return Next::Try(std::make_unique<RenewOp>(s_, id_, &lost_));
+    }
+    if (r.status.ok() || lost_) return Next::Done();
+    return Next::Fail(r.status);
+  }
+
+ private:
+  std::string id_;
+  bool lost_ = false;
+};
+
+// Renews the lock on `id` now (the store's held lock on it, or the one this
+// task took), so that a write under it can wait longer than the lease left
+// (QuorumWrite). Done once the renewal is confirmed or inconclusive (the
+// caller checks the lease again); fails when the lock is not held or was
+// found lost.
+class RenewForWaitOp final : public StorePart {
+ public:
+  RenewForWaitOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
+  std::string Where() const override { return absl::StrCat("renewing the lock on \"", PrintableId(id_), "\" to wait"); }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kStart: {
+        if (s_.held().count(id_) != 0) {
+          stage_ = Stage::kHeldRenewed;
+          return Next::Call(std::make_unique<RenewOp>(s_, id_, &lost_));
+        }
+        m_ = s_.current_lock();
+        if (!m_ || m_->state_id() != id_ || m_->state() != LockState::kHeld) {
+          return Next::Fail(StoreSteps::LostLock(id_));
+        }
+        m_->OnTimer(s_.inputs());
+        stage_ = Stage::kOwnRenewed;
+        return Next::Call(s_.DriveLockPart(m_, &outcome_));
+      }
+      case Stage::kHeldRenewed:
+        return Next::Done();
+      case Stage::kOwnRenewed:
+        if (outcome_.kind == LockAction::Kind::kArmTimer && m_->state() == LockState::kHeld) return Next::Done();
+        return Next::Fail(outcome_.status.ok() ? StoreSteps::LostLock(id_) : outcome_.status);
+    }
+    return Next::Fail(absl::InternalError("renew for a wait: no such stage"));
+  }
+
+ private:
+  enum class Stage { kStart, kHeldRenewed, kOwnRenewed };
+  Stage stage_ = Stage::kStart;
+  std::string id_;
+  bool lost_ = false;
+  StoreSteps::LockPtr m_;
+  LockAction outcome_{LockAction::Kind::kFailed};
+};
+
+// Releases the held lock `m` on `id` (inspection and DROP) and then forgets
+// it, whether the release went well or not. It stays known until the
+// release ends (its machine, no longer holding, is neither renewed nor
+// valid for writes meanwhile), so that its lease deadline stays visible
+// (LeaseDeadlineMs) while the DROP is decided.
+class ReleaseAndForgetOp final : public StorePart {
+ public:
+  ReleaseAndForgetOp(StoreSteps& s, std::string id, StoreSteps::LockPtr m)
+      : StorePart(s), id_(std::move(id)), m_(std::move(m)) {}
+  std::string Where() const override { return absl::StrCat("releasing the lock on \"", PrintableId(id_), "\""); }
+
+  Next Resume(const Reply& r) override {
+    if (r.kind == Reply::Kind::kStart) return Next::Try(s_.ReleasePart(m_));
+    auto held = s_.held().find(id_);
+    if (held != s_.held().end() && held->second.machine == m_) s_.held().erase(held);
+    return r.status.ok() ? Next::Done() : Next::Fail(r.status);
+  }
+
+ private:
+  std::string id_;
+  StoreSteps::LockPtr m_;
+};
+
+// Releases for real the lingering lock on `id`; done either way (a failed
+// release leaves it to expire).
+class ReleaseLingeringLockOp final : public StorePart {
+ public:
+  ReleaseLingeringLockOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
+  std::string Where() const override {
+    return absl::StrCat("releasing the lingering lock on \"", PrintableId(id_), "\"");
+  }
+
+  Next Resume(const Reply& r) override {
+    if (r.kind != Reply::Kind::kStart) return Next::Done();
+    auto it = s_.held().find(id_);
+    if (it == s_.held().end() || !it->second.lingering) return Next::Done();
+    return Next::Try(std::make_unique<ReleaseAndForgetOp>(s_, id_, it->second.machine));
+  }
+
+ private:
+  std::string id_;
+};
+
+// linger_locks: looks for processes waiting for the lock on `id`. When there
+// is one (or the look fails), this store stays away from the id until that
+// process's next attempt (Acquire waits) and *waiter is set (the caller
+// releases the lock for real).
+class LookForWaitersOp final : public StorePart {
+ public:
+  LookForWaitersOp(StoreSteps& s, std::string id, bool* waiter) : StorePart(s), id_(std::move(id)), waiter_(waiter) {}
+  std::string Where() const override {
+    return absl::StrCat("looking for processes waiting for the lock on \"", PrintableId(id_), "\"");
+  }
+
+  Next Resume(const Reply& r) override {
+    if (r.kind == Reply::Kind::kStart) {
+      *waiter_ = false;
+      auto held = s_.held().find(id_);
+      const std::string holder = held == s_.held().end() ? std::string() : held->second.machine->lock_id();
+      return Next::Send(s_.st().LockWaiters(id_, holder));
+    }
+    absl::StatusOr<Rows> rows = s_.AnswerRows(r, "looking for processes waiting for the lock", 2);
+    if (rows.ok() && rows->empty()) return Next::Done();
+    const int64_t away_ms = s_.options().lock.retry_ms + kDefaultLockYieldMarginMs;
+    s_.yielded_until()[id_] = s_.inputs().now_ms + away_ms;
+    s_.Tell(DiagnosticKind::kLockYielded, DiagnosticLevel::kInfo, id_,
+            absl::StrCat("the lingering lock on \"", PrintableId(id_),
+                         "\" is released for a process waiting for it; this process stays away for ", away_ms, " ms"),
+            {{"away_ms", away_ms}});
+    *waiter_ = true;
+    return Next::Done();
+  }
+
+ private:
+  std::string id_;
+  bool* waiter_;
+};
+
+// Tick's part for linger_locks: lingering locks idle past their time go,
+// and so do those another process now waits for (looked for every
+// WaiterCheckEveryMs while they linger). Each pass looks at the held locks
+// afresh, since a release changes them.
+class ReleaseIdleLingeringOp final : public StorePart {
+ public:
+  explicit ReleaseIdleLingeringOp(StoreSteps& s) : StorePart(s) {}
+  std::string Where() const override { return "releasing idle lingering locks"; }
+
+  Next Resume(const Reply& r) override {
+    if (stage_ == Stage::kLooked && waiter_) {
+      stage_ = Stage::kScan;
+      return Next::Call(std::make_unique<ReleaseLingeringLockOp>(s_, looked_at_));
+    }
+    const int64_t now = s_.inputs().now_ms;
+    for (auto& [id, held] : s_.held()) {
+      if (!held.lingering) continue;
+      if (now >= held.linger_until_ms) {
+        stage_ = Stage::kScan;
+        return Next::Call(std::make_unique<ReleaseLingeringLockOp>(s_, id));
+      }
+      if (now >= held.waiters_checked_ms + s_.WaiterCheckEveryMs()) {
+        held.waiters_checked_ms = now;
+        looked_at_ = id;
+        stage_ = Stage::kLooked;
+        return Next::Call(std::make_unique<LookForWaitersOp>(s_, id, &waiter_));
+      }
+    }
+    return Next::Done();
+  }
+
+ private:
+  enum class Stage { kScan, kLooked };
+  Stage stage_ = Stage::kScan;
+  std::string looked_at_;
+  bool waiter_ = false;
+};
+
+// Renews, one after another, every held lock whose renewal is due; a lost
+// one fails the part with kAborted naming it.
+class RenewAllDueOp final : public StorePart {
+ public:
+  explicit RenewAllDueOp(StoreSteps& s) : StorePart(s) {}
+  std::string Where() const override { return "renewing held locks"; }
+
+  Next Resume(const Reply&) override {
+    for (const auto& [id, held] : s_.held()) {
+      if (held.Live() && s_.inputs().now_ms >= held.renew_at_ms) {
+        return Next::Call(std::make_unique<RenewOp>(s_, id, &lost_));
+      }
+    }
+    return Next::Done();
+  }
+
+ private:
+  bool lost_ = false;
+};
+
+}  // namespace
+}  // namespace part
+
+namespace {
+
+// acquire: the id's lock, kept by the store until ReleaseLock (a lock
+// scope). A lock lingering since its last release (and within its lease:
+// the task's start forgot it otherwise) is taken back with no request.
+class AcquireLockOp final : public StorePart {
+ public:
+  AcquireLockOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
+  std::string Where() const override { return absl::StrCat("acquire \"", PrintableId(id_), "\""); }
+
+  Next Resume(const Reply&) override {
+    switch (stage_) {
+      case Stage::kStart: {
+        started_ms_ = s_.inputs().now_ms;
+        auto it = s_.held().find(id_);
+        if (it != s_.held().end() && !it->second.lingering && it->second.Live()) {
+          // Waiting for a lock this store holds would wait for itself.
+          return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
+              "this store already holds the lock on state id \"", PrintableId(id_),
+              "\": lock scopes on one id do not nest (writes inside the scope already run under it)")));
+        }
+        if (it != s_.held().end() && it->second.lingering) {
+          it->second.lingering = false;
+          Result r = s_.Base();
+          r.lock_id = it->second.machine->lock_id();
+          r.waited_ms = 0;
+          return Next::Done(std::move(r));
+        }
+        stage_ = Stage::kConnecting;
+        return Next::Call(part::Connect(s_));
+      }
+      case Stage::kConnecting:
+        stage_ = Stage::kAcquiring;
+        return Next::Call(s_.AcquirePart(id_, &m_));
+      case Stage::kAcquiring:
+        return Acquired();
+    }
+    return Next::Fail(absl::InternalError("acquire: no such stage"));
+  }
+
+ private:
+  Next Acquired() {
+    const Inputs& in = s_.inputs();
+    // The machine's renewal timer, armed as it became the holder.
+    int64_t renew_in_ms = s_.options().lock.stale_ms / 3;
+    while (std::optional<LockAction> a = m_->Poll()) {
+      if (a->kind == LockAction::Kind::kArmTimer) renew_in_ms = a->delay_ms;
+    }
+    s_.Hold(id_, m_, in.now_ms + renew_in_ms);
+    Result r = s_.Base();
+    r.lock_id = m_->lock_id();
+    r.waited_ms = in.now_ms - started_ms_;
+    s_.Tell(DiagnosticKind::kLockAcquired, r.waited_ms > 0 ? DiagnosticLevel::kInfo : DiagnosticLevel::kDebug, id_,
+            absl::StrCat("acquired the lock on \"", PrintableId(id_), "\" after ", r.waited_ms, " ms"),
+            {{"waited_ms", r.waited_ms}}, {{"lock_id", m_->lock_id()}});
+    return Next::Done(std::move(r));
+  }
+
+  enum class Stage { kStart, kConnecting, kAcquiring };
+  Stage stage_ = Stage::kStart;
+  std::string id_;
+  int64_t started_ms_ = 0;
+  StoreSteps::LockPtr m_;
+};
+
+// renew: the lease of a lock this store holds, now. What the store holds is
+// looked at when the task starts, not when it is built: a host may queue
+// tasks (core/connection.h) and the ones before this may take or release
+// locks.
+class RenewLockOp final : public StorePart {
+ public:
+  RenewLockOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
+  std::string Where() const override { return absl::StrCat("renew \"", PrintableId(id_), "\""); }
+
+  Next Resume(const Reply& r) override {
+    if (r.kind == Reply::Kind::kStart) {
+      auto it = s_.held().find(id_);
+      if (it == s_.held().end()) {
+        return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
+            "cannot renew the lock on state id \"", PrintableId(id_), "\": this store does not hold it")));
+      }
+      lock_id_ = it->second.machine->lock_id();
+      return Next::Call(std::make_unique<part::RenewOp>(s_, id_, &lost_));
+    }
+    Result out = s_.Base();
+    out.lock_id = lock_id_;
+    return Next::Done(std::move(out));
+  }
+
+ private:
+  std::string id_;
+  std::string lock_id_;
+  bool lost_ = false;
+};
+
+// The store's timers while no operation runs: renewals that are due, then
+// lingering locks that idled out or that another process waits for.
+class TickOp final : public StorePart {
+ public:
+  explicit TickOp(StoreSteps& s) : StorePart(s) {}
+  std::string Where() const override { return "tick"; }
+
+  Next Resume(const Reply&) override {
+    switch (stage_) {
+      case Stage::kStart:
+        stage_ = Stage::kRenewing;
+        return Next::Call(std::make_unique<part::RenewAllDueOp>(s_));
+      case Stage::kRenewing:
+        stage_ = Stage::kReleasing;
+        return Next::Call(std::make_unique<part::ReleaseIdleLingeringOp>(s_));
+      case Stage::kReleasing:
+        return Next::Done(s_.Base());
+    }
+    return Next::Fail(absl::InternalError("tick: no such stage"));
+  }
+
+ private:
+  enum class Stage { kStart, kRenewing, kReleasing };
+  Stage stage_ = Stage::kStart;
+};
+
+// Releases for real every lingering lock (ReleaseLingering), or every lock
+// this store holds or keeps lingering (Close: best effort, a failed release
+// is forgotten and the lock expires; a lost lock is not ours to drop).
+class ReleaseAllOp final : public StorePart {
+ public:
+  ReleaseAllOp(StoreSteps& s, bool all) : StorePart(s), all_(all) {}
+  std::string Where() const override { return all_ ? "close" : "releasing lingering locks"; }
+
+  Next Resume(const Reply&) override {
+    auto& held = s_.held();
+    for (auto it = held.begin(); it != held.end();) {
+      if (!all_) {
+        if (!it->second.lingering) {
+          ++it;
+          continue;
+        }
+        ++count_;
+        return Next::Call(std::make_unique<part::ReleaseLingeringLockOp>(s_, it->first));
+      }
+      if (!it->second.Live()) {
+        it = held.erase(it);
+        continue;
+      }
+      ++count_;
+      return Next::Try(std::make_unique<part::ReleaseAndForgetOp>(s_, it->first, it->second.machine));
+    }
+    Result r = s_.Base();
+    r.count = count_;
+    return Next::Done(std::move(r));
+  }
+
+ private:
+  bool all_;
+  int64_t count_ = 0;
+};
+
+// release: the lock of a scope. With linger_locks (and its lease valid) it
+// is kept lingering for the next acquisition, unless it is time to look for
+// waiting processes and one waits: then it is released for real.
+class ReleaseLockOp final : public StorePart {
+ public:
+  ReleaseLockOp(StoreSteps& s, std::string id, std::string lock_id)
+      : StorePart(s), id_(std::move(id)), lock_id_(std::move(lock_id)) {}
+  std::string Where() const override { return absl::StrCat("release \"", PrintableId(id_), "\""); }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kStart:
+        return Start();
+      case Stage::kLooking:
+        if (waiter_) return Release();
+        return Linger(looked_at_ms_);
+      case Stage::kReleasing:
+        return Next::Done(s_.Base());
+    }
+    return Next::Fail(absl::InternalError("release: no such stage"));
+  }
+
+ private:
+  Next Start() {
+    auto it = s_.held().find(id_);
+    if (it == s_.held().end() || it->second.machine->lock_id() != lock_id_) {
+      // Releasing needs the machine that acquired: only the holder can release.
+      return Next::Fail(absl::FailedPreconditionError(
+          absl::StrCat("cannot release the lock on state id \"", PrintableId(id_),
+                       "\": this store does not hold it with that lock id (only the process that acquired a lock "
+                       "releases it)")));
+    }
+    m_ = it->second.machine;
+    if (m_->state() != LockState::kHeld) {
+      // Lost earlier (a renewal found another holder or the lease ran out):
+      // it is not ours to drop, so forgetting it is the whole release; but
+      // the scope it guarded was not exclusive, which its user must hear.
+      s_.held().erase(it);
+      return Next::Fail(absl::AbortedError(absl::StrCat(
+          "the lock on state id \"", PrintableId(id_), "\" was lost while held (its lease of ",
+          s_.options().lock.stale_ms / 1000.0, " s, lock_timeout_seconds, could not be renewed in time, and another "
+          "process may have taken it): what was done under it was not exclusive. Check the work, then run it "
+          "again")));
+    }
+    if (it->second.lingering) return Next::Done(s_.Base());  // released already; lingering
+    const int64_t now = s_.inputs().now_ms;
+    if (!s_.Lingers() || !m_->LeaseValid(now)) return Release();
+    if (now - it->second.waiters_checked_ms < s_.WaiterCheckEveryMs()) return Linger(it->second.waiters_checked_ms);
+    // Time to look whether another process waits: if one does, the lock is
+    // released for real.
+    looked_at_ms_ = now;
+    stage_ = Stage::kLooking;
+    return Next::Call(std::make_unique<part::LookForWaitersOp>(s_, id_, &waiter_));
+  }
+  Next Release() {
+    stage_ = Stage::kReleasing;
+    return Next::Call(std::make_unique<part::ReleaseAndForgetOp>(s_, id_, m_));
+  }
+  Next Linger(int64_t checked_ms) {
+    auto held = s_.held().find(id_);
+    if (held != s_.held().end() && held->second.machine == m_ && m_->state() == LockState::kHeld) {
+      held->second.lingering = true;
+      held->second.linger_until_ms = s_.inputs().now_ms + kDefaultLockLingerMs;
+      held->second.waiters_checked_ms = checked_ms;
+    }
+    return Next::Done(s_.Base());
+  }
+
+  enum class Stage { kStart, kLooking, kReleasing };
+  Stage stage_ = Stage::kStart;
+  std::string id_;
+  std::string lock_id_;
+  StoreSteps::LockPtr m_;
+  int64_t looked_at_ms_ = 0;
+  bool waiter_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Op> StoreSteps::RenewIfDuePart(const std::string& id) {
+  return std::make_unique<part::RenewIfDueOp>(*this, id);
+}
+
+std::unique_ptr<Op> StoreSteps::RenewForWaitPart(const std::string& id) {
+  return std::make_unique<part::RenewForWaitOp>(*this, id);
 }
 
 std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeTask(this, [this, state_id](StoreSteps& s) {
-    const int64_t started_ms = s.inputs().now_ms;
-    if (auto it = held_.find(state_id); it != held_.end() && !it->second.lingering && it->second.Live()) {
-      // Waiting for a lock this store holds would wait for itself.
-      return Step::Fail(absl::FailedPreconditionError(absl::StrCat(
-          "this store already holds the lock on state id \"", PrintableId(state_id),
-          "\": lock scopes on one id do not nest (writes inside the scope already run under it)")));
-    }
-    if (auto it = held_.find(state_id); it != held_.end() && it->second.lingering) {
-      // Lingering since its last release and still within its lease (the
-      // task's start forgot it otherwise): taken back, no request.
-      it->second.lingering = false;
-      Result r = s.Base();
-      r.lock_id = it->second.machine->lock_id();
-      r.waited_ms = 0;
-      return Step::Done(std::move(r));
-    }
-    return s.Connected(
-        [this, &s, state_id, started_ms] {
-          return s.Acquire(
-              state_id,
-              [this, &s, state_id, started_ms](std::shared_ptr<LockMachine> m) {
-                // The machine's renewal timer, armed as it became the holder.
-                int64_t renew_in_ms = options_.lock.stale_ms / 3;
-                while (std::optional<LockAction> a = m->Poll()) {
-                  if (a->kind == LockAction::Kind::kArmTimer) renew_in_ms = a->delay_ms;
-                }
-                HeldLock held{m, s.inputs().now_ms + renew_in_ms};
-                held.waiters_checked_ms = s.inputs().now_ms;
-                held_[state_id] = held;
-                Result r = s.Base();
-                r.lock_id = m->lock_id();
-                r.waited_ms = s.inputs().now_ms - started_ms;
-                s.Tell(DiagnosticKind::kLockAcquired, r.waited_ms > 0 ? DiagnosticLevel::kInfo : DiagnosticLevel::kDebug,
-                       state_id,
-                       absl::StrCat("acquired the lock on \"", PrintableId(state_id), "\" after ", r.waited_ms, " ms"),
-                       {{"waited_ms", r.waited_ms}}, {{"lock_id", m->lock_id()}});
-                return Step::Done(std::move(r));
-              },
-              StoreSteps::Failed);
-        },
-        StoreSteps::Failed);
-  });
+  return MakeOpTask(this, [state_id](StoreSteps& s) { return std::make_unique<AcquireLockOp>(s, state_id); });
 }
 
 std::unique_ptr<Task> Store::RenewLock(std::string state_id) {
-  // What the store holds is looked at when the task starts, not when it is
-  // built: a host may queue tasks (core/connection.h) and the ones before
-  // this may take or release locks.
-  return MakeTask(this, [this, state_id](StoreSteps& s) {
-    auto it = held_.find(state_id);
-    if (it == held_.end()) {
-      return Step::Fail(absl::FailedPreconditionError(absl::StrCat(
-          "cannot renew the lock on state id \"", PrintableId(state_id), "\": this store does not hold it")));
-    }
-    std::string lock_id = it->second.machine->lock_id();
-    return s.Renew(
-        state_id,
-        [&s, lock_id] {
-          Result r = s.Base();
-          r.lock_id = lock_id;
-          return Step::Done(std::move(r));
-        },
-        StoreSteps::Failed, StoreSteps::Failed);
-  });
+  return MakeOpTask(this, [state_id](StoreSteps& s) { return std::make_unique<RenewLockOp>(s, state_id); });
 }
 
 std::unique_ptr<Task> Store::Tick() {
-  return MakeTask(this, [](StoreSteps& s) {
-    return s.RenewAllDue([&s] { return s.ReleaseIdleLingering([&s] { return Step::Done(s.Base()); }); },
-                         StoreSteps::Failed);
-  });
+  return MakeOpTask(this, [](StoreSteps& s) { return std::make_unique<TickOp>(s); });
 }
 
 std::unique_ptr<Task> Store::ReleaseLingering() {
-  return MakeTask(this, [this](StoreSteps& s) {
-    auto count = std::make_shared<int64_t>(0);
-    // The loop holds itself weakly: only the step waiting on a request owns
-    // it, so a task abandoned (or destroyed) mid-release frees it.
-    auto next = std::make_shared<std::function<Step()>>();
-    *next = [this, &s, count, weak = std::weak_ptr<std::function<Step()>>(next)]() -> Step {
-      std::shared_ptr<std::function<Step()>> self = weak.lock();
-      for (const auto& [id, held] : held_) {
-        if (held.lingering) {
-          ++*count;
-          return s.ReleaseLingeringLock(id, [self] { return (*self)(); });
-        }
-      }
-      Result r = s.Base();
-      r.count = *count;
-      return Step::Done(std::move(r));
-    };
-    return (*next)();
-  });
+  return MakeOpTask(this, [](StoreSteps& s) { return std::make_unique<ReleaseAllOp>(s, /*all=*/false); });
 }
 
 std::unique_ptr<Task> Store::Close() {
-  return MakeTask(this, [this](StoreSteps& s) {
-    auto count = std::make_shared<int64_t>(0);
-    // Held weakly by itself, as in ReleaseLingering.
-    auto next = std::make_shared<std::function<Step()>>();
-    *next = [this, &s, count, weak = std::weak_ptr<std::function<Step()>>(next)]() -> Step {
-      std::shared_ptr<std::function<Step()>> self = weak.lock();
-      for (auto it = held_.begin(); it != held_.end(); ++it) {
-        const std::string id = it->first;
-        if (!it->second.Live()) {
-          held_.erase(it);  // lost: not ours to drop
-          return (*self)();
-        }
-        ++*count;
-        // Best effort: a failed release is forgotten; the lock then expires.
-        return s.ReleaseAndForget(id, it->second.machine, [self] { return (*self)(); },
-                                  [self](absl::Status) { return (*self)(); });
-      }
-      Result r = s.Base();
-      r.count = *count;
-      return Step::Done(std::move(r));
-    };
-    return (*next)();
-  });
+  return MakeOpTask(this, [](StoreSteps& s) { return std::make_unique<ReleaseAllOp>(s, /*all=*/true); });
 }
 
 std::optional<int64_t> Store::NextTimeoutMs() const {
@@ -340,46 +625,8 @@ std::optional<int64_t> Store::NextTimeoutMs() const {
 std::unique_ptr<Task> Store::ReleaseLock(std::string state_id, std::string lock_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
   // Looked up when the task starts (see RenewLock).
-  return MakeTask(this, [this, state_id, lock_id](StoreSteps& s) {
-    auto it = held_.find(state_id);
-    if (it == held_.end() || it->second.machine->lock_id() != lock_id) {
-      // Releasing needs the machine that acquired: only the holder can release.
-      return Step::Fail(absl::FailedPreconditionError(
-          absl::StrCat("cannot release the lock on state id \"", PrintableId(state_id),
-                       "\": this store does not hold it with that lock id (only the process that acquired a lock "
-                       "releases it)")));
-    }
-    std::shared_ptr<LockMachine> m = it->second.machine;
-    if (m->state() != LockState::kHeld) {
-      // Lost earlier (a renewal found another holder or the lease ran out):
-      // it is not ours to drop, so forgetting it is the whole release; but
-      // the scope it guarded was not exclusive, which its user must hear.
-      held_.erase(it);
-      return Step::Fail(absl::AbortedError(absl::StrCat(
-          "the lock on state id \"", PrintableId(state_id), "\" was lost while held (its lease of ",
-          options_.lock.stale_ms / 1000.0, " s, lock_timeout_seconds, could not be renewed in time, and another "
-          "process may have taken it): what was done under it was not exclusive. Check the work, then run it "
-          "again")));
-    }
-    if (it->second.lingering) return Step::Done(s.Base());  // released already; lingering
-    auto release = [&s, state_id, m] {
-      return s.ReleaseAndForget(state_id, m, [&s] { return Step::Done(s.Base()); }, StoreSteps::Failed);
-    };
-    if (!Lingers() || !m->LeaseValid(s.inputs().now_ms)) return release();
-    const int64_t now = s.inputs().now_ms;
-    auto linger = [this, &s, state_id, m](int64_t checked_ms) {
-      auto held = held_.find(state_id);
-      if (held != held_.end() && held->second.machine == m && m->state() == LockState::kHeld) {
-        held->second.lingering = true;
-        held->second.linger_until_ms = s.inputs().now_ms + kDefaultLockLingerMs;
-        held->second.waiters_checked_ms = checked_ms;
-      }
-      return Step::Done(s.Base());
-    };
-    if (now - it->second.waiters_checked_ms < WaiterCheckEveryMs()) return linger(it->second.waiters_checked_ms);
-    // Time to look whether another process waits: if one does, the lock is
-    // released for real.
-    return s.LookForWaiters(state_id, [linger, now] { return linger(now); }, release);
+  return MakeOpTask(this, [state_id, lock_id](StoreSteps& s) {
+    return std::make_unique<ReleaseLockOp>(s, state_id, lock_id);
   });
 }
 

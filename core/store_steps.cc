@@ -534,6 +534,22 @@ class LockedOp final : public StorePart {
   std::shared_ptr<Result> result_;
 };
 
+// Runs one statement for its success alone.
+class SqlOp final : public StorePart {
+ public:
+  SqlOp(StoreSteps& s, SqlRequest req, std::string what) : StorePart(s), req_(std::move(req)), what_(std::move(what)) {}
+  std::string Where() const override { return what_; }
+  Next Resume(const Reply& r) override {
+    if (r.kind == Reply::Kind::kStart) return Next::Send(req_);
+    absl::StatusOr<std::string> done = s_.Answer(r, what_);
+    return done.ok() ? Next::Done() : Next::Fail(done.status());
+  }
+
+ private:
+  SqlRequest req_;
+  std::string what_;
+};
+
 // A continuation chain (the lock's steps, until they are parts too) as a
 // part: `chain(then, fail)` builds it.
 class ChainOp final : public StorePart {
@@ -577,6 +593,10 @@ std::unique_ptr<Op> Chain(StoreSteps& s, std::string where,
 }
 
 }  // namespace part
+
+std::unique_ptr<Op> StoreSteps::SqlPart(SqlRequest req, std::string what) {
+  return std::make_unique<part::SqlOp>(*this, std::move(req), std::move(what));
+}
 
 // ---- the continuation API over the parts, for the chains not yet parts ----
 
@@ -666,15 +686,13 @@ Step StoreSteps::WithLock(const std::string& id, std::function<Step(Finish)> bod
   });
 }
 
-std::unique_ptr<Op> StoreSteps::RenewForWaitPart(const std::string& id) {
-  return part::Chain(*this, "renewing the lock to wait", [this, id](Then then, OnFailure fail) {
-    return RenewForWait(id, std::move(then), std::move(fail));
+std::unique_ptr<Op> StoreSteps::DriveLockPart(LockPtr m, LockAction* out) {
+  return part::Chain(*this, "the lock", [this, m, out](Then then, OnFailure) {
+    return DriveLock(m, [out, then](const LockAction& a) {
+      *out = a;
+      return then();
+    });
   });
-}
-
-std::unique_ptr<Op> StoreSteps::RenewIfDuePart(const std::string& id) {
-  return part::Chain(*this, absl::StrCat("renewing the held lock on \"", PrintableId(id), "\" if due"),
-                     [this, id](Then then, OnFailure fail) { return RenewIfDue(id, std::move(then), std::move(fail)); });
 }
 
 std::unique_ptr<Op> StoreSteps::HistoryUpkeepPart(const std::string& id) {

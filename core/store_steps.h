@@ -70,12 +70,15 @@ class StoreSteps {
   // Like Answer, decoding `columns`-wide TabSeparated rows.
   absl::StatusOr<Rows> AnswerRows(const Reply& r, absl::string_view what, size_t columns) const;
 
+  // Runs `req` for its success alone (fails with the answer's failure).
+  std::unique_ptr<Op> SqlPart(SqlRequest req, std::string what);
+
   // The parts still built as continuation chains (the lock's), as parts.
   std::unique_ptr<Op> AcquirePart(const std::string& id, LockPtr* out);
   std::unique_ptr<Op> ReleasePart(LockPtr m);
-  std::unique_ptr<Op> RenewForWaitPart(const std::string& id);
   std::unique_ptr<Op> HistoryUpkeepPart(const std::string& id);
-  std::unique_ptr<Op> RenewIfDuePart(const std::string& id);
+  // Drives `m` until its outcome (DriveLock), into *out.
+  std::unique_ptr<Op> DriveLockPart(LockPtr m, LockAction* out);
 
   // ---- the continuation API over the parts (namespace part below), for
   // the chains that are not parts yet ----
@@ -179,43 +182,12 @@ class StoreSteps {
   // ---- store_lock_registry.cc: locks held between operations (renewal,
   // lingering, yielding) ----
 
-  // Renews the lock this store holds on `id` when its renewal is due. A lock
-  // found lost stays known (writes to the id are refused by LeaseCheck until
-  // it is released), and the operation goes on: reading is harmless.
-  Step RenewIfDue(const std::string& id, Then then, OnFailure fail);
-
-  // Renews the lock this store holds on `id` now. `lost` gets the status
-  // when the lock turned out not ours any more; `fail` any other failure.
-  Step Renew(const std::string& id, Then then, OnFailure lost, OnFailure fail);
-
   static absl::Status LostLock(const std::string& id);
 
   // A lingering lock whose lease ran out (the process was paused) or that
   // was found lost is forgotten when a task starts: not ours to drop, and
   // the next acquisition starts afresh.
   void ForgetStaleLingering();
-
-  // Releases the held lock `m` on `id` (inspection and DROP) and then
-  // forgets it. It stays known until the release ends (its machine, no
-  // longer holding, is neither renewed nor valid for writes meanwhile), so
-  // that its lease deadline stays visible (LeaseDeadlineMs) while the DROP
-  // is decided.
-  Step ReleaseAndForget(const std::string& id, const LockPtr& m, Then then, OnFailure fail);
-
-  // Releases for real the lingering lock on `id`; `then` either way (a
-  // failed release leaves it to expire).
-  Step ReleaseLingeringLock(const std::string& id, Then then);
-
-  // linger_locks: looks for processes waiting for the lock on `id`. `none`
-  // when there is none; when there is one (or the look fails), this store
-  // stays away from the id until that process's next attempt (Acquire
-  // waits) and `waiter` runs (the release for real).
-  Step LookForWaiters(const std::string& id, Then none, Then waiter);
-
-  // Tick's part for linger_locks: lingering locks idle past their time go,
-  // and so do those another process now waits for (looked for every
-  // WaiterCheckEveryMs while they linger).
-  Step ReleaseIdleLingering(Then then);
 
   // Tasks of one store run one at a time, so when one starts, a held lock
   // still waiting for a renewal's answer belongs to a task that was
@@ -224,16 +196,26 @@ class StoreSteps {
   // stands as last confirmed, and the lock is renewed again when due.
   void SettleAbandonedRenewals();
 
-  // Renews, one after another, every held lock whose renewal is due; a lost
-  // one ends the task with kAborted naming it.
-  Step RenewAllDue(Then then, OnFailure fail);
-
+  // Renews the lock this store holds on `id` when its renewal is due (a lock
+  // found lost stays known and the operation goes on: reading is harmless).
+  std::unique_ptr<Op> RenewIfDuePart(const std::string& id);
   // Renews the lock on `id` now (the store's held lock on it, or the one
   // this task took), so that a write under it can wait longer than the
-  // lease left (QuorumWaitPastLease). `then` once the renewal is confirmed
-  // or inconclusive (the caller checks the lease again); `fail` when the
-  // lock is not held or was found lost.
-  Step RenewForWait(const std::string& id, Then then, OnFailure fail);
+  // lease left (QuorumWrite).
+  std::unique_ptr<Op> RenewForWaitPart(const std::string& id);
+
+  // The store's held locks and marks, for the registry's parts.
+  std::map<std::string, Store::HeldLock>& held() { return s_->held_; }
+  std::map<std::string, int64_t>& yielded_until() { return s_->yielded_until_; }
+  const LockPtr& current_lock() const { return current_lock_; }
+  // Keeps `m` (just acquired) as held by the store, renewed at renew_at_ms.
+  void Hold(const std::string& id, LockPtr m, int64_t renew_at_ms) {
+    Store::HeldLock held{std::move(m), renew_at_ms};
+    held.waiters_checked_ms = in_->now_ms;
+    s_->held_[id] = held;
+  }
+  bool Lingers() const { return s_->Lingers(); }
+  int64_t WaiterCheckEveryMs() const { return s_->WaiterCheckEveryMs(); }
 
   // ---- store_bulk.cc: history and bulk ----
 
