@@ -32,8 +32,8 @@ void Connection::Take(const Action& action, const Inputs& in) {
       transmits_.push_back(Transmit{current_->id, action.request, in.now_ms + action.request.timeout_ms});
       return;
     case Action::Kind::kWait:
+      // Its deadline is in the store's timer table (Task::WakeAt).
       phase_ = Phase::kWaiting;
-      wake_at_ms_ = in.now_ms + std::max<int64_t>(action.wait_ms, 0);
       return;
     case Action::Kind::kDone:
     case Action::Kind::kFailed: {
@@ -65,7 +65,7 @@ absl::Status Connection::HandleResponse(uint64_t op, const SqlResponse& response
 }
 
 void Connection::HandleTimeout(const Inputs& in) {
-  if (current_ && phase_ == Phase::kWaiting && in.now_ms >= wake_at_ms_) {
+  if (current_ && phase_ == Phase::kWaiting && in.now_ms >= current_->task->WakeAt().value_or(0)) {
     phase_ = Phase::kNone;
     Take(current_->task->OnTimer(in), in);
     StartNext(in);
@@ -99,7 +99,7 @@ std::optional<Transmit> Connection::PollTransmit() {
 }
 
 std::optional<int64_t> Connection::PollTimeout() const {
-  if (current_) return phase_ == Phase::kWaiting ? std::optional<int64_t>(wake_at_ms_) : std::nullopt;
+  if (current_) return phase_ == Phase::kWaiting ? current_->task->WakeAt() : std::nullopt;
   if (!queue_.empty()) return std::nullopt;
   return store_->NextTimeoutMs();
 }

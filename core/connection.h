@@ -109,7 +109,6 @@ class Connection {
   std::deque<Op> queue_;
   std::optional<Op> current_;
   Phase phase_ = Phase::kNone;
-  int64_t wake_at_ms_ = 0;  // kWaiting: when the running op's timer fires
   std::deque<Transmit> transmits_;
   std::deque<OpEvent> events_;
   uint64_t next_id_ = 1;

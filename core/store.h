@@ -243,6 +243,9 @@ class Store {
   // What the store tells a person watching it (core/diagnostics.h); a host
   // sets the level it wants and takes them (Connection::PollDiagnostic).
   Diagnostics& diagnostics() { return diagnostics_; }
+  // Every deadline the store keeps: its tasks' waits, its held locks'
+  // renewals and lingering, yields, hosts marked down (core/timers.h).
+  const TimerTable& timers() const { return timers_; }
   // Known after the first task connected.
   std::optional<Dialect> dialect() const;
   const std::string& server_version() const { return server_version_; }
@@ -250,25 +253,28 @@ class Store {
  private:
   explicit Store(StoreOptions options) : options_(std::move(options)) {
     options_.transport.diagnostics = &diagnostics_;
+    options_.transport.timers = &timers_;
+    if (options_.transport.endpoints) options_.transport.endpoints->UseTimers(&timers_);
     diagnostics_.set_level(options_.diagnostics);
     diagnostics_.set_redact_states(!options_.diagnostics_show_states);
   }
   friend class StoreSteps;
 
   Diagnostics diagnostics_;
+  // Every deadline the store and its tasks keep (core/timers.h).
+  TimerTable timers_;
   StoreOptions options_;
   std::optional<Statements> statements_;
-  // Locks taken by AcquireLock and not yet released, with when each needs
-  // its next renewal (the lock machine's own timer, on the host's clock).
+  // Locks taken by AcquireLock and not yet released. Their deadlines are in
+  // timers_, keyed by the state id: kRenewal (the next renewal: the lock
+  // machine's own timer, on the host's clock), kWaiterLook (when this holder
+  // may next look for processes waiting for the lock) and, while lingering,
+  // kLinger (when it is released for real if not taken back).
   struct HeldLock {
     std::shared_ptr<LockMachine> machine;
-    int64_t renew_at_ms = 0;
-    // linger_locks: released by its user but kept (and renewed) until
-    // linger_until_ms, for the next AcquireLock of the id.
+    // linger_locks: released by its user but kept (and renewed) until its
+    // kLinger deadline, for the next AcquireLock of the id.
     bool lingering = false;
-    int64_t linger_until_ms = 0;
-    // When this holder last looked for processes waiting for the lock.
-    int64_t waiters_checked_ms = 0;
     // False once the lock was found lost: kept until ReleaseLock so that
     // writes to the id stay refused, but never renewed again.
     bool Live() const { return machine->state() == LockState::kHeld; }
@@ -278,9 +284,15 @@ class Store {
     }
   };
   std::map<std::string, HeldLock> held_;
+  // The deadline of (kind, id) in timers_ (0 when none).
+  int64_t TimerAt(TimerKind kind, const std::string& id) const { return timers_.At(kind, id).value_or(0); }
+  // Forgets the held lock `it` and its deadlines.
+  std::map<std::string, HeldLock>::iterator ForgetHeld(std::map<std::string, HeldLock>::iterator it) {
+    for (TimerKind k : {TimerKind::kRenewal, TimerKind::kWaiterLook, TimerKind::kLinger}) timers_.Clear(k, it->first);
+    return held_.erase(it);
+  }
   // Ids whose lingering lock was given up to a waiting process: this store
-  // acquires them again only after the time given (see linger_locks).
-  std::map<std::string, int64_t> yielded_until_;
+  // acquires them again only after their kYield deadline (see linger_locks).
   // Cluster mode: when this store last removed each id's old claims (on the
   // host's clock; see kClaimsPruneAt).
   std::map<std::string, int64_t> claims_pruned_ms_;

@@ -95,14 +95,14 @@ Step StoreSteps::DriveLock(const LockPtr& m, LockOutcome on_outcome) {
 Step StoreSteps::Acquire(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail,
                          std::optional<int64_t> deadline_ms) {
   const int64_t deadline = deadline_ms.value_or(in_->now_ms + s_->options_.lock.timeout_ms);
-  if (auto y = s_->yielded_until_.find(id); y != s_->yielded_until_.end()) {
+  if (std::optional<int64_t> away = s_->timers_.At(TimerKind::kYield, id)) {
     // This store just gave the id's lingering lock up to a waiting
     // process: stay away until that process has had its next attempt.
-    if (in_->now_ms < y->second && y->second < deadline) {
-      return Step::Wait(y->second - in_->now_ms,
+    if (in_->now_ms < *away && *away < deadline) {
+      return Step::Wait(*away - in_->now_ms,
                         [this, id, then, fail, deadline] { return Acquire(id, then, fail, deadline); });
     }
-    s_->yielded_until_.erase(y);
+    s_->timers_.Clear(TimerKind::kYield, id);
   }
   // A mixed fleet is safe by default: a live row of the Python backend in
   // <table>_lock is waited for whatever python_locks says (that setting

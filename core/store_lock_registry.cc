@@ -36,7 +36,7 @@ absl::Status StoreSteps::LostLock(const std::string& id) {
 void StoreSteps::ForgetStaleLingering() {
   for (auto it = s_->held_.begin(); it != s_->held_.end();) {
     if (it->second.lingering && (!it->second.Live() || !it->second.machine->LeaseValid(in_->now_ms))) {
-      it = s_->held_.erase(it);
+      it = s_->ForgetHeld(it);
     } else {
       ++it;
     }
@@ -57,7 +57,7 @@ void StoreSteps::SettleAbandonedRenewals() {
     never.transport_error = "the renewal's task was abandoned before its answer came";
     held.machine->OnResponse(never, *in_);
     while (std::optional<LockAction> a = held.machine->Poll()) {
-      if (a->kind == LockAction::Kind::kArmTimer) held.renew_at_ms = in_->now_ms + a->delay_ms;
+      if (a->kind == LockAction::Kind::kArmTimer) s_->timers_.Set(TimerKind::kRenewal, id, in_->now_ms + a->delay_ms);
     }
   }
 }
@@ -105,7 +105,9 @@ class RenewOp final : public StorePart {
       // Confirmed (or inconclusive, to be tried again soon): the machine
       // names when the next renewal is due.
       auto it = s_.held().find(id_);
-      if (it != s_.held().end() && it->second.machine == m_) it->second.renew_at_ms = in.now_ms + outcome_.delay_ms;
+      if (it != s_.held().end() && it->second.machine == m_) {
+        s_.SetTimer(TimerKind::kRenewal, id_, in.now_ms + outcome_.delay_ms);
+      }
       s_.Tell(DiagnosticKind::kLeaseRenewed, DiagnosticLevel::kDebug, id_,
               absl::StrCat("the lock on \"", PrintableId(id_), "\" was renewed; its lease runs ",
                            m_->lease_deadline_ms() - in.now_ms, " ms more, next renewal in ", outcome_.delay_ms, " ms"),
@@ -145,7 +147,7 @@ class RenewIfDueOp final : public StorePart {
   Next Resume(const Reply& r) override {
     if (r.kind == Reply::Kind::kStart) {
       auto it = s_.held().find(id_);
-      if (it == s_.held().end() || !it->second.Live() || s_.inputs().now_ms < it->second.renew_at_ms) {
+      if (it == s_.held().end() || !it->second.Live() || s_.inputs().now_ms < s_.TimerAt(TimerKind::kRenewal, id_)) {
         return Next::Done();
       }
       return Next::Try(std::make_unique<RenewOp>(s_, id_, &lost_));
@@ -216,7 +218,7 @@ class ReleaseAndForgetOp final : public StorePart {
   Next Resume(const Reply& r) override {
     if (r.kind == Reply::Kind::kStart) return Next::Try(s_.ReleasePart(m_));
     auto held = s_.held().find(id_);
-    if (held != s_.held().end() && held->second.machine == m_) s_.held().erase(held);
+    if (held != s_.held().end() && held->second.machine == m_) s_.ForgetHeld(held);
     return r.status.ok() ? Next::Done() : Next::Fail(r.status);
   }
 
@@ -266,7 +268,7 @@ class LookForWaitersOp final : public StorePart {
     absl::StatusOr<Rows> rows = s_.AnswerRows(r, "looking for processes waiting for the lock", 2);
     if (rows.ok() && rows->empty()) return Next::Done();
     const int64_t away_ms = s_.options().lock.retry_ms + kDefaultLockYieldMarginMs;
-    s_.yielded_until()[id_] = s_.inputs().now_ms + away_ms;
+    s_.SetTimer(TimerKind::kYield, id_, s_.inputs().now_ms + away_ms);
     s_.Tell(DiagnosticKind::kLockYielded, DiagnosticLevel::kInfo, id_,
             absl::StrCat("the lingering lock on \"", PrintableId(id_),
                          "\" is released for a process waiting for it; this process stays away for ", away_ms, " ms"),
@@ -297,12 +299,12 @@ class ReleaseIdleLingeringOp final : public StorePart {
     const int64_t now = s_.inputs().now_ms;
     for (auto& [id, held] : s_.held()) {
       if (!held.lingering) continue;
-      if (now >= held.linger_until_ms) {
+      if (now >= s_.TimerAt(TimerKind::kLinger, id)) {
         stage_ = Stage::kScan;
         return Next::Call(std::make_unique<ReleaseLingeringLockOp>(s_, id));
       }
-      if (now >= held.waiters_checked_ms + s_.WaiterCheckEveryMs()) {
-        held.waiters_checked_ms = now;
+      if (now >= s_.TimerAt(TimerKind::kWaiterLook, id)) {
+        s_.SetTimer(TimerKind::kWaiterLook, id, now + s_.WaiterCheckEveryMs());
         looked_at_ = id;
         stage_ = Stage::kLooked;
         return Next::Call(std::make_unique<LookForWaitersOp>(s_, id, &waiter_));
@@ -327,7 +329,7 @@ class RenewAllDueOp final : public StorePart {
 
   Next Resume(const Reply&) override {
     for (const auto& [id, held] : s_.held()) {
-      if (held.Live() && s_.inputs().now_ms >= held.renew_at_ms) {
+      if (held.Live() && s_.inputs().now_ms >= s_.TimerAt(TimerKind::kRenewal, id)) {
         return Next::Call(std::make_unique<RenewOp>(s_, id, &lost_));
       }
     }
@@ -364,6 +366,7 @@ class AcquireLockOp final : public StorePart {
         }
         if (it != s_.held().end() && it->second.lingering) {
           it->second.lingering = false;
+          s_.ClearTimer(TimerKind::kLinger, id_);
           Result r = s_.Base();
           r.lock_id = it->second.machine->lock_id();
           r.waited_ms = 0;
@@ -482,7 +485,7 @@ class ReleaseAllOp final : public StorePart {
         return Next::Call(std::make_unique<part::ReleaseLingeringLockOp>(s_, it->first));
       }
       if (!it->second.Live()) {
-        it = held.erase(it);
+        it = s_.ForgetHeld(it);
         continue;
       }
       ++count_;
@@ -513,7 +516,7 @@ class ReleaseLockOp final : public StorePart {
         return Start();
       case Stage::kLooking:
         if (waiter_) return Release();
-        return Linger(looked_at_ms_);
+        return Linger(looked_at_ms_ + s_.WaiterCheckEveryMs());
       case Stage::kReleasing:
         return Next::Done(s_.Base());
     }
@@ -535,7 +538,7 @@ class ReleaseLockOp final : public StorePart {
       // Lost earlier (a renewal found another holder or the lease ran out):
       // it is not ours to drop, so forgetting it is the whole release; but
       // the scope it guarded was not exclusive, which its user must hear.
-      s_.held().erase(it);
+      s_.ForgetHeld(it);
       return Next::Fail(absl::AbortedError(absl::StrCat(
           "the lock on state id \"", PrintableId(id_), "\" was lost while held (its lease of ",
           s_.options().lock.stale_ms / 1000.0, " s, lock_timeout_seconds, could not be renewed in time, and another "
@@ -545,7 +548,7 @@ class ReleaseLockOp final : public StorePart {
     if (it->second.lingering) return Next::Done(s_.Base());  // released already; lingering
     const int64_t now = s_.inputs().now_ms;
     if (!s_.Lingers() || !m_->LeaseValid(now)) return Release();
-    if (now - it->second.waiters_checked_ms < s_.WaiterCheckEveryMs()) return Linger(it->second.waiters_checked_ms);
+    if (now < s_.TimerAt(TimerKind::kWaiterLook, id_)) return Linger(s_.TimerAt(TimerKind::kWaiterLook, id_));
     // Time to look whether another process waits: if one does, the lock is
     // released for real.
     looked_at_ms_ = now;
@@ -556,12 +559,13 @@ class ReleaseLockOp final : public StorePart {
     stage_ = Stage::kReleasing;
     return Next::Call(std::make_unique<part::ReleaseAndForgetOp>(s_, id_, m_));
   }
-  Next Linger(int64_t checked_ms) {
+  // `next_look_ms`: when the next look for waiters is due.
+  Next Linger(int64_t next_look_ms) {
     auto held = s_.held().find(id_);
     if (held != s_.held().end() && held->second.machine == m_ && m_->state() == LockState::kHeld) {
       held->second.lingering = true;
-      held->second.linger_until_ms = s_.inputs().now_ms + kDefaultLockLingerMs;
-      held->second.waiters_checked_ms = checked_ms;
+      s_.SetTimer(TimerKind::kLinger, id_, s_.inputs().now_ms + kDefaultLockLingerMs);
+      s_.SetTimer(TimerKind::kWaiterLook, id_, next_look_ms);
     }
     return Next::Done(s_.Base());
   }
@@ -612,10 +616,11 @@ std::optional<int64_t> Store::NextTimeoutMs() const {
     // A renewal left waiting by an abandoned task is due at once (the next
     // task settles it; see SettleAbandonedRenewals).
     if (held.Live() || held.AbandonedRenewal()) {
-      if (!next || held.renew_at_ms < *next) next = held.renew_at_ms;
+      const int64_t at = TimerAt(TimerKind::kRenewal, id);
+      if (!next || at < *next) next = at;
     }
     if (held.lingering) {
-      const int64_t at = std::min(held.linger_until_ms, held.waiters_checked_ms + WaiterCheckEveryMs());
+      const int64_t at = std::min(TimerAt(TimerKind::kLinger, id), TimerAt(TimerKind::kWaiterLook, id));
       if (!next || at < *next) next = at;
     }
   }

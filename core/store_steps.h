@@ -206,13 +206,22 @@ class StoreSteps {
 
   // The store's held locks and marks, for the registry's parts.
   std::map<std::string, Store::HeldLock>& held() { return s_->held_; }
-  std::map<std::string, int64_t>& yielded_until() { return s_->yielded_until_; }
+  // The store's deadlines for the held lock on `id` (and its yield mark),
+  // in its timer table.
+  int64_t TimerAt(TimerKind kind, const std::string& id) const { return s_->TimerAt(kind, id); }
+  void SetTimer(TimerKind kind, const std::string& id, int64_t at_ms) { s_->timers_.Set(kind, id, at_ms); }
+  void ClearTimer(TimerKind kind, const std::string& id) { s_->timers_.Clear(kind, id); }
+  std::map<std::string, Store::HeldLock>::iterator ForgetHeld(std::map<std::string, Store::HeldLock>::iterator it) {
+    return s_->ForgetHeld(it);
+  }
   const LockPtr& current_lock() const { return current_lock_; }
-  // Keeps `m` (just acquired) as held by the store, renewed at renew_at_ms.
+  // Keeps `m` (just acquired) as held by the store, renewed at renew_at_ms;
+  // it may look for waiters once WaiterCheckEveryMs has passed.
   void Hold(const std::string& id, LockPtr m, int64_t renew_at_ms) {
-    Store::HeldLock held{std::move(m), renew_at_ms};
-    held.waiters_checked_ms = in_->now_ms;
-    s_->held_[id] = held;
+    s_->held_[id] = Store::HeldLock{std::move(m)};
+    SetTimer(TimerKind::kRenewal, id, renew_at_ms);
+    SetTimer(TimerKind::kWaiterLook, id, in_->now_ms + s_->WaiterCheckEveryMs());
+    ClearTimer(TimerKind::kLinger, id);
   }
   bool Lingers() const { return s_->Lingers(); }
   int64_t WaiterCheckEveryMs() const { return s_->WaiterCheckEveryMs(); }

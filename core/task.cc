@@ -179,9 +179,28 @@ bool ReplicaLevelError(const SqlRequest& request, const SqlResponse& response) {
 }
 
 Task::Task(const std::function<Root(const Inputs*)>& make_root, TransportPolicy policy) : policy_(policy) {
+  timer_id_ = timers().NewId("task");
   Root root = make_root(&inputs_);
   context_ = std::move(root.context);
   stack_.push_back(Frame{std::move(root.op), false});
+}
+
+Task::~Task() { EndWait(); }
+
+void Task::Wait(TimerKind kind, int64_t ms) {
+  EndWait();
+  waiting_for_ = kind;
+  wait_ms_ = ms;
+  timers().Set(kind, timer_id_, inputs_.now_ms + std::max<int64_t>(ms, 0));
+}
+
+void Task::EndWait() {
+  if (phase_ == Phase::kTimer || phase_ == Phase::kResend) timers().Clear(waiting_for_, timer_id_);
+}
+
+std::optional<int64_t> Task::WakeAt() const {
+  if (phase_ != Phase::kTimer && phase_ != Phase::kResend) return std::nullopt;
+  return timers().At(waiting_for_, timer_id_);
 }
 
 bool Task::ChooseHost() {
@@ -252,9 +271,8 @@ Action Task::Advance(Next next) {
         ChooseHost();
         return SendPending();
       case Next::Kind::kWait: {
+        Wait(next.timer, next.wait_ms);
         phase_ = Phase::kTimer;
-        waiting_for_ = next.timer;
-        wait_ms_ = next.wait_ms;
         Action a;
         a.kind = Action::Kind::kWait;
         a.wait_ms = next.wait_ms;
@@ -265,6 +283,7 @@ Action Task::Advance(Next next) {
 }
 
 Action Task::Misuse(const char* what) {
+  EndWait();
   phase_ = Phase::kFinished;
   stack_.clear();
   Action a;
@@ -325,9 +344,9 @@ Action Task::OnResponse(const SqlResponse& response, const Inputs& in) {
     const int64_t wait_ms =
         std::min<int64_t>(policy_.backoff_ms << (pending_.attempt - 1), 8 * policy_.backoff_ms);
     if (!PastSendBefore(pending_, in.now_ms + wait_ms)) {
+      Wait(TimerKind::kResend, wait_ms);
       phase_ = Phase::kResend;
       last_failure_ = response;
-      wait_ms_ = wait_ms;
       const int of = replica_retry ? 2 * policy_.attempts : policy_.attempts;
       const std::string why = response.transport_ok ? absl::StrCat("code ", ResponseCode(response).value_or(0))
                                                     : response.transport_error;
@@ -362,6 +381,7 @@ Action Task::Deliver(const SqlResponse& response) {
 
 Action Task::OnTimer(const Inputs& in) {
   if (phase_ == Phase::kResend) {
+    EndWait();
     inputs_ = in;
     // A timer that fired late: past the lease the op gets the last answer.
     if (PastSendBefore(pending_, in.now_ms)) return Deliver(last_failure_);
@@ -373,6 +393,7 @@ Action Task::OnTimer(const Inputs& in) {
     return SendPending();
   }
   if (phase_ != Phase::kTimer) return Misuse("OnTimer called when the task was not waiting for a timer");
+  EndWait();
   inputs_ = in;
   Reply r;
   r.kind = Reply::Kind::kTimer;

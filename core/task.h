@@ -117,6 +117,9 @@ struct TransportPolicy {
   // Where the task tells what it did (resends, hosts marked down, each
   // statement's time); null: nowhere. The store's own (Store::diagnostics).
   Diagnostics* diagnostics = nullptr;
+  // Where the task keeps its waits' deadlines: the store's timer table;
+  // null: a table of the task's own.
+  TimerTable* timers = nullptr;
 };
 
 // True when `request` may be sent again after `response` (a transport
@@ -198,11 +201,17 @@ class Task {
   // `make_root` runs on construction; `inputs` points at the latest Inputs
   // the host gave, for ops that need the time or randomness.
   explicit Task(const std::function<Root(const Inputs*)>& make_root, TransportPolicy policy = {});
+  ~Task();
+  Task(const Task&) = delete;
+  Task& operator=(const Task&) = delete;
 
   Action Start(const Inputs& in);
   Action OnResponse(const SqlResponse& response, const Inputs& in);
   Action OnTimer(const Inputs& in);
   bool finished() const { return phase_ == Phase::kFinished; }
+  // While the task waits (a kWait action): when its wait is over, on the
+  // host's clock, from the timer table.
+  std::optional<int64_t> WakeAt() const;
   // Where the task is: its stack of parts, outermost first, and what it
   // waits for ("update \"dev:a\" > writing state (sent, attempt 2)").
   std::string Where() const;
@@ -248,8 +257,17 @@ class Task {
   Inputs inputs_;
   SqlRequest pending_;   // kSql, kResend: the request in flight
   int64_t sent_at_ms_ = 0;  // kSql: when it was handed to the host
-  TimerKind waiting_for_ = TimerKind::kOpWait;  // kTimer
-  int64_t wait_ms_ = 0;  // kTimer, kResend
+  // kTimer, kResend: what the task waits for, and how long; its deadline is
+  // (waiting_for_, timer_id_) in the timer table.
+  TimerKind waiting_for_ = TimerKind::kOpWait;
+  int64_t wait_ms_ = 0;
+  TimerTable own_timers_;
+  TimerTable& timers() { return policy_.timers != nullptr ? *policy_.timers : own_timers_; }
+  const TimerTable& timers() const { return policy_.timers != nullptr ? *policy_.timers : own_timers_; }
+  std::string timer_id_;
+  // Sets the task's one wait (clearing any other).
+  void Wait(TimerKind kind, int64_t ms);
+  void EndWait();
   Phase phase_ = Phase::kNew;
 };
 

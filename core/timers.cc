@@ -17,6 +17,7 @@ const char* TimerKindName(TimerKind kind) {
     case TimerKind::kOpWait: return "op-wait";
     case TimerKind::kLockDeadline: return "lock-deadline";
     case TimerKind::kQuorumBusyEnd: return "quorum-busy-end";
+    case TimerKind::kMutationEnd: return "mutation-end";
     case TimerKind::kLease: return "lease";
     case TimerKind::kRenewal: return "renewal";
     case TimerKind::kLinger: return "linger";

@@ -34,6 +34,7 @@ enum class TimerKind {
   // Deadlines an operation compares the time with (nothing is woken).
   kLockDeadline,  // an acquisition gives up (the lock timeout)
   kQuorumBusyEnd, // code 286 is waited out until then (quorum_busy_ms)
+  kMutationEnd,   // 18.x: a delete's mutation is waited for until then (mutation_timeout_ms)
   kLease,         // a held lock's lease ends: nothing is sent under it from then on
   // The store's idle timers (the connection wakes for them while no task runs).
   kRenewal,       // a held lock's next renewal
@@ -81,12 +82,15 @@ class TimerTable {
   // The entries of `kinds` whose time has come at `now_ms`, earliest first
   // (ties in key order).
   std::vector<Key> Due(int64_t now_ms, TimerKinds kinds) const;
+  // A fresh id for an owner of timers ("task 3"), unique in this table.
+  std::string NewId(const char* owner) { return std::string(owner) + " " + std::to_string(++ids_); }
   // Every entry, as "kind id @at" lines (for Where and tests).
   std::string Describe() const;
   bool empty() const { return timers_.empty(); }
 
  private:
   std::map<Key, int64_t> timers_;
+  uint64_t ids_ = 0;
 };
 
 }  // namespace chstate

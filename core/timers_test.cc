@@ -1,0 +1,163 @@
+// The one table of every deadline the core keeps (core/timers.h): the table
+// itself, and that a store's waits, held locks and hosts' down marks are in
+// it (and nowhere else: the connection reads its wake-up from it).
+#include "core/timers.h"
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/connection.h"
+#include "core/endpoints.h"
+#include "core/lock.h"
+#include "core/store.h"
+#include "core/testing/responses.h"
+#include "core/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace chstate {
+namespace {
+
+using ::chstate::testing::IsOk;
+using ::chstate::testing::Ok;
+using ::chstate::testing::Refused;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using Key = TimerTable::Key;
+
+TEST(TimerTable, SetMovesClearRemovesAndEarliestIsTheMinimumOfTheKindsAsked) {
+  TimerTable t;
+  EXPECT_FALSE(t.Earliest(kIdleTimers).has_value());
+  t.Set(TimerKind::kRenewal, "a", 300);
+  t.Set(TimerKind::kLinger, "b", 200);
+  t.Set(TimerKind::kHostDown, "#0 h:1", 100);  // a mark: never wakes anyone
+  t.Set(TimerKind::kResend, "task 1", 50);
+  EXPECT_EQ(t.Earliest(kIdleTimers), 200);
+  EXPECT_EQ(t.Earliest(kTaskTimers), 50);
+  t.Set(TimerKind::kLinger, "b", 400);  // moved, not added
+  EXPECT_EQ(t.Earliest(kIdleTimers), 300);
+  t.Clear(TimerKind::kRenewal, "a");
+  EXPECT_EQ(t.Earliest(kIdleTimers), 400);
+  EXPECT_EQ(t.At(TimerKind::kRenewal, "a"), std::nullopt);
+  EXPECT_TRUE(t.Expired(TimerKind::kHostDown, "#0 h:1", 100));
+  EXPECT_FALSE(t.Expired(TimerKind::kHostDown, "#0 h:1", 99));
+  EXPECT_FALSE(t.Expired(TimerKind::kRenewal, "a", 1000));  // not set: never expired
+}
+
+TEST(TimerTable, DueListsTheEntriesWhoseTimeCameEarliestFirst) {
+  TimerTable t;
+  t.Set(TimerKind::kRenewal, "z", 30);
+  t.Set(TimerKind::kRenewal, "a", 20);
+  t.Set(TimerKind::kWaiterLook, "a", 10);
+  t.Set(TimerKind::kLinger, "a", 99);
+  EXPECT_THAT(t.Due(30, kIdleTimers), ElementsAre(Key(TimerKind::kWaiterLook, "a"), Key(TimerKind::kRenewal, "a"),
+                                                  Key(TimerKind::kRenewal, "z")));
+  t.ClearId("a");
+  EXPECT_THAT(t.Due(1000, kIdleTimers), ElementsAre(Key(TimerKind::kRenewal, "z")));
+}
+
+TEST(TimerTable, IdsAreFreshAndTheTableDescribesItself) {
+  TimerTable t;
+  EXPECT_EQ(t.NewId("task"), "task 1");
+  EXPECT_EQ(t.NewId("task"), "task 2");
+  t.Set(TimerKind::kQuorumBusy, "task 2", 1234);
+  EXPECT_THAT(t.Describe(), HasSubstr("quorum-busy task 2 @1234"));
+}
+
+const std::string kRandom(32, '\x33');
+
+std::unique_ptr<Store> MakeStore(StoreOptions o = {}) {
+  o.lock.stale_ms = 300000;
+  o.lock.timeout_ms = 10000;
+  absl::StatusOr<std::unique_ptr<Store>> s = Store::Create(std::move(o));
+  EXPECT_THAT(s, IsOk());
+  return std::move(*s);
+}
+
+TEST(StoreTimers, ATasksResendWaitIsInTheStoresTableAndTheConnectionWakesAtIt) {
+  std::unique_ptr<Store> store = MakeStore();
+  Connection conn(store.get());
+  conn.Start(store->Ping(), {1000, kRandom});
+  std::optional<Transmit> tx = conn.PollTransmit();
+  ASSERT_TRUE(tx.has_value());
+  ASSERT_THAT(conn.HandleResponse(tx->op, Refused(), {1010, kRandom}), IsOk());
+  std::optional<int64_t> at = store->timers().Earliest(kTaskTimers);
+  ASSERT_TRUE(at.has_value()) << store->timers().Describe();
+  EXPECT_EQ(conn.PollTimeout(), at);
+  EXPECT_THAT(store->timers().Describe(), HasSubstr("resend task"));
+  // Early: nothing happens; at the time: the request goes again and the
+  // entry is gone.
+  conn.HandleTimeout({*at - 1, kRandom});
+  EXPECT_FALSE(conn.PollTransmit().has_value());
+  conn.HandleTimeout({*at, kRandom});
+  EXPECT_TRUE(conn.PollTransmit().has_value());
+  EXPECT_FALSE(store->timers().Earliest(kTaskTimers).has_value()) << store->timers().Describe();
+}
+
+TEST(StoreTimers, AnAbandonedTaskLeavesNoTimer) {
+  std::unique_ptr<Store> store = MakeStore();
+  Connection conn(store.get());
+  uint64_t op = conn.Start(store->Ping(), {0, kRandom});
+  std::optional<Transmit> tx = conn.PollTransmit();
+  ASSERT_TRUE(tx.has_value());
+  ASSERT_THAT(conn.HandleResponse(op, Refused(), {5, kRandom}), IsOk());
+  ASSERT_TRUE(store->timers().Earliest(kTaskTimers).has_value());
+  conn.Abandon(op, {6, kRandom});
+  EXPECT_TRUE(store->timers().empty()) << store->timers().Describe();
+}
+
+TEST(StoreTimers, AHeldLocksRenewalIsInTheTableAndIsTheIdleTimeout) {
+  std::unique_ptr<Store> store = MakeStore();
+  Connection conn(store.get());
+  int64_t now = 0;
+  conn.Start(store->AcquireLock("dev:a"), {now, kRandom});
+  while (std::optional<Transmit> tx = conn.PollTransmit()) {
+    std::string body;
+    if (tx->request.purpose == "select_version") body = "18.16.1\t0\n";
+    if (tx->request.purpose == "inspect_lock") {
+      body = absl::StrCat(MakeLockId(kRandom), "\t0\t100\t100\t300\n\t255\t100\t100\t0\n");
+    }
+    ASSERT_THAT(conn.HandleResponse(tx->op, Ok(body), {now += 10, kRandom}), IsOk());
+  }
+  std::optional<OpEvent> e = conn.PollEvent();
+  ASSERT_TRUE(e.has_value());
+  ASSERT_TRUE(e->ok) << e->status;
+  std::optional<int64_t> renewal = store->timers().At(TimerKind::kRenewal, "dev:a");
+  ASSERT_TRUE(renewal.has_value()) << store->timers().Describe();
+  EXPECT_EQ(conn.PollTimeout(), renewal);
+  EXPECT_EQ(store->NextTimeoutMs(), renewal);
+  // Released: nothing of it is left in the table, and the idle store has
+  // nothing to wake for.
+  conn.Start(store->ReleaseLock("dev:a", MakeLockId(kRandom)), {now, kRandom});
+  while (std::optional<Transmit> tx = conn.PollTransmit()) {
+    std::string body;
+    if (tx->request.purpose == "inspect_lock") {
+      body = absl::StrCat(MakeLockId(kRandom), "\t0\t100\t100\t300\n\t255\t100\t100\t0\n");
+    }
+    ASSERT_THAT(conn.HandleResponse(tx->op, Ok(body), {now += 10, kRandom}), IsOk());
+  }
+  e = conn.PollEvent();
+  ASSERT_TRUE(e.has_value());
+  ASSERT_TRUE(e->ok) << e->status;
+  EXPECT_TRUE(store->timers().empty()) << store->timers().Describe();
+  EXPECT_EQ(conn.PollTimeout(), std::nullopt);
+}
+
+TEST(StoreTimers, AHostMarkedDownIsInTheStoresTable) {
+  StoreOptions o;
+  o.hosts = {{"h1", 8123}, {"h2", 8123}};
+  o.cluster.name = "c";
+  std::unique_ptr<Store> store = MakeStore(o);
+  Connection conn(store.get());
+  conn.Start(store->Ping(), {1000, kRandom});
+  std::optional<Transmit> tx = conn.PollTransmit();
+  ASSERT_TRUE(tx.has_value());
+  ASSERT_EQ(tx->request.endpoint.host, "h1");
+  ASSERT_THAT(conn.HandleResponse(tx->op, Refused(), {1010, kRandom}), IsOk());
+  EXPECT_EQ(store->timers().At(TimerKind::kHostDown, "#0 h1:8123"), 1010 + o.host_down_ms)
+      << store->timers().Describe();
+}
+
+}  // namespace
+}  // namespace chstate
