@@ -15,149 +15,72 @@
 
 namespace chstate {
 
-std::unique_ptr<Task> Store::History(std::string state_id, int64_t limit) {
-  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  if (limit < 1) return Invalid(absl::InvalidArgumentError("a history lists at least one version"));
-  return MakeTask(this, [state_id, limit](StoreSteps& s) {
-    return s.Connected(
-        [&s, state_id, limit] {
-          auto listed = [&s, state_id](std::vector<StateVersion> versions) {
-            return s.ReadState(
-                state_id,
-                [&s, versions](std::optional<MeltanoState> now) mutable {
-                  // 18.x keeps whole seconds: among the newest second's
-                  // versions, the one the state table holds is the newest.
-                  for (size_t i = 0; now && i < versions.size() && versions[i].unix_ms == versions[0].unix_ms; ++i) {
-                    if (versions[i].state.partial == now->partial && versions[i].state.completed == now->completed) {
-                      versions[i].current = true;
-                      std::rotate(versions.begin(), versions.begin() + i, versions.begin() + i + 1);
-                      break;
-                    }
-                  }
-                  Result r = s.Base();
-                  r.versions = std::move(versions);
-                  return Step::Done(std::move(r));
-                },
-                StoreSteps::Failed);
-          };
-          return s.Query(
-              s.st().ListHistory(state_id, limit), "reading the state history", 5,
-              [state_id, listed](const Rows& rows) {
-                absl::StatusOr<std::vector<StateVersion>> versions = StoreSteps::Versions(state_id, rows);
-                if (!versions.ok()) return Step::Fail(versions.status());
-                return listed(*std::move(versions));
-              },
-              [listed](absl::Status st) {
-                if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
-                return listed({});
-              });
-        },
-        StoreSteps::Failed);
-  });
-}
+namespace part {
+namespace {
 
-std::unique_ptr<Task> Store::Rollback(std::string state_id, std::string version) {
-  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  int64_t unix_ms = 0;
-  const size_t dash = version.find('-');
-  const std::string hash8 = dash == std::string::npos ? "" : version.substr(dash + 1);
-  if (dash == std::string::npos || !absl::SimpleAtoi(version.substr(0, dash), &unix_ms) || unix_ms < 0 ||
-      hash8.size() != 8 || hash8.find_first_not_of("0123456789abcdef") != std::string::npos) {
-    return Invalid(absl::InvalidArgumentError(absl::StrCat(
-        "\"", PrintableId(version),
-        "\" is not a version: versions look like 1796155032000-9f3a2b1c (`chstate history ID` lists them)")));
+// After a write of `id`, one time in kHistoryUpkeepEvery (by the fresh
+// random bytes of the write's answer): the id's versions beyond
+// history_versions or older than history_days are removed. The write is
+// done either way; a failure here is left to a later write.
+class HistoryUpkeepOp final : public StorePart {
+ public:
+  HistoryUpkeepOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
+  std::string Where() const override {
+    return absl::StrCat("keeping the history of \"", PrintableId(id_), "\" in bounds");
   }
-  return MakeTask(this, [state_id, version, unix_ms, hash8](StoreSteps& s) {
-    return s.Connected(
-        [&s, state_id, version, unix_ms, hash8] {
-          return s.WithLock(state_id, [&s, state_id, version, unix_ms, hash8](StoreSteps::Finish finish) {
-            auto missing = [state_id, version] {
-              return absl::NotFoundError(absl::StrCat(
-                  "state id \"", PrintableId(state_id), "\" has no version ", version,
-                  " in its history; `chstate history ID` lists the versions kept"));
-            };
-            return s.Query(
-                s.st().GetHistoryVersion(state_id, unix_ms, hash8), "reading a version from the state history", 5,
-                [&s, state_id, finish, missing](const Rows& rows) {
-                  absl::StatusOr<std::vector<StateVersion>> found = StoreSteps::Versions(state_id, rows);
-                  if (!found.ok()) return finish(found.status());
-                  if (found->empty()) return finish(missing());
-                  MeltanoState restored = std::move(found->front().state);
-                  return s.WriteState(
-                      restored,
-                      [&s, finish, restored] {
-                        Result r = s.Base();
-                        r.state = restored;
-                        return finish(std::move(r));
-                      },
-                      finish);
-                },
-                [finish, missing](absl::Status st) {
-                  return finish(st.code() == absl::StatusCode::kNotFound ? missing() : st);
-                });
-          });
-        },
-        StoreSteps::Failed);
-  });
-}
 
-std::unique_ptr<Task> Store::List(std::optional<std::string> glob) {
-  return MakeTask(this, [glob](StoreSteps& s) {
-    return s.Connected(
-        [&s, glob] {
-          return s.Query(
-              s.st().ListStateIds(glob), "listing state ids", 2,
-              [&s](const Rows& rows) {
-                Result r = s.Base();
-                for (const Row& row : rows) r.state_ids.push_back(row[0].value_or(""));
-                return Step::Done(std::move(r));
-              },
-              [&s](absl::Status st) {
-                if (st.code() == absl::StatusCode::kNotFound) return Step::Done(s.Base());
-                return Step::Fail(std::move(st));
-              });
-        },
-        StoreSteps::Failed);
-  });
-}
-
-std::unique_ptr<Task> Store::ExportPage(std::optional<std::string> glob, std::optional<std::string> after,
-                                        int64_t limit) {
-  if (limit < 1) return Invalid(absl::InvalidArgumentError("an export page holds at least one state"));
-  if (after) {
-    if (absl::Status st = ValidateStateId(*after); !st.ok()) return Invalid(st);
-  }
-  // What continues is looked at when the task starts (see RenewLock).
-  return MakeTask(this, [this, glob, after, limit](StoreSteps& s) {
-    return s.Connected(
-        [this, &s, glob, after, limit] {
-          if (export_ && after && export_->after == after && export_->glob == glob) return s.ExportRange(after, limit);
-          export_ = ExportCursor{glob, after};
-          return s.ExportSample(after, limit);
-        },
-        StoreSteps::Failed);
-  });
-}
-
-std::unique_ptr<Task> Store::Import(std::vector<MeltanoState> states) {
-  std::map<std::string, size_t> seen;
-  for (size_t i = 0; i < states.size(); ++i) {
-    const std::string& id = states[i].state_id;
-    if (absl::Status st = ValidateStateId(id); !st.ok()) {
-      return Invalid(absl::InvalidArgumentError(
-          absl::StrCat("import entry ", i + 1, " of ", states.size(), ": ", st.message(), "; nothing was written")));
+  Next Resume(const Reply& r) override {
+    const StoreOptions& o = s_.options();
+    switch (stage_) {
+      case Stage::kStart: {
+        const Inputs& in = s_.inputs();
+        if (o.history_days <= 0 || in.random.size() < 16 ||
+            static_cast<unsigned char>(in.random[15]) % kHistoryUpkeepEvery != 0) {
+          return Next::Done();
+        }
+        stage_ = Stage::kCounting;
+        return Next::Send(s_.st().HistoryOverLimits(id_, o.history_versions, o.history_days));
+      }
+      case Stage::kCounting: {
+        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "counting the state's versions", 3);
+        int64_t cutoff_ms = 0;
+        if (!rows.ok() || rows->empty() || !absl::SimpleAtoi((*rows)[0][0].value_or(""), &count_) ||
+            !absl::SimpleAtoi((*rows)[0][1].value_or(""), &expired_) ||
+            !absl::SimpleAtoi((*rows)[0][2].value_or(""), &cutoff_ms)) {
+          return Next::Done();
+        }
+        const bool over_count = o.history_versions > 0 && count_ > o.history_versions && cutoff_ms > 0;
+        if (!over_count && expired_ == 0) return Next::Done();
+        stage_ = Stage::kTrimming;
+        return Next::Try(s_.SqlPart(s_.st().TrimHistoryOf(id_, over_count ? cutoff_ms : 0, o.history_days),
+                                    "removing the state's old versions"));
+      }
+      case Stage::kTrimming:
+        if (r.status.ok()) {
+          s_.Tell(DiagnosticKind::kHistoryPruned, DiagnosticLevel::kDebug, id_,
+                  absl::StrCat("the history of \"", PrintableId(id_), "\" was kept in bounds: it held ", count_,
+                               " versions (", expired_, " past ", o.history_days, " days; at most ",
+                               o.history_versions, " are kept)"),
+                  {{"versions", count_}, {"expired", expired_}, {"cap", o.history_versions}});
+        }
+        return Next::Done();
     }
-    auto [it, fresh] = seen.emplace(id, i);
-    if (!fresh) {
-      return Invalid(absl::InvalidArgumentError(absl::StrCat(
-          "import entries ", it->second + 1, " and ", i + 1, " have the same state id ",
-          "\"", PrintableId(id), "\"; keep one of them (nothing was written)")));
-    }
+    return Next::Fail(absl::InternalError("history upkeep: no such stage"));
   }
-  auto all = std::make_shared<const std::vector<MeltanoState>>(std::move(states));
-  return MakeTask(this, [all](StoreSteps& s) {
-    return s.Connected([&s, all] { return s.WriteBatches(all, 0, false); }, StoreSteps::Failed);
-  });
+
+ private:
+  enum class Stage { kStart, kCounting, kTrimming };
+  Stage stage_ = Stage::kStart;
+  std::string id_;
+  int64_t count_ = 0;
+  int64_t expired_ = 0;
+};
+
+}  // namespace
+}  // namespace part
+
+std::unique_ptr<Op> StoreSteps::HistoryUpkeepPart(const std::string& id) {
+  return std::make_unique<part::HistoryUpkeepOp>(*this, id);
 }
 
 // Rows of ListHistory / GetHistoryVersion as versions.
@@ -182,168 +105,445 @@ absl::StatusOr<std::vector<StateVersion>> StoreSteps::Versions(const std::string
   return out;
 }
 
-// After a write of `id`, one time in kHistoryUpkeepEvery (by the fresh
-// random bytes of the write's answer): the id's versions beyond
-// history_versions or older than history_days are removed. The write is
-// done either way; a failure here is left to a later write.
-Step StoreSteps::HistoryUpkeep(const std::string& id, Then then) {
-  const StoreOptions& o = s_->options_;
-  if (o.history_days <= 0 || in_->random.size() < 16 ||
-      static_cast<unsigned char>(in_->random[15]) % kHistoryUpkeepEvery != 0) {
-    return then();
-  }
-  return Query(
-      st().HistoryOverLimits(id, o.history_versions, o.history_days), "counting the state's versions", 3,
-      [this, id, then](const Rows& rows) -> Step {
-        const StoreOptions& o = s_->options_;
-        int64_t count = 0, expired = 0, cutoff_ms = 0;
-        if (rows.empty() || !absl::SimpleAtoi(rows[0][0].value_or(""), &count) ||
-            !absl::SimpleAtoi(rows[0][1].value_or(""), &expired) ||
-            !absl::SimpleAtoi(rows[0][2].value_or(""), &cutoff_ms)) {
-          return then();
+namespace {
+
+// history: the id's versions, newest first; the one the state table holds
+// now is marked current. A missing history reads as no versions.
+class HistoryOp final : public StorePart {
+ public:
+  HistoryOp(StoreSteps& s, std::string id, int64_t limit) : StorePart(s), id_(std::move(id)), limit_(limit) {}
+  std::string Where() const override { return absl::StrCat("history \"", PrintableId(id_), "\""); }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
+        return Next::Call(part::Connect(s_));
+      case Stage::kConnecting:
+        stage_ = Stage::kListing;
+        return Next::Send(s_.st().ListHistory(id_, limit_));
+      case Stage::kListing: {
+        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "reading the state history", 5);
+        if (!rows.ok() && rows.status().code() != absl::StatusCode::kNotFound) return Next::Fail(rows.status());
+        if (rows.ok()) {
+          absl::StatusOr<std::vector<StateVersion>> versions = StoreSteps::Versions(id_, *rows);
+          if (!versions.ok()) return Next::Fail(versions.status());
+          versions_ = *std::move(versions);
         }
-        const bool over_count = o.history_versions > 0 && count > o.history_versions && cutoff_ms > 0;
-        if (!over_count && expired == 0) return then();
-        return Sql(
-            st().TrimHistoryOf(id, over_count ? cutoff_ms : 0, o.history_days),
-            "removing the state's old versions", [then](const std::string&) { return then(); },
-            [then](absl::Status) { return then(); });
-      },
-      [then](absl::Status) { return then(); });
+        stage_ = Stage::kReading;
+        return Next::Call(part::ReadState(s_, id_, &now_));
+      }
+      case Stage::kReading: {
+        // 18.x keeps whole seconds: among the newest second's versions, the
+        // one the state table holds is the newest.
+        for (size_t i = 0; now_ && i < versions_.size() && versions_[i].unix_ms == versions_[0].unix_ms; ++i) {
+          if (versions_[i].state.partial == now_->partial && versions_[i].state.completed == now_->completed) {
+            versions_[i].current = true;
+            std::rotate(versions_.begin(), versions_.begin() + i, versions_.begin() + i + 1);
+            break;
+          }
+        }
+        Result out = s_.Base();
+        out.versions = std::move(versions_);
+        return Next::Done(std::move(out));
+      }
+    }
+    return Next::Fail(absl::InternalError("history: no such stage"));
+  }
+
+ private:
+  enum class Stage { kStart, kConnecting, kListing, kReading };
+  Stage stage_ = Stage::kStart;
+  std::string id_;
+  int64_t limit_;
+  std::vector<StateVersion> versions_;
+  std::optional<MeltanoState> now_;
+};
+
+// Under the id's lock: reads `version` from the history and writes it as
+// the state (a new version), into *restored.
+class RestoreVersionOp final : public StorePart {
+ public:
+  RestoreVersionOp(StoreSteps& s, std::string id, std::string version, int64_t unix_ms, std::string hash8,
+                   MeltanoState* restored)
+      : StorePart(s), id_(std::move(id)), version_(std::move(version)), unix_ms_(unix_ms), hash8_(std::move(hash8)),
+        restored_(restored) {}
+  std::string Where() const override { return absl::StrCat("restoring version ", version_); }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kStart:
+        stage_ = Stage::kReading;
+        return Next::Send(s_.st().GetHistoryVersion(id_, unix_ms_, hash8_));
+      case Stage::kReading: {
+        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "reading a version from the state history", 5);
+        if (!rows.ok()) return Next::Fail(rows.status().code() == absl::StatusCode::kNotFound ? Missing() : rows.status());
+        absl::StatusOr<std::vector<StateVersion>> found = StoreSteps::Versions(id_, *rows);
+        if (!found.ok()) return Next::Fail(found.status());
+        if (found->empty()) return Next::Fail(Missing());
+        *restored_ = std::move(found->front().state);
+        stage_ = Stage::kWriting;
+        return Next::Call(part::WriteState(s_, *restored_));
+      }
+      case Stage::kWriting:
+        return Next::Done();
+    }
+    return Next::Fail(absl::InternalError("rollback: no such stage"));
+  }
+
+ private:
+  absl::Status Missing() const {
+    return absl::NotFoundError(absl::StrCat("state id \"", PrintableId(id_), "\" has no version ", version_,
+                                            " in its history; `chstate history ID` lists the versions kept"));
+  }
+
+  enum class Stage { kStart, kReading, kWriting };
+  Stage stage_ = Stage::kStart;
+  std::string id_;
+  std::string version_;
+  int64_t unix_ms_;
+  std::string hash8_;
+  MeltanoState* restored_;
+};
+
+// rollback: a version restored under the id's lock.
+class RollbackOp final : public StorePart {
+ public:
+  RollbackOp(StoreSteps& s, std::string id, std::string version, int64_t unix_ms, std::string hash8)
+      : StorePart(s), id_(std::move(id)), version_(std::move(version)), unix_ms_(unix_ms), hash8_(std::move(hash8)) {}
+  std::string Where() const override { return absl::StrCat("rollback \"", PrintableId(id_), "\" to ", version_); }
+
+  Next Resume(const Reply&) override {
+    switch (stage_) {
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
+        return Next::Call(part::Connect(s_));
+      case Stage::kConnecting:
+        stage_ = Stage::kRestoring;
+        return Next::Call(part::Locked(
+            s_, id_, std::make_unique<RestoreVersionOp>(s_, id_, version_, unix_ms_, hash8_, &restored_)));
+      case Stage::kRestoring: {
+        Result out = s_.Base();
+        out.state = restored_;
+        return Next::Done(std::move(out));
+      }
+    }
+    return Next::Fail(absl::InternalError("rollback: no such stage"));
+  }
+
+ private:
+  enum class Stage { kStart, kConnecting, kRestoring };
+  Stage stage_ = Stage::kStart;
+  std::string id_;
+  std::string version_;
+  int64_t unix_ms_;
+  std::string hash8_;
+  MeltanoState restored_;
+};
+
+// list: the ids matching a glob, sorted; a missing table is no ids.
+class ListOp final : public StorePart {
+ public:
+  ListOp(StoreSteps& s, std::optional<std::string> glob) : StorePart(s), glob_(std::move(glob)) {}
+  std::string Where() const override { return "list"; }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
+        return Next::Call(part::Connect(s_));
+      case Stage::kConnecting:
+        stage_ = Stage::kListing;
+        return Next::Send(s_.st().ListStateIds(glob_));
+      case Stage::kListing: {
+        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "listing state ids", 2);
+        if (!rows.ok()) {
+          if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s_.Base());
+          return Next::Fail(rows.status());
+        }
+        Result out = s_.Base();
+        for (const Row& row : *rows) out.state_ids.push_back(row[0].value_or(""));
+        return Next::Done(std::move(out));
+      }
+    }
+    return Next::Fail(absl::InternalError("list: no such stage"));
+  }
+
+ private:
+  enum class Stage { kStart, kConnecting, kListing };
+  Stage stage_ = Stage::kStart;
+  std::optional<std::string> glob_;
+};
+
+// export: one page (Store::ExportPage). Its ranges' upper ends come from a
+// sample of the ids kept in the store's export cursor between pages; a
+// page that continues the export this store returned last goes on from the
+// cursor, any other samples afresh. An empty range moves on to the next;
+// bounds that run out are sampled again from where the export is.
+class ExportPageOp final : public StorePart {
+ public:
+  ExportPageOp(StoreSteps& s, std::optional<std::string> glob, std::optional<std::string> after, int64_t limit)
+      : StorePart(s), glob_(std::move(glob)), from_(std::move(after)), limit_(limit) {}
+  std::string Where() const override {
+    return stage_ == Stage::kSampling ? "sampling state ids to export" : "exporting states";
+  }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
+        return Next::Call(part::Connect(s_));
+      case Stage::kConnecting: {
+        std::optional<StoreSteps::ExportCursor>& c = s_.export_cursor();
+        if (c && from_ && c->after == from_ && c->glob == glob_) return ReadRange();
+        c = StoreSteps::ExportCursor{glob_, from_};
+        return Sample();
+      }
+      case Stage::kSampling:
+        return Sampled(r);
+      case Stage::kReading:
+        return Read(r);
+    }
+    return Next::Fail(absl::InternalError("export: no such stage"));
+  }
+
+ private:
+  Next Sample() {
+    stage_ = Stage::kSampling;
+    return Next::Send(s_.st().SampleStateIds(s_.export_cursor()->glob, from_, kExportSampleEvery, kExportSampleCount));
+  }
+
+  Next Sampled(const Reply& r) {
+    absl::StatusOr<Rows> rows = s_.AnswerRows(r, "sampling state ids to export", 2);
+    if (!rows.ok()) return Failed(rows.status());
+    StoreSteps::ExportCursor& c = *s_.export_cursor();
+    c.bounds.clear();
+    for (const Row& row : *rows) {
+      std::string id = row[0].value_or("");
+      // Sorted by the server; kept strictly ascending and beyond `from`
+      // whatever it sent, so that every range is well formed.
+      if ((from_ && id <= *from_) || (!c.bounds.empty() && id <= c.bounds.back())) continue;
+      c.bounds.push_back(std::move(id));
+    }
+    c.sampled_to_end = static_cast<int64_t>(rows->size()) < kExportSampleCount || c.bounds.empty();
+    return ReadRange();
+  }
+
+  // The states after from_ up to the next boundaries (as many ranges as
+  // make about kDefaultExportPageBytes, at most limit_ states).
+  Next ReadRange() {
+    StoreSteps::ExportCursor& c = *s_.export_cursor();
+    if (c.bounds.empty() && !c.sampled_to_end) return Sample();
+    // The first page is one range; later ones as many as the size of the
+    // states read so far lets into the byte budget.
+    size_t ranges = 1;
+    if (c.bytes_per_state > 0) {
+      const int64_t states = std::min(limit_, kDefaultExportPageBytes / c.bytes_per_state);
+      ranges = static_cast<size_t>(std::max<int64_t>(states / kExportSampleEvery, 1));
+    }
+    upto_ = std::nullopt;
+    if (c.bounds.size() >= ranges) {
+      upto_ = c.bounds[ranges - 1];
+    } else if (!c.bounds.empty() && !c.sampled_to_end) {
+      upto_ = c.bounds.back();  // sampled again from there once it is read
+    }  // else the last ranges, to the end
+    stage_ = Stage::kReading;
+    return Next::Send(s_.st().ExportStates(c.glob, from_, upto_, limit_));
+  }
+
+  Next Read(const Reply& r) {
+    absl::StatusOr<std::string> body = s_.Answer(r, "exporting states");
+    if (!body.ok()) return Failed(body.status());
+    absl::StatusOr<Rows> rows = ParseTabSeparated(*body, 3);
+    if (!rows.ok()) return Failed(rows.status());
+    Result out = s_.Base();
+    out.states.emplace();
+    out.states->reserve(rows->size());
+    for (const Row& row : *rows) {
+      MeltanoState state;
+      state.state_id = row[0].value_or("");
+      absl::StatusOr<nlohmann::json> partial = FromColumn(row[1], state.state_id, "partial_state");
+      if (!partial.ok()) return Failed(partial.status());
+      absl::StatusOr<nlohmann::json> completed = FromColumn(row[2], state.state_id, "completed_state");
+      if (!completed.ok()) return Failed(completed.status());
+      state.partial = std::move(*partial);
+      state.completed = std::move(*completed);
+      out.states->push_back(std::move(state));
+    }
+    StoreSteps::ExportCursor& c = *s_.export_cursor();
+    const bool full = static_cast<int64_t>(rows->size()) >= limit_;
+    // A full page may have stopped inside its range: the next one goes on
+    // from its last id towards the same boundaries.
+    const std::optional<std::string> reached =
+        full ? std::optional<std::string>(out.states->back().state_id) : upto_;
+    while (!c.bounds.empty() && (!reached || c.bounds.front() <= *reached)) c.bounds.pop_front();
+    if (!rows->empty()) c.bytes_per_state = std::max<int64_t>(static_cast<int64_t>(body->size() / rows->size()), 1);
+    out.more = full || upto_.has_value();
+    if (out.more && out.states->empty()) {  // an empty range: on to the next
+      from_ = upto_;
+      return ReadRange();
+    }
+    if (out.more) {
+      c.after = out.states->back().state_id;
+    } else {
+      s_.export_cursor().reset();
+    }
+    return Next::Done(std::move(out));
+  }
+
+  // A failed page forgets the export (the next page samples afresh); a
+  // missing table is an export of no states.
+  Next Failed(absl::Status st) {
+    s_.export_cursor().reset();
+    if (st.code() != absl::StatusCode::kNotFound) return Next::Fail(std::move(st));
+    Result out = s_.Base();
+    out.states.emplace();
+    return Next::Done(std::move(out));
+  }
+
+  enum class Stage { kStart, kConnecting, kSampling, kReading };
+  Stage stage_ = Stage::kStart;
+  std::optional<std::string> glob_;
+  std::optional<std::string> from_;  // the last id exported before the range being read
+  int64_t limit_;
+  std::optional<std::string> upto_;  // the range's upper end (nullopt: to the end)
+};
+
+// import: the states in multi-row INSERTs of at most kDefaultImportBatchStates
+// states and kDefaultImportBatchBytes of SQL, creating the schema once if it
+// is missing. A failure names how many were written.
+class ImportOp final : public StorePart {
+ public:
+  ImportOp(StoreSteps& s, std::shared_ptr<const std::vector<MeltanoState>> all) : StorePart(s), all_(std::move(all)) {}
+  std::string Where() const override {
+    return absl::StrCat("import (", from_, " of ", all_->size(), " written)");
+  }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
+        return Next::Call(part::Connect(s_));
+      case Stage::kConnecting:
+        return WriteBatch();
+      case Stage::kWriting:
+        if (r.status.ok()) {
+          from_ = next_;
+          schema_made_ = true;
+          return WriteBatch();
+        }
+        if (r.status.code() == absl::StatusCode::kNotFound && !schema_made_) {
+          stage_ = Stage::kMakingSchema;
+          return Next::Call(part::EnsureSchema(s_));
+        }
+        return Next::Fail(absl::Status(
+            r.status.code(), absl::StrCat(r.status.message(), "; the import stopped after ", from_, " of ",
+                                          all_->size(), " states were written (sorted as given). Importing the same "
+                                          "states again is safe: each write overwrites the whole state")));
+      case Stage::kMakingSchema:
+        schema_made_ = true;
+        return WriteBatch();
+    }
+    return Next::Fail(absl::InternalError("import: no such stage"));
+  }
+
+ private:
+  Next WriteBatch() {
+    const std::vector<MeltanoState>& states = *all_;
+    if (from_ >= states.size()) {
+      Result out = s_.Base();
+      out.count = static_cast<int64_t>(states.size());
+      return Next::Done(std::move(out));
+    }
+    std::vector<Statements::StateRow> rows;
+    int64_t bytes = 0;
+    next_ = from_;
+    for (; next_ < states.size() && static_cast<int64_t>(rows.size()) < kDefaultImportBatchStates; ++next_) {
+      const MeltanoState& state = states[next_];
+      if (absl::Status lease = s_.LeaseCheck(state.state_id); !lease.ok()) return Next::Fail(lease);
+      Statements::StateRow row{state.state_id, ToColumn(state.partial), ToColumn(state.completed)};
+      // Quoting at most quadruples a byte (\xHH); a row alone is always sent.
+      int64_t size = 4 * static_cast<int64_t>(row.state_id.size() + row.partial_json.value_or("").size() +
+                                              row.completed_json.value_or("").size()) + 32;
+      if (!rows.empty() && bytes + size > kDefaultImportBatchBytes) break;
+      bytes += size;
+      rows.push_back(std::move(row));
+    }
+    absl::StatusOr<std::string> token = s_.Token();
+    if (!token.ok()) return Next::Fail(token.status());
+    SqlRequest req = s_.st().InsertStates(rows, *token);
+    for (const Statements::StateRow& row : rows) req = s_.UnderLease(std::move(req), row.state_id);
+    stage_ = Stage::kWriting;
+    return Next::Try(part::QuorumWrite(s_, std::move(req),
+                                       absl::StrCat("importing states ", from_ + 1, "-", next_, " of ", states.size()),
+                                       s_.inputs().now_ms + s_.options().cluster.quorum_busy_ms, 5));
+  }
+
+  enum class Stage { kStart, kConnecting, kWriting, kMakingSchema };
+  Stage stage_ = Stage::kStart;
+  std::shared_ptr<const std::vector<MeltanoState>> all_;
+  size_t from_ = 0;
+  size_t next_ = 0;
+  bool schema_made_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> Store::History(std::string state_id, int64_t limit) {
+  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
+  if (limit < 1) return Invalid(absl::InvalidArgumentError("a history lists at least one version"));
+  return MakeOpTask(this, [state_id, limit](StoreSteps& s) { return std::make_unique<HistoryOp>(s, state_id, limit); });
 }
 
-// Import: the states from `from` on, in multi-row INSERTs (see
-// Store::Import), creating the schema once if it is missing.
-Step StoreSteps::WriteBatches(std::shared_ptr<const std::vector<MeltanoState>> all, size_t from, bool schema_made) {
-  const std::vector<MeltanoState>& states = *all;
-  if (from >= states.size()) {
-    Result r = Base();
-    r.count = static_cast<int64_t>(states.size());
-    return Step::Done(std::move(r));
+std::unique_ptr<Task> Store::Rollback(std::string state_id, std::string version) {
+  if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
+  int64_t unix_ms = 0;
+  const size_t dash = version.find('-');
+  const std::string hash8 = dash == std::string::npos ? "" : version.substr(dash + 1);
+  if (dash == std::string::npos || !absl::SimpleAtoi(version.substr(0, dash), &unix_ms) || unix_ms < 0 ||
+      hash8.size() != 8 || hash8.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return Invalid(absl::InvalidArgumentError(absl::StrCat(
+        "\"", PrintableId(version),
+        "\" is not a version: versions look like 1796155032000-9f3a2b1c (`chstate history ID` lists them)")));
   }
-  std::vector<Statements::StateRow> rows;
-  int64_t bytes = 0;
-  size_t next = from;
-  for (; next < states.size() && static_cast<int64_t>(rows.size()) < kDefaultImportBatchStates; ++next) {
-    const MeltanoState& state = states[next];
-    if (absl::Status lease = LeaseCheck(state.state_id); !lease.ok()) return Failed(lease);
-    Statements::StateRow row{state.state_id, ToColumn(state.partial), ToColumn(state.completed)};
-    // Quoting at most quadruples a byte (\xHH); a row alone is always sent.
-    int64_t size = 4 * static_cast<int64_t>(row.state_id.size() + row.partial_json.value_or("").size() +
-                                            row.completed_json.value_or("").size()) + 32;
-    if (!rows.empty() && bytes + size > kDefaultImportBatchBytes) break;
-    bytes += size;
-    rows.push_back(std::move(row));
-  }
-  absl::StatusOr<std::string> token = Token();
-  if (!token.ok()) return Failed(token.status());
-  SqlRequest req = st().InsertStates(rows, *token);
-  for (const Statements::StateRow& row : rows) req = UnderLease(std::move(req), row.state_id);
-  return QuorumWrite(
-      std::move(req), absl::StrCat("importing states ", from + 1, "-", next, " of ", states.size()),
-      in_->now_ms + s_->options_.cluster.quorum_busy_ms, 5,
-      [this, all, next] { return WriteBatches(all, next, true); },
-      [this, all, from, schema_made](absl::Status st) -> Step {
-        if (st.code() == absl::StatusCode::kNotFound && !schema_made) {
-          return EnsureSchema([this, all, from] { return WriteBatches(all, from, true); }, Failed);
-        }
-        return Failed(absl::Status(
-            st.code(), absl::StrCat(st.message(), "; the import stopped after ", from, " of ", all->size(),
-                                    " states were written (sorted as given). Importing the same states again is "
-                                    "safe: each write overwrites the whole state")));
-      });
+  return MakeOpTask(this, [state_id, version, unix_ms, hash8](StoreSteps& s) {
+    return std::make_unique<RollbackOp>(s, state_id, version, unix_ms, hash8);
+  });
 }
 
-// Samples the page boundaries beyond `from` into the store's export
-// cursor, then reads the next page.
-Step StoreSteps::ExportSample(std::optional<std::string> from, int64_t limit) {
-  Store::ExportCursor& c = *s_->export_;
-  return Query(
-      st().SampleStateIds(c.glob, from, kExportSampleEvery, kExportSampleCount), "sampling state ids to export", 2,
-      [this, from, limit](const Rows& rows) {
-        Store::ExportCursor& c = *s_->export_;
-        c.bounds.clear();
-        for (const Row& row : rows) {
-          std::string id = row[0].value_or("");
-          // Sorted by the server; kept strictly ascending and beyond `from`
-          // whatever it sent, so that every range is well formed.
-          if ((from && id <= *from) || (!c.bounds.empty() && id <= c.bounds.back())) continue;
-          c.bounds.push_back(std::move(id));
-        }
-        c.sampled_to_end = static_cast<int64_t>(rows.size()) < kExportSampleCount || c.bounds.empty();
-        return ExportRange(from, limit);
-      },
-      [this](absl::Status st) { return ExportFailed(std::move(st)); });
+std::unique_ptr<Task> Store::List(std::optional<std::string> glob) {
+  return MakeOpTask(this, [glob](StoreSteps& s) { return std::make_unique<ListOp>(s, glob); });
 }
 
-// Reads the states after `from` up to the next boundaries (as many ranges
-// as make about kDefaultExportPageBytes, at most `limit` states).
-Step StoreSteps::ExportRange(std::optional<std::string> from, int64_t limit) {
-  Store::ExportCursor& c = *s_->export_;
-  if (c.bounds.empty() && !c.sampled_to_end) return ExportSample(from, limit);
-  // The first page is one range; later ones as many as the size of the
-  // states read so far lets into the byte budget.
-  size_t ranges = 1;
-  if (c.bytes_per_state > 0) {
-    const int64_t states = std::min(limit, kDefaultExportPageBytes / c.bytes_per_state);
-    ranges = static_cast<size_t>(std::max<int64_t>(states / kExportSampleEvery, 1));
+std::unique_ptr<Task> Store::ExportPage(std::optional<std::string> glob, std::optional<std::string> after,
+                                        int64_t limit) {
+  if (limit < 1) return Invalid(absl::InvalidArgumentError("an export page holds at least one state"));
+  if (after) {
+    if (absl::Status st = ValidateStateId(*after); !st.ok()) return Invalid(st);
   }
-  std::optional<std::string> upto;
-  if (c.bounds.size() >= ranges) {
-    upto = c.bounds[ranges - 1];
-  } else if (!c.bounds.empty() && !c.sampled_to_end) {
-    upto = c.bounds.back();  // sampled again from there once it is read
-  } else if (!c.bounds.empty()) {
-    upto = std::nullopt;  // the last ranges, to the end
-  }
-  return Sql(
-      st().ExportStates(c.glob, from, upto, limit), "exporting states",
-      [this, from, upto, limit](const std::string& body) -> Step {
-        absl::StatusOr<Rows> rows = ParseTabSeparated(body, 3);
-        if (!rows.ok()) return ExportFailed(rows.status());
-        Result r = Base();
-        r.states.emplace();
-        r.states->reserve(rows->size());
-        for (const Row& row : *rows) {
-          MeltanoState state;
-          state.state_id = row[0].value_or("");
-          absl::StatusOr<nlohmann::json> partial = FromColumn(row[1], state.state_id, "partial_state");
-          if (!partial.ok()) return ExportFailed(partial.status());
-          absl::StatusOr<nlohmann::json> completed = FromColumn(row[2], state.state_id, "completed_state");
-          if (!completed.ok()) return ExportFailed(completed.status());
-          state.partial = std::move(*partial);
-          state.completed = std::move(*completed);
-          r.states->push_back(std::move(state));
-        }
-        Store::ExportCursor& c = *s_->export_;
-        const bool full = static_cast<int64_t>(rows->size()) >= limit;
-        // A full page may have stopped inside its range: the next one goes
-        // on from its last id towards the same boundaries.
-        const std::optional<std::string> reached = full ? std::optional<std::string>(r.states->back().state_id) : upto;
-        while (!c.bounds.empty() && (!reached || c.bounds.front() <= *reached)) c.bounds.pop_front();
-        if (!rows->empty()) {
-          c.bytes_per_state = std::max<int64_t>(static_cast<int64_t>(body.size() / rows->size()), 1);
-        }
-        r.more = full || upto.has_value();
-        if (r.more && r.states->empty()) return ExportRange(upto, limit);  // an empty range: on to the next
-        if (r.more) {
-          c.after = r.states->back().state_id;
-        } else {
-          s_->export_.reset();
-        }
-        return Step::Done(std::move(r));
-      },
-      [this](absl::Status st) { return ExportFailed(std::move(st)); });
+  // What continues is looked at when the task starts (see RenewLock).
+  return MakeOpTask(this, [glob, after, limit](StoreSteps& s) {
+    return std::make_unique<ExportPageOp>(s, glob, after, limit);
+  });
 }
 
-// A failed page forgets the export (the next page samples afresh); a
-// missing table is an export of no states.
-Step StoreSteps::ExportFailed(absl::Status st) {
-  s_->export_.reset();
-  if (st.code() != absl::StatusCode::kNotFound) return Step::Fail(std::move(st));
-  Result r = Base();
-  r.states.emplace();
-  return Step::Done(std::move(r));
+std::unique_ptr<Task> Store::Import(std::vector<MeltanoState> states) {
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < states.size(); ++i) {
+    const std::string& id = states[i].state_id;
+    if (absl::Status st = ValidateStateId(id); !st.ok()) {
+      return Invalid(absl::InvalidArgumentError(
+          absl::StrCat("import entry ", i + 1, " of ", states.size(), ": ", st.message(), "; nothing was written")));
+    }
+    auto [it, fresh] = seen.emplace(id, i);
+    if (!fresh) {
+      return Invalid(absl::InvalidArgumentError(absl::StrCat(
+          "import entries ", it->second + 1, " and ", i + 1, " have the same state id ",
+          "\"", PrintableId(id), "\"; keep one of them (nothing was written)")));
+    }
+  }
+  auto all = std::make_shared<const std::vector<MeltanoState>>(std::move(states));
+  return MakeOpTask(this, [all](StoreSteps& s) { return std::make_unique<ImportOp>(s, all); });
 }
 
 }  // namespace chstate

@@ -695,11 +695,6 @@ std::unique_ptr<Op> StoreSteps::DriveLockPart(LockPtr m, LockAction* out) {
   });
 }
 
-std::unique_ptr<Op> StoreSteps::HistoryUpkeepPart(const std::string& id) {
-  return part::Chain(*this, "keeping the history in bounds",
-                     [this, id](Then then, OnFailure) { return HistoryUpkeep(id, std::move(then)); });
-}
-
 std::unique_ptr<Op> StoreSteps::AcquirePart(const std::string& id, LockPtr* out) {
   return part::Chain(*this, absl::StrCat("taking the lock on \"", PrintableId(id), "\""),
                      [this, id, out](Then then, OnFailure fail) {

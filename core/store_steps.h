@@ -230,28 +230,9 @@ class StoreSteps {
 
   // Rows of ListHistory / GetHistoryVersion as versions.
   static absl::StatusOr<std::vector<StateVersion>> Versions(const std::string& id, const Rows& rows);
-
-  // After a write of `id`, one time in kHistoryUpkeepEvery (by the fresh
-  // random bytes of the write's answer): the id's versions beyond
-  // history_versions or older than history_days are removed. The write is
-  // done either way; a failure here is left to a later write.
-  Step HistoryUpkeep(const std::string& id, Then then);
-
-  // Import: the states from `from` on, in multi-row INSERTs (see
-  // Store::Import), creating the schema once if it is missing.
-  Step WriteBatches(std::shared_ptr<const std::vector<MeltanoState>> all, size_t from, bool schema_made);
-
-  // Samples the page boundaries beyond `from` into the store's export
-  // cursor, then reads the next page.
-  Step ExportSample(std::optional<std::string> from, int64_t limit);
-
-  // Reads the states after `from` up to the next boundaries (as many ranges
-  // as make about kDefaultExportPageBytes, at most `limit` states).
-  Step ExportRange(std::optional<std::string> from, int64_t limit);
-
-  // A failed page forgets the export (the next page samples afresh); a
-  // missing table is an export of no states.
-  Step ExportFailed(absl::Status st);
+  // The export in progress, kept by the store between its pages.
+  using ExportCursor = Store::ExportCursor;
+  std::optional<ExportCursor>& export_cursor() { return s_->export_; }
 
  private:
   Store* s_;
