@@ -14,13 +14,20 @@
 // that op asked to hear about it (Next::Try): an op that must clean up, as
 // the one holding a lock for its body, tries its parts.
 //
-//   class ReadOp final : public Op {
+// An op's stage names what it waits for, so `case Stage::kReading:` is
+// where it goes on once the read is done, and Where() can say what it is
+// doing:
+//
+//   class GetOp final : public StorePart {
 //     Next Resume(const Reply& r) override {
 //       switch (stage_) {
 //         case Stage::kStart:
-//           stage_ = Stage::kRead;
-//           return Next::Send(statements.GetState(id_));
-//         case Stage::kRead: ...  // r.answer is the server's answer
+//           stage_ = Stage::kConnecting;
+//           return Next::Call(part::Connect(s_));
+//         case Stage::kConnecting:
+//           stage_ = Stage::kReading;
+//           return Next::Call(part::ReadState(s_, id_, &state_));
+//         case Stage::kReading: ...  // state_ holds what was read
 //       }
 //     }
 //   };

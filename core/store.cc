@@ -71,7 +71,7 @@ class UnderIdLockOp final : public StorePart {
   UnderIdLockOp(StoreSteps& s, std::string id, std::unique_ptr<Op> body)
       : StorePart(s), id_(std::move(id)), body_(std::move(body)) {}
   std::string Where() const override {
-    return stage_ == Stage::kRenew ? absl::StrCat("renewing the held lock on \"", PrintableId(id_), "\"")
+    return stage_ == Stage::kRenewing ? absl::StrCat("renewing the held lock on \"", PrintableId(id_), "\"")
                                    : "under the id's lock";
   }
 
@@ -79,22 +79,23 @@ class UnderIdLockOp final : public StorePart {
     switch (stage_) {
       case Stage::kStart:
         if (!s_.HoldsLock(id_)) {
-          stage_ = Stage::kEnd;
+          stage_ = Stage::kInBody;
           return Next::Call(part::Locked(s_, id_, std::move(body_)));
         }
-        stage_ = Stage::kRenew;
+        stage_ = Stage::kRenewing;
         return Next::Call(s_.RenewIfDuePart(id_));
-      case Stage::kRenew:
-        stage_ = Stage::kEnd;
+      case Stage::kRenewing:
+        stage_ = Stage::kInBody;
         return Next::Call(std::move(body_));
-      case Stage::kEnd:
+      case Stage::kInBody:
         return Next::Done();
     }
     return Next::Fail(absl::InternalError("under the id's lock: no such stage"));
   }
 
  private:
-  enum class Stage { kStart, kRenew, kEnd };
+  // What the op waits for; Resume goes on from there.
+  enum class Stage { kStart, kRenewing, kInBody };
   Stage stage_ = Stage::kStart;
   std::string id_;
   std::unique_ptr<Op> body_;
@@ -107,26 +108,26 @@ class ReadMergeWriteOp final : public StorePart {
  public:
   ReadMergeWriteOp(StoreSteps& s, MeltanoState incoming, MeltanoState* written)
       : StorePart(s), incoming_(std::move(incoming)), written_(written) {}
-  std::string Where() const override { return "merging"; }
+  std::string Where() const override { return stage_ == Stage::kWriting ? "writing the merged state" : "merging"; }
 
   Next Resume(const Reply&) override {
     switch (stage_) {
-      case Stage::kRead:
-        stage_ = Stage::kWrite;
+      case Stage::kStart:
+        stage_ = Stage::kReading;
         return Next::Call(part::ReadState(s_, incoming_.state_id, &current_));
-      case Stage::kWrite:
+      case Stage::kReading:
         *written_ = ApplyUpdate(current_, incoming_);
-        stage_ = Stage::kEnd;
+        stage_ = Stage::kWriting;
         return Next::Call(part::WriteState(s_, *written_));
-      case Stage::kEnd:
+      case Stage::kWriting:
         return Next::Done();
     }
     return Next::Fail(absl::InternalError("merge: no such stage"));
   }
 
  private:
-  enum class Stage { kRead, kWrite, kEnd };
-  Stage stage_ = Stage::kRead;
+  enum class Stage { kStart, kReading, kWriting };
+  Stage stage_ = Stage::kStart;
   MeltanoState incoming_;
   MeltanoState* written_;
   std::optional<MeltanoState> current_;
@@ -144,16 +145,16 @@ class GetOp final : public StorePart {
 
   Next Resume(const Reply&) override {
     switch (stage_) {
-      case Stage::kConnect:
-        stage_ = Stage::kRenew;
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
         return Next::Call(part::Connect(s_));
-      case Stage::kRenew:
-        stage_ = Stage::kRead;
+      case Stage::kConnecting:
+        stage_ = Stage::kRenewing;
         return Next::Call(s_.RenewIfDuePart(id_));
-      case Stage::kRead:
-        stage_ = Stage::kEnd;
+      case Stage::kRenewing:
+        stage_ = Stage::kReading;
         return Next::Call(part::ReadState(s_, id_, &state_));
-      case Stage::kEnd: {
+      case Stage::kReading: {
         Result r = s_.Base();
         r.state = std::move(state_);
         return Next::Done(std::move(r));
@@ -163,8 +164,8 @@ class GetOp final : public StorePart {
   }
 
  private:
-  enum class Stage { kConnect, kRenew, kRead, kEnd };
-  Stage stage_ = Stage::kConnect;
+  enum class Stage { kStart, kConnecting, kRenewing, kReading };
+  Stage stage_ = Stage::kStart;
   std::string id_;
   std::optional<MeltanoState> state_;
 };
@@ -181,11 +182,11 @@ class ChangeOp final : public StorePart {
 
   Next Resume(const Reply&) override {
     switch (stage_) {
-      case Stage::kConnect:
-        stage_ = Stage::kChange;
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
         return Next::Call(part::Connect(s_));
-      case Stage::kChange: {
-        stage_ = Stage::kEnd;
+      case Stage::kConnecting: {
+        stage_ = Stage::kChanging;
         std::unique_ptr<Op> change;
         switch (kind_) {
           case Kind::kSet: change = part::WriteState(s_, state_); break;
@@ -194,7 +195,7 @@ class ChangeOp final : public StorePart {
         }
         return Next::Call(UnderIdLock(s_, state_.state_id, std::move(change)));
       }
-      case Stage::kEnd: {
+      case Stage::kChanging: {
         Result r = s_.Base();
         if (kind_ == Kind::kSet) r.state = state_;
         if (kind_ == Kind::kUpdate) r.state = written_;
@@ -205,8 +206,8 @@ class ChangeOp final : public StorePart {
   }
 
  private:
-  enum class Stage { kConnect, kChange, kEnd };
-  Stage stage_ = Stage::kConnect;
+  enum class Stage { kStart, kConnecting, kChanging };
+  Stage stage_ = Stage::kStart;
   Kind kind_;
   MeltanoState state_;
   MeltanoState written_;
@@ -224,20 +225,20 @@ class MergeFromOp final : public StorePart {
 
   Next Resume(const Reply&) override {
     switch (stage_) {
-      case Stage::kConnect:
-        stage_ = Stage::kRead;
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
         return Next::Call(part::Connect(s_));
-      case Stage::kRead:
-        stage_ = Stage::kMerge;
+      case Stage::kConnecting:
+        stage_ = Stage::kReading;
         return Next::Call(part::ReadState(s_, src_, &source_));
-      case Stage::kMerge: {
+      case Stage::kReading: {
         absl::StatusOr<MeltanoState> incoming = Incoming();
         if (!incoming.ok()) return Next::Fail(incoming.status());
-        stage_ = Stage::kEnd;
+        stage_ = Stage::kMerging;
         return Next::Call(
             UnderIdLock(s_, dst_, std::make_unique<ReadMergeWriteOp>(s_, *std::move(incoming), &written_)));
       }
-      case Stage::kEnd: {
+      case Stage::kMerging: {
         Result r = s_.Base();
         r.state = written_;
         return Next::Done(std::move(r));
@@ -268,8 +269,8 @@ class MergeFromOp final : public StorePart {
     return incoming;
   }
 
-  enum class Stage { kConnect, kRead, kMerge, kEnd };
-  Stage stage_ = Stage::kConnect;
+  enum class Stage { kStart, kConnecting, kReading, kMerging };
+  Stage stage_ = Stage::kStart;
   std::string src_;
   std::string dst_;
   bool force_;
@@ -290,34 +291,35 @@ class CopyOp final : public StorePart {
 
   Next Resume(const Reply&) override {
     switch (stage_) {
-      case Stage::kConnect:
-        stage_ = Stage::kRead;
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
         return Next::Call(part::Connect(s_));
-      case Stage::kRead:
-        stage_ = Stage::kCopy;
+      case Stage::kConnecting:
+        stage_ = Stage::kReading;
         return Next::Call(part::ReadState(s_, src_, &state_));
-      case Stage::kCopy: {
+      case Stage::kReading: {
         if (!state_) {
           return Next::Fail(absl::NotFoundError(
               absl::StrCat("state id \"", PrintableId(src_), "\" has no state to ", move_ ? "move" : "copy")));
         }
         MeltanoState copy = *state_;
         copy.state_id = dst_;
-        stage_ = move_ ? Stage::kDeleteSource : Stage::kEnd;
+        stage_ = Stage::kCopying;
         return Next::Call(part::Locked(s_, dst_, part::WriteState(s_, std::move(copy))));
       }
-      case Stage::kDeleteSource:
-        stage_ = Stage::kEnd;
+      case Stage::kCopying:
+        if (!move_) return Next::Done(s_.Base());
+        stage_ = Stage::kDeletingSource;
         return Next::Call(part::Locked(s_, src_, part::DeleteState(s_, src_)));
-      case Stage::kEnd:
+      case Stage::kDeletingSource:
         return Next::Done(s_.Base());
     }
     return Next::Fail(absl::InternalError("copy: no such stage"));
   }
 
  private:
-  enum class Stage { kConnect, kRead, kCopy, kDeleteSource, kEnd };
-  Stage stage_ = Stage::kConnect;
+  enum class Stage { kStart, kConnecting, kReading, kCopying, kDeletingSource };
+  Stage stage_ = Stage::kStart;
   std::string src_;
   std::string dst_;
   bool move_;

@@ -51,10 +51,10 @@ class InitOp final : public StorePart {
   explicit InitOp(StoreSteps& s) : StorePart(s) {}
   std::string Where() const override {
     switch (stage_) {
-      case Stage::kExpire: return "removing old state history";
-      case Stage::kTrim: return "removing state versions beyond the count kept";
-      case Stage::kList: return "listing old lock tombstones";
-      case Stage::kDrop: return "removing old lock tombstones";
+      case Stage::kExpiring: return "removing old state history";
+      case Stage::kTrimming: return "removing state versions beyond the count kept";
+      case Stage::kListing: return "listing old lock tombstones";
+      case Stage::kDropping: return "removing old lock tombstones";
       default: return "init";
     }
   }
@@ -62,40 +62,36 @@ class InitOp final : public StorePart {
   Next Resume(const Reply& r) override {
     const StoreOptions& o = s_.options();
     switch (stage_) {
-      case Stage::kConnect:
-        stage_ = Stage::kSchema;
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
         return Next::Call(part::Connect(s_));
-      case Stage::kSchema:
-        stage_ = Stage::kExpire;
+      case Stage::kConnecting:
+        stage_ = Stage::kMakingSchema;
         return Next::Call(part::EnsureSchema(s_));
-      case Stage::kExpire:
-        if (o.history_days > 0) {
-          stage_ = Stage::kTrim;
-          return Next::Send(s_.st().ExpireHistory(o.history_days));
-        }
-        return ListTombstones();
-      case Stage::kTrim:
+      case Stage::kMakingSchema:
+        if (o.history_days <= 0) return ListTombstones();
+        stage_ = Stage::kExpiring;
+        return Next::Send(s_.st().ExpireHistory(o.history_days));
+      case Stage::kExpiring:
         if (absl::StatusOr<std::string> a = s_.Answer(r, "removing old state history"); !a.ok()) {
           return Next::Fail(a.status());
         }
-        if (o.history_versions > 0) {
-          stage_ = Stage::kTrimmed;
-          return Next::Send(s_.st().TrimHistory(o.history_versions));
-        }
-        return ListTombstones();
-      case Stage::kTrimmed:
+        if (o.history_versions <= 0) return ListTombstones();
+        stage_ = Stage::kTrimming;
+        return Next::Send(s_.st().TrimHistory(o.history_versions));
+      case Stage::kTrimming:
         if (absl::StatusOr<std::string> a = s_.Answer(r, "removing state versions beyond the count kept"); !a.ok()) {
           return Next::Fail(a.status());
         }
         return ListTombstones();
-      case Stage::kList: {
+      case Stage::kListing: {
         absl::StatusOr<Rows> rows = s_.AnswerRows(r, "listing old lock tombstones", 2);
         if (!rows.ok()) return Next::Fail(rows.status());
         for (const Row& row : *rows) tombstones_.push_back(row[0].value_or(""));
-        stage_ = Stage::kDrop;
+        stage_ = Stage::kDropping;
         return DropNext();
       }
-      case Stage::kDrop:
+      case Stage::kDropping:
         if (absl::StatusOr<std::string> a = s_.Answer(r, "removing an old lock tombstone"); !a.ok()) {
           return Next::Fail(a.status());
         }
@@ -107,7 +103,7 @@ class InitOp final : public StorePart {
 
  private:
   Next ListTombstones() {
-    stage_ = Stage::kList;
+    stage_ = Stage::kListing;
     return Next::Send(s_.st().ListOldTombstones(2 * ((s_.options().lock.stale_ms + 999) / 1000)));
   }
   Next DropNext() {
@@ -117,8 +113,9 @@ class InitOp final : public StorePart {
     return Next::Done(std::move(r));
   }
 
-  enum class Stage { kConnect, kSchema, kExpire, kTrim, kTrimmed, kList, kDrop };
-  Stage stage_ = Stage::kConnect;
+  // What the op waits for; Resume goes on from there.
+  enum class Stage { kStart, kConnecting, kMakingSchema, kExpiring, kTrimming, kListing, kDropping };
+  Stage stage_ = Stage::kStart;
   std::vector<std::string> tombstones_;
   size_t dropped_ = 0;
 };
@@ -134,28 +131,28 @@ class LocksOp final : public StorePart {
 
   Next Resume(const Reply& r) override {
     switch (stage_) {
-      case Stage::kConnect:
-        stage_ = Stage::kIds;
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
         return Next::Call(part::Connect(s_));
-      case Stage::kIds:
-        stage_ = Stage::kTables;
+      case Stage::kConnecting:
+        stage_ = Stage::kListingIds;
         return Next::Send(s_.st().ListStateIds(glob_));
-      case Stage::kTables: {
+      case Stage::kListingIds: {
         absl::StatusOr<Rows> ids = s_.AnswerRows(r, "listing state ids", 2);
         if (!ids.ok() && ids.status().code() != absl::StatusCode::kNotFound) return Next::Fail(ids.status());
         if (ids.ok()) {  // else no state table yet
           for (const Row& row : *ids) names_[s_.st().LockTableName(row[0].value_or(""))] = row[0].value_or("");
         }
         if (s_.st().cluster().enabled()) {
-          stage_ = Stage::kClaims;
+          stage_ = Stage::kListingClaims;
           return Next::Send(s_.st().ListClaims());
         }
-        stage_ = Stage::kListed;
+        stage_ = Stage::kListingTables;
         return Next::Send(s_.st().ListLockTables());
       }
-      case Stage::kClaims:
+      case Stage::kListingClaims:
         return Claims(r);
-      case Stage::kListed: {
+      case Stage::kListingTables: {
         absl::StatusOr<Rows> rows = s_.AnswerRows(r, "listing lock tables", 2);
         if (!rows.ok()) return Next::Fail(rows.status());
         for (const Row& row : *rows) {
@@ -167,10 +164,10 @@ class LocksOp final : public StorePart {
             tables_.emplace_back(table, std::nullopt);
           }
         }
-        stage_ = Stage::kInspect;
+        stage_ = Stage::kInspecting;
         return InspectNext();
       }
-      case Stage::kInspect: {
+      case Stage::kInspecting: {
         absl::StatusOr<std::string> body = s_.Answer(r, "inspecting a lock");
         // Released between the listing and the look: not held.
         if (!body.ok() && body.status().code() != absl::StatusCode::kNotFound) return Next::Fail(body.status());
@@ -239,8 +236,9 @@ class LocksOp final : public StorePart {
     return Next::Done(std::move(out));
   }
 
-  enum class Stage { kConnect, kIds, kTables, kClaims, kListed, kInspect };
-  Stage stage_ = Stage::kConnect;
+  // What the op waits for; Resume goes on from there.
+  enum class Stage { kStart, kConnecting, kListingIds, kListingClaims, kListingTables, kInspecting };
+  Stage stage_ = Stage::kStart;
   std::optional<std::string> glob_;
   std::map<std::string, std::string> names_;  // lock table -> state id
   std::vector<std::pair<std::string, std::optional<std::string>>> tables_;
@@ -258,13 +256,13 @@ class ForceUnlockOp final : public StorePart {
 
   Next Resume(const Reply& r) override {
     switch (stage_) {
-      case Stage::kConnect:
-        stage_ = Stage::kInspect;
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
         return Next::Call(part::Connect(s_));
-      case Stage::kInspect:
-        stage_ = Stage::kDecide;
+      case Stage::kConnecting:
+        stage_ = Stage::kInspecting;
         return Next::Send(s_.st().cluster().enabled() ? s_.st().InspectClaims(id_) : s_.st().InspectLock(id_));
-      case Stage::kDecide: {
+      case Stage::kInspecting: {
         absl::StatusOr<std::string> body = s_.Answer(r, "inspecting the lock");
         if (!body.ok()) {
           if (body.status().code() != absl::StatusCode::kNotFound) return Next::Fail(body.status());
@@ -276,15 +274,15 @@ class ForceUnlockOp final : public StorePart {
         if (!insp->exists) return NotLocked();
         info_ = LockInfo(*insp, s_.st().LockTableName(id_), id_);
         if (!claims) {
-          stage_ = Stage::kEntombed;
+          stage_ = Stage::kEntombing;
           return Next::Send(s_.st().EntombLock(id_, LockInstance(*insp)));
         }
         info_.held_s = 0;  // claims carry no creation time here
         claims_ = absl::StrSplit(insp->over, ',', absl::SkipEmpty());
-        stage_ = Stage::kEndClaims;
+        stage_ = Stage::kEndingClaims;
         return EndNextClaim();
       }
-      case Stage::kEntombed: {
+      case Stage::kEntombing: {
         absl::StatusOr<std::string> done = s_.Answer(r, "removing the lock");
         if (!done.ok()) {
           // 60: released meanwhile; 57: this instance was taken over already.
@@ -298,7 +296,7 @@ class ForceUnlockOp final : public StorePart {
         }
         return Removed();
       }
-      case Stage::kEndClaims:
+      case Stage::kEndingClaims:
         return EndNextClaim();
     }
     return Next::Fail(absl::InternalError("unlock: no such stage"));
@@ -320,8 +318,9 @@ class ForceUnlockOp final : public StorePart {
     return Next::Done(std::move(out));
   }
 
-  enum class Stage { kConnect, kInspect, kDecide, kEntombed, kEndClaims };
-  Stage stage_ = Stage::kConnect;
+  // What the op waits for; Resume goes on from there.
+  enum class Stage { kStart, kConnecting, kInspecting, kEntombing, kEndingClaims };
+  Stage stage_ = Stage::kStart;
   std::string id_;
   HeldLockInfo info_;
   std::vector<std::string> claims_;
@@ -336,13 +335,13 @@ class ClearAllOp final : public StorePart {
 
   Next Resume(const Reply& r) override {
     switch (stage_) {
-      case Stage::kConnect:
-        stage_ = Stage::kCount;
+      case Stage::kStart:
+        stage_ = Stage::kConnecting;
         return Next::Call(part::Connect(s_));
-      case Stage::kCount:
-        stage_ = Stage::kClear;
+      case Stage::kConnecting:
+        stage_ = Stage::kCounting;
         return Next::Send(s_.st().CountStates());
-      case Stage::kClear: {
+      case Stage::kCounting: {
         absl::StatusOr<Rows> rows = s_.AnswerRows(r, "counting states", 2);
         if (!rows.ok()) {
           if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s_.Base());
@@ -351,11 +350,11 @@ class ClearAllOp final : public StorePart {
         if (rows->empty() || !(*rows)[0][0] || !absl::SimpleAtoi(*(*rows)[0][0], &count_)) {
           return Next::Fail(absl::DataLossError("unexpected answer counting states"));
         }
-        stage_ = Stage::kEnd;
+        stage_ = Stage::kClearing;
         return Next::Call(part::QuorumWrite(s_, s_.st().ClearStates(), "clearing all states",
                                             s_.inputs().now_ms + s_.st().cluster().quorum_busy_ms, 5));
       }
-      case Stage::kEnd: {
+      case Stage::kClearing: {
         Result out = s_.Base();
         out.count = count_;
         return Next::Done(std::move(out));
@@ -365,8 +364,9 @@ class ClearAllOp final : public StorePart {
   }
 
  private:
-  enum class Stage { kConnect, kCount, kClear, kEnd };
-  Stage stage_ = Stage::kConnect;
+  // What the op waits for; Resume goes on from there.
+  enum class Stage { kStart, kConnecting, kCounting, kClearing };
+  Stage stage_ = Stage::kStart;
   int64_t count_ = 0;
 };
 
