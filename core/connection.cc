@@ -104,6 +104,21 @@ std::optional<int64_t> Connection::PollTimeout() const {
   return store_->NextTimeoutMs();
 }
 
+ConnectionOutput Connection::Poll() {
+  ConnectionOutput out;
+  if (std::optional<OpEvent> e = PollEvent()) {
+    out.kind = ConnectionOutput::Kind::kEnded;
+    out.event = std::move(*e);
+  } else if (std::optional<Transmit> t = PollTransmit()) {
+    out.kind = ConnectionOutput::Kind::kTransmit;
+    out.transmit = std::move(*t);
+  } else {
+    out.kind = idle() ? ConnectionOutput::Kind::kIdle : ConnectionOutput::Kind::kWait;
+    out.at_ms = PollTimeout();
+  }
+  return out;
+}
+
 std::optional<OpEvent> Connection::PollEvent() {
   if (events_.empty()) return std::nullopt;
   OpEvent e = std::move(events_.front());

@@ -59,6 +59,22 @@ struct OpEvent {
   bool renewal = false;  // the connection's own renewal of held locks (not a started op)
 };
 
+// What a host that drives one operation at a time acts on next (the
+// protocol's one action per input, hosts/common/protocol.h): the
+// connection's outputs in the order they matter.
+struct ConnectionOutput {
+  enum class Kind {
+    kEnded,     // an operation ended: `event` (a started one, or the connection's renewal that found a lock lost)
+    kTransmit,  // send `transmit` and answer it
+    kWait,      // the running operation waits until `at_ms`; then HandleTimeout
+    kIdle,      // nothing runs: call HandleTimeout at `at_ms` if set (a held lock's renewal)
+  };
+  Kind kind = Kind::kIdle;
+  OpEvent event;
+  Transmit transmit;
+  std::optional<int64_t> at_ms;
+};
+
 class Connection {
  public:
   explicit Connection(std::unique_ptr<Store> store) : owned_(std::move(store)), store_(owned_.get()) {}
@@ -89,8 +105,16 @@ class Connection {
   // the host set a level on store().diagnostics().
   std::optional<Diagnostic> PollDiagnostic() { return store_->diagnostics().Poll(); }
 
+  // The next output (ConnectionOutput): an event first, then a request,
+  // else what the connection waits for. Events and requests are taken.
+  ConnectionOutput Poll();
+
   // No operation running or queued.
   bool idle() const { return !current_ && queue_.empty(); }
+  // The running operation (its id; 0 when none), and whether it waits for
+  // the answer to a request it was given (else for its timer).
+  uint64_t running() const { return current_ ? current_->id : 0; }
+  bool awaiting_answer() const { return current_ && phase_ == Phase::kAwaitingAnswer; }
 
  private:
   struct Op {

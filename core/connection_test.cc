@@ -369,3 +369,45 @@ TEST(ConnectionInvariant, NoTimerIsLeftForAFinishedOp) {
 
 }  // namespace
 }  // namespace chstate
+
+namespace chstate {
+namespace {
+
+TEST(ConnectionPoll, EndedFirstThenTheRequestThenTheWaitThenIdleWithTheRenewal) {
+  auto c = MakeConnection(30000);
+  ConnectionOutput o = c->Poll();
+  EXPECT_EQ(o.kind, ConnectionOutput::Kind::kIdle);
+  EXPECT_FALSE(o.at_ms.has_value());  // nothing held: nothing to wake for
+  uint64_t op = c->Start(c->store().Ping(), {0, kRandom});
+  o = c->Poll();
+  ASSERT_EQ(o.kind, ConnectionOutput::Kind::kTransmit);
+  EXPECT_EQ(o.transmit.op, op);
+  EXPECT_EQ(c->running(), op);
+  EXPECT_TRUE(c->awaiting_answer());
+  o = c->Poll();
+  EXPECT_EQ(o.kind, ConnectionOutput::Kind::kWait);  // taken: now the op waits for its answer
+  EXPECT_FALSE(o.at_ms.has_value());
+  ASSERT_TRUE(c->HandleResponse(op, Refused(), {10, kRandom}).ok());
+  o = c->Poll();
+  ASSERT_EQ(o.kind, ConnectionOutput::Kind::kWait);  // the resend's back-off
+  ASSERT_TRUE(o.at_ms.has_value());
+  EXPECT_GT(*o.at_ms, 10);
+  EXPECT_FALSE(c->awaiting_answer());
+  c->HandleTimeout({*o.at_ms, kRandom});
+  o = c->Poll();
+  ASSERT_EQ(o.kind, ConnectionOutput::Kind::kTransmit);
+  ASSERT_TRUE(c->HandleResponse(op, kVersion, {*o.at_ms + 1, kRandom}).ok());
+  o = c->Poll();
+  ASSERT_EQ(o.kind, ConnectionOutput::Kind::kEnded);
+  EXPECT_EQ(o.event.op, op);
+  EXPECT_TRUE(o.event.ok);
+  EXPECT_EQ(c->running(), 0u);
+  // Holding a lock: idle, with the renewal as the time to call back.
+  auto held = Holding();
+  o = held->Poll();
+  ASSERT_EQ(o.kind, ConnectionOutput::Kind::kIdle);
+  EXPECT_EQ(o.at_ms, held->store().NextTimeoutMs());
+}
+
+}  // namespace
+}  // namespace chstate

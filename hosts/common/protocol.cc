@@ -444,44 +444,28 @@ json OpDriver::WithEvents(json doc) {
 }
 
 json OpDriver::Abort(const absl::Status& status, const Inputs& in) {
-  if (op_ != 0) conn_.Abandon(op_, in);
-  op_ = 0;
-  internal_ = false;
+  if (uint64_t op = conn_.running(); op != 0) conn_.Abandon(op, in);
   return FailedJson(status);
 }
 
-json OpDriver::Idle(const Inputs& in) {
-  const std::optional<int64_t> next = conn_.PollTimeout();
-  return json{{"idle", {{"next_timeout_ms", next ? json(*next) : json(nullptr)}}}};
-}
-
 json OpDriver::Next(const Inputs& in) {
-  if (std::optional<OpEvent> e = conn_.PollEvent()) {
-    // One op at a time: the event is the running op's, or (an idle timer's
-    // op) a renewal that found a lock lost.
-    op_ = 0;
-    const bool internal = internal_;
-    internal_ = false;
-    if (!e->ok) return FailedJson(e->status);
-    if (internal) return Idle(in);
-    json done = ResultJson(e->result);
-    if (merged_) AddMergedViews(done["done"]);
-    return done;
-  }
-  if (std::optional<Transmit> t = conn_.PollTransmit()) {
-    op_ = t->op;  // an idle timer's op is the connection's own
-    awaiting_sql_ = true;
-    return RequestJson(t->request);
-  }
-  if (internal_ && conn_.idle()) {
-    // The connection's own op ended well (a renewal's success is no event).
-    op_ = 0;
-    internal_ = false;
-    return Idle(in);
-  }
-  if (std::optional<int64_t> at = conn_.PollTimeout(); at && !conn_.idle()) {
-    awaiting_sql_ = false;
-    return json{{"wait_ms", std::max<int64_t>(*at - in.now_ms, 0)}};
+  ConnectionOutput out = conn_.Poll();
+  switch (out.kind) {
+    case ConnectionOutput::Kind::kEnded: {
+      if (!out.event.ok) return FailedJson(out.event.status);
+      json done = ResultJson(out.event.result);
+      if (merged_) AddMergedViews(done["done"]);
+      return done;
+    }
+    case ConnectionOutput::Kind::kTransmit:
+      return RequestJson(out.transmit.request);
+    case ConnectionOutput::Kind::kWait:
+      if (out.at_ms) return json{{"wait_ms", std::max<int64_t>(*out.at_ms - in.now_ms, 0)}};
+      break;
+    case ConnectionOutput::Kind::kIdle:
+      // The connection's own op (an idle timer's) ended well: a renewal's
+      // success is no event.
+      return json{{"idle", {{"next_timeout_ms", out.at_ms ? json(*out.at_ms) : json(nullptr)}}}};
   }
   return Abort(absl::InternalError("the operation neither finished nor asked for anything"), in);
 }
@@ -495,9 +479,7 @@ json OpDriver::Feed(absl::string_view answer_document, const Inputs& defaults) {
 }
 
 json OpDriver::StartOp(absl::string_view op_document, const Inputs& defaults) {
-  if (op_ != 0) conn_.Abandon(op_, defaults);
-  op_ = 0;
-  internal_ = false;
+  if (uint64_t running = conn_.running(); running != 0) conn_.Abandon(running, defaults);
   absl::StatusOr<json> op = ParseDocument(op_document);
   if (!op.ok()) return Abort(op.status(), defaults);
   absl::StatusOr<Inputs> in = InputsFromJson(*op, defaults);
@@ -521,31 +503,29 @@ json OpDriver::StartOp(absl::string_view op_document, const Inputs& defaults) {
     }
     merged_ = m->get<bool>();
   }
-  op_ = conn_.Start(*std::move(task), *in);
+  conn_.Start(*std::move(task), *in);
   return Next(*in);
 }
 
 json OpDriver::FeedAnswer(absl::string_view answer_document, const Inputs& defaults) {
   absl::StatusOr<json> answer = ParseDocument(answer_document);
-  if (!answer.ok()) return op_ != 0 ? Abort(answer.status(), defaults) : FailedJson(answer.status());
+  if (!answer.ok()) return Abort(answer.status(), defaults);
   absl::StatusOr<Inputs> in = InputsFromJson(*answer, defaults);
-  if (!in.ok()) return op_ != 0 ? Abort(in.status(), defaults) : FailedJson(in.status());
-  if (op_ == 0 && !internal_) {
+  if (!in.ok()) return Abort(in.status(), defaults);
+  if (conn_.idle()) {
     // No op runs: only the idle timer is expected.
     if (answer->contains("timer") && !answer->contains("response")) {
-      if (!conn_.idle()) return FailedJson(absl::InternalError("the connection is busy while no op runs"));
       conn_.HandleTimeout(*in);
-      internal_ = true;  // whatever the timer started is the connection's own
       return Next(*in);
     }
     return FailedJson(absl::FailedPreconditionError(
         "no operation is waiting for an answer: start one first (it may have finished or failed already); "
         "while none runs, only {\"timer\": true} (the idle timer) is taken"));
   }
-  if (awaiting_sql_) {
+  if (conn_.awaiting_answer()) {
     absl::StatusOr<SqlResponse> resp = ResponseFromJson(*answer);
     if (!resp.ok()) return Abort(resp.status(), *in);
-    if (absl::Status st = conn_.HandleResponse(op_, *resp, *in); !st.ok()) return Abort(st, *in);
+    if (absl::Status st = conn_.HandleResponse(conn_.running(), *resp, *in); !st.ok()) return Abort(st, *in);
     return Next(*in);
   }
   if (!answer->contains("timer")) {

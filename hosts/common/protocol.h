@@ -152,12 +152,13 @@ std::string Dump(const nlohmann::json& doc);
 void AddMergedViews(nlohmann::json& done);
 
 // The protocol's view of a chstate::Connection (core/connection.h), one op
-// at a time, each input document turned into the next action document
-// ("after every input, take the next action"): "request" is the
-// connection's PollTransmit, "wait_ms" its PollTimeout (from now),
-// "done"/"failed" its PollEvent; {"timer":true} while no op runs is its
-// HandleTimeout (the idle timer). Starting an op while another is unfinished
-// abandons the old one (a host that lost interest need not drain it).
+// at a time: each input document is handed to the connection, and its next
+// output (Connection::Poll) is the action document ("after every input,
+// take the next action"): "done"/"failed" an op that ended, "request" a
+// transmit, "wait_ms" the running op's timer (from now), "idle" nothing
+// running; {"timer":true} is HandleTimeout (the idle timer while nothing
+// runs). Starting an op while another is unfinished abandons the old one (a
+// host that lost interest need not drain it).
 class OpDriver {
  public:
   explicit OpDriver(Store* store) : conn_(store) {}
@@ -169,8 +170,9 @@ class OpDriver {
   // A timer answered before the wait is over gives a wait for the rest.
   nlohmann::json Feed(absl::string_view answer_document, const Inputs& inputs);
 
-  // True while an op waits for an answer.
-  bool busy() const { return op_ != 0; }
+  // True while an op runs (the caller's, or the connection's own renewal
+  // started by an idle timer).
+  bool busy() const { return !conn_.idle(); }
 
  private:
   nlohmann::json StartOp(absl::string_view op_document, const Inputs& inputs);
@@ -178,18 +180,14 @@ class OpDriver {
   // `doc` with the diagnostics the store told since the last document
   // ("events"), when there are any.
   nlohmann::json WithEvents(nlohmann::json doc);
-  // An idle timer's document: the connection's renewals and lingering
-  // releases, then {"idle": ...}.
-  nlohmann::json Idle(const Inputs& in);
-  // The connection's next output for the running op, as a document.
+  // The connection's next output (Connection::Poll) as a document: the
+  // driver keeps no state of its own but whether the op asked for merged
+  // views.
   nlohmann::json Next(const Inputs& in);
   nlohmann::json Abort(const absl::Status& status, const Inputs& in);
 
   Connection conn_;
-  uint64_t op_ = 0;  // the running op (0: none)
   bool merged_ = false;  // the running op's {"merged": true}
-  bool awaiting_sql_ = false;
-  bool internal_ = false;  // the running op is the connection's own (an idle timer's)
 };
 
 }  // namespace chstate::protocol
