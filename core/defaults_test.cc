@@ -1,7 +1,8 @@
-// The README's "Defaults" table is the core's kDefaults, row for row: a
-// default changed in core/defaults.h without the README (or a README row for
-// a default that does not exist) fails here. Its "Settings" table is the
-// core's kSettings the same way.
+// The "core's defaults" table of docs/settings.md is the core's kDefaults,
+// row for row: a default changed in core/defaults.h without the docs (or a
+// row for a default that does not exist) fails here. Its "settings" table is
+// the core's kSettings the same way. (tools/gendocs writes both tables, and
+// //docs:generated_docs_test checks every generated table of the docs.)
 #include "core/defaults.h"
 
 #include <fstream>
@@ -20,8 +21,8 @@
 namespace chstate {
 namespace {
 
-std::string Readme() {
-  std::ifstream in("README.md");
+std::string SettingsPage() {
+  std::ifstream in("docs/settings.md");
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -33,13 +34,13 @@ std::string Row(const DefaultSetting& d) {
   return absl::StrCat("| `", d.name, "` | ", value, " | ", d.meaning, " |");
 }
 
-// The table rows ("| `...") of the README section `heading`, up to the next
-// section.
-std::set<std::string> ReadmeRows(const std::string& heading) {
-  const std::string readme = Readme();
-  EXPECT_FALSE(readme.empty()) << "README.md not found in the test's data";
+// The table rows ("| `...") of the docs/settings.md section `heading`, up to
+// the next section.
+std::set<std::string> PageRows(const std::string& heading) {
+  const std::string readme = SettingsPage();
+  EXPECT_FALSE(readme.empty()) << "docs/settings.md not found in the test's data";
   const size_t start = readme.find(heading + "\n");
-  EXPECT_NE(start, std::string::npos) << "README has no \"" << heading << "\" section";
+  EXPECT_NE(start, std::string::npos) << "docs/settings.md has no \"" << heading << "\" section";
   std::set<std::string> rows;
   if (start == std::string::npos) return rows;
   for (absl::string_view line : absl::StrSplit(readme.substr(start + heading.size() + 1), '\n')) {
@@ -52,24 +53,25 @@ std::set<std::string> ReadmeRows(const std::string& heading) {
 TEST(Defaults, ReadmeTableIsTheCoresTable) {
   std::set<std::string> expected;
   for (const DefaultSetting& d : kDefaults) expected.insert(Row(d));
-  EXPECT_EQ(ReadmeRows("### Defaults"), expected);
+  EXPECT_EQ(PageRows("## The core's defaults"), expected);
 }
 
-// A setting's README row: its key, default, variable, chstate flag, meaning.
+// A setting's row: its key, default, variable, Meltano name, meaning.
 std::string SettingRow(const SettingSpec& s) {
   std::string def = DefaultText(s);
   if (def.empty()) def = "-";
   if (s.type == SettingType::kSeconds && s.default_number != kNoNumber) absl::StrAppend(&def, " s");
-  return absl::StrCat("| `", s.key, "` | ", def, " | `", s.env, "` | `--", CliFlag(s), "` | ", s.meaning, " |");
+  const std::string meltano = absl::StrCat("state_backend.", s.meltano_core ? "" : "clickhouse.", s.key);
+  return absl::StrCat("| `", s.key, "` | ", def, " | `", s.env, "` | `", meltano, "` | ", s.meaning, " |");
 }
 
 TEST(Settings, ReadmeTableIsTheCoresTable) {
   std::set<std::string> expected;
   for (size_t i = 0; i < kSettingsCount; ++i) expected.insert(SettingRow(kSettings[i]));
-  const std::set<std::string> rows = ReadmeRows("### Settings");
+  const std::set<std::string> rows = PageRows("## The settings");
   EXPECT_EQ(rows, expected);
   for (const std::string& e : expected) {
-    if (!rows.count(e)) ADD_FAILURE() << "README \"### Settings\" lacks:\n" << e;
+    if (!rows.count(e)) ADD_FAILURE() << "docs/settings.md \"## The settings\" lacks:\n" << e;
   }
 }
 

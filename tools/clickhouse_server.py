@@ -15,7 +15,8 @@ any signal is sent.
 
 The server listens on 127.0.0.1 only, on free ports, with a data folder under DIR.
 It has a user `chstate` with a random password (stored in DIR/instance.json, mode 0600)
-so that the tools are exercised with real credentials.
+so that the tools are exercised with real credentials, and users with the least rights
+chstate needs (LEAST_USERS, the same password; docs/operations.md).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ USERS_TEMPLATE = """<?xml version="1.0"?>
       <max_memory_usage>2000000000</max_memory_usage>
       <load_balancing>random</load_balancing>
     </default>
+{least_profiles}
   </profiles>
   <users>
     <default>
@@ -104,12 +106,46 @@ USERS_TEMPLATE = """<?xml version="1.0"?>
       <profile>default</profile>
       <quota>default</quota>
     </chstate>
+{least_users}
   </users>
   <quotas><default><interval><duration>3600</duration><queries>0</queries><errors>0</errors>
     <result_rows>0</result_rows><read_rows>0</read_rows><execution_time>0</execution_time>
   </interval></default></quotas>
 </yandex>
 """
+
+
+# Least privilege (docs/operations.md): `chstate_least` has exactly the rights chstate
+# needs on 18.16, which has no SQL GRANT: the databases it may use (the connection's and
+# the state schemas; tests/docs/test_least_privilege.py creates `least` and runs the API
+# scenarios of two hosts side by side in least_cli_0, ... and least_lua54_0, ..., and
+# its own checks in least_0, ...), DDL allowed and not read-only. The other two have one
+# right less each: no DDL, or read-only (settings still allowed).
+LEAST_DATABASES = (["least"] + [f"least_{n}" for n in range(4)] +
+                   [f"least_{host}_{n}" for host in ("cli", "lua54") for n in range(16)])
+LEAST_PROFILE = {"readonly": "0", "allow_ddl": "1"}
+LEAST_USERS = {
+    "chstate_least": LEAST_PROFILE,
+    "chstate_least_no_ddl": dict(LEAST_PROFILE, allow_ddl="0"),
+    "chstate_least_readonly": dict(LEAST_PROFILE, readonly="2"),
+}
+
+
+def least_privilege_xml(password: str) -> dict[str, str]:
+    """The profiles and users of LEAST_USERS, for USERS_TEMPLATE."""
+    profiles, users = [], []
+    databases = "".join(f"<database>{d}</database>" for d in LEAST_DATABASES)
+    for name, profile in LEAST_USERS.items():
+        settings = "".join(f"<{k}>{v}</{k}>" for k, v in profile.items())
+        profiles.append(f"    <{name}>{settings}</{name}>")
+        users.append(f"""    <{name}>
+      <password>{password}</password>
+      <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
+      <profile>{name}</profile>
+      <quota>default</quota>
+      <allow_databases>{databases}</allow_databases>
+    </{name}>""")
+    return {"least_profiles": "\n".join(profiles), "least_users": "\n".join(users)}
 
 
 # ---- instances recorded in DIR/instance.json: free ports, pid checks, waiting,
@@ -215,7 +251,7 @@ def start(d: Path, *, tls_cert: str | None = None, tls_key: str | None = None,
         config = d / "config.xml"
         config.write_text(CONFIG_TEMPLATE.format(dir=d, https=https, extra=extra, **ports))
         users = d / "users.xml"
-        users.write_text(USERS_TEMPLATE.format(password=password))
+        users.write_text(USERS_TEMPLATE.format(password=password, **least_privilege_xml(password)))
         os.chmod(users, 0o600)
         proc = spawn([SERVER_BIN, f"--config-file={config}"], d, d / "log" / "stdout.log")
         inst = {"pid": proc.pid, "dir": str(d), "config": str(config), "user": "chstate",

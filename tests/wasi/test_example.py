@@ -1,5 +1,5 @@
-"""The README's minimal Node host (hosts/wasi/example.mjs) runs against the
-real server, and the README shows exactly that file."""
+"""The minimal Node host of docs/wasm.md (hosts/wasi/example.mjs) runs
+against the real server, and the page shows exactly that file."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "hosts" / "wasi" / "example.mjs"
 
 
-def test_readme_shows_the_tested_example():
-    readme = (REPO / "README.md").read_text()
-    assert "```js\n" + EXAMPLE.read_text() + "```" in readme
+def test_the_page_shows_the_tested_example():
+    page = (REPO / "docs" / "wasm.md").read_text()
+    assert "```js\n" + EXAMPLE.read_text() + "```" in page
 
 
 def test_example_runs_against_clickhouse(wasm_path, clickhouse):
