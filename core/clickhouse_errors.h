@@ -29,6 +29,9 @@ inline constexpr int kUnsatisfiedQuorumForPreviousWrite = 286;  // another quoru
 inline constexpr int kReplicaIsNotInQuorum = 289;  // a sequentially consistent read on a lagging replica
 inline constexpr int kUnknownStatusOfInsert = 319;  // quorum not confirmed in time: outcome unknown
 inline constexpr int kSystemError = 425;
+inline constexpr int kReadonly = 164;               // the user's profile is read-only
+inline constexpr int kDatabaseAccessDenied = 291;   // 18.x: the database is not in the user's allow_databases
+inline constexpr int kQueryIsProhibited = 392;      // 18.x: DDL with allow_ddl = 0
 inline constexpr int kAccessDenied = 497;
 inline constexpr int kAuthenticationFailed = 516;
 inline constexpr int kKeeperException = 999;        // ZooKeeper/Keeper session or connection error
@@ -45,6 +48,7 @@ inline constexpr ErrorCode kInterpreted[] = {
     {kUnknownDatabase, "UNKNOWN_DATABASE", "as UNKNOWN_TABLE"},
     {kTimeoutExceeded, "TIMEOUT_EXCEEDED", "kUnavailable; lock: an ON CLUSTER CREATE is resolved by inspection"},
     {kBadArguments, "BAD_ARGUMENTS", "cluster mode, 'Requested cluster': kInvalidArgument naming the setting"},
+    {kReadonly, "READONLY", "kPermissionDenied, naming readonly (docs/operations.md)"},
     {kUnknownUser, "UNKNOWN_USER", "kUnauthenticated"},
     {kWrongPassword, "WRONG_PASSWORD", "kUnauthenticated"},
     {kRequiredPassword, "REQUIRED_PASSWORD", "kUnauthenticated"},
@@ -55,6 +59,7 @@ inline constexpr ErrorCode kInterpreted[] = {
     {kNoZooKeeper, "NO_ZOOKEEPER", "cluster mode: kUnavailable, 'ClickHouse cannot reach ZooKeeper'"},
     {kTableIsReadOnly, "TABLE_IS_READ_ONLY", "cluster mode: kUnavailable, as NO_ZOOKEEPER"},
     {kTooManyParts, "TOO_MANY_PARTS", "cluster mode: retried like UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE"},
+    {kDatabaseAccessDenied, "DATABASE_ACCESS_DENIED", "kPermissionDenied, naming allow_databases (docs/operations.md)"},
     {kTooFewLiveReplicas, "TOO_FEW_LIVE_REPLICAS", "cluster mode: kUnavailable, nothing was written"},
     {kUnsatisfiedQuorumForPreviousWrite, "UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE",
      "cluster mode: retried until quorum_busy_ms, then kUnavailable"},
@@ -62,6 +67,7 @@ inline constexpr ErrorCode kInterpreted[] = {
      "several hosts: the read goes to another replica; all lagging: kUnavailable, retry later"},
     {kUnknownStatusOfInsert, "UNKNOWN_STATUS_OF_INSERT", "cluster mode: kUnavailable, outcome explained"},
     {kSystemError, "SYSTEM_ERROR", "kUnavailable: retry later"},
+    {kQueryIsProhibited, "QUERY_IS_PROHIBITED", "kPermissionDenied, naming allow_ddl (docs/operations.md)"},
     {kAccessDenied, "ACCESS_DENIED", "kPermissionDenied"},
     {kAuthenticationFailed, "AUTHENTICATION_FAILED", "kUnauthenticated"},
     {kKeeperException, "KEEPER_EXCEPTION", "cluster mode: kUnavailable, as NO_ZOOKEEPER"},

@@ -10,7 +10,7 @@
 //   absl::StatusOr<chstate::ConnectionConfig> cfg = chstate::ResolveConfig(src);
 //   // cfg->host == "db.internal", cfg->port == 9123, cfg->schema == "meltano_prod"
 //
-// Precedence, per setting, first match wins (README "Configuration" explains why):
+// Precedence, per setting, first match wins (docs/settings.md explains why):
 //   1. a granular command-line flag (--host, --port, ... ; flags["host"], ...)
 //   2. the component of the --uri flag (flags["uri"])
 //   3. MELTANO_STATE_BACKEND_CLICKHOUSE_<KEY> (what Meltano's granular settings map to)

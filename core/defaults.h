@@ -56,7 +56,7 @@ inline constexpr int64_t kDefaultDdlTimeoutS = 10;
 inline constexpr int kDefaultTransportAttempts = 3;
 // Wait before the first resend; doubled before each further one.
 inline constexpr int64_t kDefaultTransportBackoffMs = 100;
-// Several hosts (README "Cluster mode"): a host that refused a connection, did
+// Several hosts (docs/cluster.md): a host that refused a connection, did
 // not answer or gave a replica-level error is skipped this long.
 inline constexpr int64_t kDefaultHostDownMs = 5000;
 

@@ -1,5 +1,5 @@
 // One ClickHouse server: where a request goes. A connection may name several
-// (README "Cluster mode"); the core picks one for every request
+// (docs/cluster.md); the core picks one for every request
 // (core/endpoints.h) and the host's transport connects where it is told.
 #ifndef CHSTATE_CORE_ENDPOINT_H_
 #define CHSTATE_CORE_ENDPOINT_H_

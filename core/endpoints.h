@@ -1,5 +1,5 @@
-// Which of a connection's hosts each request goes to (README "Cluster
-// mode"). Shared by every task of a store, so what one request learned about
+// Which of a connection's hosts each request goes to (docs/cluster.md).
+// Shared by every task of a store, so what one request learned about
 // a host (it refused the connection, it lags behind the quorum) steers the
 // next one, in every host runtime alike.
 //

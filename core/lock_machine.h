@@ -47,7 +47,7 @@
 //   whose answer was lost never extends the lease.
 //
 // Cluster mode (Statements::cluster() enabled) takes the lock by claims
-// instead (README "Cluster mode"): DDL would have to wait for every replica.
+// instead (docs/cluster.md): DDL would have to wait for every replica.
 // - Every claim is a row in the replicated `<table>_claims`, written with the
 //   insert quorum; a read with select_sequential_consistency sees every row
 //   whose insert was confirmed before the read began (any live replica that

@@ -4,7 +4,7 @@
 // exchange names the host the request must go to and the answer that host
 // gives, so a test pins what is resent, to which host, and what fails with
 // which status, for reads, quorum writes and the cluster claims lock
-// (README "Cluster mode"; core/task.h's TransportPolicy).
+// (docs/cluster.md; core/task.h's TransportPolicy).
 #include <functional>
 #include <memory>
 #include <string>

@@ -113,6 +113,25 @@ absl::Status CheckResponse(const SqlResponse& r, absl::string_view what) {
                                                                *code, "): ", message,
                                                                ". Grant the user rights on the state schema")),
                       *code);
+    // 18.x has no GRANT: a user's rights are its users.xml entry and profile
+    // (docs/operations.md lists what chstate needs).
+    case ch::kReadonly:
+      return WithCode(absl::PermissionDeniedError(absl::StrCat(
+                          "ClickHouse refused a write while ", what, " (code ", *code, "): ", message,
+                          ". The user's profile is read-only: chstate writes states and locks, so give it a "
+                          "profile with readonly = 0 (docs/operations.md)")),
+                      *code);
+    case ch::kDatabaseAccessDenied:
+      return WithCode(absl::PermissionDeniedError(absl::StrCat(
+                          "ClickHouse denied the database while ", what, " (code ", *code, "): ", message,
+                          ". Add the state schema's database to the user's allow_databases (docs/operations.md)")),
+                      *code);
+    case ch::kQueryIsProhibited:
+      return WithCode(absl::PermissionDeniedError(absl::StrCat(
+                          "ClickHouse refused DDL while ", what, " (code ", *code, "): ", message,
+                          ". chstate creates its tables and each lock's table, so the user needs allow_ddl = 1 "
+                          "(docs/operations.md)")),
+                      *code);
     case kCodeUnknownTable:
     case kCodeUnknownDatabase:
       return WithCode(absl::NotFoundError(absl::StrCat("ClickHouse error ", *code, " while ", what, ": ", message,

@@ -49,6 +49,19 @@ TEST(CheckResponse, ClassifiesServerAnswers) {
        absl::StatusCode::kUnauthenticated, "Authentication failed", 516},
       {"access denied", Http(500, "Code: 497. DB::Exception: u: Not enough privileges. (ACCESS_DENIED)"),
        absl::StatusCode::kPermissionDenied, "Grant", 497},
+      // 18.16's users.xml rights, words as that server gives them.
+      {"read-only profile 18.x",
+       Http(500, "Code: 164, e.displayText() = DB::Exception: Cannot create database in readonly mode, e.what() = "
+                 "DB::Exception\n"),
+       absl::StatusCode::kPermissionDenied, "readonly = 0", 164},
+      {"database not allowed 18.x",
+       Http(500, "Code: 291, e.displayText() = DB::Exception: Access denied to database meltano for user chstate, "
+                 "e.what() = DB::Exception\n"),
+       absl::StatusCode::kPermissionDenied, "allow_databases", 291},
+      {"DDL prohibited 18.x",
+       Http(500, "Code: 392, e.displayText() = DB::Exception: Cannot create database. DDL queries are prohibited "
+                 "for the user, e.what() = DB::Exception\n"),
+       absl::StatusCode::kPermissionDenied, "allow_ddl = 1", 392},
       {"table exists", Http(500, "Code: 57, e.displayText() = DB::Exception: Table m.x already exists., e.what()"),
        absl::StatusCode::kAlreadyExists, "already exists", 57},
       {"header code wins over 200", Http(200, "partial output", "241"), absl::StatusCode::kInternal, "241", 241},

@@ -90,7 +90,7 @@ extern const size_t kRenamedSettingsCount;
 // What the host can do, which decides lock policy (not the user): a host
 // that calls back at the core's timeout while idle (a thread, an event loop)
 // and releases what it holds when its process ends may keep a released lock
-// lingering for the next acquisition (README "The lock off the hot path").
+// lingering for the next acquisition (docs/lock.md "The lock off the hot path").
 struct HostCapabilities {
   bool timers = false;        // calls back at next_timeout_ms even while its user code runs
   bool exit_release = false;  // closes stores (releasing locks) when the process ends

@@ -7,7 +7,7 @@
 //
 // Result formats are TabSeparated, decoded by core/response.h.
 //
-// Cluster mode (ClusterOptions::name set; README "Cluster mode"):
+// Cluster mode (ClusterOptions::name set; docs/cluster.md):
 // - every DDL is `... ON CLUSTER <name>` (serialised through the distributed
 //   DDL queue in ZooKeeper; it returns when every host ran it), with
 //   wait_end_of_query=1 and a bounded distributed_ddl_task_timeout;
@@ -94,7 +94,7 @@ class Statements {
   // tools can share a schema.
   SqlRequest CreateLockTable() const;
 
-  // ---- history: every version of every state (README "State history") ----
+  // ---- history: every version of every state (docs/cli.md "History and rollback") ----
   // `<table>_history`: the state table's columns, a MergeTree ordered by
   // (state_id, updated_at), partitioned by month; on modern servers with a
   // TTL of `days`. Fed by CreateHistoryView on every insert into the state
@@ -178,7 +178,7 @@ class Statements {
   // The same for a lock table named `name` (`chstate locks`, which finds
   // tables before it knows their ids).
   SqlRequest InspectLockTable(absl::string_view name) const;
-  // ---- a mixed fleet with the Python ClickHouse backend (README "The lock") ----
+  // ---- a mixed fleet with the Python ClickHouse backend (docs/lock.md) ----
   // That backend locks by rows in `<table>_lock` (state_id, lock_id,
   // locked_at): a holder's row is live for kPythonLockWindowS. chstate's
   // holder shows itself there with a marker row, lock_id "chstate:<its lock

@@ -24,9 +24,13 @@
 //                        lost (or code 319) the outcome is unknown: writing
 //                        the same state again is safe (a state is one row).
 //   kUnauthenticated     wrong user or password: fix the settings.
-//   kPermissionDenied    the user lacks a grant on the state schema.
-//   kNotFound            Copy/Move: the source id has no state. (A missing
-//                        table reads as "absent", never as this.)
+//   kPermissionDenied    the user lacks a right on the state schema (a
+//                        grant; on 18.x its allow_databases, allow_ddl or
+//                        readonly profile): docs/operations.md lists them.
+//   kNotFound            Copy/Move/MergeFrom: the source id has no state;
+//                        Rollback: the history holds no such version;
+//                        ForceUnlock: the id is not locked. (A missing table
+//                        reads as "absent", never as this.)
 //   kAborted             retry at a higher level: AcquireLock and every locked
 //                        operation (Set, Update, Delete, MergeFrom, Copy,
 //                        Move) when another holder kept the lock past the lock
@@ -78,7 +82,7 @@ struct StoreOptions {
   // "host:port", only used in messages (with `hosts` and no endpoint, the
   // list of hosts).
   std::string endpoint;
-  // The servers to talk to (README "Cluster mode"). Empty: the host's one
+  // The servers to talk to (docs/cluster.md). Empty: the host's one
   // server, and requests carry no endpoint. Given: every request names the
   // one it goes to, chosen by the core (core/endpoints.h): the host that
   // answered last while it is well, each other host in turn after a failure.
@@ -96,7 +100,7 @@ struct StoreOptions {
   // refused because an earlier one is unconfirmed (code 286) is retried for
   // cluster.quorum_busy_ms.
   ClusterOptions cluster;
-  // State history (README "State history"): versions are kept this many
+  // State history (docs/cli.md "History and rollback"): versions are kept this many
   // days; 0 creates no history table (an existing one is still fed).
   int64_t history_days = kDefaultHistoryDays;
   // ... and at most this many versions per id (0: no limit). Both are kept
@@ -106,7 +110,7 @@ struct StoreOptions {
   // "Migrating from the Python backend"): a holder also shows itself in
   // `<table>_lock` the way that backend does, and yields to its rows.
   bool python_locks = false;
-  // The lock off the hot path (README "The lock"): ReleaseLock keeps the
+  // The lock off the hot path (docs/lock.md): ReleaseLock keeps the
   // lock held by this store (lingering) for kDefaultLockLingerMs, renewed as
   // usual, and the next AcquireLock of the id takes it back with no request.
   // A lingering lock is released for real when it was idle that long (at a

@@ -168,7 +168,7 @@ class ConnectOp final : public StorePart {
         "cluster mode is on (cluster \"", o.cluster.name, "\") but the state table ", o.schema, ".", o.table,
         " on this server is a ", engine,
         ", not replicated: writes would stay on this server. Use another schema for cluster mode, or move "
-        "the states into a replicated table (README \"Cluster mode\")")));
+        "the states into a replicated table (docs/cluster.md)")));
   }
 
   enum class Stage { kStart, kVersion, kEngine };

@@ -108,7 +108,7 @@ struct TransportPolicy {
   int attempts = kDefaultTransportAttempts;          // sends of one request in all
   int64_t backoff_ms = kDefaultTransportBackoffMs;   // before the first resend, doubled after
   int64_t request_timeout_ms = kDefaultRequestTimeoutMs;  // stamped on every request
-  // Several hosts (README "Cluster mode"), shared by the store's tasks; null:
+  // Several hosts (docs/cluster.md), shared by the store's tasks; null:
   // the host's one server. With hosts, every request carries the endpoint it
   // goes to, and a request that may be sent again (MayResend, or a
   // replica-level error: ReplicaLevelError) goes to each other host at once

@@ -362,7 +362,7 @@ def instance_commands(args, *, start: Callable[[Path], dict], stop: Callable[...
         stop(d, remove=True)
 
 
-# ---- cluster: ZooKeeper plus three replicas (README "Cluster mode") ----------
+# ---- cluster: ZooKeeper plus three replicas (docs/cluster.md) ----------
 
 ZOOKEEPER_CLASSPATH = os.environ.get("CHSTATE_ZOOKEEPER_CLASSPATH",
                                      "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar")

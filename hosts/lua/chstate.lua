@@ -106,7 +106,7 @@ function M.is_array(t)
   return type(t) == "table" and getmetatable(t) == C.array_mt
 end
 
---- Lua value -> JSON text, by the binding's rules (README "Using it from Lua").
+--- Lua value -> JSON text, by the binding's rules (docs/lua.md).
 function M.to_json(v)
   local text, err = C.to_json(v)
   if text == nil then raise("INVALID_ARGUMENT", "to_json", err) end
@@ -505,7 +505,7 @@ local HOOKS = {env = true, transport = true, sleep = true, now = true}
 --- Opens a store. Every key but the hooks is a setting, by the names of the
 -- core's settings table (Meltano's: uri, host, port, database, user,
 -- password, secure, schema, table, lock_timeout_seconds, lock_wait_seconds,
--- history_days, ...; README "Settings"); the core resolves them with the
+-- history_days, ...; docs/settings.md); the core resolves them with the
 -- environment (MELTANO_STATE_BACKEND_*, CLICKHOUSE_*) and its defaults, and
 -- refuses unknown names. Hooks: env (a table to read instead of the process
 -- environment, or false for none), transport(request), sleep(seconds) and

@@ -1,5 +1,5 @@
-// Lua values <-> JSON for the Lua 5.4 module `chstate` (README "Using it from
-// Lua" documents the rules for users):
+// Lua values <-> JSON for the Lua 5.4 module `chstate` (docs/lua.md
+// documents the rules for users):
 //   object  <-> table with string keys (an empty table is an object: {})
 //   array   <-> table with keys 1..n, or any table with the chstate.array
 //               metatable (chstate.array{} is the empty array []); decoded

@@ -275,7 +275,7 @@ Invocation Parse(const std::vector<std::string>& argv) {
         value = argv[++i];
       }
       if (value) {
-        // --host given several times lists several hosts (README "Cluster mode").
+        // --host given several times lists several hosts (docs/cluster.md).
         auto it = inv.values.find(spec->name);
         if (spec->name == "host" && it != inv.values.end()) {
           absl::StrAppend(&it->second, ",", *value);

@@ -19,7 +19,7 @@ export interface StateView {
 /** A setting's value: seconds may be fractions; null or undefined count as not given. */
 export type SettingValue = string | number | boolean | null | undefined;
 
-/** The settings, by the core's names (README "Settings"; core/settings.h). A uri (or host, user and
+/** The settings, by the core's names (docs/settings.md; core/settings.h). A uri (or host, user and
  *  database) is required; everything else has the core's default. Durations are in seconds. */
 export interface Settings {
   /** clickhouse://user@host[:port][,host2[:port]]/database?secure=&schema=&table=&ca_file=... */

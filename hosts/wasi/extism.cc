@@ -15,7 +15,7 @@
 //
 // The host SDK runs the request the core asks for (its own HTTP, or Extism's
 // http_request within allowed_hosts), sleeps for waits and feeds the answer:
-// the same pump as every other host (README "Plugin runtimes"). Malformed
+// the same pump as every other host (docs/wasm.md). Malformed
 // input of any kind is a {"failed": {"code": "INVALID_ARGUMENT", ...}}
 // document, never a trap; a store handle is valid from store_new until
 // store_free, in the plugin instance that made it.

@@ -66,7 +66,7 @@ class Cluster:
         return ",".join(f"127.0.0.1:{self.port(r)}" for r in order)
 
     def hosts_uri(self, schema: str, order: tuple[str, ...] = REPLICAS) -> str:
-        """A URI naming several hosts (README "Cluster mode"), the first of `order` first."""
+        """A URI naming several hosts (docs/cluster.md), the first of `order` first."""
         return f"clickhouse://chstate@{self.hosts(order)}/default?schema={schema}&cluster={self.name}"
 
     def env(self) -> dict[str, str]:

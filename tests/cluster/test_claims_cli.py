@@ -1,5 +1,5 @@
 """`chstate locks` and `chstate unlock --force` in cluster mode, where a lock is
-a claim in `<table>_claims` (README "Cluster mode"): a held lock is listed with
+a claim in `<table>_claims` (docs/cluster.md): a held lock is listed with
 its holder through any replica, a forced unlock ends the claim so the next
 process gets the lock at once, and the holder finds it lost at its renewal.
 

@@ -371,7 +371,7 @@ def test_replica_killed_then_two_and_nothing_is_lost(healthy, schema):
     c.kill_replica("r3")
     # A short validity: the claim of this failed attempt cannot be ended while no quorum
     # can be reached, and may land once the replicas are back; it then blocks the id for
-    # its validity at most (README "Cluster mode"), 3 s here.
+    # its validity at most (docs/cluster.md), 3 s here.
     r = c.cli("r1", schema, "set", "dev:k", state("v2"), "--stale-lock", "3")
     assert r.code == EXIT_UNAVAILABLE, r
     assert "quorum" in r.err, r

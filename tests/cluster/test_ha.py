@@ -63,7 +63,7 @@ RESTORE_LATEST_S = 60.0
 # request to the next host within the same attempt (a transport failure costs
 # at most its resends: 100 + 200 ms of backoff). The longest legitimate wait
 # is a quorum write that was in flight when its replica died: the quorum
-# timeout (insert_quorum_timeout, 10 s, README "Defaults") bounds it, and the
+# timeout (insert_quorum_timeout, 10 s, docs/settings.md) bounds it, and the
 # retry then goes to a live replica: so the quorum timeout plus 5 s. (A
 # replica stopped cleanly in the middle of a write no longer serves the part
 # to the others, so that write does wait the whole quorum timeout: 10.4 s was
@@ -276,7 +276,7 @@ def test_writer_loses_nothing_while_a_replica_is_down(healthy, schema, tmp_path,
         f"only {while_down} updates in {restore_at - down_at:.1f} s with {victim} down")
     # A write in flight on the replica when it went down may leave its part on that replica
     # alone; 18.16 then refuses every later quorum write to the table (code 286) until the
-    # replica is back (README "Cluster mode"): such an update may wait out the outage.
+    # replica is back (docs/cluster.md): such an update may wait out the outage.
     bound = UPDATE_BOUND_S + ((back_at - down_at) if mid_write else 0)
     assert longest <= bound, (f"update {max(took, key=took.get)} took {longest:.1f} s "
                               f"(bound {bound:.1f} s)")
@@ -401,7 +401,7 @@ def test_meltano_run_survives_the_first_host_killed(healthy, schema, tmp_path, m
         killed_at = time.monotonic()
         # Restarted 3 s later, as a supervisor would. On 18.16 a replica killed in the
         # middle of a quorum write holds up every later quorum write to that table (code
-        # 286) until it is back (README "Cluster mode"); the run waits it out
+        # 286) until it is back (docs/cluster.md); the run waits it out
         # (quorum_busy_ms) instead of failing.
         time.sleep(3)
         c.restart_replica(victim, wait=False)

@@ -1,5 +1,5 @@
-"""The lock off the hot path in cluster mode (README "The lock off the hot
-path", "Cluster mode"): the Meltano adapter, installed in the Meltano venv
+"""The lock off the hot path in cluster mode (docs/lock.md "The lock off the hot
+path", docs/cluster.md): the Meltano adapter, installed in the Meltano venv
 (its native library from CHSTATE_LIBRARY, as tests/meltano runs it),
 keeps a released lock lingering between update()s; a process waiting for the
 id shows itself with a waiter row in `<table>_claims` naming the holder, and

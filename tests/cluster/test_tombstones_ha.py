@@ -1,5 +1,5 @@
 """Deletes and `clear --all` under the smaller quorum (2 of 3 replicas) with one
-replica down: they keep their tombstone semantics (README "Cluster mode").
+replica down: they keep their tombstone semantics (docs/cluster.md).
 
 With r3 stopped cleanly, states are deleted and cleared through the several-host
 URI; the deletes are seen at once through both live replicas, a deleted id can

@@ -149,7 +149,7 @@ ONE_RIGHT_LESS = {
 
 def page_rows() -> dict:
     """The page's table: right missing -> what chstate says."""
-    return dict(re.findall(r"^\| (.+?) \| `(ClickHouse error .+?)` \|$", PAGE.read_text(), re.M))
+    return dict(re.findall(r"^\| (.+?) \| `(ClickHouse .+?)` \|$", PAGE.read_text(), re.M))
 
 
 def test_the_page_lists_each_right_this_test_takes_away():
@@ -161,8 +161,8 @@ def test_one_right_less_fails_at_once_saying_what_the_page_says(server, cli, mis
     user, database = ONE_RIGHT_LESS[missing]
     server.sql(f"CREATE DATABASE IF NOT EXISTS {database}")  # as the page says: made by the administrator
     failed = run(cli, server, user, "init", schema=database, database=database)
-    # The core does not interpret 18.16's 164, 291 and 392 (docs/errors.md): exit 1.
-    assert failed.returncode == 1, (failed.returncode, failed.stderr)
+    # 18.16's 164, 291 and 392 are PERMISSION_DENIED (docs/errors.md): exit 6.
+    assert failed.returncode == 6, (failed.returncode, failed.stderr)
     said = page_rows()[missing].replace("user chstate", f"user {user}")
     assert failed.stderr == f"chstate: {said}\n"
     assert server.password not in failed.stdout + failed.stderr
@@ -221,7 +221,7 @@ def test_cluster_mode_needs_no_more_on_18_16(cli, tmp_path):
             done = chstate(LEAST, "least_2", *args)
             assert done.returncode == 0, (args, done.stderr)
         refused = chstate("chstate_least_no_ddl", "least_3", "init")
-        assert refused.returncode == 1 and "error 392" in refused.stderr, refused.stderr
+        assert refused.returncode == 6 and "code 392" in refused.stderr and "allow_ddl" in refused.stderr, refused.stderr
         assert password not in refused.stdout + refused.stderr
     finally:
         subprocess.run([sys.executable, str(REPO / "tools" / "clickhouse_server.py"), "stop", "--cluster", str(folder)],

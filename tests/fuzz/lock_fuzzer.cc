@@ -18,7 +18,7 @@
 //
 // Statements run at the server the moment they are sent (or never), so every
 // request arrives within the lease margin, which the algorithm assumes
-// (README "The lock"); answers may come back arbitrarily late or not at all.
+// (docs/lock.md); answers may come back arbitrarily late or not at all.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>

@@ -1,4 +1,4 @@
--- The binding's JSON rules (README "Lua"): what each Lua value becomes, the
+-- The binding's JSON rules (docs/lua.md): what each Lua value becomes, the
 -- errors for what JSON cannot hold, and round trips.
 local chstate = require "chstate"
 

@@ -1,4 +1,4 @@
-"""The lock off the hot path (README "The lock off the hot path"): the
+"""The lock off the hot path (docs/lock.md "The lock off the hot path"): the
 adapter keeps a released lock lingering between Meltano's update()s, gives it
 up to another process that waits, releases it when idle, on close and at
 exit, and a process killed while it lingers blocks the id no longer than the

@@ -1,5 +1,5 @@
 --- JSON for the LuaJIT module `chstate`, by the Lua 5.4 binding's rules
--- (README "Using it from Lua"), as far as LuaJIT's numbers allow:
+-- (docs/lua.md), as far as LuaJIT's numbers allow:
 --
 --   object  <-> table with string keys (an empty table is an object: {})
 --   array   <-> table with keys 1..n, or any table carrying `array_mt`

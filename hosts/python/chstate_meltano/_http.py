@@ -5,7 +5,7 @@
     transport.close()
 
 * Each request goes to the request's own "host" and "port" (the core picks
-  one of the connection's hosts for every request: README "Cluster mode"),
+  one of the connection's hosts for every request: docs/cluster.md),
   else to config's host and port. Which host comes next after a failure is
   the core's decision, never this transport's.
 * One keep-alive connection per host:port, reused while it is fresh: it is

@@ -189,7 +189,7 @@ class ChstateStateStoreManager(StateStoreManager):
         return self._run(f"importing {len(entries)} states", lambda s: s.import_(entries),
                          bad_input="Fix the entry named in the import document and import it again")
 
-    # -- the state history, in Meltano's terms (README "State history") --
+    # -- the state history, in Meltano's terms (docs/meltano.md "History, and the rest of the API") --
     def history(self, state_id: str, limit: int | None = None) -> list[dict]:
         """The versions of a state kept in its history, newest first:
         [{"version", "updated_at", "current", "state": MeltanoState}, ...]."""

@@ -221,7 +221,7 @@ class Store:
     """One store of the core, opened from the user's settings as given.
 
     `settings`: the settings by the core's names (uri, host, ..., password,
-    lock_timeout_seconds, history_days, ...: README "Settings"); the core
+    lock_timeout_seconds, history_days, ...: docs/settings.md); the core
     resolves them with `env` (default: this process's MELTANO_STATE_BACKEND_*
     and CLICKHOUSE_* variables) and its defaults. `transport(request) ->
     response` runs one request (default: HTTP(S) to the host and port the
