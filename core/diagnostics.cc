@@ -44,6 +44,28 @@ std::optional<Diagnostic> Diagnostics::Poll() {
   return d;
 }
 
+std::string DiagnosticLine(const Diagnostic& d) {
+  std::string line = d.message;
+  if (d.kind != DiagnosticKind::kStatement) return line;
+  for (const auto& [name, text] : d.texts) {
+    if (name != "sql") continue;
+    absl::StrAppend(&line, ": ");
+    // A break and the indentation after it become one space.
+    bool in_break = false;
+    for (const char c : text) {
+      if (c == '\n' || c == '\r') {
+        in_break = true;
+        continue;
+      }
+      if (in_break && (c == ' ' || c == '\t')) continue;
+      if (in_break) line.push_back(' ');
+      in_break = false;
+      line.push_back(c);
+    }
+  }
+  return line;
+}
+
 std::string RedactStates(absl::string_view sql) {
   // The core quotes literals with QuoteStringLiteral: '...' with \' and \\
   // escaped, so a literal ends at the first ' not preceded by an escape.

@@ -87,6 +87,11 @@ class Diagnostics {
   std::deque<Diagnostic> queue_;
 };
 
+// The diagnostic as one line of a log, what every host shows: its message,
+// and for a statement the statement itself after ": " (as told: states
+// redacted unless the host asked for them), its line breaks as spaces.
+std::string DiagnosticLine(const Diagnostic& d);
+
 // `sql` with every string literal that holds a JSON object (a state's
 // partial or completed side) replaced by '<state: N bytes>'.
 std::string RedactStates(absl::string_view sql);

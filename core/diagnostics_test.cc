@@ -43,6 +43,17 @@ TEST(RedactStates, StateLiteralsBecomeTheirSize) {
   for (const auto& c : kCases) EXPECT_EQ(RedactStates(c.sql), c.redacted) << c.sql;
 }
 
+TEST(DiagnosticLine, AStatementShowsItsSqlOnOneLineAndOthersTheirMessage) {
+  Diagnostic d;
+  d.kind = DiagnosticKind::kStatement;
+  d.message = "create_table (attempt 1): ok in 3 ms";
+  d.texts = {{"purpose", "create_table"}, {"sql", "CREATE TABLE t\n  (a String,\r\n\tb String)\nENGINE = Log"}};
+  EXPECT_EQ(DiagnosticLine(d), "create_table (attempt 1): ok in 3 ms: CREATE TABLE t (a String, b String) ENGINE = Log");
+  d.kind = DiagnosticKind::kResent;
+  d.message = "ping is sent again";
+  EXPECT_EQ(DiagnosticLine(d), "ping is sent again");
+}
+
 TEST(Diagnostics, NothingBelowTheLevelIsKept) {
   Diagnostics d;
   EXPECT_FALSE(d.Wants(DiagnosticLevel::kWarning));  // kNone by default: a host asks for what it wants

@@ -431,7 +431,8 @@ json DiagnosticJson(const Diagnostic& d) {
   json texts = json::object();
   for (const auto& [k, v] : d.texts) texts[k] = v;
   json e = {{"kind", DiagnosticKindName(d.kind)}, {"level", DiagnosticLevelName(d.level)}, {"at_ms", d.at_ms},
-            {"message", d.message},           {"numbers", std::move(numbers)},       {"texts", std::move(texts)}};
+            {"message", d.message},           {"line", DiagnosticLine(d)},           {"numbers", std::move(numbers)},
+            {"texts", std::move(texts)}};
   if (!d.state_id.empty()) e["state_id_hex"] = HexEncode(d.state_id);
   return e;
 }

@@ -63,11 +63,12 @@
 //   events   any action document may also carry "events": [{"kind": "lock_waiting"|"lock_acquired"|
 //            "lease_renewed"|"lease_lost"|"lock_yielded"|"resent"|"host_down"|"quorum_busy"|
 //            "history_pruned"|"statement", "level": "warning"|"info"|"debug", "at_ms": N,
-//            "message": "...", "state_id_hex": "..." (when it concerns an id), "numbers": {NAME: N},
-//            "texts": {NAME: "..."}}], what the store told since the last document
+//            "message": "...", "line": "...", "state_id_hex": "..." (when it concerns an id),
+//            "numbers": {NAME: N}, "texts": {NAME: "..."}}], what the store told since the last document
 //            (core/diagnostics.h): only when the settings document's "host" asked for a
 //            "diagnostics" level ("none" by default; "show_states": true keeps states'
-//            contents in debug statements).
+//            contents in debug statements). "line" is what a host's log shows: the
+//            message, and a statement's SQL after it (DiagnosticLine).
 //
 // Any op or answer document may also carry "now_ms" (integer) and
 // "random_hex", which override the time and random bytes the host supplied

@@ -497,6 +497,24 @@ TEST(OpDriver, ActionsCarryTheDiagnosticsTheHostAskedFor) {
   EXPECT_FALSE(a.contains("events")) << a;
 }
 
+TEST(OpDriver, AStatementEventsLineShowsItsSql) {
+  absl::StatusOr<OpenedStore> opened = OpenStore(Dump(
+      json{{"values", {{"uri", "clickhouse://me@127.0.0.1:8123/default"}}}, {"host", {{"diagnostics", "debug"}}}}));
+  ASSERT_THAT(opened, IsOk());
+  OpDriver d(opened->store.get());
+  json a = d.Start(Dump(json{{"op", "ping"}}), kIn);
+  ASSERT_TRUE(a.contains("request")) << a;
+  const std::string sql = a["request"]["sql"];
+  a = d.Feed(Dump(json{{"response", {{"transport_ok", true}, {"http_status", 200}, {"body", "18.16.1\t0\n"}}}}), kIn);
+  ASSERT_TRUE(a.contains("events")) << a;
+  const json& e = a["events"][0];
+  EXPECT_EQ(e["kind"], "statement");
+  EXPECT_EQ(e["level"], "debug");
+  // What a log shows: the message, then the statement.
+  EXPECT_EQ(e["line"], e["message"].get<std::string>() + ": " + sql) << e;
+  EXPECT_EQ(e["texts"]["sql"], sql);
+}
+
 TEST(OpDriver, NoDiagnosticsUnlessAskedAndABadLevelIsNamed) {
   absl::StatusOr<OpenedStore> opened =
       OpenStore(Dump(json{{"values", {{"uri", "clickhouse://me@127.0.0.1:8123/default"}}}}));
