@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "core/config.h"
 #include "core/defaults.h"
+#include "core/diagnostics.h"
 #include "core/dialect.h"
 #include "core/quoting.h"
 #include "core/settings.h"
@@ -67,6 +68,17 @@ constexpr char kOutput[] = "Output";
 // The options of the commands themselves (settings are the core's table).
 const OptionSpec kCommandOptions[] = {
     {"json", 0, nullptr, kOutput, "print results, and errors, as one JSON object on stdout"},
+    {"verbose", 'v', nullptr, kOutput,
+     "tell on stderr why a run waits or changes course: a lock held by another process (whose, how long it stays "
+     "valid, the next try), a request sent again and why, a host marked down and the next one, a lease lost. "
+     "-vv (or --verbose twice) also tells each statement with its time and outcome, states' contents shown as "
+     "<state: N bytes> (docs/diagnostics.md)"},
+    {"log-format", 0, "FORMAT", kOutput,
+     "how -v and -vv write to stderr: text (default; one line each) or json (one JSON object per line: kind, level, "
+     "at_ms, state_id, message, line, numbers, texts)"},
+    {"show-states", 0, nullptr, kOutput,
+     "with -vv, show the states' contents in the statements instead of <state: N bytes> (they may hold what your "
+     "sources' bookmarks hold)"},
     {"help", 'h', nullptr, kOutput, "show help; `chstate COMMAND --help` for one command"},
     {"version", 0, nullptr, kOutput, "print the version"},
     {"pattern", 0, "GLOB", nullptr, "only ids matching GLOB: * matches any run, ? one character"},
@@ -206,6 +218,7 @@ struct Invocation {
   std::vector<std::string> args;
   std::map<std::string, std::string> values;  // options with a value; the last one wins
   std::map<std::string, bool> switches;       // switches given, on or off
+  int verbose = 0;                            // -v: 1, -vv (or -v -v): 2; --verbose=false: 0
   // The first parse error. Parsing goes on after it so that `--help` and
   // `--json` are honoured wherever they appear.
   absl::Status error;
@@ -260,6 +273,11 @@ Invocation Parse(const std::vector<std::string>& argv) {
       shown = absl::StrCat("--", body);
     } else {
       if (arg.size() == 2) spec = FindShortOption(arg[1]);
+      // -vv, -vvv: --verbose as many times as there are v's.
+      if (arg.size() > 2 && arg.find_first_not_of('v', 1) == std::string::npos) {
+        spec = FindShortOption('v');
+        inv.verbose += static_cast<int>(arg.size()) - 2;
+      }
       shown = arg.substr(0, arg.find('='));
     }
     if (spec == nullptr) {
@@ -292,6 +310,7 @@ Invocation Parse(const std::vector<std::string>& argv) {
         continue;
       }
       inv.switches[spec->name] = *on;
+      if (spec->name == "verbose") inv.verbose = *on ? inv.verbose + 1 : 0;
     }
   }
   return inv;
@@ -320,6 +339,10 @@ absl::Status Validate(const Invocation& inv) {
   }
   for (const auto& [name, on] : inv.switches) {
     if (absl::Status s = check(name); !s.ok()) return s;
+  }
+  if (const std::string* format = inv.Value("log-format"); format != nullptr && *format != "text" && *format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-format must be text or json, not ", Quoted(*format), " (it says how -v writes to stderr)"));
   }
   if (inv.args.size() < c.min_args || inv.args.size() > c.max_args) {
     return absl::InvalidArgumentError(absl::StrCat(inv.args.size() < c.min_args ? "too few" : "too many",
@@ -363,6 +386,24 @@ class Reporter {
 
   std::ostream& err() { return err_; }
 
+  // One diagnostic (core/diagnostics.h) on stderr, as the core told it:
+  // "chstate: info: LINE", or with --log-format json one object per line
+  // (the protocol's event, the state id printable). Flushed at once: a
+  // waiting run says so while it waits.
+  void Diagnose(const Diagnostic& d, bool json_lines) {
+    if (json_lines) {
+      json e = protocol::DiagnosticJson(d);
+      e.erase("state_id_hex");
+      if (!d.state_id.empty()) e["state_id"] = PrintableId(d.state_id);
+      err_ << Redact(DumpJson(e)) << '\n';
+    } else {
+      std::string line = Redact(DiagnosticLine(d));
+      std::replace_if(line.begin(), line.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
+      err_ << "chstate: " << DiagnosticLevelName(d.level) << ": " << line << '\n';
+    }
+    err_.flush();
+  }
+
   int Fail(const absl::Status& status) {
     const ExitCode code = ExitCodeFor(status.code());
     std::string message = Redact(std::string(status.message()));
@@ -392,6 +433,12 @@ SettingsSources SourcesOf(const Invocation& inv, const Env& env) {
   SettingsSources sources;
   sources.from = SettingsFrom::kCli;
   sources.env = env;
+  // What the store tells on stderr (Diagnose): -v the info level (why a run
+  // waits or changes course, and warnings), -vv also the statements.
+  sources.host.diagnostics = inv.verbose >= 2   ? DiagnosticLevel::kDebug
+                             : inv.verbose == 1 ? DiagnosticLevel::kInfo
+                                                : DiagnosticLevel::kNone;
+  sources.host.show_states = inv.On("show-states");
   for (const OptionSpec& o : Options()) {
     if (o.setting == nullptr) continue;
     if (o.metavar != nullptr) {
@@ -462,6 +509,12 @@ absl::Status Connect(Session& s) {
   }
   native::ExecutorOptions exec_options;
   exec_options.connect_timeout_ms = s.settings.connect_timeout_ms;
+  if (s.inv.verbose > 0) {
+    const bool json_lines = s.inv.Value("log-format") != nullptr && *s.inv.Value("log-format") == "json";
+    exec_options.on_diagnostic = [&report = s.report, json_lines](const Diagnostic& d) {
+      report.Diagnose(d, json_lines);
+    };
+  }
   s.exec = std::make_unique<native::HttpExecutor>(s.settings.connection, exec_options);
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(s.settings.store);
   if (!store.ok()) return store.status();

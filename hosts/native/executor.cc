@@ -120,6 +120,11 @@ HttpExecutor::HttpExecutor(const ConnectionConfig& config, ExecutorOptions optio
 
 HttpExecutor::~HttpExecutor() = default;
 
+void HttpExecutor::Tell(Connection& conn) {
+  if (!impl_->options.on_diagnostic) return;
+  while (std::optional<Diagnostic> d = conn.PollDiagnostic()) impl_->options.on_diagnostic(*d);
+}
+
 SqlResponse HttpExecutor::Execute(const SqlRequest& request) {
   std::string path = impl_->base_query;
   for (const auto& [key, value] : request.url_params) {
@@ -183,7 +188,9 @@ std::optional<OpEvent> Pump(Connection& conn, HttpExecutor& exec, uint64_t op) {
     while (std::optional<Transmit> t = conn.PollTransmit()) {
       SqlResponse answer = exec.Execute(t->request);
       (void)conn.HandleResponse(t->op, answer, Now());  // refused only for an op no one waits for
+      exec.Tell(conn);
     }
+    exec.Tell(conn);
     if (std::optional<OpEvent> e = conn.PollEvent()) return e;
     std::optional<int64_t> at = conn.PollTimeout();
     if (op == 0 || !at) return std::nullopt;  // only what was due, or nothing left to do

@@ -22,6 +22,7 @@
 #include "core/config.h"
 #include "core/connection.h"
 #include "core/defaults.h"
+#include "core/diagnostics.h"
 #include "core/sql_request.h"
 #include "core/task.h"
 
@@ -29,6 +30,10 @@ namespace chstate::native {
 
 struct ExecutorOptions {
   int64_t connect_timeout_ms = kDefaultConnectTimeoutMs;
+  // What the pump does with what the store tells (core/diagnostics.h): each
+  // diagnostic is handed here as soon as the store made it. Unset: they are
+  // left where they are (a store makes none unless its host set a level).
+  std::function<void(const Diagnostic&)> on_diagnostic;
 };
 
 class HttpExecutor {
@@ -47,6 +52,10 @@ class HttpExecutor {
   // "host:port", for messages.
   const std::string& endpoint() const { return endpoint_; }
 
+  // Hands what the connection's store told since the last call to
+  // options.on_diagnostic (the pump calls it after every input).
+  void Tell(Connection& conn);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
@@ -62,7 +71,7 @@ class HttpExecutor {
 // op = 0, until no request is left and no timer is due. RunOp starts `task`
 // and pumps until its outcome. RunTimers fires the timers that are due (the
 // renewal of held locks) and returns kAborted naming the id of a lock found
-// lost.
+// lost. Each pumps what the store tells to the executor's on_diagnostic.
 std::optional<OpEvent> Pump(Connection& conn, HttpExecutor& exec, uint64_t op);
 absl::StatusOr<Result> RunOp(Connection& conn, std::unique_ptr<Task> task, HttpExecutor& exec);
 absl::Status RunTimers(Connection& conn, HttpExecutor& exec);

@@ -183,6 +183,26 @@ def test_json_errors_under_faults(cli_factory, proxy):
     assert cli.snapshot()["dst"] in (full(B), full(C))
 
 
+def test_verbose_tells_the_resend_of_a_reset_request(cli_factory, proxy):
+    cli = cli_factory()
+    prepare(cli)
+    proxy.add_rule(r"^SELECT partial_state", "reset_request")
+    quiet = cli.run(proxy.port, "get", "src")
+    assert quiet.returncode == 0 and quiet.stderr == b""  # resent, and nothing said without -v
+    proxy.add_rule(r"^SELECT partial_state", "reset_request")
+    r = cli.run(proxy.port, "-v", "get", "src")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.decode().splitlines()
+    resent = [line for line in lines if "get_state is sent again in" in line]
+    assert len(resent) == 1, lines
+    assert resent[0].startswith("chstate: info: ") and "(attempt 2 of " in resent[0], resent[0]
+    proxy.add_rule(r"^SELECT partial_state", "reset_request")
+    r = cli.run(proxy.port, "-v", "--log-format", "json", "get", "src")
+    events = [json.loads(line) for line in r.stderr.decode().splitlines()]
+    e = next(e for e in events if e["kind"] == "resent")
+    assert e["level"] == "info" and e["numbers"]["attempt"] == 2 and e["texts"]["purpose"] == "get_state", e
+
+
 # A critical section that records its start and end; `sleep {hold}` is time
 # that must pass by design (the section's length: a second holder inside it
 # would show as an overlap of the intervals).

@@ -8,7 +8,9 @@ that the password is in neither stdout nor stderr. Run with
 from __future__ import annotations
 
 import json
+import re
 import socket
+import subprocess
 import time
 
 import pytest
@@ -621,3 +623,80 @@ def test_every_command_has_json_output(cli):
         assert isinstance(r.json(), dict), r.args
         assert r.stdout.count(b"\n") == 1 and r.stdout.endswith(b"\n")
         assert r.stderr == b""
+
+
+# ---- -v / -vv: what the store tells on stderr (docs/diagnostics.md) --------------------------------------
+
+def test_help_lists_the_verbose_flags(cli):
+    out = cli.run("--help", uri=None).out
+    for flag in ("-v, --verbose", "--log-format FORMAT", "--show-states"):
+        assert flag in out
+    assert "-vv" in out
+    r = cli.run("-v", "--log-format", "yaml", "get", "x", expect=2)
+    assert "--log-format must be text or json" in r.err
+
+
+def test_verbose_tells_a_wait_for_a_lock_another_process_holds(cli, tmp_path):
+    started, release = tmp_path / "started", tmp_path / "release"
+    holder = subprocess.Popen([str(cli.binary), "--uri", cli.uri, "lock", "busy", "--", "sh", "-c",
+                               f"touch {started}; while [ ! -e {release} ]; do sleep 0.02; done"],
+                              env=cli.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not started.exists():
+            assert time.monotonic() < deadline, "the holder never took the lock"
+            time.sleep(0.02)
+        waiter = subprocess.Popen([str(cli.binary), "--uri", cli.uri, "-v", "--lock-retry", "0.2", "set", "busy",
+                                   json.dumps(STATE_A)], env=cli.env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+        # Told while it waits, not at the end: the first line arrives with the lock still held.
+        first = waiter.stderr.readline().decode()
+        assert first.startswith('chstate: info: waiting for the lock on "busy": another process (lock '), first
+        assert "stays valid up to" in first and "next try in 200 ms" in first
+        release.touch()
+        rest = waiter.communicate(timeout=60)[1].decode()
+        assert waiter.returncode == 0, rest
+        assert 'chstate: info: acquired the lock on "busy" after ' in rest
+        assert all(line.startswith("chstate: info: ") for line in rest.splitlines()), rest
+    finally:
+        release.touch()
+        holder.wait(timeout=30)
+    assert cli.get("busy") == STATE_A
+
+
+def test_vv_tells_each_statement_with_its_time_and_no_state_contents(cli):
+    state = {"singer_state": {"bookmarks": {"users": {"token_like": "bm-2026-12-05-q7"}}}}
+    quiet = cli.set("s", state)
+    assert quiet.stderr == b""  # nothing without -v
+    r = cli.run("-vv", "set", "s", json.dumps(state))
+    lines = r.err.splitlines()
+    assert lines and all(line.startswith(("chstate: debug: ", "chstate: info: ")) for line in lines), r.err
+    inserts = [line for line in lines if "INSERT INTO" in line and "insert_state" in line]
+    assert len(inserts) == 1, r.err
+    size = len(json.dumps(state, separators=(",", ":"), sort_keys=True))
+    assert f"'<state: {size} bytes>'" in inserts[0]
+    assert re.search(r"insert_state \(attempt 1\): ok in \d+ ms: INSERT INTO ", inserts[0]), inserts[0]
+    assert "bm-2026-12-05-q7" not in r.err
+    # -v alone: no statements.
+    r = cli.run("-v", "get", "s")
+    assert "SELECT" not in r.err and "debug" not in r.err
+    # --show-states keeps them, on purpose.
+    r = cli.run("-vv", "--show-states", "set", "s", json.dumps(state))
+    assert "bm-2026-12-05-q7" in r.err
+
+
+def test_log_format_json_gives_one_event_per_line(cli):
+    r = cli.run("-vv", "--log-format", "json", "set", "j\x01", json.dumps(STATE_A))
+    events = [json.loads(line) for line in r.err.splitlines()]
+    assert events
+    for e in events:
+        assert set(e) >= {"kind", "level", "at_ms", "message", "line", "numbers", "texts"}, e
+        assert e["level"] in ("warning", "info", "debug")
+    statements = [e for e in events if e["kind"] == "statement"]
+    assert {"select_version", "insert_state"} <= {e["texts"]["purpose"] for e in statements}
+    insert = next(e for e in statements if e["texts"]["purpose"] == "insert_state")
+    assert insert["line"] == insert["message"] + ": " + insert["texts"]["sql"]
+    assert isinstance(insert["numbers"]["took_ms"], int)
+    acquired = [e for e in events if e["kind"] == "lock_acquired"]
+    assert acquired and acquired[0]["state_id"] == "j\\x01"  # printable
+    assert r.out == ""  # stdout keeps the result alone
