@@ -12,12 +12,18 @@ core's verb table) does the rest, as for the native library and Extism.
     store.set("dev:tap", {"singer_state": {"bookmarks": {}}})
     print(store.get("dev:tap")["merged"])
     store.close()
+
+What the store tells beside its results (docs/diagnostics.md) is logged under
+the `chstate_wasmtime` logger, each event at its level, as the Meltano adapter
+does: configure Python logging (`logging.basicConfig(level=logging.INFO)`) to
+see why a run waits.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import sys
 import time
@@ -219,14 +225,24 @@ class WasmtimeCore(Core):
         self._settings.pop(handle, None)
 
 
+# Where the store's events go unless open() is given another logger.
+logger = logging.getLogger("chstate_wasmtime")
+
+
 def open(uri: Optional[str] = None, *, wasm: str | os.PathLike | None = None, transport: Any = None,
-         env: Optional[Mapping[str, str]] = None, **settings: Any) -> Store:  # noqa: A001 - chstate.open
+         env: Optional[Mapping[str, str]] = None, logger: Optional[logging.Logger] = logger,
+         on_event: Optional[Callable[[dict], None]] = None, diagnostics: Optional[str] = None,
+         show_states: bool = False, **settings: Any) -> Store:  # noqa: A001 - chstate.open
     """Opens a store in one call: the module at `wasm` (default: chstate.wasm
     beside this file), the settings by the core's names (uri, password,
     lock_timeout_seconds, ...), resolved by the core with `env` (default:
-    this process's MELTANO_STATE_BACKEND_* and CLICKHOUSE_* variables)."""
+    this process's MELTANO_STATE_BACKEND_* and CLICKHOUSE_* variables).
+    The store's events go to `logger` (default: the `chstate_wasmtime`
+    logger; the core is asked for the level it is enabled for) and
+    `on_event`; `diagnostics` and `show_states` as for the binding's Store."""
     path = Path(wasm) if wasm is not None else DEFAULT_WASM
     if not path.is_file():
         raise ChstateError("NOT_FOUND", f"no chstate.wasm at {path}: pass wasm=PATH (in a checkout: bazel build "
                            "--config=wasi //hosts/wasi:chstate.wasm)")
-    return Store(WasmtimeCore(ChstateModule(path)), {"uri": uri, **settings}, transport=transport, env=env)
+    return Store(WasmtimeCore(ChstateModule(path)), {"uri": uri, **settings}, transport=transport, env=env,
+                 logger=logger, on_event=on_event, diagnostics=diagnostics, show_states=show_states)

@@ -4,6 +4,9 @@ STATE message and the next run starts from it."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import time
 
 import meltano_harness as harness
 from meltano_harness import rows
@@ -82,3 +85,43 @@ def test_run_with_target_jsonl_from_pypi(tmp_path, venv, library, clickhouse, sc
     assert sorted(r["id"] for r in written) == [1, 2, 3, 4, 5, 6, 7]
     assert json.loads(p.run("state", "get", job).stdout) == {
         "singer_state": {"bookmarks": {"numbers": {"id": 7}}}}
+
+
+def test_a_run_waiting_for_a_lock_says_who_holds_it_in_meltanos_log(project, chstate_bin):
+    """While `chstate lock` holds the pipeline's state id, `meltano run` (default log level) logs
+    under chstate_meltano, at its first attempt, that it waits for the lock, whose it is and for how
+    long it stays valid; the holder lets go only once that line is out."""
+    p = project
+    started, release = p.root / "started", p.root / "release"
+    holder = subprocess.Popen([str(chstate_bin), "--uri", p.server.uri(), "lock", JOB, "--", "sh", "-c",
+                               f"touch {started}; while [ ! -e {release} ]; do sleep 0.02; done"],
+                              env=p.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert time.monotonic() < deadline and holder.poll() is None, holder.communicate()
+            time.sleep(0.02)
+        locks = json.loads(subprocess.run([str(chstate_bin), "--uri", p.server.uri(), "locks", "--json"],
+                                          env=p.env(), capture_output=True, text=True).stdout)
+        (holder_id,) = [lock["holder"] for lock in locks]
+        run = subprocess.Popen([str(p.meltano), "run", "tap-counter", "target-echo"], cwd=p.root, env=p.env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        seen = []
+        for line in run.stderr:
+            seen.append(line)
+            if "waiting for the lock" in line:
+                break
+        release.touch()
+        rest = run.communicate(timeout=300)[1]
+    finally:
+        release.touch()
+        holder.wait(timeout=60)
+    stderr = "".join(seen) + rest
+    assert run.returncode == 0, stderr[-3000:]
+    assert p.server.password not in stderr
+    wait = seen[-1]
+    assert re.search(r"\[info +\] .*waiting for the lock on \"dev:tap-counter-to-target-echo\": another process "
+                     rf"\(lock {holder_id}\) renewed it \d+ s ago and it stays valid up to \d+ s more; next try in "
+                     r"1000 ms, giving up in \d+ ms", wait), wait
+    assert re.search(r"\[info +\] .*acquired the lock on \"dev:tap-counter-to-target-echo\" after \d+ ms", rest), rest
+    assert bookmark(p, JOB) == 5

@@ -4,6 +4,7 @@ every command, its output, and the rows it leaves in ClickHouse."""
 from __future__ import annotations
 
 import json
+import re
 
 from meltano_harness import rows
 
@@ -171,3 +172,22 @@ def test_meltano_upgrade_migrates_by_creating_the_tables(project):
              "with StateService(project=Project.find()) as s: s.state_store_manager.migrate()\n")
     tables = p.server.sql(f"SHOW TABLES FROM `{p.schema}`").split()
     assert "state" in tables and "state_lock" in tables
+
+
+# A statement as the adapter logs it at debug: "PURPOSE (attempt N[, HOST]): OUTCOME in N ms: SQL".
+STATEMENT = re.compile(r"[a-z_]+ \(attempt \d+[,)].*?: (ok|code \d+|HTTP \d+|no answer: .*?) in \d+ ms: ")
+
+
+def test_log_level_debug_shows_each_statement_with_its_time_and_no_state_contents(project):
+    state = json.dumps({"singer_state": {"bookmarks": {"s1": {"token_like": "bm-meltano-77"}}}})
+    quiet = project.run("state", "set", "--force", A, state)
+    assert not STATEMENT.search(quiet.stderr), quiet.stderr  # the default level (info): no statements
+    loud = project.run("--log-level=debug", "state", "set", "--force", A, state)
+    ours = [line for line in loud.stderr.splitlines() if STATEMENT.search(line)]
+    assert ours and all("[debug" in line for line in ours), loud.stderr[-3000:]
+    inserts = [line for line in ours if "insert_state (attempt 1): ok in " in line]
+    assert len(inserts) == 1, ours
+    assert re.search(r"INSERT INTO `[^`]+`\.`state` \(state_id, partial_state, completed_state\) VALUES "
+                     r"\('dev:tap-a-to-target-b', NULL, '<state: \d+ bytes>'\)", inserts[0]), inserts[0]
+    # Meltano itself logs the payload at debug; what chstate logs never holds it.
+    assert not [line for line in ours if "bm-meltano-77" in line]

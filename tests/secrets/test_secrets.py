@@ -128,6 +128,42 @@ def test_error_paths_with_a_wrong_password(private, binary):
             assert_absent(WRONG, r.stdout, r.stderr, what=uri)
 
 
+def test_events_never_hold_it(private, binary):
+    """What the store tells (docs/diagnostics.md) at its most verbose: `chstate -vv` in text and
+    JSON lines, with states shown, the password given each way, right and wrong, and against a
+    dead port (resends and their transport errors); and every event the Python binding hands to
+    on_event at debug."""
+    server, _ = private
+    told = 0
+    for secret, expect in ((server.password, (0, 3)), (WRONG, (6,))):
+        for way, pre, env in ways(server, secret):
+            for verbose in (["-vv"], ["-vv", "--show-states", "--log-format", "json"]):
+                for cmd in (["set", "sec:ev", json.dumps(S)], ["get", "sec:ev"], ["lock", "sec:ev", "--", "true"]):
+                    r = run(binary, pre + verbose + cmd, env)
+                    assert r.returncode in expect, (way, cmd, r.returncode, r.stderr[-500:])
+                    assert r.stderr, (way, cmd)  # something was told
+                    assert_absent(secret, r.stdout, r.stderr, what=f"events: {way} {verbose} {cmd}")
+                    told += r.stderr.count(b"\n")
+    for uri in (f"clickhouse://u:{WRONG}@127.0.0.1:1/default", f"clickhouse://u@127.0.0.1:1/default"):
+        r = run(binary, ["--uri", uri, "--password", WRONG, "-vv", "--log-format", "json", "get", "x"], clean_env())
+        assert r.returncode == 5 and b'"kind":"resent"' in r.stderr, r.stderr[-500:]
+        assert_absent(WRONG, r.stdout, r.stderr, what=f"events against a dead port: {uri}")
+    _native, binding = modules()
+    events: list = []
+    settings = {"uri": f"clickhouse://{server.user}@{server.host}:{server.port}/default", "password": server.password,
+                "schema": "secrets"}
+    store = binding.Store(_native.NativeCore(), settings, env={}, on_event=events.append, diagnostics="debug",
+                          show_states=True)
+    store.set("sec:ev", S)
+    store.get("sec:ev")
+    with store.lock("sec:ev"):
+        store.merge("sec:ev", S)
+    store.close()
+    assert len(events) > 10
+    assert_absent(server.password, json.dumps(events).encode(), what="the Python binding's events")
+    print(f"{told} lines told by the CLI, {len(events)} events in Python")
+
+
 def test_lock_child_sees_no_password(private, binary, tmp_path):
     server, _ = private
     for way, pre, env in ways(server, server.password):

@@ -13,6 +13,8 @@ take the id (it must not get it)."""
 
 from __future__ import annotations
 
+import logging
+import re
 import uuid
 from pathlib import Path
 
@@ -113,6 +115,53 @@ def test_wasmtime_scope_keeps_its_lock(compiled, clickhouse, schema, chstate_cli
         scope_keeps_its_lock(store, chstate_cli, clickhouse, schema, "dev:long-scope")
     finally:
         store.close()
+
+
+def test_wasmtime_logs_what_the_store_tells(wasm_path, compiled, clickhouse, schema, py_store, caplog):
+    """chstate_wasmtime.open logs under `chstate_wasmtime` at the level that logger is enabled for:
+    a wait for a lock another store holds at INFO, each statement at DEBUG (states redacted)."""
+    py_store.init()
+    caplog.set_level(logging.INFO, logger="chstate_wasmtime")
+    waiter = chstate_wasmtime.open(clickhouse.uri(), wasm=wasm_path, password=clickhouse.password, schema=schema,
+                                   lock_wait_seconds=0.5, lock_retry_seconds=0.1, env={})
+    try:
+        with py_store.lock("dev:watched"):
+            with pytest.raises(ChstateError) as refused:
+                waiter.set("dev:watched", STATE)
+            assert refused.value.code == "ABORTED"
+    finally:
+        waiter.close()
+    ours = [r for r in caplog.records if r.name == "chstate_wasmtime"]
+    waiting = [r for r in ours if r.chstate["kind"] == "lock_waiting"]
+    assert waiting, [r.getMessage() for r in ours]
+    assert waiting[0].levelno == logging.INFO and waiting[0].chstate["state_id"] == "dev:watched"
+    assert waiting[0].getMessage().startswith('waiting for the lock on "dev:watched": another process (lock ')
+    assert not [r for r in ours if r.levelno < logging.INFO]  # nothing below the logger's level was made
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="chstate_wasmtime")
+    told = []
+    debug = chstate_wasmtime.open(clickhouse.uri(), wasm=wasm_path, password=clickhouse.password, schema=schema,
+                                  env={}, on_event=told.append)
+    try:
+        debug.set("dev:watched", {"singer_state": {"bookmark": "bm-py-77"}})
+    finally:
+        debug.close()
+    inserts = [r for r in caplog.records if r.name == "chstate_wasmtime" and r.levelno == logging.DEBUG
+               and r.chstate["texts"].get("purpose") == "insert_state"]
+    assert len(inserts) == 1 and re.search(r"ok in \d+ ms: INSERT INTO .*'<state: \d+ bytes>'",
+                                           inserts[0].getMessage()), [r.getMessage() for r in caplog.records]
+    assert "bm-py-77" not in caplog.text
+    assert [e["line"] for e in told] == [r.getMessage() for r in caplog.records if r.name == "chstate_wasmtime"]
+    # A logger enabled for ERROR only: the core is asked for nothing, and nothing is logged.
+    caplog.clear()
+    caplog.set_level(logging.ERROR, logger="chstate_wasmtime")
+    quiet = chstate_wasmtime.open(clickhouse.uri(), wasm=wasm_path, password=clickhouse.password, schema=schema,
+                                  env={})
+    try:
+        quiet.set("dev:watched", STATE)
+    finally:
+        quiet.close()
+    assert not [r for r in caplog.records if r.name == "chstate_wasmtime"]
 
 
 def test_wasmtime_closed_port_is_unavailable(compiled, clickhouse, schema):

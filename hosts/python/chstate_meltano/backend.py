@@ -30,6 +30,12 @@ if t.TYPE_CHECKING:
     from collections.abc import Generator, Iterable
 
 logger = logging.getLogger(__name__)
+# What the store tells beside its results (docs/diagnostics.md): a wait for a
+# lock another process holds, a request sent again, a host marked down (info),
+# a lease lost (warning), each statement with its time (debug). Meltano's log
+# level is this logger's (it configures the root logger), so `meltano
+# --log-level=debug ...` shows the statements, with states' contents redacted.
+events_logger = logging.getLogger("chstate_meltano")
 
 
 # What a user can do about each kind of failure.
@@ -109,8 +115,9 @@ class ChstateStateStoreManager(StateStoreManager):
     def _store_handle(self) -> Store:
         if self._store is None:
             try:
+                # The level asked of the core is the one the logger is enabled for now.
                 self._store = Store(_native.NativeCore(), self._values, env={}, source="meltano",
-                                    transport=self._make_transport())
+                                    transport=self._make_transport(), logger=events_logger)
             except ChstateError as e:
                 raise ChstateStateBackendError("opening the state store", e) from None
         return self._store

@@ -22,19 +22,26 @@ Methods take the verb's positional arguments in its row's order and the rest
 by keyword (`store.set(id, state, force=True)`, `store.history(id, limit=5)`);
 Python keywords get a trailing underscore (`store.import_(states)`,
 `store.merge(id, from_="src")`). Nothing here imports Meltano.
+
+What the store tells beside its results (a wait for a lock another process
+holds, a request sent again, a host marked down, each statement at debug:
+docs/diagnostics.md) goes to `logger=` (a `logging.Logger`: the core is asked
+for the level the logger is enabled for, and each event is logged at its
+level) and/or `on_event=` (a function given each event as a dict).
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import threading
 import time
 import weakref
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-__all__ = ["ChstateError", "Core", "Store", "environment", "id_hex", "id_from_hex"]
+__all__ = ["ChstateError", "Core", "Store", "diagnostics_level", "environment", "id_hex", "id_from_hex"]
 
 
 class ChstateError(Exception):
@@ -66,6 +73,29 @@ def id_from_hex(hex_id: str) -> str:
 def environment() -> dict:
     """The variables the core reads (MELTANO_STATE_BACKEND_*, CLICKHOUSE_*)."""
     return {k: v for k, v in os.environ.items() if k.startswith(("MELTANO_STATE_BACKEND_", "CLICKHOUSE_"))}
+
+
+# The core's levels (core/diagnostics.h) as Python logging's.
+_LOG_LEVELS = {"warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG}
+_DIAGNOSTICS = ("none", "warning", "info", "debug")
+
+
+def diagnostics_level(logger: logging.Logger) -> str:
+    """The level to ask the core for so that `logger` gets what it shows:
+    DEBUG -> "debug", INFO -> "info", WARNING -> "warning", above -> "none"."""
+    for name in ("debug", "info", "warning"):
+        if logger.isEnabledFor(_LOG_LEVELS[name]):
+            return name
+    return "none"
+
+
+def _event(e: Mapping[str, Any]) -> dict:
+    """One "events" entry of an action document as Python gives it: the state
+    id decoded (None when the event concerns no id)."""
+    hex_id = e.get("state_id_hex")
+    return {"kind": e["kind"], "level": e["level"], "at_ms": e["at_ms"], "message": e["message"],
+            "line": e.get("line", e["message"]), "state_id": id_from_hex(hex_id) if hex_id else None,
+            "numbers": dict(e.get("numbers") or {}), "texts": dict(e.get("texts") or {})}
 
 
 class Core:
@@ -229,6 +259,18 @@ class Store:
     timeout while you are busy elsewhere (lock renewals, the release of a
     lingering lock) and locks are released when the process exits.
     Operations run one at a time (a lock serialises threads).
+
+    What the store tells (docs/diagnostics.md): `logger` logs each event at
+    its level (warning, info, debug) with its line as the message and the
+    event as `extra={"chstate": event}`, and the core is asked for the level
+    the logger is enabled for when the store is opened; `on_event(event)` is
+    called with each event (a dict: kind, level, at_ms, message, line,
+    state_id, numbers, texts), from the timer thread for renewals. The level
+    is `diagnostics` ("none", "warning", "info" or "debug") when given, else
+    the logger's, else "info" for on_event alone, else "none" (nothing is
+    made). `show_states` keeps states' contents in debug statements. An
+    exception raised by on_event is logged (the first), not raised: the
+    operation ends as it would have.
     """
 
     _bound = False
@@ -236,8 +278,17 @@ class Store:
     def __init__(self, core: Core, settings: Optional[Mapping[str, Any]] = None, *, transport: Any = None,
                  env: Optional[Mapping[str, str]] = None, source: str = "api",
                  clock_ns: Callable[[], int] = time.monotonic_ns, random_bytes: Callable[[int], bytes] = os.urandom,
-                 sleep: Callable[[float], None] = time.sleep, timers: bool = True):
+                 sleep: Callable[[float], None] = time.sleep, timers: bool = True,
+                 logger: Optional[logging.Logger] = None, on_event: Optional[Callable[[dict], None]] = None,
+                 diagnostics: Optional[str] = None, show_states: bool = False):
         bind_verbs(core)
+        if diagnostics is None:
+            diagnostics = (diagnostics_level(logger) if logger is not None
+                           else "info" if on_event is not None else "none")
+        if diagnostics not in _DIAGNOSTICS:
+            raise ChstateError("INVALID_ARGUMENT", f"diagnostics must be one of {', '.join(_DIAGNOSTICS)}, "
+                               f"not {diagnostics!r}")
+        self._logger, self._on_event, self._on_event_failed = logger, on_event, False
         self._core = core
         self._clock_ns, self._random, self._sleep = clock_ns, random_bytes, sleep
         # The core reads values as text; numbers of other types (Meltano's
@@ -245,7 +296,8 @@ class Store:
         values = {k: (v if isinstance(v, (str, int, float, bool)) else str(v))
                   for k, v in (settings or {}).items() if v is not None}
         doc = {"from": source, "values": values, "env": dict(environment() if env is None else env),
-               "host": {"timers": timers, "exit_release": timers}}
+               "host": {"timers": timers, "exit_release": timers, "diagnostics": diagnostics,
+                        "show_states": bool(show_states)}}
         self._handle = core.store_new(doc)
         resolved = core.store_settings(self._handle)["settings"]
         connection = resolved["connection"]
@@ -292,6 +344,8 @@ class Store:
         """Answers actions until the op (or idle timer) ends: each request is
         sent once; whether a failed one goes again is the core's decision."""
         while True:
+            if "events" in action:
+                self._tell(action["events"])
             if "request" in action:
                 response = self._transport(action["request"])
                 action = self._core.feed(self._handle, _encode({"response": response}), self._now(),
@@ -301,6 +355,22 @@ class Store:
                 action = self._core.feed(self._handle, b'{"timer":true}', self._now(), self._random(32))
             else:
                 return action
+
+    def _tell(self, events: Iterable[Mapping[str, Any]]) -> None:
+        """What the store told: to the logger at each event's level, and to on_event."""
+        for raw in events:
+            event = _event(raw)
+            if self._logger is not None:
+                self._logger.log(_LOG_LEVELS.get(event["level"], logging.INFO), "%s", event["line"],
+                                 extra={"chstate": event})
+            if self._on_event is not None:
+                try:
+                    self._on_event(event)
+                except Exception:  # noqa: BLE001 - the operation must end; the first error is shown
+                    if not self._on_event_failed:
+                        self._on_event_failed = True
+                        logging.getLogger(__name__).exception(
+                            "chstate: on_event raised on a %s event (later ones are not shown)", event["kind"])
 
     def _note(self, action: Mapping[str, Any]) -> None:
         body = action.get("done") or action.get("idle")
