@@ -208,10 +208,31 @@ local function send(rec, req)
   return code, body or "", header(headers, "x-clickhouse-exception-code")
 end
 
+-- What the store told (docs/diagnostics.md), each event to the store's
+-- on_event as a table; an error the callback raises does not stop the
+-- operation (the first one is written to nginx's error log or stderr).
+local function tell(rec, events)
+  if rec.on_event == nil then return end
+  for _, e in ipairs(events) do
+    local hex_id = e.state_id_hex
+    local event = {kind = e.kind, level = e.level, at_ms = tointeger(e.at_ms), message = e.message,
+                   line = e.line or e.message, numbers = e.numbers, texts = e.texts,
+                   state_id = (type(hex_id) == "string") and unhex(hex_id) or nil}
+    local ok, err = pcall(rec.on_event, event)
+    if not ok and not rec.on_event_failed then
+      rec.on_event_failed = true
+      local text = "chstate: on_event raised an error on a " .. tostring(e.kind) .. " event (later ones are not shown): " ..
+                   tostring(err)
+      if C.log_error then C.log_error(text) else io.stderr:write(text, "\n") end
+    end
+  end
+end
+
 -- Answers actions until the op (or idle timer) ends: sends each request once
 -- and sleeps when told (resends are the core's). Returns the last action.
 local function answer(rec, a)
   while true do
+    if a.events then tell(rec, a.events) end
     if a.request then
       local status, body, extra = send(rec, a.request)
       a = rec.ud:response(rec.now_ms(), status, body, extra)
@@ -499,8 +520,10 @@ function Store:renews_in_background()
 end
 
 -- What chstate.open takes besides settings: the hooks of an orchestrator's
--- own event loop, and the environment to read.
-local HOOKS = {env = true, transport = true, sleep = true, now = true}
+-- own event loop, the environment to read, and where what the store tells goes.
+local HOOKS = {env = true, transport = true, sleep = true, now = true, on_event = true, diagnostics = true,
+               show_states = true}
+local LEVELS = {none = true, warning = true, info = true, debug = true}
 
 --- Opens a store. Every key but the hooks is a setting, by the names of the
 -- core's settings table (Meltano's: uri, host, port, database, user,
@@ -511,6 +534,16 @@ local HOOKS = {env = true, transport = true, sleep = true, now = true}
 -- environment, or false for none), transport(request), sleep(seconds) and
 -- now() (seconds) for an orchestrator's own event loop. Nothing is sent
 -- until the first operation.
+--
+-- What the store tells beside its results (a wait for a lock another process
+-- holds, a request sent again, a host marked down, each statement at debug:
+-- docs/diagnostics.md): on_event(event) is called with each as a table
+-- {kind=, level=, at_ms=, message=, line=, state_id=, numbers={}, texts={}}
+-- at the level `diagnostics` asks the core for ("warning", "info", "debug";
+-- "info" by default). Inside nginx, with no on_event, each is written with
+-- ngx.log at its level (ngx.WARN, ngx.INFO, ngx.DEBUG), asking the core for
+-- what error_log's level shows. show_states = true keeps states' contents in
+-- debug statements.
 function M.open(opts)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then argerror("open", 1, "table of settings expected, got " .. type(opts)) end
@@ -529,13 +562,25 @@ function M.open(opts)
   elseif type(env) ~= "table" then
     argerror("open", 1, "option 'env' must be a table of strings or false, got " .. type(env))
   end
-  for _, hook in ipairs{"transport", "sleep", "now"} do
+  for _, hook in ipairs{"transport", "sleep", "now", "on_event"} do
     if opts[hook] ~= nil and not callable(opts[hook]) then
       argerror("open", 1, ("option '%s' must be a function, got %s"):format(hook, type(opts[hook])))
     end
   end
+  if opts.diagnostics ~= nil and not LEVELS[opts.diagnostics] then
+    argerror("open", 1, ("option 'diagnostics' must be \"none\", \"warning\", \"info\" or \"debug\", got %s"):format(
+      type(opts.diagnostics) == "string" and ("%q"):format(opts.diagnostics) or type(opts.diagnostics)))
+  end
+  -- Where what the store tells goes: on_event, else inside nginx its error log.
+  local on_event, level = opts.on_event, opts.diagnostics
+  if on_event == nil and C.nginx_diagnostics then
+    local shown = C.nginx_diagnostics()
+    if shown then on_event, level = C.nginx_log, level or shown end
+  end
+  level = on_event and (level or "info") or "none"
   local native = opts.transport == nil
-  local ud, info = C.open({from = "api", values = values, env = env}, native)
+  local ud, info = C.open({from = "api", values = values, env = env,
+                           host = {diagnostics = level, show_states = opts.show_states == true}}, native)
   if ud == nil then
     -- Settings the core refused are the caller's argument: they name its line.
     error(setmetatable({code = info.code, op = "open", message = info.message,
@@ -555,6 +600,7 @@ function M.open(opts)
     now_ms = now and function() return math.floor(now() * 1000) end or C.monotonic_ms,
     sleep_ms = sleep and function(ms) sleep(ms / 1000) end or C.sleep_ms,
     next_tick = nil,   -- when the core next wants its idle timer (its next_timeout_ms)
+    on_event = on_event,  -- where what the store tells goes (nil: nothing is made)
     renews = ud:renews(),
     busy = false,
     closed = false,

@@ -79,6 +79,10 @@ struct OpenStore {
   // while the core waits (a resend's back-off), and Lua must not start an
   // operation then (it would abandon the renewal).
   bool renewing = false;
+  // What the store told while the renewer ran (a renewal, a lease lost):
+  // no Lua code can run on its thread, so they wait here for the next action
+  // Lua takes, which carries them first.
+  nlohmann::json told_in_background = nlohmann::json::array();
 
   ~OpenStore() {
     {
@@ -131,6 +135,29 @@ void NoteTimer(OpenStore* box, const json& action) {
 // timeout and where to send it).
 SqlRequest RequestFromJson(const json& r);
 
+// Keeps an action's events for Lua (the renewer's; `mu` held).
+void KeepEvents(OpenStore* box, const json& action) {
+  auto it = action.find("events");
+  if (it == action.end() || !it->is_array()) return;
+  for (const json& e : *it) box->told_in_background.push_back(e);
+  // Not unbounded while Lua makes no call: the newest, as the core's own queue keeps.
+  constexpr size_t kMaxKept = 1000;
+  json& kept = box->told_in_background;
+  if (kept.size() > kMaxKept) kept.erase(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(kept.size() - kMaxKept));
+}
+
+// `action` with the events told in the background before its own (`mu` held).
+json WithBackgroundEvents(OpenStore* box, json action) {
+  if (box->told_in_background.empty()) return action;
+  json events = std::move(box->told_in_background);
+  box->told_in_background = json::array();
+  if (auto it = action.find("events"); it != action.end() && it->is_array()) {
+    for (json& e : *it) events.push_back(std::move(e));
+  }
+  action["events"] = std::move(events);
+  return action;
+}
+
 // The renewer's loop: while no operation runs and the core's timer is due,
 // the idle timer runs to its end over the native executor. A lock found lost
 // is the core's to report: the scope's release says so.
@@ -153,6 +180,7 @@ void Renew(OpenStore* box) {
     }
     box->renewing = true;
     json action = box->driver->Feed(R"({"timer":true})", InputsAt(now));
+    KeepEvents(box, action);
     while (!box->stopping && (action.contains("request") || action.contains("wait_ms"))) {
       if (action.contains("request")) {
         SqlResponse r = box->exec->Execute(RequestFromJson(action["request"]));
@@ -169,6 +197,7 @@ void Renew(OpenStore* box) {
         box->wake.wait_for(lock, std::chrono::milliseconds(action["wait_ms"].get<int64_t>()));
         action = box->driver->Feed(R"({"timer":true})", InputsAt(native::MonotonicMs()));
       }
+      KeepEvents(box, action);
     }
     box->renewing = false;
     if (action.contains("failed")) {
@@ -199,7 +228,12 @@ int Open(lua_State* L) {
     if (!ToJson(L, 1, "settings", doc, err)) {
       opened = absl::InvalidArgumentError(err);
     } else {
-      if (native) doc["host"] = {{"timers", true}, {"exit_release", false}};
+      if (native) {
+        // What Lua asked for (diagnostics) stays; the renewer thread is the module's.
+        if (!doc.contains("host") || !doc["host"].is_object()) doc["host"] = json::object();
+        doc["host"]["timers"] = true;
+        doc["host"]["exit_release"] = false;
+      }
       opened = protocol::OpenStore(protocol::Dump(doc));
     }
     if (!opened.ok()) {
@@ -309,7 +343,7 @@ int Feed(lua_State* L, OpenStore* box, const json& answer, int64_t now_ms) {
   json action;
   {
     std::lock_guard<std::mutex> lock(box->mu);
-    action = box->driver->Feed(protocol::Dump(answer), InputsAt(now_ms));
+    action = WithBackgroundEvents(box, box->driver->Feed(protocol::Dump(answer), InputsAt(now_ms)));
   }
   return PushAction(L, box, std::move(action));
 }
@@ -333,7 +367,7 @@ int StoreStart(lua_State* L) {
       {
         std::unique_lock<std::mutex> lock(box->mu);
         box->wake.wait(lock, [box] { return !box->renewing; });  // a renewal in flight ends first
-        action = box->driver->Start(protocol::Dump(op), InputsAt(now));
+        action = WithBackgroundEvents(box, box->driver->Start(protocol::Dump(op), InputsAt(now)));
       }
       results = PushAction(L, box, std::move(action));
     }

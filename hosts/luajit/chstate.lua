@@ -318,6 +318,38 @@ if type(ngx) == "table" and type(ngx.thread) == "table" then
   end
 end
 
+-- Inside nginx, what the store tells goes to nginx's error log when the
+-- caller gives no on_event: each event with ngx.log at its level, the core
+-- asked for what error_log's level shows (`error_log ... info;` shows the
+-- waits for a lock, `debug` the statements too; nginx's default, error,
+-- shows none of them and nothing is made).
+if type(ngx) == "table" and type(ngx.log) == "function" then
+  local NGX_LEVELS = {warning = ngx.WARN, info = ngx.INFO, debug = ngx.DEBUG}
+
+  function C.nginx_diagnostics()
+    if not http.in_nginx() then return nil end
+    local ok, errlog = pcall(require, "ngx.errlog")
+    local got, shown = false, nil
+    if ok and type(errlog) == "table" and errlog.get_sys_filter_level then
+      got, shown = pcall(errlog.get_sys_filter_level)
+    end
+    -- Without lua-resty-core's errlog, ngx.log filters by itself.
+    if not got or type(shown) ~= "number" then return "info" end
+    if shown >= ngx.DEBUG then return "debug" end
+    if shown >= ngx.INFO then return "info" end
+    if shown >= ngx.WARN then return "warning" end
+    return nil
+  end
+
+  function C.nginx_log(event)
+    ngx.log(NGX_LEVELS[event.level] or ngx.INFO, "chstate: ", event.line)
+  end
+
+  function C.log_error(text)
+    ngx.log(ngx.ERR, text)
+  end
+end
+
 -- ------------------------------------------------------------ the protocol, as documents
 
 local Protocol = {}

@@ -142,6 +142,18 @@ LOCATIONS = r"""
         ngx.say("blocked")
       }
     }
+    location = /told {
+      # What the store tells, to an on_event callback (not the error log): each line, one per line.
+      content_by_lua_block {
+        local chstate = require "chstate"
+        local lines = {}
+        local store = chstate.open{schema = ngx.var.arg_schema, diagnostics = "debug",
+                                   on_event = function(e) lines[#lines + 1] = e.level .. " " .. e.kind .. " " .. e.line end}
+        store:set(ngx.unescape_uri(ngx.var.arg_id), {singer_state = {bookmark = ngx.var.arg_bookmark}})
+        store:close()
+        ngx.say(table.concat(lines, "\n"))
+      }
+    }
     location = /pong {
       content_by_lua_block { ngx.say("pong") }
     }

@@ -9,6 +9,7 @@ inside the scope."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -93,6 +94,7 @@ def pong_times(nginx, n: int = 8) -> list[float]:
 
 
 def test_a_lock_wait_does_not_block_the_worker(nginx, schema):
+    logged_before = len(nginx.error_log())
     hold, _ = in_thread(nginx.get, "/hold", schema=schema, id="dev:held", seconds=2)
     time.sleep(0.5)  # the holder has its lock and sleeps in ngx.sleep
     start = time.monotonic()
@@ -106,6 +108,23 @@ def test_a_lock_wait_does_not_block_the_worker(nginx, schema):
     assert json.loads(box["result"][1]) == {"singer_state": {"after": 1}}
     assert waited >= 1.0, f"the merge finished after {waited:.2f} s: it did not wait for the held lock"
     assert max(times) < 0.3, f"/pong took {max(times):.2f} s while a lock was held and waited for: {times}"
+    # With no on_event, the wait went to nginx's error log at [info] (error_log ... info), saying who holds it.
+    logged = nginx.error_log()[logged_before:].splitlines()
+    waits = [line for line in logged if 'chstate: waiting for the lock on "dev:held": another process (lock ' in line]
+    assert waits and all("[info]" in line for line in waits), "\n".join(logged[-20:])
+    assert any('[info]' in line and 'chstate: acquired the lock on "dev:held" after ' in line for line in logged)
+    assert not [line for line in logged if "chstate: " in line and "[debug]" in line]  # statements are debug
+
+
+def test_on_event_inside_nginx_gets_the_events_instead_of_the_error_log(nginx, schema):
+    logged_before = len(nginx.error_log())
+    status, text, _ = nginx.get("/told", schema=schema, id="dev:told", bookmark="bm-nginx-77")
+    assert status == 200, text
+    lines = text.splitlines()
+    inserts = [line for line in lines if line.startswith("debug statement insert_state (attempt 1): ok in ")]
+    assert len(inserts) == 1 and re.search(r"INSERT INTO .*'<state: \d+ bytes>'", inserts[0]), lines
+    assert "bm-nginx-77" not in text
+    assert "chstate: " not in nginx.error_log()[logged_before:]
 
 
 def test_a_request_waiting_for_clickhouse_does_not_block_the_worker(nginx):
