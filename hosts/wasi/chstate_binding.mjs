@@ -17,6 +17,12 @@
 // object of the others: store.set(id, state, { force: true }),
 // store.history(id, { limit: 5 }). Every call returns a Promise; calls on
 // one store run one at a time.
+//
+// What the store tells beside its results (a wait for a lock another
+// process holds, a request sent again, a host marked down, each statement at
+// debug: docs/diagnostics.md) goes to the `onEvent(event)` option of open(),
+// at the level `diagnostics` asks the core for ("info" by default when
+// onEvent is given, else "none": nothing is made).
 import { webcrypto } from "node:crypto";
 import { performance } from "node:perf_hooks";
 
@@ -41,6 +47,14 @@ export function environment() {
   return Object.fromEntries(Object.entries(process.env).filter(([k]) =>
     k.startsWith("MELTANO_STATE_BACKEND_") || k.startsWith("CLICKHOUSE_")));
 }
+
+const LEVELS = ["none", "warning", "info", "debug"];
+
+// One "events" entry of an action document as JavaScript gets it.
+const eventOf = (e) => ({
+  kind: e.kind, level: e.level, atMs: e.at_ms, message: e.message, line: e.line ?? e.message,
+  stateId: e.state_id_hex === undefined ? null : unhex(e.state_id_hex), numbers: e.numbers ?? {}, texts: e.texts ?? {},
+});
 
 const state = (s) => (s == null ? null : { completed: s.completed ?? {}, partial: s.partial ?? {}, merged: s.merged ?? {} });
 
@@ -88,11 +102,13 @@ export class Store {
   // `core`: { verbs(), storeNew(doc) -> handle (throws ChstateError),
   // storeSettings(handle), start(handle, text, nowMs, random), feed(...),
   // storeFree(handle) }, each maybe async.
-  constructor(core, handle, settings, transport) {
+  constructor(core, handle, settings, transport, onEvent = null) {
     this.core = core;
     this.handle = handle;
     this.settings = settings;
     this.transport = transport;
+    this.onEvent = onEvent;  // what the store tells, each event as it comes
+    this.onEventFailed = false;
     this.queue = Promise.resolve();
     this.nextTickMs = null;  // when the core next wants its idle timer
     this.timer = null;
@@ -100,8 +116,24 @@ export class Store {
 
   get redactedUri() { return this.settings.connection.redacted_uri; }
 
+  // Each event to onEvent; a callback that throws does not stop the
+  // operation (its first error becomes a process warning).
+  #tell(events) {
+    if (!this.onEvent) return;
+    for (const e of events) {
+      try {
+        this.onEvent(eventOf(e));
+      } catch (err) {
+        if (this.onEventFailed) continue;
+        this.onEventFailed = true;
+        process.emitWarning(`chstate: onEvent threw on a ${e.kind} event (later ones are not shown): ${err?.stack ?? err}`);
+      }
+    }
+  }
+
   async #answer(action) {
     for (;;) {
+      if (action.events) this.#tell(action.events);
       if (action.request) {
         // Sent once: whether a failed request goes again is the core's call.
         const response = await this.transport(action.request);
@@ -243,14 +275,26 @@ export function bindVerbs(verbs) {
 // password, lock_timeout_seconds, ...), resolved by the core with `env`
 // (default: this process's MELTANO_STATE_BACKEND_* and CLICKHOUSE_*).
 // `transport(request) -> Promise<response>` runs one request; `makeTransport`
-// builds one from the resolved connection when none is given.
-export async function openStore(core, settings = {}, { transport, env, makeTransport } = {}) {
+// builds one from the resolved connection when none is given. `onEvent`,
+// `diagnostics` and `showStates`: what the store tells (see above; showStates
+// keeps states' contents in debug statements).
+export async function openStore(core, settings = {},
+                                { transport, env, makeTransport, onEvent, diagnostics, showStates } = {}) {
+  if (onEvent !== undefined && onEvent !== null && typeof onEvent !== "function") {
+    throw new ChstateError("INVALID_ARGUMENT", "onEvent must be a function (event) => void");
+  }
+  const level = diagnostics ?? (onEvent ? "info" : "none");
+  if (!LEVELS.includes(level)) {
+    throw new ChstateError("INVALID_ARGUMENT", `diagnostics must be one of ${LEVELS.join(", ")}, not ${JSON.stringify(level)}`);
+  }
   bindVerbs(await core.verbs());
   const values = Object.fromEntries(Object.entries(settings).filter(([, v]) => v !== undefined && v !== null));
   const handle = await core.storeNew({ from: "api", values, env: env ?? environment(),
-                                       host: { timers: true, exit_release: false } });
+                                       host: { timers: true, exit_release: false, diagnostics: level,
+                                               show_states: Boolean(showStates) } });
   const resolved = await core.storeSettings(handle);
   // store.settings: what the core resolved (values, origins), without the password.
   const { password, ...shown } = resolved.connection;
-  return new Store(core, handle, { ...resolved, connection: shown }, transport ?? makeTransport(resolved.connection));
+  return new Store(core, handle, { ...resolved, connection: shown }, transport ?? makeTransport(resolved.connection),
+                   onEvent ?? null);
 }

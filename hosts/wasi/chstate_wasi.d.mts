@@ -205,8 +205,43 @@ export function unhex(h: string): string;
 
 /** A store: its methods are the core's verbs (camelCase); calls queue and run one at a time; each
  *  rejects with ChstateError. */
+/** How much of what the store tells to ask the core for (docs/diagnostics.md); "none" makes nothing. */
+export type DiagnosticsLevel = "none" | "warning" | "info" | "debug";
+
+/** One thing the store told beside its results (docs/diagnostics.md). */
+export interface ChstateEvent {
+  /** What happened. */
+  kind: "lock_waiting" | "lock_acquired" | "lease_renewed" | "lease_lost" | "lock_yielded" | "resent" | "host_down"
+    | "quorum_busy" | "history_pruned" | "statement";
+  /** The core's level for it: a log shows it at this level. */
+  level: "warning" | "info" | "debug";
+  /** The host's monotonic clock (performance.now()) when it happened, in ms. */
+  atMs: number;
+  /** One sentence for a person. */
+  message: string;
+  /** What a log line shows: the message, and for a statement its SQL (states as <state: N bytes>). */
+  line: string;
+  /** The state id it concerns, or null. */
+  stateId: string | null;
+  /** Facts by name, in ms or counts (waited_ms, attempt, took_ms, ...). */
+  numbers: { [name: string]: number };
+  /** Facts by name (holder, host, purpose, sql, ...). */
+  texts: { [name: string]: string };
+}
+
+/** What the store tells, and at which level (open()'s options). */
+export interface EventOptions {
+  /** Called with each event as it comes (a throw becomes a process warning, not a failed call). */
+  onEvent?: (event: ChstateEvent) => void;
+  /** The level asked of the core: "info" by default when onEvent is given, else "none". */
+  diagnostics?: DiagnosticsLevel;
+  /** Keep states' contents in debug statements (default: shown as <state: N bytes>). */
+  showStates?: boolean;
+}
+
 export class Store {
-  constructor(core: Core, handle: number, settings: ResolvedSettings, transport: Transport);
+  constructor(core: Core, handle: number, settings: ResolvedSettings, transport: Transport,
+              onEvent?: ((event: ChstateEvent) => void) | null);
   /** What the store was opened with. */
   readonly settings: ResolvedSettings;
   /** The URI without the password. */
@@ -302,7 +337,7 @@ export function loadChstate(path?: string | URL): Promise<ChstateModule>;
 /** Opens a store of `core` from the settings; the core resolves them with `env` (default: this
  *  process's MELTANO_STATE_BACKEND_* and CLICKHOUSE_*). makeTransport builds the transport from the
  *  resolved connection when none is given. */
-export function openStore(core: Core, settings?: Settings, options?: {
+export function openStore(core: Core, settings?: Settings, options?: EventOptions & {
   transport?: Transport;
   env?: Environment;
   makeTransport?: (connection: Connection) => Transport;
@@ -314,7 +349,7 @@ export function openStore(core: Core, settings?: Settings, options?: {
 export function httpTransport(connection: Connection): Transport & { close(): void };
 
 /** Options of open(): any setting, and where the module, the transport and the environment come from. */
-export interface OpenOptions extends Settings {
+export interface OpenOptions extends Settings, EventOptions {
   /** chstate.wasm to load (default: the packaged one). */
   wasm?: string | URL;
   transport?: Transport;

@@ -249,11 +249,15 @@ export function httpTransport(config) {
 
 // Opens a store in one call: the module (the packaged chstate.wasm, or
 // `options.wasm`), the settings by the core's names (uri, password,
-// lock_timeout_seconds, ...; any key of `options` but wasm, transport and
-// env), resolved by the core with `options.env` (default: this process's
-// MELTANO_STATE_BACKEND_* and CLICKHOUSE_* variables).
+// lock_timeout_seconds, ...; any key of `options` but wasm, transport, env,
+// onEvent, diagnostics and showStates), resolved by the core with
+// `options.env` (default: this process's MELTANO_STATE_BACKEND_* and
+// CLICKHOUSE_* variables). `options.onEvent(event)` gets what the store
+// tells (a wait for a lock, a resend, ...: docs/diagnostics.md) at the level
+// `options.diagnostics` ("info" by default with onEvent).
 export async function open(uri, options = {}) {
-  const { wasm, transport, env, ...settings } = options;
+  const { wasm, transport, env, onEvent, diagnostics, showStates, ...settings } = options;
   const mod = await loadChstate(wasm ?? defaultWasmUrl);
-  return openStore(new WasiCore(mod), { uri, ...settings }, { transport, env, makeTransport: httpTransport });
+  return openStore(new WasiCore(mod), { uri, ...settings },
+                   { transport, env, makeTransport: httpTransport, onEvent, diagnostics, showStates });
 }

@@ -58,8 +58,9 @@ async function server() {
   const uri = `clickhouse://${env.CHSTATE_TEST_USER}@${env.CHSTATE_TEST_HOST}:${env.CHSTATE_TEST_PORT}/default`;
   const settings = (extra = {}) => ({ wasm: wasmPath, env: {}, password: env.CHSTATE_TEST_PASSWORD ?? "", schema, ...extra });
   const mod = await loadChstate(wasmPath);
-  const openOn = (extra) => openStore(new WasiCore(mod), { uri, password: env.CHSTATE_TEST_PASSWORD ?? "", schema, ...extra },
-                                      { env: {}, makeTransport: httpTransport });
+  const openOn = (extra, options = {}) =>
+    openStore(new WasiCore(mod), { uri, password: env.CHSTATE_TEST_PASSWORD ?? "", schema, ...extra },
+              { env: {}, makeTransport: httpTransport, ...options });
   const store = await openOn({ lock_timeout_seconds: 1.5, lock_retry_seconds: 0.1 });
   const id = "dev:node-\u00e9\u0000'`%_*";  // a NUL, quotes and LIKE/glob characters cross unchanged
   const cases = [
@@ -110,6 +111,38 @@ async function server() {
       } finally {
         await s.close();
       }
+    }],
+    ["events_reach_on_event", async () => {
+      // A store waiting for a lock another holds tells onEvent so, at info (no statements).
+      const told = [];
+      const watcher = await openOn({ lock_wait_seconds: 0.5, lock_retry_seconds: 0.1 }, { onEvent: (e) => told.push(e) });
+      try {
+        await store.withLock("dev:watched", () => refused(watcher.set("dev:watched", STATE), "ABORTED"));
+      } finally {
+        await watcher.close();
+      }
+      const waiting = told.filter((e) => e.kind === "lock_waiting");
+      if (waiting.length === 0) throw new Error(`no lock_waiting event in ${JSON.stringify(told)}`);
+      check("the wait", [waiting[0].level, waiting[0].stateId, waiting[0].line.startsWith('waiting for the lock on "dev:watched": another process (lock ')],
+            ["info", "dev:watched", true]);
+      if (typeof waiting[0].numbers.next_try_ms !== "number" || typeof waiting[0].texts.holder !== "string") {
+        throw new Error(`facts missing: ${JSON.stringify(waiting[0])}`);
+      }
+      if (told.some((e) => e.kind === "statement")) throw new Error("a statement was told at the info level");
+      // At debug each statement, with its time and the state as its size only.
+      const seen = [];
+      const debug = await open(uri, settings({ onEvent: (e) => seen.push(e), diagnostics: "debug" }));
+      try {
+        await debug.set("dev:watched", { singer_state: { bookmark: "bm-node-77" } });
+      } finally {
+        await debug.close();
+      }
+      const insert = seen.find((e) => e.kind === "statement" && e.texts.purpose === "insert_state");
+      if (!insert || !/ok in \d+ ms: INSERT INTO .*'<state: \d+ bytes>'/.test(insert.line)) {
+        throw new Error(`no redacted INSERT statement in ${JSON.stringify(seen.map((e) => e.line))}`);
+      }
+      check("took_ms", typeof insert.numbers.took_ms, "number");
+      if (seen.some((e) => JSON.stringify(e).includes("bm-node-77"))) throw new Error("a state's contents were told");
     }],
     ["closed_port_is_unavailable", async () => {
       const dead = await open(`clickhouse://${env.CHSTATE_TEST_USER}@127.0.0.1:1/default`,

@@ -26,7 +26,7 @@ from py_binding_checks import STATE, every_verb, missing_methods, scope_keeps_it
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_CASES = ["one_call_open", "every_verb_has_a_method", "every_verb", "second_store_refused",
-              "scope_keeps_its_lock", "closed_port_is_unavailable", "cleanup"]
+              "scope_keeps_its_lock", "events_reach_on_event", "closed_port_is_unavailable", "cleanup"]
 ODD_ID = "dev:py-\u00e9\x00'`%_*"
 
 

@@ -81,12 +81,18 @@ try {
 
 GOOD_TS = r"""
 import { open as openExtism, ExtismCore, type CreatePlugin } from "%(name)s/extism";
+declare const createPlugin: CreatePlugin;
 import { open, openStore, loadChstate, httpTransport, WasiCore, ChstateError, type StateView, type Settings,
-         type LockInfo, type StateVersion, type Connection } from "%(name)s";
+         type LockInfo, type StateVersion, type Connection, type ChstateEvent } from "%(name)s";
 
 const store = await open("clickhouse://u@127.0.0.1:8123/default", { password: "", lock_timeout_seconds: 1.5,
                                                                     history_days: 7, wasm: "./chstate.wasm" });
 const settings: Settings = { uri: "clickhouse://u@127.0.0.1/default", port: 8123, secure: false };
+const told: ChstateEvent[] = [];
+const watched = await open("clickhouse://u@127.0.0.1:8123/default", {
+  onEvent: (e: ChstateEvent) => { told.push(e); console.log(e.kind, e.level, e.line, e.stateId?.length, e.numbers.attempt); },
+  diagnostics: "debug", showStates: false });
+await watched.close();
 const other = await openStore(new WasiCore(await loadChstate()), settings,
                               { env: {}, makeTransport: (c: Connection) => httpTransport(c) });
 const w: StateView = await store.set("dev:a", { singer_state: { bookmarks: {} } }, { partial: {}, force: false });
@@ -122,7 +128,6 @@ try {
 }
 await store.close();
 await other.close();
-declare const createPlugin: CreatePlugin;
 const viaExtism = await openExtism(createPlugin, "clickhouse://u@h/db", { history_versions: 5 });
 const sameStore: StateView | null = await viaExtism.get("dev:a");
 const third = await openStore(new ExtismCore(await createPlugin("chstate_extism.wasm", { useWasi: true })), settings);
@@ -144,6 +149,8 @@ BAD_TS = [
     'await store.acquire("dev:a");',  # the lock scope is withLock
     'const t = httpTransport({ host: "h" });',  # a resolved Connection
     'await openExtism("clickhouse://u@h/db");',  # the plugin's maker comes first
+    'await open("clickhouse://u@h/db", { diagnostics: "loud" });',  # a level the core has
+    'await open("clickhouse://u@h/db", { onEvent: (e: { kind: number }) => e });',  # events' kinds are names
 ]
 BAD_PRELUDE = r"""
 import { open, httpTransport, type StateView } from "%(name)s";
