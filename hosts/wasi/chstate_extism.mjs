@@ -58,11 +58,24 @@ export class ExtismCore {
 // Opens a store in one call: the plugin (chstate_extism.wasm beside this
 // file, or `options.wasm`) made by the caller's SDK (`createPlugin` of
 // @extism/extism) with WASI and no other authority, the settings by the
-// core's names (any key of `options` but wasm, transport and env).
+// core's names (any key of `options` but wasm, transport, env, logger,
+// diagnostics, onEvent and showStates).
+//
+// What the store tells (docs/diagnostics.md) the plugin logs as Extism
+// plugins do, through the SDK's logger: `options.logger` (a Console: info,
+// debug, warn, error) is given to createPlugin, and the core is asked for
+// `options.diagnostics` ("info" by default when a logger is given, else
+// "none"). `options.onEvent(event)` gets each event as an object as well.
 export async function open(createPlugin, uri, options = {}) {
-  const { wasm, transport, env, ...settings } = options;
+  const { wasm, transport, env, logger, diagnostics, onEvent, showStates, ...settings } = options;
+  const level = diagnostics ?? (logger || onEvent ? "info" : "none");
+  const pluginOptions = { useWasi: true };
+  if (logger) pluginOptions.logger = logger;
+  // SDKs from 2.0 also filter by a level of their own (silent by default).
+  if (level !== "none") pluginOptions.logLevel = level === "warning" ? "warn" : level;
   // fileURLToPath, not the URL's pathname: that keeps %20 and the like escaped.
   const plugin = await createPlugin(wasm ?? fileURLToPath(new URL("./chstate_extism.wasm", import.meta.url)),
-                                    { useWasi: true });
-  return openStore(new ExtismCore(plugin), { uri, ...settings }, { transport, env, makeTransport: httpTransport });
+                                    pluginOptions);
+  return openStore(new ExtismCore(plugin), { uri, ...settings },
+                   { transport, env, makeTransport: httpTransport, onEvent, diagnostics: level, showStates });
 }

@@ -14,6 +14,12 @@ Retries, renewals, settings and defaults are the core's.
 
 With a plugin of your own (Extism's manifest, allowed hosts, limits):
     store = chstate.Store(chstate.ExtismCore(extism.Plugin(wasm_bytes, wasi=True)), {"uri": ...})
+
+What the store tells beside its results (docs/diagnostics.md) the plugin logs
+as Extism plugins do, through the runtime's log functions: Extism's logger
+shows it once configured (`extism.set_log_file("stderr", "info")`, or
+`extism.set_log_custom(callback, "info")` and its `drain()`), at the level
+`open(..., diagnostics="info")` asks the core for (none by default).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 try:
     from chstate_meltano.binding import ChstateError, Core, Store, failed  # noqa: F401
@@ -75,12 +81,16 @@ class ExtismCore(Core):
 
 
 def open(uri: Optional[str] = None, *, wasm: str | Path | None = None, transport: Any = None,  # noqa: A001
-         env: Optional[Mapping[str, str]] = None, **settings: Any) -> Store:
+         env: Optional[Mapping[str, str]] = None, diagnostics: str = "none", show_states: bool = False,
+         on_event: Optional[Callable[[dict], None]] = None, **settings: Any) -> Store:
     """Opens a store in one call: the plugin at `wasm` (default:
     chstate_extism.wasm beside this file) in Extism with WASI and no other
     authority, the settings by the core's names (uri, password,
     lock_timeout_seconds, ...), resolved by the core with `env` (default: this
-    process's MELTANO_STATE_BACKEND_* and CLICKHOUSE_* variables)."""
+    process's MELTANO_STATE_BACKEND_* and CLICKHOUSE_* variables).
+    `diagnostics`: the level ("warning", "info", "debug") at which the plugin
+    logs what the store tells through Extism's logger; `on_event(event)` also
+    gets each event as a dict."""
     import extism
 
     path = Path(wasm) if wasm is not None else DEFAULT_WASM
@@ -88,4 +98,5 @@ def open(uri: Optional[str] = None, *, wasm: str | Path | None = None, transport
         raise ChstateError("NOT_FOUND", f"no chstate_extism.wasm at {path}: pass wasm=PATH (in a checkout: "
                            "bazel build --config=wasi //hosts/wasi:chstate_extism.wasm)")
     plugin = extism.Plugin(path.read_bytes(), wasi=True)
-    return Store(ExtismCore(plugin), {"uri": uri, **settings}, transport=transport, env=env)
+    return Store(ExtismCore(plugin), {"uri": uri, **settings}, transport=transport, env=env,
+                 diagnostics=diagnostics, show_states=show_states, on_event=on_event)

@@ -15,7 +15,15 @@
 //
 // The host SDK runs the request the core asks for (its own HTTP, or Extism's
 // http_request within allowed_hosts), sleeps for waits and feeds the answer:
-// the same pump as every other host (docs/wasm.md). Malformed
+// the same pump as every other host (docs/wasm.md).
+//
+// What the store tells beside its results (docs/diagnostics.md) is logged the
+// way Extism plugins log, through the runtime's log_warn / log_info /
+// log_debug: the host's Extism logger shows it (JS: createPlugin's `logger`;
+// Python: extism.set_log_file or set_log_custom; each SDK filters by its own
+// level). The core makes events only at the level the settings document asks
+// for ("host": {"diagnostics": "info"}; none by default), and the action
+// documents carry them as "events" too. Malformed
 // input of any kind is a {"failed": {"code": "INVALID_ARGUMENT", ...}}
 // document, never a trap; a store handle is valid from store_new until
 // store_free, in the plugin instance that made it.
@@ -37,6 +45,10 @@ EXTISM_IMPORT("alloc") uint64_t extism_alloc(uint64_t length);
 EXTISM_IMPORT("store_u8") void extism_store_u8(uint64_t offset, uint8_t value);
 EXTISM_IMPORT("store_u64") void extism_store_u64(uint64_t offset, uint64_t value);
 EXTISM_IMPORT("output_set") void extism_output_set(uint64_t offset, uint64_t length);
+EXTISM_IMPORT("free") void extism_free(uint64_t offset);
+EXTISM_IMPORT("log_warn") void extism_log_warn(uint64_t offset);
+EXTISM_IMPORT("log_info") void extism_log_info(uint64_t offset);
+EXTISM_IMPORT("log_debug") void extism_log_debug(uint64_t offset);
 
 namespace {
 
@@ -51,6 +63,13 @@ std::map<int64_t, chstate_store*>& Stores() {
 }
 int64_t next_handle = 1;
 
+// The stores whose settings document asked for diagnostics: their actions'
+// events are logged (the others' documents are not parsed for them).
+std::map<int64_t, bool>& Telling() {
+  static auto* telling = new std::map<int64_t, bool>();
+  return *telling;
+}
+
 bool ReadInput(std::string* out) {
   const uint64_t n = extism_input_length();
   if (n > kMaxInput) return false;
@@ -64,17 +83,46 @@ bool ReadInput(std::string* out) {
   return true;
 }
 
-int32_t Output(const std::string& doc) {
-  const uint64_t n = doc.size();
+
+// A block of Extism's memory holding `text` (the caller frees it).
+uint64_t Block(const std::string& text) {
+  const uint64_t n = text.size();
   const uint64_t at = extism_alloc(n);
   uint64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     uint64_t word = 0;
-    for (int b = 7; b >= 0; --b) word = (word << 8) | static_cast<unsigned char>(doc[i + b]);
+    for (int b = 7; b >= 0; --b) word = (word << 8) | static_cast<unsigned char>(text[i + b]);
     extism_store_u64(at + i, word);
   }
-  for (; i < n; ++i) extism_store_u8(at + i, static_cast<uint8_t>(doc[i]));
-  extism_output_set(at, n);
+  for (; i < n; ++i) extism_store_u8(at + i, static_cast<uint8_t>(text[i]));
+  return at;
+}
+
+// Logs each event of an action document through the runtime's log function
+// of its level, its line as the core made it.
+void LogEvents(const std::string& action_text) {
+  if (action_text.find("\"events\"") == std::string::npos) return;
+  const json action = json::parse(action_text, nullptr, /*allow_exceptions=*/false);
+  if (action.is_discarded() || !action.is_object()) return;
+  auto events = action.find("events");
+  if (events == action.end() || !events->is_array()) return;
+  for (const json& e : *events) {
+    if (!e.is_object() || !e.contains("line") || !e["line"].is_string() || !e.contains("level")) continue;
+    const std::string level = e["level"].is_string() ? e["level"].get<std::string>() : "";
+    const uint64_t at = Block("chstate: " + e["line"].get<std::string>());
+    if (level == "warning") {
+      extism_log_warn(at);
+    } else if (level == "debug") {
+      extism_log_debug(at);
+    } else {
+      extism_log_info(at);
+    }
+    extism_free(at);
+  }
+}
+
+int32_t Output(const std::string& doc) {
+  extism_output_set(Block(doc), doc.size());
   return 0;
 }
 
@@ -154,8 +202,10 @@ int32_t Step(const char* document_key, char* (*call)(chstate_store*, const char*
   auto inner = doc.find(document_key);
   if (inner == doc.end() || !inner->is_object()) return Failed(std::string("missing object \"") + document_key + "\"");
   const std::string text = inner->dump(-1, ' ', false, json::error_handler_t::replace);
-  return OutputOwned(call(store, text.c_str(), now_ms, reinterpret_cast<const unsigned char*>(random.data()),
-                          random.size()));
+  char* action = call(store, text.c_str(), now_ms, reinterpret_cast<const unsigned char*>(random.data()),
+                      random.size());
+  if (action != nullptr && Telling().count(doc["store"].get<int64_t>()) != 0) LogEvents(action);
+  return OutputOwned(action);
 }
 
 }  // namespace
@@ -176,6 +226,12 @@ EXTISM_EXPORT("store_new") int32_t store_new(void) {
   if (store == nullptr) return OutputOwned(error);
   const int64_t handle = next_handle++;
   Stores()[handle] = store;
+  // Events are logged when the host asked for a level (the core makes none otherwise).
+  const json settings_doc = json::parse(text.empty() ? "{}" : text, nullptr, /*allow_exceptions=*/false);
+  if (settings_doc.is_object() && settings_doc.contains("host") && settings_doc["host"].is_object()) {
+    const json& level = settings_doc["host"].value("diagnostics", json("none"));
+    if (level.is_string() && level.get<std::string>() != "none") Telling()[handle] = true;
+  }
   // What it was opened with (where to connect: the host's transport needs it).
   char* settings = chstate_store_settings(store);
   json out = json::parse(settings == nullptr ? "{}" : settings, nullptr, false);
@@ -195,5 +251,6 @@ EXTISM_EXPORT("store_free") int32_t store_free(void) {
   if (store == nullptr) return Failed("\"store\" must be a handle store_new returned (and store_free did not end)");
   chstate_store_free(store);
   Stores().erase(doc["store"].get<int64_t>());
+  Telling().erase(doc["store"].get<int64_t>());
   return Output(R"({"freed":true})");
 }

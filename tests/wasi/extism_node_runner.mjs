@@ -115,6 +115,39 @@ async function server() {
       const table = (await store.core.verbs()).map((v) => v.name).filter((n) => n !== "acquire" && n !== "release");
       check("verbs run", [...ran].sort(), table.sort());
     }],
+    ["events_through_the_extism_logger", async () => {
+      // The plugin logs what the store tells through the SDK's logger, each at its level:
+      // a wait for a lock another plugin holds at info (the core asked for info: no statements).
+      const logged = [];
+      const logger = Object.fromEntries(["info", "debug", "warn", "error"].map((level) =>
+        [level, (text) => logged.push({ level, text })]));
+      const waiter = await open(createPlugin, uri, { wasm: wasmPath, env: {}, password, schema, logger,
+                                                     lock_wait_seconds: 0.5, lock_retry_seconds: 0.1 });
+      try {
+        await store.withLock("dev:logged", () => refused(waiter.set("dev:logged", STATE), "ABORTED"));
+      } finally {
+        await waiter.close();
+      }
+      const ours = logged.filter((l) => l.text.startsWith("chstate: "));
+      const waits = ours.filter((l) => l.text.startsWith('chstate: waiting for the lock on "dev:logged": another process (lock '));
+      if (waits.length === 0) throw new Error(`no wait logged: ${JSON.stringify(logged)}`);
+      check("levels", [...new Set(waits.map((l) => l.level))], ["info"]);
+      if (ours.some((l) => l.level === "debug")) throw new Error(`debug lines at info: ${JSON.stringify(ours)}`);
+      // At debug, each statement, the state as its size only.
+      const verbose = [];
+      const debugLogger = { ...logger, debug: (text) => verbose.push(text) };
+      const d = await open(createPlugin, uri, { wasm: wasmPath, env: {}, password, schema, logger: debugLogger,
+                                                diagnostics: "debug" });
+      try {
+        await d.set("dev:logged", { singer_state: { bookmark: "bm-extism-77" } });
+      } finally {
+        await d.close();
+      }
+      if (!verbose.some((t) => /^chstate: insert_state \(attempt 1\): ok in \d+ ms: INSERT INTO .*'<state: \d+ bytes>'/.test(t))) {
+        throw new Error(`no redacted INSERT logged at debug: ${JSON.stringify(verbose)}`);
+      }
+      if (verbose.some((t) => t.includes("bm-extism-77"))) throw new Error("a state's contents were logged");
+    }],
     ["lock_refuses_a_second_plugin", async () => {
       const other = await openOn({ lock_wait_seconds: 0.3, lock_retry_seconds: 0.1 });
       try {

@@ -10,7 +10,12 @@ never a trap."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -35,8 +40,9 @@ def test_imports_only_extism_kernel_functions_and_exports_the_c_abi_names(extism
     module = wasmtime.Module.from_file(wasmtime.Engine(), str(extism_path))
     imports = {(i.module, i.name) for i in module.imports}
     assert imports and all(m == "extism:host/env" for m, _ in imports), imports
+    # The kernel's input and output, and its log functions (what the store tells, docs/diagnostics.md).
     assert {n for _, n in imports} <= {"input_length", "input_load_u8", "input_load_u64", "alloc", "store_u8",
-                                       "store_u64", "output_set"}
+                                       "store_u64", "output_set", "free", "log_warn", "log_info", "log_debug"}
     exports = {e.name for e in module.exports}
     assert EXPORTS <= exports, exports
 
@@ -136,6 +142,54 @@ def test_scope_keeps_its_lock(extism_path, clickhouse, schema, chstate_cli):
         scope_keeps_its_lock(s, chstate_cli, clickhouse, schema, "dev:long-scope")
     finally:
         s.close()
+
+
+EXTISM_LOG_SCRIPT = r"""
+import json, os, sys
+import extism
+import chstate_extism
+lines = []
+log = extism.set_log_custom(lines.append, sys.argv[2])
+settings = dict(password=os.environ["CHSTATE_TEST_PASSWORD"], schema=sys.argv[3], env={})
+uri = f"clickhouse://{os.environ['CHSTATE_TEST_USER']}@{os.environ['CHSTATE_TEST_HOST']}:{os.environ['CHSTATE_TEST_PORT']}/default"
+holder = chstate_extism.open(uri, wasm=sys.argv[1], **settings)
+waiter = chstate_extism.open(uri, wasm=sys.argv[1], diagnostics=sys.argv[2], lock_wait_seconds=0.5,
+                             lock_retry_seconds=0.1, **settings)
+with holder.lock("dev:logged"):
+    try:
+        waiter.set("dev:logged", {"singer_state": {"bookmark": "bm-extism-py"}})
+    except chstate_extism.ChstateError as e:
+        assert e.code == "ABORTED", e
+waiter.set("dev:logged", {"singer_state": {"bookmark": "bm-extism-py"}})
+holder.close()
+waiter.close()
+log.drain()
+print(json.dumps(lines))
+"""
+
+
+def extism_log(extism_path, clickhouse, schema: str, level: str) -> list[str]:
+    """What a process whose Extism logger is at `level` logs while a plugin store asked for that
+    level waits for a lock another plugin store holds, then writes a state."""
+    env = {**clickhouse.env(), "PYTHONPATH": str(Path(chstate_extism.__file__).parent)}
+    out = subprocess.run([sys.executable, "-c", EXTISM_LOG_SCRIPT, str(extism_path), level, schema],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert clickhouse.password not in out.stdout + out.stderr
+    return [line for line in json.loads(out.stdout.splitlines()[-1]) if "extism::pdk" in line]
+
+
+def test_the_plugin_logs_what_the_store_tells_through_extisms_logger(extism_path, clickhouse, schema):
+    """The plugin calls Extism's log functions: a process that set Extism's logger
+    (extism.set_log_custom) sees the wait for a lock at INFO; at debug each statement too."""
+    logged = extism_log(extism_path, clickhouse, schema, "info")
+    waits = [line for line in logged if 'chstate: waiting for the lock on "dev:logged": another process (lock ' in line]
+    assert waits and all(" INFO extism::pdk: " in line for line in waits), logged
+    assert not [line for line in logged if "DEBUG" in line or "insert_state" in line], logged
+    logged = extism_log(extism_path, clickhouse, schema, "debug")
+    inserts = [line for line in logged if " DEBUG extism::pdk: chstate: insert_state (attempt 1): ok in " in line]
+    assert inserts and re.search(r"INSERT INTO .*'<state: \d+ bytes>'", inserts[0]), logged
+    assert not [line for line in logged if "bm-extism-py" in line]
 
 
 @pytest.mark.parametrize("export, doc", [

@@ -16,8 +16,8 @@ from vector_runner import vector_cases
 
 HERE = Path(__file__).resolve().parent
 SDK = "@extism/extism@1.0.3"
-SERVER_CASES = ["one_call_open", "default_plugin_in_a_folder_with_a_space", "every_verb_has_a_method", "every_verb", "lock_refuses_a_second_plugin",
-                "scope_keeps_its_lock"]
+SERVER_CASES = ["one_call_open", "default_plugin_in_a_folder_with_a_space", "every_verb_has_a_method", "every_verb",
+                "events_through_the_extism_logger", "lock_refuses_a_second_plugin", "scope_keeps_its_lock"]
 
 
 @pytest.fixture(scope="session")

@@ -129,6 +129,9 @@ try {
 await store.close();
 await other.close();
 const viaExtism = await openExtism(createPlugin, "clickhouse://u@h/db", { history_versions: 5 });
+const logged = await openExtism(createPlugin, "clickhouse://u@h/db", { logger: console, diagnostics: "info",
+                                                                      onEvent: (e) => console.log(e.line) });
+await logged.close();
 const sameStore: StateView | null = await viaExtism.get("dev:a");
 const third = await openStore(new ExtismCore(await createPlugin("chstate_extism.wasm", { useWasi: true })), settings);
 await viaExtism.withLock("dev:a", () => viaExtism.merge("dev:a", { singer_state: {} }));
@@ -151,6 +154,7 @@ BAD_TS = [
     'await openExtism("clickhouse://u@h/db");',  # the plugin's maker comes first
     'await open("clickhouse://u@h/db", { diagnostics: "loud" });',  # a level the core has
     'await open("clickhouse://u@h/db", { onEvent: (e: { kind: number }) => e });',  # events' kinds are names
+    'await openExtism(async () => ({ call: async () => null }), "clickhouse://u@h/db", { logger: { info: 1 } });',  # a Console
 ]
 BAD_PRELUDE = r"""
 import { open, httpTransport, type StateView } from "%(name)s";
