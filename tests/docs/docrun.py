@@ -65,10 +65,7 @@ SHELL = {"sh", "bash", "shell"}
 TEXT = {"text", ""}
 BLOCK_TIMEOUT = 900
 # Pages the doc test leaves out, each with why.
-EXCLUDED = {
-    "docs/diagnostics.md": "a stub until the diagnostic events it describes are built (issue 26): whoever writes "
-                           "it removes it from this list, and its examples run from then on",
-}
+EXCLUDED: dict = {}
 
 
 @dataclasses.dataclass
