@@ -61,3 +61,25 @@ def test_locks_lists_a_claim_and_unlock_force_ends_it(healthy, schema):
             holder.wait()
     r = c.cli("r1", schema, "unlock", "dev:job", "--force")
     assert r.code == 3, r  # nothing is locked now
+
+
+def test_verbose_names_a_host_that_is_down_and_the_host_chosen_next(healthy, schema):
+    """With the first host of the list down, `chstate -v` says which host it skipped, why, for how
+    long, and where the request went instead; the write lands."""
+    import socket
+
+    c = healthy
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    r2 = f"127.0.0.1:{c.port('r2')}"
+    uri = f"clickhouse://chstate@127.0.0.1:{closed},{r2}/default?schema={schema}&cluster={c.name}"
+    r = subprocess.run([str(c.chstate), "-v", "--uri", uri, "set", "dev:job", '{"singer_state": {"v": 1}}'],
+                       env=c.env(), capture_output=True, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert c.password not in err
+    down = [line for line in err.splitlines() if line.startswith(f"chstate: info: host 127.0.0.1:{closed} marked down")]
+    assert down, err
+    assert "connection refused" in down[0] and f"goes to {r2} now" in down[0], down[0]
+    assert json.loads(c.cli("r1", schema, "get", "dev:job").out) == {"singer_state": {"v": 1}}
