@@ -111,7 +111,7 @@ Step StoreSteps::Acquire(const std::string& id, std::function<Step(LockPtr)> the
 Step StoreSteps::TakeLock(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail, int64_t deadline) {
   LockOptions options = s_->options_.lock;
   options.timeout_ms = std::max<int64_t>(deadline - in_->now_ms, 0);
-  auto m = std::make_shared<LockMachine>(st(), id, options);
+  LockPtr m = MakeLockMachine(st(), id, options);
   m->Acquire(*in_);
   last_dead_.clear();
   return DriveLock(m, [this, m, id, deadline, then, fail](const LockAction& a) -> Step {

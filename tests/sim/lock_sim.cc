@@ -12,6 +12,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <memory>
 #include <queue>
 #include <random>
 #include <utility>
@@ -42,22 +43,22 @@ constexpr size_t kMaxViolations = 20;
 class MachineLock : public SimLock {
  public:
   MachineLock(const Statements& st, LockOptions options, const LockDefectsForTesting& defects)
-      : m_(st, kStateId, options) {
-    m_.SetDefectsForTesting(defects);
+      : m_(MakeLockMachine(st, kStateId, options)) {
+    m_->SetDefectsForTesting(defects);
   }
-  void Acquire(const Inputs& in) override { m_.Acquire(in); }
-  void Release(const Inputs& in) override { m_.Release(in); }
-  void OnResponse(const SqlResponse& r, const Inputs& in) override { m_.OnResponse(r, in); }
-  void OnTimer(const Inputs& in) override { m_.OnTimer(in); }
-  std::optional<LockAction> Poll() override { return m_.Poll(); }
-  bool LeaseValid(int64_t now_ms) const override { return m_.LeaseValid(now_ms); }
-  int64_t lease_deadline_ms() const override { return m_.lease_deadline_ms(); }
-  std::string lock_id() const override { return m_.lock_id(); }
-  std::string StateName() const override { return LockStateName(m_.state()); }
-  bool Held() const override { return m_.state() == LockState::kHeld; }
+  void Acquire(const Inputs& in) override { m_->Acquire(in); }
+  void Release(const Inputs& in) override { m_->Release(in); }
+  void OnResponse(const SqlResponse& r, const Inputs& in) override { m_->OnResponse(r, in); }
+  void OnTimer(const Inputs& in) override { m_->OnTimer(in); }
+  std::optional<LockAction> Poll() override { return m_->Poll(); }
+  bool LeaseValid(int64_t now_ms) const override { return m_->LeaseValid(now_ms); }
+  int64_t lease_deadline_ms() const override { return m_->lease_deadline_ms(); }
+  std::string lock_id() const override { return m_->lock_id(); }
+  std::string StateName() const override { return LockStateName(m_->state()); }
+  bool Held() const override { return m_->state() == LockState::kHeld; }
 
  private:
-  LockMachine m_;
+  std::unique_ptr<LockMachine> m_;
 };
 
 // The lock through a whole store, as a host uses it: AcquireLock and

@@ -131,7 +131,7 @@ struct SimConfig {
   int64_t insert_visibility_max_ms = 0;  // naive lock's ReplacingMergeTree inserts
   int64_t merge_every_max_ms = 0;        // background merges (0: none)
 
-  // Cluster mode: the lock as claims (core/lock_machine.h) in a replicated
+  // Cluster mode: the lock as claims (core/claims_lock.h) in a replicated
   // table, with what replicas do to quorum inserts and reads
   // (tests/sim/sim_server.h ServerOptions: 286, 285, 319 with the row
   // landing late or never, 289).
