@@ -195,6 +195,7 @@ class ClaimsLock final : public TableDrivenLock<ClaimsLock, ClaimsLockState, Cla
   // Every claim of this acquisition is claim_prefix_ plus its number in 8
   // hex digits (32 hex digits in all, as any lock id).
   static constexpr size_t kClaimPrefixLen = 24;
+  std::string claim_prefix_;
   uint32_t claims_made_ = 0;
   std::string claim_over_;  // the stale claims the next claim takes over
   // The back-off after the end row (or none) comes soon: our own claim was

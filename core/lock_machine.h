@@ -160,8 +160,14 @@ class LockMachine {
   int64_t acquired_at_ms() const { return acquired_at_ms_; }
   // Cluster mode: a request that met code 286 waits for its timer.
   virtual bool busy_waiting() const { return false; }
-  // Cluster mode: the prefix of this acquisition's claims (see ClaimsLock).
-  const std::string& claim_prefix() const { return claim_prefix_; }
+  // What the answer given last showed, parsed once as it arrived: for a read
+  // of the lock, the inspection, and another process holding it live (the
+  // holder a waiter row names).
+  const LockSighting& sighting() const { return sighting_; }
+  // Cluster mode: the claims the last claims read found that no reader
+  // counts any more (LockInspection::dead); after an acquisition, those its
+  // winning read found, for Statements::PruneClaims.
+  const std::vector<std::string>& prunable_claims() const { return prunable_claims_; }
 
  protected:
   LockMachine(const Statements& statements, std::string state_id, LockOptions options,
@@ -242,7 +248,6 @@ class LockMachine {
   LockDefectsForTesting defects_;
   std::deque<LockAction> out_;
   std::string lock_id_;
-  std::string claim_prefix_;
 
   // ---- timers and deadlines (on the host's clock), all of them ----
   int64_t deadline_ms_ = 0;         // acquiring: the lock timeout ends here

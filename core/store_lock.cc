@@ -20,23 +20,12 @@ Step StoreSteps::DriveLock(const LockPtr& m, LockOutcome on_outcome) {
   while (std::optional<LockAction> a = m->Poll()) {
     switch (a->kind) {
       case LockAction::Kind::kRunSql: {
-        const bool inspection = a->request.purpose == "inspect_lock" || a->request.purpose == "inspect_claims";
-        return Step::Run(std::move(a->request), [this, m, on_outcome, inspection](const SqlResponse& r) {
-          // Whether the lock was seen held by a live holder, for the backoff below.
-          seen_holder_ = false;
-          if (inspection && r.transport_ok && r.http_status == 200) {
-            absl::StatusOr<LockInspection> insp =
-                st().cluster().enabled()
-                    ? ParseClaimInspection(r.body, m->lock_id(), (m->options().stale_ms + 999) / 1000,
-                                           m->claim_prefix())
-                    : ParseLockInspection(r.body);
-            seen_holder_ = insp.ok() && insp->exists && !insp->holder.empty() && insp->holder != m->lock_id() &&
-                           (!st().cluster().enabled() ||
-                            insp->age_s * 1000 <= std::max(m->options().stale_ms, insp->stale_s * 1000));
-            if (seen_holder_) seen_holder_id_ = insp->holder;
-            if (insp.ok()) last_dead_ = insp->dead;
-          }
+        return Step::Run(std::move(a->request), [this, m, on_outcome](const SqlResponse& r) {
           m->OnResponse(r, *in_);
+          // Whether the answer showed the lock held by a live holder, for the
+          // backoff below (the machine parsed it).
+          seen_holder_ = !m->sighting().live_holder.empty();
+          if (seen_holder_) seen_holder_id_ = m->sighting().live_holder;
           return DriveLock(m, on_outcome);
         });
       }
@@ -113,22 +102,21 @@ Step StoreSteps::TakeLock(const std::string& id, std::function<Step(LockPtr)> th
   options.timeout_ms = std::max<int64_t>(deadline - in_->now_ms, 0);
   LockPtr m = MakeLockMachine(st(), id, options);
   m->Acquire(*in_);
-  last_dead_.clear();
   return DriveLock(m, [this, m, id, deadline, then, fail](const LockAction& a) -> Step {
     if (a.kind != LockAction::Kind::kAcquired) return fail(ExplainCluster(a.status));
-    if (!s_->options_.python_locks) return PruneClaims(id, [this, m, then] { return then(m); });
+    if (!s_->options_.python_locks) return PruneClaims(m, [this, m, then] { return then(m); });
     return ClaimFromPython(id, m, deadline, then, fail);
   });
 }
 
-// Cluster mode, just acquired: when the claims read last held
+// Cluster mode, just acquired by `m`: when its winning claims read held
 // kClaimsPruneAt claims of the id that no reader counts any more, they
 // are removed (kClaimsPruneAt). A failure changes nothing: they are
 // removed by a later acquisition.
-Step StoreSteps::PruneClaims(const std::string& id, Then then) {
-  if (!st().cluster().enabled() || static_cast<int64_t>(last_dead_.size()) < kClaimsPruneAt) return then();
-  std::vector<std::string> dead = std::move(last_dead_);
-  last_dead_.clear();
+Step StoreSteps::PruneClaims(const LockPtr& m, Then then) {
+  const std::string& id = m->state_id();
+  if (!st().cluster().enabled() || static_cast<int64_t>(m->prunable_claims().size()) < kClaimsPruneAt) return then();
+  std::vector<std::string> dead = m->prunable_claims();
   // A backlog (claims from before pruning existed) goes kClaimsPruneMax
   // at a time, a slice at a random offset, at every acquisition until it
   // is gone (a statement must stay below max_query_size, 256 KiB).

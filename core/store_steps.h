@@ -161,11 +161,11 @@ class StoreSteps {
 
   Step TakeLock(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail, int64_t deadline);
 
-  // Cluster mode, just acquired: when the claims read last held
+  // Cluster mode, just acquired by `m`: when its winning claims read held
   // kClaimsPruneAt claims of the id that no reader counts any more, they
   // are removed (kClaimsPruneAt). A failure changes nothing: they are
   // removed by a later acquisition.
-  Step PruneClaims(const std::string& id, Then then);
+  Step PruneClaims(const LockPtr& m, Then then);
 
   Step Release(const LockPtr& m, Then then, OnFailure fail);
 
@@ -278,7 +278,6 @@ class StoreSteps {
   bool seen_holder_ = false;  // the last lock inspection found another live holder
   std::string seen_holder_id_;  // cluster mode: the holder the waiter row names
   std::string announced_to_;  // the holder this task's waiter row named last
-  std::vector<std::string> last_dead_;  // cluster mode: the prunable claims the last read found
   std::vector<std::shared_ptr<void>> keep_;
 };
 
