@@ -14,45 +14,30 @@
 namespace chstate {
 
 // Turns a LockMachine's actions into steps until it reports an outcome
-// (acquired, released, failed, lost). Renewal timers armed while held are
-// not run inside a task: the lease is checked before every write instead.
+// (acquired, released, failed, lost): it sends what the machine sends (its
+// waiter rows included) and waits what it says. Renewal timers armed while
+// held are not run inside a task: the lease is checked before every write
+// instead.
 Step StoreSteps::DriveLock(const LockPtr& m, LockOutcome on_outcome) {
   while (std::optional<LockAction> a = m->Poll()) {
     switch (a->kind) {
-      case LockAction::Kind::kRunSql: {
+      case LockAction::Kind::kRunSql:
         return Step::Run(std::move(a->request), [this, m, on_outcome](const SqlResponse& r) {
           m->OnResponse(r, *in_);
-          // Whether the answer showed the lock held by a live holder, for the
-          // backoff below (the machine parsed it).
-          seen_holder_ = !m->sighting().live_holder.empty();
-          if (seen_holder_) seen_holder_id_ = m->sighting().live_holder;
           return DriveLock(m, on_outcome);
         });
-      }
       case LockAction::Kind::kArmTimer:
-        // A renewal that finished arms the next one: that is its outcome.
-        if (m->state() == LockState::kHeld) return on_outcome(*a);
-        // Cluster mode: a claim row resent after code 286 waits a moment.
-        if (m->state() != LockState::kBackingOff && !m->busy_waiting()) continue;
-        {
-          auto wait = [this, m, on_outcome, delay_ms = a->delay_ms] {
-            return Step::Wait(delay_ms, [this, m, on_outcome] {
-              m->OnTimer(*in_);
-              return DriveLock(m, on_outcome);
-            });
-          };
-          // Once per holder seen: a row each retry would only fill the table.
-          if (!seen_holder_ || announced_to_ == seen_holder_id_) return wait();
-          // Shown to the holder, which gives up a lingering lock for it
-          // (linger_locks); an error (the table gone meanwhile) is harmless.
-          return Sql(
-              st().AnnounceLockWaiter(m->state_id(), m->lock_id(), seen_holder_id_),
-              "showing the holder that a process waits",
-              [this, wait](const std::string&) {
-                announced_to_ = seen_holder_id_;
-                return wait();
-              }, [wait](absl::Status) { return wait(); });
+        if (a->timer == LockTimer::kRenewal) {
+          // A renewal that finished arms the next one: that is its outcome.
+          if (m->state() == LockState::kHeld) return on_outcome(*a);
+          continue;  // armed as it became the holder, released since
         }
+        // The back-off before the next attempt, or (cluster mode) a quorum
+        // insert answered 286 sent again after a moment.
+        return Step::Wait(a->delay_ms, [this, m, on_outcome] {
+          m->OnTimer(*in_);
+          return DriveLock(m, on_outcome);
+        });
       default:
         return on_outcome(*a);
     }
@@ -100,7 +85,11 @@ Step StoreSteps::Acquire(const std::string& id, std::function<Step(LockPtr)> the
 Step StoreSteps::TakeLock(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail, int64_t deadline) {
   LockOptions options = s_->options_.lock;
   options.timeout_ms = std::max<int64_t>(deadline - in_->now_ms, 0);
-  LockPtr m = MakeLockMachine(st(), id, options);
+  // Waiting for a live holder, the machine shows itself to it (a waiter
+  // row, once per holder) so that a lingering holder elsewhere yields.
+  LockMachineOptions machine_options;
+  machine_options.write_waiter_rows = true;
+  LockPtr m = MakeLockMachine(st(), id, options, machine_options);
   m->Acquire(*in_);
   return DriveLock(m, [this, m, id, deadline, then, fail](const LockAction& a) -> Step {
     if (a.kind != LockAction::Kind::kAcquired) return fail(ExplainCluster(a.status));

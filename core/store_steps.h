@@ -150,8 +150,10 @@ class StoreSteps {
   // ---- store_lock.cc: an operation's lock ----
 
   // Turns a LockMachine's actions into steps until it reports an outcome
-  // (acquired, released, failed, lost). Renewal timers armed while held are
-  // not run inside a task: the lease is checked before every write instead.
+  // (acquired, released, failed, lost): it sends what the machine sends (its
+  // waiter rows included) and waits what it says. Renewal timers armed while
+  // held are not run inside a task: the lease is checked before every write
+  // instead.
   Step DriveLock(const LockPtr& m, LockOutcome on_outcome);
 
   // `deadline_ms`: when waiting ends (the lock timeout from the first
@@ -275,9 +277,6 @@ class StoreSteps {
   const Inputs* in_;
   LockPtr current_lock_;
   std::string lease_id_;  // the id whose lease the last UnderLease request keeps to
-  bool seen_holder_ = false;  // the last lock inspection found another live holder
-  std::string seen_holder_id_;  // cluster mode: the holder the waiter row names
-  std::string announced_to_;  // the holder this task's waiter row named last
   std::vector<std::shared_ptr<void>> keep_;
 };
 
