@@ -133,11 +133,6 @@ ClaimsLock::ClaimsLock(const Statements& statements, std::string state_id, LockO
                        LockMachineOptions machine_options)
     : TableDrivenLock(statements, std::move(state_id), options, machine_options) {}
 
-bool ClaimsLock::busy_waiting() const {
-  return state_ == S::kClaimingBusy || state_ == S::kWithdrawingBusy || state_ == S::kRenewingBusy ||
-         state_ == S::kEndingBusy;
-}
-
 LockState ClaimsLock::Public(State s) {
   switch (s) {
     case S::kIdle: return LockState::kIdle;

@@ -126,8 +126,6 @@ class ClaimsLock final : public TableDrivenLock<ClaimsLock, ClaimsLockState, Cla
   ClaimsLock(const Statements& statements, std::string state_id, LockOptions options,
              LockMachineOptions machine_options);
 
-  bool busy_waiting() const override;
-
   // The table, and what the engine (core/lock_table.h) asks of it.
   static absl::Span<const Row> Rows();
   static LockState Public(State s);

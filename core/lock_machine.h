@@ -158,8 +158,6 @@ class LockMachine {
   bool LeaseValid(int64_t now_ms) const;
   int64_t lease_deadline_ms() const { return lease_deadline_ms_; }
   int64_t acquired_at_ms() const { return acquired_at_ms_; }
-  // Cluster mode: a request that met code 286 waits for its timer.
-  virtual bool busy_waiting() const { return false; }
   // What the answer given last showed, parsed once as it arrived: for a read
   // of the lock, the inspection, and another process holding it live (the
   // holder a waiter row names).

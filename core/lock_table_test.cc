@@ -157,6 +157,45 @@ TEST(LockTable, MisuseFailsAsBefore) {
   }
 }
 
+// ---- what the machine parsed, kept ----
+
+// An inspection is parsed once, as its answer arrives, and kept: the live
+// holder it showed (the one a waiter row names) until the next answer, and
+// in cluster mode the claims no reader counts any more (what the store
+// prunes after winning).
+TEST(LockTable, TheMachineKeepsWhatItParsed) {
+  const std::string random(16, '\x07');
+  const Statements plain = Plain(), cluster = Cluster();  // outlive the machines
+  std::unique_ptr<LockMachine> m = MakeLockMachine(plain, kId, LockOptions{});
+  m->Acquire({0, random});
+  m->OnResponse(Err(500, 57, "Table already exists"), {10, random});
+  EXPECT_FALSE(m->sighting().inspected);
+  m->OnResponse(Ok("other\t0\t100\t101\t5\n\t255\t100\t101\t0\n"), {20, random});
+  EXPECT_TRUE(m->sighting().inspected);
+  EXPECT_EQ(m->sighting().inspection.holder, "other");
+  EXPECT_EQ(m->sighting().inspection.age_s, 1);
+  EXPECT_EQ(m->sighting().live_holder, "other");
+  EXPECT_EQ(m->state(), LockState::kBackingOff);
+
+  // Cluster mode: a claims read with another's live claim and an ended one.
+  m = MakeLockMachine(cluster, kId, LockOptions{});
+  m->Acquire({0, random});
+  m->OnResponse(Ok("live\t1\t0\t1000\t300\t\t1000\nended\t1\t1\t900\t300\t\t1000\n"), {10, random});
+  EXPECT_EQ(m->sighting().live_holder, "live");
+  EXPECT_EQ(m->prunable_claims(), std::vector<std::string>{"ended"});
+  // A stale claim's holder is nobody to show oneself to; nothing is prunable
+  // that is not over by its own window, and the last read's list is kept.
+  m = MakeLockMachine(cluster, kId, LockOptions{});
+  m->Acquire({0, random});
+  m->OnResponse(Ok("gone\t1\t0\t100\t300\t\t1000\n"), {10, random});
+  EXPECT_EQ(m->sighting().live_holder, "");
+  EXPECT_EQ(m->prunable_claims(), std::vector<std::string>{"gone"});
+  EXPECT_EQ(m->state(), LockState::kCreating) << "a stale claim is taken over";
+  m->OnResponse(Ok(), {20, random});  // the claim is in: not a read
+  EXPECT_FALSE(m->sighting().inspected);
+  EXPECT_EQ(m->prunable_claims(), std::vector<std::string>{"gone"});
+}
+
 // ---- random walks: every event a classifier chooses has its row ----
 
 // Answers a random walk gives, for what the machine sent.
