@@ -1,8 +1,9 @@
 // One scripted test per defence of the lock (core/lock_machine.h), each named
-// after the hazard it prevents: LockMachine driven with scripted server
+// after the hazard it prevents: the table lock driven with scripted server
 // answers and a fake clock. Every test here was checked to fail with its
 // defence removed (the mutation is named above each test).
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,17 +65,17 @@ LockOptions Options(int64_t stale_ms = 5000) {
 // A machine, a fake clock, and the actions of the last input.
 class Rig {
  public:
-  explicit Rig(LockOptions options = Options()) : st_(MakeStatements()), m_(st_, kId, options) {}
+  explicit Rig(LockOptions options = Options()) : st_(MakeStatements()), m_(MakeLockMachine(st_, kId, options)) {}
 
-  LockMachine& machine() { return m_; }
+  LockMachine& machine() { return *m_; }
   const Statements& statements() const { return st_; }
   const std::vector<LockAction>& last() const { return last_; }
 
   // Each input happens at `at_ms` on the fake clock.
-  void Acquire(int64_t at_ms) { Run(at_ms, [&](const Inputs& in) { m_.Acquire(in); }); }
-  void Release(int64_t at_ms) { Run(at_ms, [&](const Inputs& in) { m_.Release(in); }); }
-  void Answer(int64_t at_ms, const SqlResponse& r) { Run(at_ms, [&](const Inputs& in) { m_.OnResponse(r, in); }); }
-  void Timer(int64_t at_ms) { Run(at_ms, [&](const Inputs& in) { m_.OnTimer(in); }); }
+  void Acquire(int64_t at_ms) { Run(at_ms, [&](const Inputs& in) { m_->Acquire(in); }); }
+  void Release(int64_t at_ms) { Run(at_ms, [&](const Inputs& in) { m_->Release(in); }); }
+  void Answer(int64_t at_ms, const SqlResponse& r) { Run(at_ms, [&](const Inputs& in) { m_->OnResponse(r, in); }); }
+  void Timer(int64_t at_ms) { Run(at_ms, [&](const Inputs& in) { m_->OnTimer(in); }); }
 
   // The request the last input sent, if any.
   std::optional<SqlRequest> Sent() const {
@@ -113,11 +114,11 @@ class Rig {
   void Run(int64_t at_ms, F input) {
     last_.clear();
     input(Inputs{at_ms, kRandom});
-    while (std::optional<LockAction> a = m_.Poll()) last_.push_back(std::move(*a));
+    while (std::optional<LockAction> a = m_->Poll()) last_.push_back(std::move(*a));
   }
 
   Statements st_;
-  LockMachine m_;
+  std::unique_ptr<LockMachine> m_;
   std::vector<LockAction> last_;
 };
 
@@ -128,7 +129,7 @@ class Rig {
 // ends a margin (a tenth of the window) before the window, and is counted
 // from when the CREATE was SENT (the server stamped it no earlier).
 // Kills: LeaseMarginMs -> 0 (deadline 6000); lease counted from the answer
-// (5800); LeaseValid using <= (valid at 5500).
+// (5800); InLease using <= (valid at 5500).
 TEST(LockDefence, DelayedWriteLandingAfterTakeover_LeaseEndsAMarginBeforeTheWindowFromTheCreateSent) {
   Rig rig(Options(5000));
   rig.Hold(/*sent_ms=*/1000, /*answered_ms=*/1800);
@@ -153,7 +154,7 @@ TEST(LockDefence, ZeroMarginHookRemovesExactlyTheMargin) {
 // the holder keeps writing after its rows went stale. Defence: only a
 // renewal confirmed by a later look extends the lease, counted from when
 // the renewal was sent.
-// Kills: RenewalInconclusive extending the lease; Confirmed counting from the
+// Kills: KeepLease extending the lease; ExtendLease counting from the
 // confirmation's answer (2300 + 4500) instead of the renewal's send (2200).
 TEST(LockDefence, RenewalWhoseAnswerWasLost_NeverExtendsTheLease) {
   Rig rig(Options(5000));
@@ -185,7 +186,7 @@ TEST(LockDefence, RenewalWhoseAnswerWasLost_NeverExtendsTheLease) {
 // creation row, or none visible) and the renewal takes the new holder's
 // table for its own, keeping a lease the taker has already ended. Defence:
 // the confirming look must show OUR id as the holder.
-// Kills: Confirmed without `insp->holder != lock_id_` (also the
+// Kills: JudgeRenewal without its `ours` check (also the
 // renewal_accepts_any_holder hook).
 TEST(LockDefence, RenewalFindingAnotherHoldersRow_LosesTheLock) {
   for (const std::string& other : {std::string("someone-else"), std::string()}) {
@@ -210,7 +211,7 @@ TEST(LockDefence, RenewalFindingAnotherHoldersRow_LosesTheLock) {
 // out, between a taker's look and its RENAME, and is then read back as ours:
 // the holder would go on writing under a lock a taker is moving. Defence: a
 // confirmation that arrives after the lease ran out never revives it.
-// Kills: Confirmed without its LeaseValid check (revive_expired_lease).
+// Kills: JudgeRenewal without its InLease check (revive_expired_lease).
 TEST(LockDefence, RenewalConfirmedAfterTheLeaseRanOut_NeverRevivesIt) {
   Rig rig(Options(5000));
   rig.Hold(0, 10);
@@ -229,7 +230,7 @@ TEST(LockDefence, RenewalConfirmedAfterTheLeaseRanOut_NeverRevivesIt) {
 // Hazard: a holder whose renewals stopped landing goes on renewing (and
 // writing) after its lease ran out. Defence: the renewal timer finds the
 // lease over and gives the lock up without sending anything.
-// Kills: Renew without its LeaseValid check (it would send renew_lock).
+// Kills: Held's timer classified without its InLease check (it would send renew_lock).
 TEST(LockDefence, RenewalAfterTheLeaseRanOut_SendsNothingAndLoses) {
   Rig rig(Options(5000));
   rig.Hold(0, 10);
@@ -242,8 +243,8 @@ TEST(LockDefence, RenewalAfterTheLeaseRanOut_SendsNothingAndLoses) {
 // Hazard: a release after the lease drops the lock a taker created since
 // (same table name). Defence: no DROP once the lease ran out, neither when
 // the release starts nor when the look before the DROP answers late.
-// Kills: StartRelease without its LeaseValid check; CheckBeforeDrop without
-// its `now >= lease_deadline` check.
+// Kills: the release's decision (kToRelease) without its InLease check;
+// ClassifyReleaseRead without its `now >= lease_deadline` check.
 TEST(LockDefence, ReleaseAfterTheLease_NeverDropsATakersLock) {
   {
     Rig rig(Options(5000));
@@ -266,8 +267,8 @@ TEST(LockDefence, ReleaseAfterTheLease_NeverDropsATakersLock) {
 // Hazard: the DROP's answer was lost, the DROP did land, a new holder
 // created the lock again, and a blind resend drops the new holder's lock.
 // Defence: look first; drop again only if it is still ours.
-// Kills: RetryDrop resending drop_lock; CheckBeforeDrop dropping without the
-// holder check after an uncertain DROP.
+// Kills: a lost DROP's answer (kLookAgain) leading to drop_lock again;
+// ClassifyReleaseRead dropping without the holder check after an uncertain DROP.
 TEST(LockDefence, DropWhoseAnswerWasLost_IsNotResentBlindly) {
   Rig rig(Options(5000));
   rig.Hold(0, 10);
@@ -289,7 +290,7 @@ TEST(LockDefence, DropWhoseAnswerWasLost_IsNotResentBlindly) {
 // believes it is not the holder while its table stands. Defence: inspect;
 // our id as the holder means we hold it, with the lease counted from the
 // EARLIEST CREATE that may have landed.
-// Kills: CreateUncertain resending create_lock; BecomeHolder from the last
+// Kills: kMaybeLanded resending create_lock; BecomeHolderFromRead from the last
 // CREATE (1100 + 4500) instead of the first uncertain one (0 + 4500).
 TEST(LockDefence, CreateWhoseAnswerWasLost_IsResolvedByInspectionWithTheLeaseFromTheFirstCreate) {
   Rig rig(Options(5000));
@@ -314,7 +315,7 @@ TEST(LockDefence, CreateWhoseAnswerWasLost_IsResolvedByInspectionWithTheLeaseFro
 // one window could move a live holder's lock. Defence: such a table is only
 // taken over after TWICE the window (by its creation time), and the
 // tombstone is named after that creation time.
-// Kills: Decide without `judged.stale_ms *= 2` (entombs at 6 s).
+// Kills: JudgeHolder without `judged.stale_ms *= 2` (entombs at 6 s).
 TEST(LockDefence, TableWhoseCreationRowIsNotVisible_IsTakenOverOnlyAfterTwiceTheWindow) {
   Rig rig(Options(5000));
   rig.Acquire(0);
@@ -368,7 +369,7 @@ TEST(LockDefence, RowsOfOtherLockIds_DoNotCountInTheHoldersAge) {
 // tombstone is named after the lock INSTANCE (the holder's random id), so
 // the second rename fails (the tombstone exists), while a later instance
 // gets a different tombstone.
-// Kills: Decide naming the tombstone by anything but the holder's id (e.g.
+// Kills: Entomb naming the tombstone by anything but the holder's id (e.g.
 // a constant or the state id).
 TEST(LockDefence, LateTakerMovingANewerLock_TombstoneIsUniqueToTheInstance) {
   auto entomb_sql = [](const std::string& holder) {
@@ -394,7 +395,7 @@ TEST(LockDefence, LateTakerMovingANewerLock_TombstoneIsUniqueToTheInstance) {
 // Hazard: a taker configured with a shorter stale window judges a holder by
 // it while the holder's lease runs on its own, longer window. Defence: judge
 // by the larger of the two (the holder writes its window into its lock).
-// Kills: Decide ignoring insp->stale_s (also the ignore_holder_window hook).
+// Kills: JudgeHolder ignoring insp.stale_s (also the ignore_holder_window hook).
 TEST(LockDefence, TakerWithAShorterWindow_UsesTheHoldersLongerOne) {
   Rig rig(Options(2000));
   rig.Acquire(0);

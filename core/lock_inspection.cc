@@ -1,7 +1,8 @@
-// Reading a lock inspection: the lock table's row (ParseLockInspection) and
-// the cluster claims of an id (ParseClaimInspection), parsed once each into
-// the LockInspection the lock machine decides on.
-#include "core/lock_machine.h"
+// Reading a lock inspection (lock_common.h): the lock table's rows
+// (ParseLockInspection, for the table lock) and the cluster claims of an id
+// (ParseClaimInspection, for the claims lock), each parsed once, as its
+// answer arrives, into the LockInspection the machine decides on.
+#include "core/lock_common.h"
 
 #include <algorithm>
 #include <set>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/defaults.h"
 #include "core/response.h"
 
 namespace chstate {

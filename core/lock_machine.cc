@@ -1,51 +1,20 @@
-// The lock's transition table, its dispatch, and the handlers for holding
-// and releasing. Every (state, event) pair the machine accepts is one row of
-// kTable; any other pair is misuse and ends in kFailed. The handlers for
-// acquiring are in lock_acquire.cc (the cluster claims' in lock_claims.cc);
-// inspections are parsed in lock_inspection.cc.
+// The lock machines' common ground (lock_machine.h): the factory that picks
+// the algorithm, the outputs, the lease, and the effects and judgements both
+// machines' tables name (becoming the holder, renewing, backing off with a
+// waiter row, and the outcomes' wording). Each algorithm's own table and
+// effects are in table_lock.cc and claims_lock.cc.
 #include "core/lock_machine.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/clickhouse_errors.h"
+#include "core/claims_lock.h"
 #include "core/quoting.h"
 #include "core/response.h"
+#include "core/table_lock.h"
 
 namespace chstate {
-
-namespace {
-
-using Event = LockMachine::Event;
-
-const char* EventName(Event e) {
-  switch (e) {
-    case Event::kAcquire: return "acquire";
-    case Event::kRelease: return "release";
-    case Event::kTimer: return "timer";
-    case Event::kOk: return "ok";
-    case Event::kExists: return "exists";
-    case Event::kMissing: return "missing";
-    case Event::kError: return "error";
-  }
-  return "?";
-}
-
-// Responses become events here, and only here.
-Event Classify(const SqlResponse& r) {
-  absl::Status s = CheckResponse(r, "locking");
-  if (s.ok()) return Event::kOk;
-  std::optional<int> code = ClickHouseCode(s);
-  if (code == kCodeTableAlreadyExists) return Event::kExists;
-  // A lock table being dropped by its releasing holder is as good as gone.
-  if (code == kCodeUnknownTable || code == kCodeUnknownDatabase || code == kCodeTableIsDropped) {
-    return Event::kMissing;
-  }
-  return Event::kError;
-}
-
-}  // namespace
 
 const char* LockStateName(LockState s) {
   switch (s) {
@@ -53,6 +22,7 @@ const char* LockStateName(LockState s) {
     case LockState::kCreating: return "creating";
     case LockState::kCreatingSchema: return "creating-schema";
     case LockState::kInspecting: return "inspecting";
+    case LockState::kAnnouncing: return "announcing";
     case LockState::kBackingOff: return "backing-off";
     case LockState::kEntombing: return "entombing";
     case LockState::kHeld: return "held";
@@ -68,126 +38,17 @@ const char* LockStateName(LockState s) {
   return "?";
 }
 
-int64_t LockMachine::StaleSeconds() const { return (options_.stale_ms + 999) / 1000; }
-
-int64_t LeaseMarginMs(const LockOptions& options) {
-  return std::max<int64_t>(options.stale_ms / 10, 100);
+std::unique_ptr<LockMachine> MakeLockMachine(const Statements& statements, std::string state_id,
+                                             LockOptions options, LockMachineOptions machine_options) {
+  if (statements.cluster().enabled()) {
+    return std::make_unique<ClaimsLock>(statements, std::move(state_id), options, machine_options);
+  }
+  return std::make_unique<TableLock>(statements, std::move(state_id), options, machine_options);
 }
 
-int64_t LockMachine::MarginMs() const { return defects_.zero_margin ? 0 : LeaseMarginMs(options_); }
-
-// ---- the transition table -------------------------------------------------
-
-struct LockMachine::Transition {
-  LockState from;
-  Event event;
-  void (LockMachine::*handle)(const SqlResponse*, const Inputs&);
-  uint32_t to;  // the states the row may lead to (Dispatch checks it)
-};
-
-namespace {
-
-template <typename... S>
-constexpr uint32_t To(S... states) {
-  return ((1u << static_cast<int>(states)) | ...);
-}
-
-using S = LockState;
-// Where the shared outcomes lead.
-// Cluster mode: StartCreate reads the claims first; a release is one row.
-constexpr uint32_t kCreateAgain = To(S::kCreating, S::kFailed, S::kInspecting);  // StartCreate (or cancelled)
-constexpr uint32_t kBecomeHolder = To(S::kHeld, S::kReleaseInspect, S::kDropping, S::kLost);  // held (or released)
-constexpr uint32_t kBackOff = To(S::kBackingOff, S::kFailed);                    // wait (or time is up)
-// Cluster mode: a claim that did not win is ended before the wait.
-constexpr uint32_t kWithdraw = To(S::kWithdrawing) | kBackOff;
-
-}  // namespace
-
-// One row per (state, event) the machine accepts: its handler, and every
-// state it may lead to. Rows whose handler consults release_requested_ (a
-// release asked for while a request was in flight) list where that leads:
-// an acquisition cancelled (kFailed), or a release started (kReleaseInspect).
-// clang-format off
-const LockMachine::Transition LockMachine::kTable[] = {
-    // acquiring
-    {S::kIdle,           Event::kAcquire, &LockMachine::StartCreate,       kCreateAgain},
-    {S::kCreating,       Event::kOk,      &LockMachine::OnCreated,         kBecomeHolder | To(S::kInspecting)},
-    {S::kCreating,       Event::kExists,  &LockMachine::Inspect,           To(S::kInspecting)},
-    {S::kCreating,       Event::kMissing, &LockMachine::CreateSchema,      To(S::kCreatingSchema, S::kFailed)},
-    {S::kCreating,       Event::kError,   &LockMachine::CreateUncertain,   To(S::kInspecting, S::kFailed, S::kCreating) |
-                                                                           kBackOff},
-    {S::kCreating,       Event::kTimer,   &LockMachine::ResendBusy,        To(S::kCreating)},
-    {S::kCreating,       Event::kRelease, &LockMachine::NoteRelease,       To(S::kCreating)},
-    {S::kCreatingSchema, Event::kOk,      &LockMachine::StartCreate,       kCreateAgain},
-    {S::kCreatingSchema, Event::kExists,  &LockMachine::FailWithResponse,  To(S::kFailed)},
-    {S::kCreatingSchema, Event::kMissing, &LockMachine::FailWithResponse,  To(S::kFailed)},
-    {S::kCreatingSchema, Event::kError,   &LockMachine::SchemaMaybeMade,   kCreateAgain},
-    {S::kCreatingSchema, Event::kRelease, &LockMachine::NoteRelease,       To(S::kCreatingSchema)},
-    {S::kInspecting,     Event::kOk,      &LockMachine::Decide,            kBecomeHolder | kCreateAgain | kWithdraw |
-                                                                           To(S::kEntombing)},
-    {S::kInspecting,     Event::kMissing, &LockMachine::NoLock,            kCreateAgain | kWithdraw},
-    {S::kInspecting,     Event::kExists,  &LockMachine::FailWithResponse,  To(S::kFailed)},
-    {S::kInspecting,     Event::kError,   &LockMachine::InspectFailed,     kWithdraw},
-    {S::kInspecting,     Event::kRelease, &LockMachine::NoteRelease,       To(S::kInspecting)},
-    {S::kBackingOff,     Event::kTimer,   &LockMachine::StartCreate,       kCreateAgain},
-    {S::kBackingOff,     Event::kRelease, &LockMachine::Cancel,            To(S::kFailed)},
-    {S::kEntombing,      Event::kOk,      &LockMachine::StartCreate,       kCreateAgain},
-    {S::kEntombing,      Event::kMissing, &LockMachine::StartCreate,       kCreateAgain},
-    {S::kEntombing,      Event::kExists,  &LockMachine::Inspect,           To(S::kInspecting)},
-    {S::kEntombing,      Event::kError,   &LockMachine::InspectFailed,     kBackOff},
-    {S::kEntombing,      Event::kRelease, &LockMachine::NoteRelease,       To(S::kEntombing)},
-    {S::kWithdrawing,    Event::kOk,      &LockMachine::Withdrawn,         kBackOff},
-    {S::kWithdrawing,    Event::kMissing, &LockMachine::Withdrawn,         kBackOff},
-    {S::kWithdrawing,    Event::kExists,  &LockMachine::Withdrawn,         kBackOff},
-    {S::kWithdrawing,    Event::kError,   &LockMachine::Withdrawn,         kBackOff | To(S::kWithdrawing)},
-    {S::kWithdrawing,    Event::kTimer,   &LockMachine::ResendBusy,        To(S::kWithdrawing)},
-    {S::kWithdrawing,    Event::kRelease, &LockMachine::NoteRelease,       To(S::kWithdrawing)},
-    // holding
-    {S::kHeld,           Event::kTimer,   &LockMachine::Renew,             To(S::kRenewing, S::kLost)},
-    {S::kHeld,           Event::kRelease, &LockMachine::StartRelease,      To(S::kReleaseInspect, S::kDropping, S::kLost)},
-    {S::kRenewing,       Event::kOk,      &LockMachine::ConfirmRenewal,    To(S::kConfirming)},
-    {S::kRenewing,       Event::kError,   &LockMachine::RenewalInconclusive, kBecomeHolder | To(S::kRenewing)},
-    {S::kRenewing,       Event::kMissing, &LockMachine::LoseTable,         To(S::kLost)},
-    {S::kRenewing,       Event::kExists,  &LockMachine::FailWithResponse,  To(S::kFailed)},
-    {S::kRenewing,       Event::kRelease, &LockMachine::NoteRelease,       To(S::kRenewing)},
-    {S::kRenewing,       Event::kTimer,   &LockMachine::ResendBusy,        To(S::kRenewing, S::kLost)},
-    {S::kConfirming,     Event::kOk,      &LockMachine::Confirmed,         kBecomeHolder},
-    {S::kConfirming,     Event::kMissing, &LockMachine::LoseTable,         To(S::kLost)},
-    {S::kConfirming,     Event::kError,   &LockMachine::RenewalInconclusive, kBecomeHolder},
-    {S::kConfirming,     Event::kExists,  &LockMachine::FailWithResponse,  To(S::kFailed)},
-    {S::kConfirming,     Event::kRelease, &LockMachine::NoteRelease,       To(S::kConfirming)},
-    {S::kConfirming,     Event::kTimer,   &LockMachine::Ignore,            To(S::kConfirming)},
-    // releasing
-    {S::kReleaseInspect, Event::kOk,      &LockMachine::CheckBeforeDrop,   To(S::kDropping, S::kReleased, S::kLost)},
-    {S::kReleaseInspect, Event::kMissing, &LockMachine::ReleaseInspectMissing, To(S::kReleased, S::kLost)},
-    {S::kReleaseInspect, Event::kError,   &LockMachine::RetryReleaseInspect, To(S::kReleaseInspect, S::kLost)},
-    {S::kReleaseInspect, Event::kExists,  &LockMachine::ReleaseFailed,     To(S::kLost)},
-    {S::kReleaseInspect, Event::kTimer,   &LockMachine::Ignore,            To(S::kReleaseInspect)},
-    {S::kReleaseInspect, Event::kRelease, &LockMachine::Ignore,            To(S::kReleaseInspect)},
-    {S::kDropping,       Event::kOk,      &LockMachine::Dropped,           To(S::kReleased)},
-    {S::kDropping,       Event::kMissing, &LockMachine::Dropped,           To(S::kReleased)},
-    {S::kDropping,       Event::kError,   &LockMachine::RetryDrop,         To(S::kReleaseInspect, S::kDropping, S::kLost)},
-    {S::kDropping,       Event::kExists,  &LockMachine::ReleaseFailed,     To(S::kLost)},
-    {S::kDropping,       Event::kTimer,   &LockMachine::ResendBusy,        To(S::kDropping, S::kLost)},
-    {S::kDropping,       Event::kRelease, &LockMachine::Ignore,            To(S::kDropping)},
-    // a renewal timer armed while held may still fire after the end
-    {S::kReleased,       Event::kTimer,   &LockMachine::Ignore,            To(S::kReleased)},
-    {S::kLost,           Event::kTimer,   &LockMachine::Ignore,            To(S::kLost)},
-    {S::kFailed,         Event::kTimer,   &LockMachine::Ignore,            To(S::kFailed)},
-    {S::kReleased,       Event::kRelease, &LockMachine::Ignore,            To(S::kReleased)},
-};
-// clang-format on
-
-LockMachine::LockMachine(const Statements& statements, std::string state_id, LockOptions options)
-    : st_(statements), state_id_(std::move(state_id)), options_(options) {}
-
-void LockMachine::Acquire(const Inputs& in) { Dispatch(Event::kAcquire, nullptr, in); }
-void LockMachine::Release(const Inputs& in) { Dispatch(Event::kRelease, nullptr, in); }
-void LockMachine::OnTimer(const Inputs& in) { Dispatch(Event::kTimer, nullptr, in); }
-void LockMachine::OnResponse(const SqlResponse& r, const Inputs& in) {
-  if (r.transport_ok) unreachable_in_a_row_ = 0;
-  Dispatch(Classify(r), &r, in);
-}
+LockMachine::LockMachine(const Statements& statements, std::string state_id, LockOptions options,
+                         LockMachineOptions machine_options)
+    : st_(statements), state_id_(std::move(state_id)), options_(options), machine_options_(machine_options) {}
 
 std::optional<LockAction> LockMachine::Poll() {
   if (out_.empty()) return std::nullopt;
@@ -196,262 +57,232 @@ std::optional<LockAction> LockMachine::Poll() {
   return a;
 }
 
-bool LockMachine::LeaseValid(int64_t now_ms) const {
-  bool holding = state_ == LockState::kHeld || state_ == LockState::kRenewing || state_ == LockState::kConfirming;
-  return holding && now_ms < lease_deadline_ms_;
+bool LockMachine::Holding() const {
+  const LockState s = state();
+  return s == LockState::kHeld || s == LockState::kRenewing || s == LockState::kConfirming;
 }
 
-void LockMachine::Dispatch(Event e, const SqlResponse* r, const Inputs& in) {
-  // Responses only count in states that sent something; a response that
-  // arrives when none is outstanding is a host bug.
-  for (const Transition& t : kTable) {
-    if (t.from == state_ && t.event == e) {
-      (this->*t.handle)(r, in);
-      if ((t.to & (1u << static_cast<int>(state_))) == 0) {
-        // A handler went somewhere its row does not say: a bug here, never
-        // the peer's doing. Stop acting under the lock.
-        absl::Status bug = absl::InternalError(absl::StrCat("lock machine: event \"", EventName(e), "\" in state \"",
-                                                            LockStateName(t.from), "\" led to \"",
-                                                            LockStateName(state_), "\", which its row does not list"));
-        if (state_ == LockState::kHeld || state_ == LockState::kRenewing || state_ == LockState::kConfirming) {
-          Lose(bug);
-        } else {
-          Fail(bug);
-        }
-      }
-      return;
-    }
-  }
-  Misuse(e);
-}
+bool LockMachine::LeaseValid(int64_t now_ms) const { return Holding() && InLease(now_ms); }
 
-void LockMachine::Misuse(Event e) {
-  bool was_holding = state_ == LockState::kHeld || state_ == LockState::kRenewing || state_ == LockState::kConfirming;
-  absl::Status s = absl::FailedPreconditionError(absl::StrCat("lock misuse: event \"", EventName(e),
-                                                              "\" in state \"", LockStateName(state_), "\""));
-  if (was_holding) {
-    Lose(s);
-  } else {
-    Fail(s);
-  }
-}
+int64_t LockMachine::MarginMs() const { return defects_.zero_margin ? 0 : LeaseMarginMs(options_); }
 
-void LockMachine::Send(SqlRequest r, const Inputs&) {
-  // A renewal row and the release's DROP (cluster: end row) act under the
-  // lock: the task sends them, first or again, only within the lease.
-  if (state_ == LockState::kRenewing || state_ == LockState::kDropping) r.send_before_ms = lease_deadline_ms_;
+// ---- outputs ----
+
+void LockMachine::Send(SqlRequest r) {
   outstanding_ = r;
   LockAction a{LockAction::Kind::kRunSql};
   a.request = std::move(r);
   out_.push_back(std::move(a));
 }
 
-void LockMachine::Fail(absl::Status s) {
-  state_ = LockState::kFailed;
+void LockMachine::SendRenewal(SqlRequest r) {
+  r.send_before_ms = lease_deadline_ms_;
+  Send(std::move(r));
+}
+
+void LockMachine::SendRelease(SqlRequest r) {
+  r.send_before_ms = lease_deadline_ms_;
+  Send(std::move(r));
+}
+
+void LockMachine::ArmTimer(LockTimer timer, int64_t delay_ms) {
+  LockAction a{LockAction::Kind::kArmTimer, {}, delay_ms};
+  a.timer = timer;
+  out_.push_back(std::move(a));
+}
+
+void LockMachine::EmitFailed(absl::Status s) {
   out_.push_back(LockAction{LockAction::Kind::kFailed, {}, 0, std::move(s)});
 }
 
-void LockMachine::Lose(absl::Status s) {
-  state_ = LockState::kLost;
+void LockMachine::EmitLost(absl::Status s) {
   lease_deadline_ms_ = 0;
   out_.push_back(LockAction{LockAction::Kind::kLost, {}, 0, std::move(s)});
 }
 
+// ---- judgements ----
+
+LockVerdict LockMachine::JudgeHolder(const LockInspection& insp, const Inputs& in) const {
+  LockOptions judged = options_;
+  if (!defects_.ignore_holder_window) judged.stale_ms = std::max(options_.stale_ms, insp.stale_s * 1000);
+  // A table whose creation row is not visible is named by its creation
+  // time, and only taken over after twice the window, long after any row
+  // of a live CREATE would have become visible. (A claim always has a
+  // holder.)
+  if (insp.holder.empty()) judged.stale_ms *= 2;
+  return DecideOnHeldLock(true, insp.age_s, in.now_ms, deadline_ms_, judged);
+}
+
+LockMachine::Renewal LockMachine::JudgeRenewal(bool ours, const Inputs& in) const {
+  if (!ours && !defects_.renewal_accepts_any_holder) return Renewal::kTakenOver;
+  // The lease ran out while the renewal was in flight: from then on a taker
+  // may have judged the lock stale and acted (a renewal row that landed
+  // late, beyond the margin, cannot undo that). Never revive it.
+  if (!InLease(in.now_ms) && !defects_.revive_expired_lease) return Renewal::kTooLate;
+  return Renewal::kConfirmed;
+}
+
+bool LockMachine::RenewalFailedInTime(const Inputs& in) const {
+  // Not sent again past the lease (the task saw to it): another process may
+  // hold the lock by now.
+  return InLease(in.now_ms);
+}
+
+bool LockMachine::ReleaseFailedTooLate(const Inputs& in) const {
+  // Landing after a takeover, a DROP would remove the new holder's lock.
+  return in.now_ms >= lease_deadline_ms_;
+}
+
+bool LockMachine::ShowsHolder() const {
+  // Once per holder seen: a row each retry would only fill the table.
+  return machine_options_.write_waiter_rows && !sighting_.live_holder.empty() &&
+         sighting_.live_holder != announced_to_;
+}
+
+// ---- acquiring ----
+
+void LockMachine::StartAcquiring(const SqlResponse*, const Inputs& in) {
+  lock_id_ = MakeLockId(in.random);
+  start_ms_ = in.now_ms;
+  deadline_ms_ = in.now_ms + options_.timeout_ms;
+}
+
+void LockMachine::NoteRelease(const SqlResponse*, const Inputs&) { release_requested_ = true; }
+
+void LockMachine::TakeUpRelease(const SqlResponse*, const Inputs&) { release_requested_ = false; }
+
+void LockMachine::NoteUnresolvedCreate() {
+  // Should it turn out ours, the lease counts from the earliest CREATE (or
+  // claim) that may have landed: the server stamped it no earlier than it
+  // was sent.
+  if (!create_unresolved_) earliest_unresolved_create_ms_ = create_sent_at_ms_;
+  create_unresolved_ = true;
+}
+
+void LockMachine::CountNoAnswer(const SqlResponse* r, const Inputs&) { no_answer_.Count(*r); }
+
+void LockMachine::SendWaiterRow() {
+  // Shown to the holder, which gives up a lingering lock for it
+  // (linger_locks); an error (the table gone meanwhile) is harmless.
+  waiter_for_ = sighting_.live_holder;
+  Send(st_.AnnounceLockWaiter(state_id_, lock_id_, waiter_for_));
+}
+
+void LockMachine::Shown(const SqlResponse*, const Inputs&) {
+  announced_to_ = waiter_for_;
+  ArmTimer(LockTimer::kBackOff, back_off_ms_);
+}
+
+void LockMachine::NotShown(const SqlResponse*, const Inputs&) { ArmTimer(LockTimer::kBackOff, back_off_ms_); }
+
 // ---- holding ----
 
-void LockMachine::Renew(const SqlResponse*, const Inputs& in) {
-  if (!LeaseValid(in.now_ms)) {
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
-                                         "\" expired: it could not be renewed within the stale window")));
-    return;
-  }
-  state_ = LockState::kRenewing;
-  renew_sent_at_ms_ = in.now_ms;
-  busy_until_ms_ = lease_deadline_ms_;
-  Send(Claims() ? st_.RenewClaim(state_id_, lock_id_, StaleSeconds()) : st_.RenewLock(state_id_, lock_id_, StaleSeconds()),
-       in);
+void LockMachine::BecomeHolder(const SqlResponse*, const Inputs& in) { HoldFrom(create_sent_at_ms_, in); }
+
+void LockMachine::BecomeHolderFromRead(const SqlResponse*, const Inputs& in) {
+  // A CREATE (claim) of ours landed, though its answer may have been lost.
+  HoldFrom(create_unresolved_ ? earliest_unresolved_create_ms_ : create_sent_at_ms_, in);
 }
 
-void LockMachine::ConfirmRenewal(const SqlResponse*, const Inputs& in) {
-  // Only a renewal row known to have landed may extend the lease: one whose
-  // answer was lost might never have arrived (then RenewalInconclusive).
-  state_ = LockState::kConfirming;
-  Send(InspectRequest(), in);
+void LockMachine::HoldFrom(int64_t sent_at_ms, const Inputs& in) {
+  create_unresolved_ = false;
+  acquired_at_ms_ = in.now_ms;
+  lease_deadline_ms_ = sent_at_ms + options_.stale_ms - MarginMs();
+  renew_in_ms_ = options_.stale_ms / 3;
+  out_.push_back(LockAction{LockAction::Kind::kAcquired});
 }
 
-void LockMachine::Confirmed(const SqlResponse* r, const Inputs& in) {
-  absl::StatusOr<LockInspection> insp =
-      Claims() ? ParseClaimInspection(r->body, lock_id_, StaleSeconds()) : ParseLockInspection(r->body);
-  // Cluster mode: ours while our claim stands and no claim took it over (a
-  // live claim of a racer that has yet to see ours and withdraw is no loss).
-  const bool ours = Claims() ? insp.ok() && insp->ours_held : insp.ok() && insp->exists && insp->holder == lock_id_;
-  if (!ours && !defects_.renewal_accepts_any_holder) {
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
-                                         "\" was taken over by another process while held")));
-    return;
-  }
-  if (!LeaseValid(in.now_ms) && !defects_.revive_expired_lease) {
-    // The lease ran out while the renewal was in flight: from then on a taker
-    // may have judged the lock stale and acted (a renewal row that landed
-    // late, beyond the margin, cannot undo that). Never revive it.
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
-                                         "\" ran out while its renewal was in flight")));
-    return;
-  }
+void LockMachine::ExtendLease(const SqlResponse*, const Inputs&) {
+  // Only a renewal row known to have landed extends the lease: one whose
+  // answer was lost might never have arrived (KeepLease).
   lease_deadline_ms_ = std::max(lease_deadline_ms_, renew_sent_at_ms_ + options_.stale_ms - MarginMs());
-  state_ = LockState::kHeld;
-  if (release_requested_) {
-    StartRelease(nullptr, in);
-    return;
-  }
-  out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, options_.stale_ms / 3});
+  renew_in_ms_ = options_.stale_ms / 3;
 }
 
-void LockMachine::RenewalInconclusive(const SqlResponse* r, const Inputs& in) {
-  if (state_ == LockState::kRenewing && RetryBusy(r, in)) return;
-  if (!LeaseValid(in.now_ms)) {
-    // Not sent again past the lease (the task saw to it): another process
-    // may hold the lock by now.
-    LeaseRanOut(Cause(r, "renewing the lock"), in);
-    return;
-  }
+void LockMachine::KeepLease(const SqlResponse*, const Inputs&) {
   // The lease stands as it was; try again soon.
-  state_ = LockState::kHeld;
-  if (release_requested_) {
-    StartRelease(nullptr, in);
-    return;
-  }
-  out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, std::min(options_.retry_ms, options_.stale_ms / 10)});
+  renew_in_ms_ = std::min(options_.retry_ms, options_.stale_ms / 10);
 }
 
-void LockMachine::LoseTable(const SqlResponse*, const Inputs&) {
-  Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
-                                       "\" is gone: it was taken over as stale while held")));
-}
+void LockMachine::ArmRenewal(const SqlResponse*, const Inputs&) { ArmTimer(LockTimer::kRenewal, renew_in_ms_); }
 
-// ---- releasing ----
-
-void LockMachine::StartRelease(const SqlResponse*, const Inputs& in) {
-  release_requested_ = false;
-  if (!LeaseValid(in.now_ms)) {
-    // Past the lease another process may hold the lock: dropping could remove
-    // theirs. Leave ours to expire.
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
-                                         "\" was held past its lease; it was left to expire instead of being "
-                                         "dropped. Keep holds shorter than the stale window or let renewals run")));
-    return;
-  }
-  if (Claims()) {
-    // The end row: only our own claim's, so it cannot touch another's lock.
-    state_ = LockState::kDropping;
-    busy_until_ms_ = lease_deadline_ms_;
-    Send(st_.EndClaim(state_id_, lock_id_), in);
-    return;
-  }
-  state_ = LockState::kReleaseInspect;
-  Send(st_.InspectLock(state_id_), in);
-}
-
-void LockMachine::CheckBeforeDrop(const SqlResponse* r, const Inputs& in) {
-  absl::StatusOr<LockInspection> insp = ParseLockInspection(r->body);
-  if (insp.ok() && drop_uncertain_ && (!insp->exists || insp->holder != lock_id_)) {
-    Dropped(r, in);  // our earlier DROP landed; the lock there now is someone else's
-    return;
-  }
-  if (!insp.ok() || !insp->exists || insp->holder != lock_id_) {
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
-                                         "\" was no longer ours at release: it was taken over while held")));
-    return;
-  }
-  if (in.now_ms >= lease_deadline_ms_) {
-    Lose(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
-                                         "\" ran past its lease during release; it was left to expire instead of "
-                                         "being dropped")));
-    return;
-  }
-  state_ = LockState::kDropping;
-  Send(st_.DropLock(state_id_), in);
-}
-
-void LockMachine::RetryReleaseInspect(const SqlResponse* r, const Inputs& in) {
-  // An inconclusive look before the DROP is worth repeating while the lease
-  // lasts: giving up leaves the lock in place for a whole stale window.
-  if (release_retries_ < 3 && in.now_ms < lease_deadline_ms_) {
-    ++release_retries_;
-    Send(st_.InspectLock(state_id_), in);
-    return;
-  }
-  ReleaseFailed(r, in);
-}
-
-void LockMachine::RetryDrop(const SqlResponse* r, const Inputs& in) {
-  if (Claims() && RetryBusy(r, in)) return;
-  if (in.now_ms >= lease_deadline_ms_) {
-    // Not sent again past the lease (the task saw to it): landing after a
-    // takeover, a DROP would remove the new holder's lock.
-    LeaseRanOut(Cause(r, "releasing the lock"), in);
-    return;
-  }
-  if (Claims()) {
-    ReleaseFailed(r, in);  // the core already resent it after transport failures (idempotent)
-    return;
-  }
-  // Never resend the DROP blindly: if the first one landed, another process
-  // may have created a fresh lock under the same name since. Look first; the
-  // lock is dropped again only if it is still ours.
-  if (r && !r->transport_ok && release_retries_ < 3 && in.now_ms < lease_deadline_ms_) {
-    ++release_retries_;
-    drop_uncertain_ = true;
-    state_ = LockState::kReleaseInspect;
-    Send(st_.InspectLock(state_id_), in);
-    return;
-  }
-  ReleaseFailed(r, in);
-}
-
-void LockMachine::ReleaseInspectMissing(const SqlResponse* r, const Inputs& in) {
-  if (drop_uncertain_) {
-    Dropped(r, in);  // our earlier DROP landed
-    return;
-  }
-  LoseTable(r, in);
-}
-
-std::string LockMachine::Cause(const SqlResponse* r, absl::string_view what) {
-  if (r == nullptr) return "no answer";
-  const std::optional<int> code = ResponseCode(*r);
-  if (code == ch::kUnsatisfiedQuorumForPreviousWrite) return kBusyCause;
-  absl::Status st = CheckResponse(*r, what);
-  return st.ok() ? std::string("an unexpected answer") : std::string(st.message());
-}
-
-void LockMachine::LeaseRanOut(const std::string& cause, const Inputs&) {
-  const bool dropping = state_ == LockState::kDropping;
-  const char* request = !dropping ? "its renewal" : Claims() ? "its release's end row" : "its release's DROP";
-  Lose(absl::AbortedError(absl::StrCat(
-      "the lock on state id \"", PrintableId(state_id_), "\" ran out while ", request, " waited out ", cause,
-      ": it was not sent again past the lease, since another process may hold the lock by now. ",
-      dropping ? "It was left to expire" : "Stop acting under it and release it")));
-}
-
-void LockMachine::Dropped(const SqlResponse*, const Inputs&) {
-  state_ = LockState::kReleased;
+void LockMachine::Released(const SqlResponse*, const Inputs&) {
   lease_deadline_ms_ = 0;
   out_.push_back(LockAction{LockAction::Kind::kReleased});
 }
 
-void LockMachine::ReleaseFailed(const SqlResponse* r, const Inputs&) {
-  absl::Status s = r ? CheckResponse(*r, "releasing the lock") : absl::UnknownError("release failed");
-  if (s.ok()) s = absl::InternalError("unexpected answer releasing the lock");
-  Lose(absl::Status(s.code(), absl::StrCat(s.message(), ". The lock on state id \"", PrintableId(state_id_),
-                                           "\" was not released; it expires after ", options_.stale_ms / 1000,
-                                           " s")));
+// ---- outcomes ----
+
+void LockMachine::FailWithoutRandom(const SqlResponse*, const Inputs&) {
+  EmitFailed(absl::InvalidArgumentError("the host passed fewer than 16 random bytes for a lock id"));
 }
 
-void LockMachine::FailWithResponse(const SqlResponse* r, const Inputs&) {
-  absl::Status s = r ? CheckResponse(*r, "taking the lock") : absl::UnknownError("lock request failed");
-  if (s.ok()) s = absl::InternalError("unexpected answer while taking the lock");
-  Fail(std::move(s));
+void LockMachine::Cancel(const SqlResponse*, const Inputs&) {
+  EmitFailed(absl::CancelledError(absl::StrCat("gave up waiting for the lock on state id \"", PrintableId(state_id_),
+                                               "\": released before it was acquired")));
+}
+
+void LockMachine::FailWithAnswer(const SqlResponse* r, const Inputs&) {
+  EmitFailed(AnswerError(r, "taking the lock"));
+}
+
+void LockMachine::FailGarbled(const SqlResponse*, const Inputs&) { EmitFailed(sighting_.garbled); }
+
+void LockMachine::FailTimeUp(const SqlResponse*, const Inputs& in) {
+  EmitFailed(absl::AbortedError(absl::StrCat("state id \"", PrintableId(state_id_),
+                                             "\" is locked by another process; gave up after ",
+                                             (in.now_ms - start_ms_) / 1000.0,
+                                             " s. Retry later or raise the lock timeout")));
+}
+
+void LockMachine::FailUnreachable(const SqlResponse*, const Inputs&) {
+  EmitFailed(no_answer_.GaveUp(create_unresolved_
+                                   ? absl::StrCat("; if a CREATE of ours landed unseen, that lock expires after ",
+                                                  options_.stale_ms / 1000, " s")
+                                   : std::string()));
+}
+
+void LockMachine::CountThenFailUnreachable(const SqlResponse* r, const Inputs& in) {
+  CountNoAnswer(r, in);
+  FailUnreachable(r, in);
+}
+
+void LockMachine::LoseExpired(const SqlResponse*, const Inputs&) {
+  EmitLost(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
+                                           "\" expired: it could not be renewed within the stale window")));
+}
+
+void LockMachine::LoseTakenOver(const SqlResponse*, const Inputs&) {
+  EmitLost(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
+                                           "\" was taken over by another process while held")));
+}
+
+void LockMachine::LoseConfirmedTooLate(const SqlResponse*, const Inputs&) {
+  EmitLost(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
+                                           "\" ran out while its renewal was in flight")));
+}
+
+void LockMachine::LoseHeldPastLease(const SqlResponse*, const Inputs&) {
+  // Past the lease another process may hold the lock: dropping could remove
+  // theirs. Ours is left to expire.
+  EmitLost(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
+                                           "\" was held past its lease; it was left to expire instead of being "
+                                           "dropped. Keep holds shorter than the stale window or let renewals run")));
+}
+
+void LockMachine::LoseTable(const SqlResponse*, const Inputs&) {
+  EmitLost(absl::AbortedError(absl::StrCat("the lock on state id \"", PrintableId(state_id_),
+                                           "\" is gone: it was taken over as stale while held")));
+}
+
+void LockMachine::LoseRanOutRenewing(const SqlResponse* r, const Inputs&) {
+  // Not sent again past the lease (the task saw to it): another process may
+  // hold the lock by now.
+  EmitLost(LeaseRanOut(state_id_, "its renewal", WaitedOut(r, "renewing the lock"), /*releasing=*/false));
+}
+
+void LockMachine::LoseReleaseFailed(const SqlResponse* r, const Inputs&) {
+  EmitLost(ReleaseFailed(r, state_id_, options_));
 }
 
 }  // namespace chstate

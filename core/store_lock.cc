@@ -15,79 +15,63 @@
 namespace chstate {
 
 // Turns a LockMachine's actions into steps until it reports an outcome
-// (acquired, released, failed, lost). Renewal timers armed while held are
-// not run inside a task: the lease is checked before every write instead.
+// (acquired, released, failed, lost): it sends what the machine sends (its
+// waiter rows included) and waits what it says. Renewal timers armed while
+// held are not run inside a task: the lease is checked before every write
+// instead.
 Step StoreSteps::DriveLock(const LockPtr& m, LockOutcome on_outcome) {
   while (std::optional<LockAction> a = m->Poll()) {
     switch (a->kind) {
-      case LockAction::Kind::kRunSql: {
-        const bool inspection = a->request.purpose == "inspect_lock" || a->request.purpose == "inspect_claims";
-        return Step::Run(std::move(a->request), [this, m, on_outcome, inspection](const SqlResponse& r) {
-          // Whether the lock was seen held by a live holder, for the backoff below.
-          seen_holder_ = false;
-          if (inspection && r.transport_ok && r.http_status == 200) {
-            absl::StatusOr<LockInspection> insp =
-                st().cluster().enabled()
-                    ? ParseClaimInspection(r.body, m->lock_id(), (m->options().stale_ms + 999) / 1000,
-                                           m->claim_prefix())
-                    : ParseLockInspection(r.body);
-            seen_holder_ = insp.ok() && insp->exists && !insp->holder.empty() && insp->holder != m->lock_id() &&
-                           (!st().cluster().enabled() ||
-                            insp->age_s * 1000 <= std::max(m->options().stale_ms, insp->stale_s * 1000));
-            if (seen_holder_) {
-              seen_holder_id_ = insp->holder;
-              seen_age_s_ = insp->age_s;
-              seen_window_s_ = std::max((m->options().stale_ms + 999) / 1000, insp->stale_s);
-            }
-            if (insp.ok()) last_dead_ = insp->dead;
-          }
+      case LockAction::Kind::kRunSql:
+        return Step::Run(std::move(a->request), [this, m, on_outcome](const SqlResponse& r) {
+          const bool waiter_row = m->state() == LockState::kAnnouncing;
           m->OnResponse(r, *in_);
+          // A waiter row's answer is no read: the holder seen before stands.
+          if (!waiter_row) NoteHolder(*m);
           return DriveLock(m, on_outcome);
         });
-      }
       case LockAction::Kind::kArmTimer:
-        // A renewal that finished arms the next one: that is its outcome.
-        if (m->state() == LockState::kHeld) return on_outcome(*a);
-        // Cluster mode: a claim row resent after code 286 waits a moment.
-        if (m->state() != LockState::kBackingOff && !m->busy_waiting()) continue;
-        {
-          auto wait = [this, m, on_outcome, delay_ms = a->delay_ms] {
-            return Step::Wait(delay_ms, [this, m, on_outcome] {
-              m->OnTimer(*in_);
-              return DriveLock(m, on_outcome);
-            });
-          };
-          if (seen_holder_) {
-            Tell(DiagnosticKind::kLockWaiting, DiagnosticLevel::kInfo, m->state_id(),
-                 absl::StrCat("waiting for the lock on \"", PrintableId(m->state_id()), "\": another process (lock ",
-                              seen_holder_id_, ") renewed it ", seen_age_s_, " s ago and it stays valid up to ",
-                              std::max<int64_t>(seen_window_s_ - seen_age_s_, 0), " s more; next try in ",
-                              a->delay_ms, " ms, giving up in ",
-                              std::max<int64_t>(m->acquire_deadline_ms() - in_->now_ms, 0), " ms"),
-                 {{"renewed_s_ago", seen_age_s_},
-                  {"validity_left_s", std::max<int64_t>(seen_window_s_ - seen_age_s_, 0)},
-                  {"next_try_ms", a->delay_ms},
-                  {"gives_up_in_ms", std::max<int64_t>(m->acquire_deadline_ms() - in_->now_ms, 0)}},
-                 {{"holder", seen_holder_id_}});
-          }
-          // Once per holder seen: a row each retry would only fill the table.
-          if (!seen_holder_ || announced_to_ == seen_holder_id_) return wait();
-          // Shown to the holder, which gives up a lingering lock for it
-          // (linger_locks); an error (the table gone meanwhile) is harmless.
-          return Sql(
-              st().AnnounceLockWaiter(m->state_id(), m->lock_id(), seen_holder_id_),
-              "showing the holder that a process waits",
-              [this, wait](const std::string&) {
-                announced_to_ = seen_holder_id_;
-                return wait();
-              }, [wait](absl::Status) { return wait(); });
+        if (a->timer == LockTimer::kRenewal) {
+          // A renewal that finished arms the next one: that is its outcome.
+          if (m->state() == LockState::kHeld) return on_outcome(*a);
+          continue;  // armed as it became the holder, released since
         }
+        // The back-off before the next attempt, or (cluster mode) a quorum
+        // insert answered 286 sent again after a moment.
+        if (a->timer == LockTimer::kBackOff && !waiting_for_.empty()) TellWaiting(*m, a->delay_ms);
+        return Step::Wait(a->delay_ms, [this, m, on_outcome] {
+          m->OnTimer(*in_);
+          return DriveLock(m, on_outcome);
+        });
       default:
         return on_outcome(*a);
     }
   }
   return Step::Fail(absl::InternalError(
       absl::StrCat("the lock stopped in state ", LockStateName(m->state()), " without an outcome")));
+}
+
+void StoreSteps::NoteHolder(const LockMachine& m) {
+  const LockSighting& seen = m.sighting();
+  waiting_for_ = seen.live_holder;
+  if (waiting_for_.empty()) return;
+  waiting_age_s_ = seen.inspection.age_s;
+  waiting_window_s_ = std::max((m.options().stale_ms + 999) / 1000, seen.inspection.stale_s);
+}
+
+void StoreSteps::TellWaiting(const LockMachine& m, int64_t next_try_ms) {
+  const int64_t validity_left_s = std::max<int64_t>(waiting_window_s_ - waiting_age_s_, 0);
+  const int64_t gives_up_in_ms = std::max<int64_t>(m.acquire_deadline_ms() - in_->now_ms, 0);
+  Tell(DiagnosticKind::kLockWaiting, DiagnosticLevel::kInfo, m.state_id(),
+       absl::StrCat("waiting for the lock on \"", PrintableId(m.state_id()), "\": another process (lock ",
+                    waiting_for_, ") renewed it ", waiting_age_s_, " s ago and it stays valid up to ",
+                    validity_left_s, " s more; next try in ", next_try_ms, " ms, giving up in ", gives_up_in_ms,
+                    " ms"),
+       {{"renewed_s_ago", waiting_age_s_},
+        {"validity_left_s", validity_left_s},
+        {"next_try_ms", next_try_ms},
+        {"gives_up_in_ms", gives_up_in_ms}},
+       {{"holder", waiting_for_}});
 }
 
 // `deadline_ms`: when waiting ends (the lock timeout from the first
@@ -129,24 +113,27 @@ Step StoreSteps::Acquire(const std::string& id, std::function<Step(LockPtr)> the
 Step StoreSteps::TakeLock(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail, int64_t deadline) {
   LockOptions options = s_->options_.lock;
   options.timeout_ms = std::max<int64_t>(deadline - in_->now_ms, 0);
-  auto m = std::make_shared<LockMachine>(st(), id, options);
+  // Waiting for a live holder, the machine shows itself to it (a waiter
+  // row, once per holder) so that a lingering holder elsewhere yields.
+  LockMachineOptions machine_options;
+  machine_options.write_waiter_rows = true;
+  LockPtr m = MakeLockMachine(st(), id, options, machine_options);
   m->Acquire(*in_);
-  last_dead_.clear();
   return DriveLock(m, [this, m, id, deadline, then, fail](const LockAction& a) -> Step {
     if (a.kind != LockAction::Kind::kAcquired) return fail(ExplainCluster(a.status));
-    if (!s_->options_.python_locks) return PruneClaims(id, [this, m, then] { return then(m); });
+    if (!s_->options_.python_locks) return PruneClaims(m, [this, m, then] { return then(m); });
     return ClaimFromPython(id, m, deadline, then, fail);
   });
 }
 
-// Cluster mode, just acquired: when the claims read last held
+// Cluster mode, just acquired by `m`: when its winning claims read held
 // kClaimsPruneAt claims of the id that no reader counts any more, they
 // are removed (kClaimsPruneAt). A failure changes nothing: they are
 // removed by a later acquisition.
-Step StoreSteps::PruneClaims(const std::string& id, Then then) {
-  if (!st().cluster().enabled() || static_cast<int64_t>(last_dead_.size()) < kClaimsPruneAt) return then();
-  std::vector<std::string> dead = std::move(last_dead_);
-  last_dead_.clear();
+Step StoreSteps::PruneClaims(const LockPtr& m, Then then) {
+  const std::string& id = m->state_id();
+  if (!st().cluster().enabled() || static_cast<int64_t>(m->prunable_claims().size()) < kClaimsPruneAt) return then();
+  std::vector<std::string> dead = m->prunable_claims();
   // A backlog (claims from before pruning existed) goes kClaimsPruneMax
   // at a time, a slice at a random offset, at every acquisition until it
   // is gone (a statement must stay below max_query_size, 256 KiB).

@@ -145,9 +145,14 @@ class StoreSteps {
   // ---- store_lock.cc: an operation's lock ----
 
   // Turns a LockMachine's actions into steps until it reports an outcome
-  // (acquired, released, failed, lost). Renewal timers armed while held are
-  // not run inside a task: the lease is checked before every write instead.
+  // (acquired, released, failed, lost): it sends what the machine sends (its
+  // waiter rows included) and waits what it says. Renewal timers armed while
+  // held are not run inside a task: the lease is checked before every write
+  // instead.
   Step DriveLock(const LockPtr& m, LockOutcome on_outcome);
+  // What DriveLock keeps of the lock's reads, and the wait it tells of.
+  void NoteHolder(const LockMachine& m);
+  void TellWaiting(const LockMachine& m, int64_t next_try_ms);
 
   // `deadline_ms`: when waiting ends (the lock timeout from the first
   // attempt); a retry after yielding to the Python backend keeps it.
@@ -156,11 +161,11 @@ class StoreSteps {
 
   Step TakeLock(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail, int64_t deadline);
 
-  // Cluster mode, just acquired: when the claims read last held
+  // Cluster mode, just acquired by `m`: when its winning claims read held
   // kClaimsPruneAt claims of the id that no reader counts any more, they
   // are removed (kClaimsPruneAt). A failure changes nothing: they are
   // removed by a later acquisition.
-  Step PruneClaims(const std::string& id, Then then);
+  Step PruneClaims(const LockPtr& m, Then then);
 
   Step Release(const LockPtr& m, Then then, OnFailure fail);
 
@@ -238,13 +243,13 @@ class StoreSteps {
   Store* s_;
   const Inputs* in_;
   LockPtr current_lock_;
+  // The other process the lock's last read found holding it (empty: none),
+  // how long ago it renewed and how long its lock stays valid unrenewed:
+  // what a wait for the lock is told with.
+  std::string waiting_for_;
+  int64_t waiting_age_s_ = 0;
+  int64_t waiting_window_s_ = 0;
   std::string lease_id_;  // the id whose lease the last UnderLease request keeps to
-  bool seen_holder_ = false;  // the last lock inspection found another live holder
-  std::string seen_holder_id_;  // cluster mode: the holder the waiter row names
-  int64_t seen_age_s_ = 0;      // how long ago that holder last renewed, by the server's clock
-  int64_t seen_window_s_ = 0;   // and how long its lock stays valid without renewal
-  std::string announced_to_;  // the holder this task's waiter row named last
-  std::vector<std::string> last_dead_;  // cluster mode: the prunable claims the last read found
   std::vector<std::shared_ptr<void>> keep_;
 };
 

@@ -1,4 +1,4 @@
-// Fuzzes the lock state machine (core/lock_machine.h) against the simulated
+// Fuzzes the table lock (core/table_lock.h, made by core/lock_machine.h) against the simulated
 // ClickHouse server of tests/sim: the fuzz input decides everything the
 // seeded simulation draws at random - each contender's settings and clock
 // offset, the server's adversarial knobs, and, step by step, which event
@@ -141,7 +141,7 @@ class Harness {
       case 0: {  // a (new) acquisition; a crashed process comes back
         if (!c.terminal && !c.crashed) return;
         c = Contender{c.options, c.offset_ms};
-        c.lock = std::make_unique<LockMachine>(*st_, kStateId, c.options);
+        c.lock = chstate::MakeLockMachine(*st_, kStateId, c.options);
         c.terminal = false;
         Deliver(who, [&](const chstate::Inputs& in) { c.lock->Acquire(in); });
         return;

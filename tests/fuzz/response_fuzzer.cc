@@ -1,5 +1,5 @@
 // Fuzzes ClickHouse answer parsing (core/response.h, and the lock
-// inspection decoder in core/lock_machine.h).
+// inspection decoder in core/lock_common.h).
 //
 // Properties: nothing crashes on any status, header or body; an error
 // answer is never OK; rows always have the requested number of fields;

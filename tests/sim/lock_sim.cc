@@ -12,6 +12,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <memory>
 #include <queue>
 #include <random>
 #include <utility>
@@ -42,22 +43,22 @@ constexpr size_t kMaxViolations = 20;
 class MachineLock : public SimLock {
  public:
   MachineLock(const Statements& st, LockOptions options, const LockDefectsForTesting& defects)
-      : m_(st, kStateId, options) {
-    m_.SetDefectsForTesting(defects);
+      : m_(MakeLockMachine(st, kStateId, options)) {
+    m_->SetDefectsForTesting(defects);
   }
-  void Acquire(const Inputs& in) override { m_.Acquire(in); }
-  void Release(const Inputs& in) override { m_.Release(in); }
-  void OnResponse(const SqlResponse& r, const Inputs& in) override { m_.OnResponse(r, in); }
-  void OnTimer(const Inputs& in) override { m_.OnTimer(in); }
-  std::optional<LockAction> Poll() override { return m_.Poll(); }
-  bool LeaseValid(int64_t now_ms) const override { return m_.LeaseValid(now_ms); }
-  int64_t lease_deadline_ms() const override { return m_.lease_deadline_ms(); }
-  std::string lock_id() const override { return m_.lock_id(); }
-  std::string StateName() const override { return LockStateName(m_.state()); }
-  bool Held() const override { return m_.state() == LockState::kHeld; }
+  void Acquire(const Inputs& in) override { m_->Acquire(in); }
+  void Release(const Inputs& in) override { m_->Release(in); }
+  void OnResponse(const SqlResponse& r, const Inputs& in) override { m_->OnResponse(r, in); }
+  void OnTimer(const Inputs& in) override { m_->OnTimer(in); }
+  std::optional<LockAction> Poll() override { return m_->Poll(); }
+  bool LeaseValid(int64_t now_ms) const override { return m_->LeaseValid(now_ms); }
+  int64_t lease_deadline_ms() const override { return m_->lease_deadline_ms(); }
+  std::string lock_id() const override { return m_->lock_id(); }
+  std::string StateName() const override { return LockStateName(m_->state()); }
+  bool Held() const override { return m_->state() == LockState::kHeld; }
 
  private:
-  LockMachine m_;
+  std::unique_ptr<LockMachine> m_;
 };
 
 // The lock through a whole store, as a host uses it: AcquireLock and
@@ -347,6 +348,26 @@ class Sim {
     if (result_.violations.size() < kMaxViolations) result_.violations.push_back(std::move(v));
   }
   std::string Name(int c) const { return absl::StrCat("c", c); }
+  // The lock's state for the trace ("-" without a lock, or when state names
+  // are left out: RunOptions::state_names).
+  std::string StateOf(const Contender& c) const {
+    return c.lock && run_.state_names ? c.lock->StateName() : std::string("-");
+  }
+  // ScheduleResult::observed: a request sent, an answer given.
+  void ObserveRequest(int64_t t, const Contender& c, const SqlRequest& req) {
+    std::string params;
+    for (const auto& [k, v] : req.url_params) absl::StrAppend(&params, k, "=", v, ";");
+    result_.observed.push_back(absl::StrCat("[", Time(t - t0_), "] ", Name(c.index), " -> ", req.purpose, " attempt ",
+                                            req.attempt, req.idempotent ? " idempotent" : "", " send_before ",
+                                            req.send_before_ms, " timeout ", req.timeout_ms, " params ", params,
+                                            " sql ", req.sql));
+  }
+  void ObserveAnswer(int64_t t, const Contender& c, const SqlResponse& r) {
+    result_.observed.push_back(absl::StrCat("[", Time(t - t0_), "] ", Name(c.index), " <- ",
+                                            r.transport_ok ? "" : "transport failure ", r.transport_error,
+                                            r.maybe_delivered ? " (maybe delivered)" : "", " HTTP ", r.http_status,
+                                            " code ", r.exception_code_header, " body ", r.body));
+  }
 
   void Setup();
   void Handle(const Event& e);
@@ -517,7 +538,7 @@ template <typename F>
 void Sim::Deliver(Contender& c, int64_t t, const char* what, F input) {
   int64_t now = ClientNow(c, t);
   Inputs in{now, Bytes(16)};
-  TRACE(t, Name(c.index), " <- ", what, " (", c.lock->StateName(), ")");
+  TRACE(t, Name(c.index), " <- ", what, " (", StateOf(c), ")");
   input(in);
   Drain(c, t, now);
   UpdateInterval(c, t, now);
@@ -623,6 +644,7 @@ void Sim::Handle(const Event& e) {
       // Deliver may add requests (and move requests_): copy the answer first.
       const SqlResponse answer = r.answer;
       const uint64_t op = r.op;
+      if (run_.trace) ObserveAnswer(e.t, c, answer);
       Deliver(c, e.t, what.c_str(), [&](const Inputs& in) { c.lock->OnResponseToOp(answer, op, in); });
       return;
     }
@@ -658,7 +680,7 @@ void Sim::Handle(const Event& e) {
       if (c.crashed || c.done) return;
       c.crashed = true;
       ++result_.crashed;
-      TRACE(e.t, Name(c.index), " CRASHES (", c.lock ? c.lock->StateName() : "-", ")");
+      TRACE(e.t, Name(c.index), " CRASHES (", StateOf(c), ")");
       if (c.seg_open) CloseInterval(c, std::min(e.t, c.seg_bound));
       return;
     }
@@ -787,7 +809,7 @@ void Sim::Drain(Contender& c, int64_t t, int64_t now) {
         if (c.cancelled) {
           // Acquired after the user gave up: the machine releases it by
           // itself, and the user does not act under it.
-          TRACE(t, Name(c.index), " acquired after cancelling (", c.lock->StateName(), ")");
+          TRACE(t, Name(c.index), " acquired after cancelling (", StateOf(c), ")");
           break;
         }
         ++c.acquired;
@@ -851,6 +873,7 @@ void Sim::Send(Contender& c, int64_t t, SqlRequest req, int sends) {
   r.lock_id = c.lock->RequestLockId();
   r.op = c.lock->RequestOp();
   r.under_lock = req.purpose == "end_claim" && c.lock->StateName() == "dropping";
+  if (run_.trace) ObserveRequest(t, c, req);
   int64_t there = Delay();
   if (req.purpose == "renew_lock" && Chance(cfg_.slow_renewal_prob)) {
     // Beyond D_max on purpose (a stalled lock-table insert).
@@ -1059,7 +1082,7 @@ void Sim::Finish(int64_t end_t) {
     for (const Contender& c : cs_) {
       if (!c.crashed && c.acquired < cfg_.rounds) {
         Violation(end_t, "no progress: ", Name(c.index), " acquired ", c.acquired, " of ", cfg_.rounds,
-                  " times (state ", c.lock ? c.lock->StateName() : "-", ")");
+                  " times (state ", StateOf(c), ")");
       }
     }
   }

@@ -131,7 +131,7 @@ struct SimConfig {
   int64_t insert_visibility_max_ms = 0;  // naive lock's ReplacingMergeTree inserts
   int64_t merge_every_max_ms = 0;        // background merges (0: none)
 
-  // Cluster mode: the lock as claims (core/lock_machine.h) in a replicated
+  // Cluster mode: the lock as claims (core/claims_lock.h) in a replicated
   // table, with what replicas do to quorum inserts and reads
   // (tests/sim/sim_server.h ServerOptions: 286, 285, 319 with the row
   // landing late or never, 289).
@@ -223,8 +223,12 @@ struct SimConfig {
 };
 
 struct RunOptions {
-  bool trace = false;        // record a readable event trace
+  bool trace = false;        // record a readable event trace (and ScheduleResult::observed)
   int contenders = 0;        // fix K (0: draw from the config's range)
+  // With trace: the lock's state names in the trace ("(held)"); off, each
+  // shows as "(-)", so that a trace says only what the lock did, not what
+  // its states are called (tests/sim/trace_digest_test.cc).
+  bool state_names = true;
 };
 
 struct ScheduleResult {
@@ -253,6 +257,11 @@ struct ScheduleResult {
   int prunes = 0;              // cluster: prunes that landed, naming at least one claim
   std::vector<std::string> violations;
   std::vector<std::string> trace;
+  // With trace: what crossed the lock's boundary, one line each: every
+  // request a contender sent (its SQL, URL parameters, idempotence and lease
+  // deadline) and every answer it was given (status, code, body, transport
+  // error), with the true time. The trace has the rest (timers, outcomes).
+  std::vector<std::string> observed;
 
   bool ok() const { return violations.empty(); }
   // Seed, counts, violations and (when recorded) the trace.

@@ -68,7 +68,7 @@ struct ServerOptions {
   // straddle a second.
   int64_t union_now_spread_ms = 0;
 
-  // Cluster mode (the lock as claims in `<table>_claims`, core/lock_machine.h),
+  // Cluster mode (the lock as claims in `<table>_claims`, core/claims_lock.h),
   // with what a lost or lagging replica does to a quorum insert and to a
   // sequentially consistent read. A confirmed claim row is visible to every
   // read that begins after it ran; nothing else is promised.
