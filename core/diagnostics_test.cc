@@ -226,5 +226,45 @@ TEST(Diagnostics, AWaitForALockHeldByAnotherProcessIsToldWithTheHolderAndTimes) 
                                       HasSubstr(absl::StrCat("next try in ", a.wait_ms, " ms"))));
 }
 
+// An acquisition that met nobody is debug (its round trips take time too);
+// one that waited for another process is told at info.
+TEST(Diagnostics, AnAcquisitionIsToldAtInfoOnlyWhenItWaitedForAnotherProcess) {
+  auto acquire = [](bool contended) {
+    std::unique_ptr<Store> store = MakeStore();
+    store->diagnostics().set_level(DiagnosticLevel::kDebug);
+    std::unique_ptr<Task> t = store->AcquireLock("dev:a");
+    int64_t now = 0;
+    bool met = false;
+    Action a = t->Start({now, kRandom});
+    for (int i = 0; i < 20 && a.kind != Action::Kind::kDone && a.kind != Action::Kind::kFailed; ++i) {
+      if (a.kind == Action::Kind::kWait) {
+        a = t->OnTimer({now += a.wait_ms, kRandom});
+        continue;
+      }
+      const std::string& p = a.request.purpose;
+      SqlResponse r = Ok("");
+      if (p == "select_version") r = Ok("18.16.1\t0\n");
+      if (p == "create_lock" && contended && !met) r = ::chstate::testing::Err(500, 57, "Table already exists");
+      if (p == "inspect_lock" && contended && !met) {
+        r = Ok("otherholder\t0\t1000\t1004\t300\n\t255\t1000\t1004\t0\n");
+        met = true;
+      } else if (p == "inspect_lock") {
+        r = Ok(absl::StrCat("chstate-", std::string(32, '0'), "\t0\t1000\t1000\t30\n\t255\t1000\t1000\t0\n"));
+      }
+      a = t->OnResponse(r, {now += 3, kRandom});
+    }
+    std::vector<Diagnostic> told;
+    while (std::optional<Diagnostic> d = store->diagnostics().Poll()) told.push_back(std::move(*d));
+    const Diagnostic* acquired = Find(told, DiagnosticKind::kLockAcquired);
+    return std::make_pair(a.kind, acquired ? std::optional<DiagnosticLevel>(acquired->level) : std::nullopt);
+  };
+  auto [free_end, free_level] = acquire(false);
+  ASSERT_EQ(free_end, Action::Kind::kDone);
+  EXPECT_EQ(free_level, DiagnosticLevel::kDebug);
+  auto [held_end, held_level] = acquire(true);
+  ASSERT_EQ(held_end, Action::Kind::kDone);
+  EXPECT_EQ(held_level, DiagnosticLevel::kInfo);
+}
+
 }  // namespace
 }  // namespace chstate

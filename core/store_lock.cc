@@ -1,10 +1,13 @@
-// An operation's lock: driving the lock machine (core/lock_machine.h) with
-// SQL steps, acquiring (and, in cluster mode, pruning dead claims) and
-// releasing.
+// An operation's lock, as parts (core/op.h): driving a lock machine
+// (core/lock_machine.h) until its outcome, taking an id's lock (staying
+// away after yielding it, waiting for the Python backend's rows, pruning
+// dead claims in cluster mode) and releasing it.
 #include "core/store.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/lock_machine.h"
@@ -13,162 +16,315 @@
 #include "core/store_steps.h"
 
 namespace chstate {
+namespace part {
+namespace {
 
-// Turns a LockMachine's actions into steps until it reports an outcome
-// (acquired, released, failed, lost): it sends what the machine sends (its
-// waiter rows included) and waits what it says. Renewal timers armed while
-// held are not run inside a task: the lease is checked before every write
-// instead.
-Step StoreSteps::DriveLock(const LockPtr& m, LockOutcome on_outcome) {
-  while (std::optional<LockAction> a = m->Poll()) {
-    switch (a->kind) {
-      case LockAction::Kind::kRunSql:
-        return Step::Run(std::move(a->request), [this, m, on_outcome](const SqlResponse& r) {
-          const bool waiter_row = m->state() == LockState::kAnnouncing;
-          m->OnResponse(r, *in_);
-          // A waiter row's answer is no read: the holder seen before stands.
-          if (!waiter_row) NoteHolder(*m);
-          return DriveLock(m, on_outcome);
-        });
-      case LockAction::Kind::kArmTimer:
-        if (a->timer == LockTimer::kRenewal) {
-          // A renewal that finished arms the next one: that is its outcome.
-          if (m->state() == LockState::kHeld) return on_outcome(*a);
-          continue;  // armed as it became the holder, released since
+// Sends what a lock machine sends (its waiter rows included) and waits what
+// it says until it reports an outcome (acquired, released, failed, lost),
+// which it leaves in *out. A renewal timer armed as the machine became the
+// holder is not run inside a task (the lease is checked before every write
+// instead): it is the outcome of a renewal, and skipped otherwise. A
+// back-off after a read that found another process holding the lock is
+// told (lock_waiting), and noted in *waited when given.
+class DriveLockOp final : public StorePart {
+ public:
+  DriveLockOp(StoreSteps& s, StoreSteps::LockPtr m, LockAction* out, bool* waited)
+      : StorePart(s), m_(std::move(m)), out_(out), waited_(waited) {}
+  std::string Where() const override {
+    return absl::StrCat("the lock on \"", PrintableId(m_->state_id()), "\" (", LockStateName(m_->state()), ")");
+  }
+
+  Next Resume(const Reply& r) override {
+    const Inputs& in = s_.inputs();
+    if (r.kind == Reply::Kind::kAnswer) {
+      const bool waiter_row = m_->state() == LockState::kAnnouncing;
+      m_->OnResponse(*r.answer, in);
+      // A waiter row's answer is no read: the holder seen before stands.
+      if (!waiter_row) {
+        holder_ = m_->sighting().live_holder;
+        holder_age_s_ = m_->sighting().inspection.age_s;
+        holder_stale_s_ = m_->sighting().inspection.stale_s;
+      }
+    } else if (r.kind == Reply::Kind::kTimer) {
+      m_->OnTimer(in);
+    }
+    while (std::optional<LockAction> a = m_->Poll()) {
+      switch (a->kind) {
+        case LockAction::Kind::kRunSql:
+          return Next::Send(std::move(a->request));
+        case LockAction::Kind::kArmTimer:
+          if (a->timer == LockTimer::kRenewal) {
+            if (m_->state() != LockState::kHeld) continue;  // armed as it became the holder, released since
+            *out_ = *std::move(a);  // a renewal that finished arms the next one: that is its outcome
+            return Next::Done();
+          }
+          // The back-off before the next attempt, or (cluster mode) a quorum
+          // insert answered 286 sent again after a moment.
+          if (a->timer != LockTimer::kBackOff) return Next::Wait(TimerKind::kQuorumBusy, a->delay_ms);
+          if (!holder_.empty()) TellWaiting(a->delay_ms);
+          return Next::Wait(TimerKind::kLockRetry, a->delay_ms);
+        default:
+          *out_ = *std::move(a);
+          return Next::Done();
+      }
+    }
+    return Next::Fail(absl::InternalError(
+        absl::StrCat("the lock stopped in state ", LockStateName(m_->state()), " without an outcome")));
+  }
+
+ private:
+  void TellWaiting(int64_t next_try_ms) {
+    if (waited_ != nullptr) *waited_ = true;
+    const int64_t window_s = std::max((m_->options().stale_ms + 999) / 1000, holder_stale_s_);
+    const int64_t validity_left_s = std::max<int64_t>(window_s - holder_age_s_, 0);
+    const int64_t gives_up_in_ms = std::max<int64_t>(m_->acquire_deadline_ms() - s_.inputs().now_ms, 0);
+    s_.Tell(DiagnosticKind::kLockWaiting, DiagnosticLevel::kInfo, m_->state_id(),
+            absl::StrCat("waiting for the lock on \"", PrintableId(m_->state_id()), "\": another process (lock ",
+                         holder_, ") renewed it ", holder_age_s_, " s ago and it stays valid up to ", validity_left_s,
+                         " s more; next try in ", next_try_ms, " ms, giving up in ", gives_up_in_ms, " ms"),
+            {{"renewed_s_ago", holder_age_s_},
+             {"validity_left_s", validity_left_s},
+             {"next_try_ms", next_try_ms},
+             {"gives_up_in_ms", gives_up_in_ms}},
+            {{"holder", holder_}});
+  }
+
+  StoreSteps::LockPtr m_;
+  LockAction* out_;
+  bool* waited_;
+  // The other process the lock's last read found holding it (empty: none),
+  // how long ago it renewed and the stale window it wrote, by the server.
+  std::string holder_;
+  int64_t holder_age_s_ = 0;
+  int64_t holder_stale_s_ = 0;
+};
+
+// Takes the lock on `id` until the lock timeout (from the first attempt),
+// into *out; *waited tells whether it waited for another process.
+class AcquireOp final : public StorePart {
+ public:
+  AcquireOp(StoreSteps& s, std::string id, StoreSteps::LockPtr* out, bool* waited)
+      : StorePart(s), id_(std::move(id)), out_(out), waited_(waited) {}
+  std::string Where() const override {
+    const std::string id = PrintableId(id_);
+    switch (stage_) {
+      case Stage::kStart: return absl::StrCat("acquiring \"", id, "\"");
+      case Stage::kStayingAway: return absl::StrCat("staying away from \"", id, "\" (it yielded its lock to a waiter)");
+      case Stage::kLookingForPython:
+      case Stage::kClaimingFromPython:
+        return absl::StrCat("looking for the Python backend's lock on \"", id, "\"");
+      case Stage::kTaking: return absl::StrCat("acquiring \"", id, "\"");
+      case Stage::kPruning: return absl::StrCat("removing ended lock claims of \"", id, "\"");
+      case Stage::kYielding: return absl::StrCat("yielding the lock on \"", id, "\" to the Python backend");
+      case Stage::kAbandoning: return absl::StrCat("releasing the lock on \"", id, "\" after a failure");
+      case Stage::kWaitingForPython:
+        return absl::StrCat("waiting for the Python backend's lock on \"", id, "\"");
+    }
+    return "";
+  }
+
+  Next Resume(const Reply& r) override {
+    const Inputs& in = s_.inputs();
+    const StoreOptions& o = s_.options();
+    switch (stage_) {
+      case Stage::kStart:
+        *waited_ = false;
+        deadline_ms_ = in.now_ms + o.lock.timeout_ms;
+        return Attempt();
+      case Stage::kStayingAway:
+      case Stage::kWaitingForPython:
+        return Attempt();
+      case Stage::kLookingForPython: {
+        // No such table: no Python process ever ran on this schema.
+        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "looking for the Python backend's lock rows", 2);
+        if (!rows.ok() && rows.status().code() != absl::StatusCode::kNotFound) return Next::Fail(rows.status());
+        if (rows.ok() && !rows->empty()) return WaitForPython((*rows)[0][0].value_or(""));
+        return Take();
+      }
+      case Stage::kTaking:
+        if (outcome_.kind != LockAction::Kind::kAcquired) return Next::Fail(s_.ExplainCluster(outcome_.status));
+        if (o.python_locks) {
+          stage_ = Stage::kClaimingFromPython;
+          return Next::Try(ClaimFromPython(s_, m_, &python_holder_));
         }
-        // The back-off before the next attempt, or (cluster mode) a quorum
-        // insert answered 286 sent again after a moment.
-        if (a->timer == LockTimer::kBackOff && !waiting_for_.empty()) TellWaiting(*m, a->delay_ms);
-        return Step::Wait(a->delay_ms, [this, m, on_outcome] {
-          m->OnTimer(*in_);
-          return DriveLock(m, on_outcome);
-        });
-      default:
-        return on_outcome(*a);
+        return Prune();
+      case Stage::kClaimingFromPython:
+        if (!r.status.ok()) {
+          // Release withdraws the marker first (harmless when none was written).
+          failure_ = r.status;
+          stage_ = Stage::kAbandoning;
+          return Next::Try(Release(s_, m_));
+        }
+        if (python_holder_.empty()) return Acquired();
+        stage_ = Stage::kYielding;
+        return Next::Call(Release(s_, m_));
+      case Stage::kYielding:
+        return WaitForPython(python_holder_);
+      case Stage::kAbandoning:
+        return Next::Fail(failure_);
+      case Stage::kPruning:
+        return Acquired();  // a failure changes nothing: a later acquisition prunes them
     }
+    return Next::Fail(absl::InternalError("acquire: no such stage"));
   }
-  return Step::Fail(absl::InternalError(
-      absl::StrCat("the lock stopped in state ", LockStateName(m->state()), " without an outcome")));
-}
 
-void StoreSteps::NoteHolder(const LockMachine& m) {
-  const LockSighting& seen = m.sighting();
-  waiting_for_ = seen.live_holder;
-  if (waiting_for_.empty()) return;
-  waiting_age_s_ = seen.inspection.age_s;
-  waiting_window_s_ = std::max((m.options().stale_ms + 999) / 1000, seen.inspection.stale_s);
-}
-
-void StoreSteps::TellWaiting(const LockMachine& m, int64_t next_try_ms) {
-  const int64_t validity_left_s = std::max<int64_t>(waiting_window_s_ - waiting_age_s_, 0);
-  const int64_t gives_up_in_ms = std::max<int64_t>(m.acquire_deadline_ms() - in_->now_ms, 0);
-  Tell(DiagnosticKind::kLockWaiting, DiagnosticLevel::kInfo, m.state_id(),
-       absl::StrCat("waiting for the lock on \"", PrintableId(m.state_id()), "\": another process (lock ",
-                    waiting_for_, ") renewed it ", waiting_age_s_, " s ago and it stays valid up to ",
-                    validity_left_s, " s more; next try in ", next_try_ms, " ms, giving up in ", gives_up_in_ms,
-                    " ms"),
-       {{"renewed_s_ago", waiting_age_s_},
-        {"validity_left_s", validity_left_s},
-        {"next_try_ms", next_try_ms},
-        {"gives_up_in_ms", gives_up_in_ms}},
-       {{"holder", waiting_for_}});
-}
-
-// `deadline_ms`: when waiting ends (the lock timeout from the first
-// attempt); a retry after yielding to the Python backend keeps it.
-Step StoreSteps::Acquire(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail,
-                         std::optional<int64_t> deadline_ms) {
-  const int64_t deadline = deadline_ms.value_or(in_->now_ms + s_->options_.lock.timeout_ms);
-  if (std::optional<int64_t> away = s_->timers_.At(TimerKind::kYield, id)) {
-    // This store just gave the id's lingering lock up to a waiting
-    // process: stay away until that process has had its next attempt.
-    if (in_->now_ms < *away && *away < deadline) {
-      return Step::Wait(*away - in_->now_ms,
-                        [this, id, then, fail, deadline] { return Acquire(id, then, fail, deadline); });
-    }
-    s_->timers_.Clear(TimerKind::kYield, id);
-  }
-  // A mixed fleet is safe by default: a live row of the Python backend in
-  // <table>_lock is waited for whatever python_locks says (that setting
-  // decides whether this store also shows itself there, and looks again
-  // after taking its own lock). Looked at before taking the lock, so that
-  // a failed look leaves nothing to release. The Python backend knows no
-  // clusters.
-  if (!s_->options_.python_locks && !st().cluster().enabled()) {
-    return Query(
-        st().ForeignLockRows(id), "looking for the Python backend's lock rows", 2,
-        [this, id, then, fail, deadline](const Rows& rows) -> Step {
-          if (rows.empty()) return TakeLock(id, then, fail, deadline);
-          return WaitForPython(id, rows[0][0].value_or(""), then, fail, deadline);
-        },
-        [this, id, then, fail, deadline](absl::Status st) -> Step {
-          // No such table: no Python process ever ran on this schema.
-          if (st.code() == absl::StatusCode::kNotFound) return TakeLock(id, then, fail, deadline);
-          return fail(std::move(st));
-        });
-  }
-  return TakeLock(id, then, fail, deadline);
-}
-
-Step StoreSteps::TakeLock(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail, int64_t deadline) {
-  LockOptions options = s_->options_.lock;
-  options.timeout_ms = std::max<int64_t>(deadline - in_->now_ms, 0);
-  // Waiting for a live holder, the machine shows itself to it (a waiter
-  // row, once per holder) so that a lingering holder elsewhere yields.
-  LockMachineOptions machine_options;
-  machine_options.write_waiter_rows = true;
-  LockPtr m = MakeLockMachine(st(), id, options, machine_options);
-  m->Acquire(*in_);
-  return DriveLock(m, [this, m, id, deadline, then, fail](const LockAction& a) -> Step {
-    if (a.kind != LockAction::Kind::kAcquired) return fail(ExplainCluster(a.status));
-    if (!s_->options_.python_locks) return PruneClaims(m, [this, m, then] { return then(m); });
-    return ClaimFromPython(id, m, deadline, then, fail);
-  });
-}
-
-// Cluster mode, just acquired by `m`: when its winning claims read held
-// kClaimsPruneAt claims of the id that no reader counts any more, they
-// are removed (kClaimsPruneAt). A failure changes nothing: they are
-// removed by a later acquisition.
-Step StoreSteps::PruneClaims(const LockPtr& m, Then then) {
-  const std::string& id = m->state_id();
-  if (!st().cluster().enabled() || static_cast<int64_t>(m->prunable_claims().size()) < kClaimsPruneAt) return then();
-  std::vector<std::string> dead = m->prunable_claims();
-  // A backlog (claims from before pruning existed) goes kClaimsPruneMax
-  // at a time, a slice at a random offset, at every acquisition until it
-  // is gone (a statement must stay below max_query_size, 256 KiB).
-  const bool backlog = static_cast<int64_t>(dead.size()) > kClaimsPruneMax;
-  auto last = s_->claims_pruned_ms_.find(id);
-  if (!backlog && last != s_->claims_pruned_ms_.end() && in_->now_ms - last->second < kClaimsPruneEveryMs) {
-    return then();
-  }
-  s_->claims_pruned_ms_[id] = in_->now_ms;
-  if (backlog) {
-    uint64_t r = 0;
-    for (size_t i = 0; i < in_->random.size() && i < 8; ++i) r = (r << 8) | static_cast<unsigned char>(in_->random[i]);
-    const size_t from = static_cast<size_t>(r % (dead.size() - kClaimsPruneMax + 1));
-    dead = std::vector<std::string>(dead.begin() + from, dead.begin() + from + kClaimsPruneMax);
-  }
-  return Sql(
-      st().PruneClaims(id, dead), "removing ended lock claims", [then](const std::string&) { return then(); },
-      [then](absl::Status) { return then(); });
-}
-
-Step StoreSteps::Release(const LockPtr& m, Then then, OnFailure fail) {
-  auto drop = [this, m, then, fail] {
-    m->Release(*in_);
-    return DriveLock(m, [this, then, fail](const LockAction& a) -> Step {
-      if (a.kind == LockAction::Kind::kReleased) return then();
-      return fail(ExplainCluster(a.status));
-    });
+ private:
+  // What the op is doing (waiting for); Resume goes on from there.
+  enum class Stage {
+    kStart,
+    kStayingAway,        // this store just yielded the id's lingering lock to a waiter
+    kLookingForPython,   // the Python backend's rows, before taking the lock
+    kTaking,             // the lock machine, acquiring
+    kClaimingFromPython, // python_locks: the lock is ours, the Python backend's rows next
+    kYielding,           // a Python process holds it: releasing ours
+    kWaitingForPython,   // ... and waiting the retry before the next attempt
+    kAbandoning,         // releasing after a failure
+    kPruning,            // cluster mode: removing dead claims
   };
-  if (!s_->options_.python_locks || m->state() != LockState::kHeld) return drop();
-  // The marker first: while it stands, Python processes wait.
-  return Sql(
-      st().DeleteLockMarker(m->state_id(), m->lock_id()), "withdrawing the lock marker",
-      [drop](const std::string&) { return drop(); },
-      // Dropped anyway; the marker then ends with the Python backend's window.
-      [drop](absl::Status) { return drop(); });
+
+  // One attempt at the lock (the first, or after a wait).
+  Next Attempt() {
+    const Inputs& in = s_.inputs();
+    if (std::optional<int64_t> away = s_.TimerIfSet(TimerKind::kYield, id_)) {
+      // This store just gave the id's lingering lock up to a waiting
+      // process: stay away until that process has had its next attempt.
+      if (in.now_ms < *away && *away < deadline_ms_) {
+        stage_ = Stage::kStayingAway;
+        return Next::Wait(TimerKind::kLockRetry, *away - in.now_ms);
+      }
+      s_.ClearTimer(TimerKind::kYield, id_);
+    }
+    // A mixed fleet is safe by default: a live row of the Python backend in
+    // <table>_lock is waited for whatever python_locks says (that setting
+    // decides whether this store also shows itself there, and looks again
+    // after taking its own lock). Looked at before taking the lock, so that
+    // a failed look leaves nothing to release. The Python backend knows no
+    // clusters.
+    if (!s_.options().python_locks && !s_.st().cluster().enabled()) {
+      stage_ = Stage::kLookingForPython;
+      return Next::Send(s_.st().ForeignLockRows(id_));
+    }
+    return Take();
+  }
+
+  Next Take() {
+    LockOptions options = s_.options().lock;
+    options.timeout_ms = std::max<int64_t>(deadline_ms_ - s_.inputs().now_ms, 0);
+    // Waiting for a live holder, the machine shows itself to it (a waiter
+    // row, once per holder) so that a lingering holder elsewhere yields.
+    LockMachineOptions machine_options;
+    machine_options.write_waiter_rows = true;
+    m_ = MakeLockMachine(s_.st(), id_, options, machine_options);
+    m_->Acquire(s_.inputs());
+    stage_ = Stage::kTaking;
+    return Next::Call(DriveLock(s_, m_, &outcome_, waited_));
+  }
+
+  // A Python backend's process holds the id: try again after the retry
+  // wait, or give up naming it.
+  Next WaitForPython(const std::string& python_lock_id) {
+    const StoreOptions& o = s_.options();
+    *waited_ = true;
+    if (s_.inputs().now_ms + o.lock.retry_ms >= deadline_ms_) return Next::Fail(PythonHolds(o, id_, python_lock_id));
+    stage_ = Stage::kWaitingForPython;
+    return Next::Wait(TimerKind::kLockRetry, o.lock.retry_ms);
+  }
+
+  // Cluster mode, just acquired: when its winning claims read held
+  // kClaimsPruneAt claims of the id that no reader counts any more, they
+  // are removed. A backlog (claims from before pruning existed) goes
+  // kClaimsPruneMax at a time, a slice at a random offset, at every
+  // acquisition until it is gone (a statement must stay below
+  // max_query_size, 256 KiB).
+  Next Prune() {
+    const Inputs& in = s_.inputs();
+    std::vector<std::string> dead = m_->prunable_claims();
+    if (!s_.st().cluster().enabled() || static_cast<int64_t>(dead.size()) < kClaimsPruneAt) return Acquired();
+    const bool backlog = static_cast<int64_t>(dead.size()) > kClaimsPruneMax;
+    std::map<std::string, int64_t>& pruned = s_.claims_pruned_ms();
+    auto last = pruned.find(id_);
+    if (!backlog && last != pruned.end() && in.now_ms - last->second < kClaimsPruneEveryMs) return Acquired();
+    pruned[id_] = in.now_ms;
+    if (backlog) {
+      uint64_t r = 0;
+      for (size_t i = 0; i < in.random.size() && i < 8; ++i) r = (r << 8) | static_cast<unsigned char>(in.random[i]);
+      const size_t from = static_cast<size_t>(r % (dead.size() - kClaimsPruneMax + 1));
+      dead = std::vector<std::string>(dead.begin() + from, dead.begin() + from + kClaimsPruneMax);
+    }
+    stage_ = Stage::kPruning;
+    return Next::Try(s_.SqlPart(s_.st().PruneClaims(id_, dead), "removing ended lock claims"));
+  }
+
+  Next Acquired() {
+    *out_ = m_;
+    return Next::Done();
+  }
+
+  Stage stage_ = Stage::kStart;
+  std::string id_;
+  StoreSteps::LockPtr* out_;
+  bool* waited_;
+  int64_t deadline_ms_ = 0;
+  StoreSteps::LockPtr m_;
+  LockAction outcome_{LockAction::Kind::kFailed};
+  std::string python_holder_;  // python_locks: the Python process found holding the id
+  absl::Status failure_;       // what failed while the lock was held (kAbandoning)
+};
+
+// Releases `m`: with python_locks, the marker first (while it stands,
+// Python processes wait; a failure leaves it to end with the Python
+// backend's window), then the lock itself.
+class ReleaseOp final : public StorePart {
+ public:
+  ReleaseOp(StoreSteps& s, StoreSteps::LockPtr m) : StorePart(s), m_(std::move(m)) {}
+  std::string Where() const override {
+    return absl::StrCat(stage_ == Stage::kWithdrawing ? "withdrawing the lock marker of \"" : "releasing the lock on \"",
+                        PrintableId(m_->state_id()), "\"");
+  }
+
+  Next Resume(const Reply&) override {
+    switch (stage_) {
+      case Stage::kStart:
+        if (s_.options().python_locks && m_->state() == LockState::kHeld) {
+          stage_ = Stage::kWithdrawing;
+          return Next::Try(s_.SqlPart(s_.st().DeleteLockMarker(m_->state_id(), m_->lock_id()),
+                                      "withdrawing the lock marker"));
+        }
+        return Drop();
+      case Stage::kWithdrawing:
+        return Drop();  // dropped anyway, whatever became of the marker
+      case Stage::kReleasing:
+        if (outcome_.kind == LockAction::Kind::kReleased) return Next::Done();
+        return Next::Fail(s_.ExplainCluster(outcome_.status));
+    }
+    return Next::Fail(absl::InternalError("release: no such stage"));
+  }
+
+ private:
+  enum class Stage { kStart, kWithdrawing, kReleasing };
+
+  Next Drop() {
+    m_->Release(s_.inputs());
+    stage_ = Stage::kReleasing;
+    return Next::Call(DriveLock(s_, m_, &outcome_));
+  }
+
+  Stage stage_ = Stage::kStart;
+  StoreSteps::LockPtr m_;
+  LockAction outcome_{LockAction::Kind::kFailed};
+};
+
+}  // namespace
+
+std::unique_ptr<Op> DriveLock(StoreSteps& s, StoreSteps::LockPtr m, LockAction* out, bool* waited) {
+  return std::make_unique<DriveLockOp>(s, std::move(m), out, waited);
 }
 
+std::unique_ptr<Op> Acquire(StoreSteps& s, std::string id, StoreSteps::LockPtr* out, bool* waited) {
+  return std::make_unique<AcquireOp>(s, std::move(id), out, waited);
+}
+
+std::unique_ptr<Op> Release(StoreSteps& s, StoreSteps::LockPtr m) { return std::make_unique<ReleaseOp>(s, std::move(m)); }
+
+}  // namespace part
 }  // namespace chstate

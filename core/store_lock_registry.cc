@@ -88,7 +88,7 @@ class RenewOp final : public StorePart {
         m_ = it->second.machine;
         m_->OnTimer(s_.inputs());
         stage_ = Stage::kRenewing;
-        return Next::Call(s_.DriveLockPart(m_, &outcome_));
+        return Next::Call(part::DriveLock(s_, m_, &outcome_));
       }
       case Stage::kRenewing:
         return Renewed();
@@ -184,7 +184,7 @@ class RenewForWaitOp final : public StorePart {
         }
         m_->OnTimer(s_.inputs());
         stage_ = Stage::kOwnRenewed;
-        return Next::Call(s_.DriveLockPart(m_, &outcome_));
+        return Next::Call(part::DriveLock(s_, m_, &outcome_));
       }
       case Stage::kHeldRenewed:
         return Next::Done();
@@ -216,7 +216,7 @@ class ReleaseAndForgetOp final : public StorePart {
   std::string Where() const override { return absl::StrCat("releasing the lock on \"", PrintableId(id_), "\""); }
 
   Next Resume(const Reply& r) override {
-    if (r.kind == Reply::Kind::kStart) return Next::Try(s_.ReleasePart(m_));
+    if (r.kind == Reply::Kind::kStart) return Next::Try(part::Release(s_, m_));
     auto held = s_.held().find(id_);
     if (held != s_.held().end() && held->second.machine == m_) s_.ForgetHeld(held);
     return r.status.ok() ? Next::Done() : Next::Fail(r.status);
@@ -377,7 +377,7 @@ class AcquireLockOp final : public StorePart {
       }
       case Stage::kConnecting:
         stage_ = Stage::kAcquiring;
-        return Next::Call(s_.AcquirePart(id_, &m_));
+        return Next::Call(part::Acquire(s_, id_, &m_, &waited_));
       case Stage::kAcquiring:
         return Acquired();
     }
@@ -396,9 +396,7 @@ class AcquireLockOp final : public StorePart {
     Result r = s_.Base();
     r.lock_id = m_->lock_id();
     r.waited_ms = in.now_ms - started_ms_;
-    s_.Tell(DiagnosticKind::kLockAcquired, r.waited_ms > 0 ? DiagnosticLevel::kInfo : DiagnosticLevel::kDebug, id_,
-            absl::StrCat("acquired the lock on \"", PrintableId(id_), "\" after ", r.waited_ms, " ms"),
-            {{"waited_ms", r.waited_ms}}, {{"lock_id", m_->lock_id()}});
+    s_.TellAcquired(*m_, r.waited_ms, waited_);
     return Next::Done(std::move(r));
   }
 
@@ -407,6 +405,7 @@ class AcquireLockOp final : public StorePart {
   std::string id_;
   int64_t started_ms_ = 0;
   StoreSteps::LockPtr m_;
+  bool waited_ = false;  // for another process
 };
 
 // renew: the lease of a lock this store holds, now. What the store holds is

@@ -1,6 +1,7 @@
 // The bridge to the Python ClickHouse backend's lock: a state id locked by
-// one of its processes is waited for, and a free one is claimed so that
-// both kinds of process exclude each other.
+// one of its processes is waited for (core/store_lock.cc), and with
+// python_locks a free one is claimed so that both kinds of process exclude
+// each other.
 #include "core/store.h"
 
 #include <utility>
@@ -11,68 +12,79 @@
 #include "core/store_steps.h"
 
 namespace chstate {
+namespace part {
+namespace {
 
-// A Python backend's process holds the id: try again after the retry
-// wait, or give up naming it.
-Step StoreSteps::WaitForPython(const std::string& id, const std::string& python_lock_id, std::function<Step(LockPtr)> then,
-                               OnFailure fail, int64_t deadline) {
-  if (in_->now_ms + s_->options_.lock.retry_ms >= deadline) {
-    return fail(absl::AbortedError(absl::StrCat(
-        "state id \"", PrintableId(id), "\" is locked by a process of the Python ClickHouse backend (its lock row ",
-        PrintableId(python_lock_id), " in ", s_->options_.table, "_lock); it was not free within the lock timeout")));
-  }
-  return Step::Wait(s_->options_.lock.retry_ms,
-                    [this, id, then, fail, deadline] { return Acquire(id, then, fail, deadline); });
-}
-
-// python_locks: the table lock is ours; now the Python backend's rows.
+// python_locks: the table lock `m` is ours; now the Python backend's rows.
 // Look (a Python holder: yield), show ourselves with a marker, wait the
 // settle time (a Python process that saw the lock free before the marker
-// has written its row by then), look again. Yielding releases the table
-// lock and tries again until the deadline.
-Step StoreSteps::ClaimFromPython(const std::string& id, const LockPtr& m, int64_t deadline, std::function<Step(LockPtr)> then,
-                                 OnFailure fail) {
-  // Release withdraws the marker first (it is harmless when none was written).
-  auto abandon = [this, m, fail](absl::Status st) -> Step {
-    return Release(m, [fail, st] { return fail(st); }, [fail, st](absl::Status) { return fail(st); });
-  };
-  auto yield = [this, id, m, deadline, then, fail](const std::string& python_lock_id) -> Step {
-    return Release(
-        m,
-        [this, id, deadline, then, fail, python_lock_id] {
-          if (in_->now_ms + s_->options_.lock.retry_ms >= deadline) {
-            return fail(absl::AbortedError(absl::StrCat(
-                "state id \"", PrintableId(id), "\" is locked by a process of the Python ClickHouse backend (its "
-                "lock row ", PrintableId(python_lock_id), " in ", s_->options_.table,
-                "_lock); it was not free within the lock timeout")));
-          }
-          return Step::Wait(s_->options_.lock.retry_ms,
-                            [this, id, deadline, then, fail] { return Acquire(id, then, fail, deadline); });
-        },
-        fail);
-  };
-  auto look = [this, id](std::function<Step(const Rows&)> seen, OnFailure failed) {
-    return Query(st().ForeignLockRows(id), "looking for the Python backend's lock rows", 2, std::move(seen),
-                 std::move(failed));
-  };
-  return look(
-      [this, id, m, then, yield, abandon, look](const Rows& before) -> Step {
-        if (!before.empty()) return yield(before[0][0].value_or(""));
-        return Sql(
-            st().InsertLockMarker(id, m->lock_id()), "showing the lock to the Python backend",
-            [m, then, yield, abandon, look](const std::string&) {
-              return Step::Wait(kDefaultPythonLockSettleMs, [m, then, yield, abandon, look] {
-                return look(
-                    [m, then, yield](const Rows& after) -> Step {
-                      if (!after.empty()) return yield(after[0][0].value_or(""));
-                      return then(m);
-                    },
-                    abandon);
-              });
-            },
-            abandon);
-      },
-      abandon);
+// has written its row by then), look again. Ends with the Python holder
+// seen in *holder (empty: the id is ours); fails when a look or the marker
+// fails (the caller releases the lock, marker first).
+class ClaimFromPythonOp final : public StorePart {
+ public:
+  ClaimFromPythonOp(StoreSteps& s, StoreSteps::LockPtr m, std::string* holder)
+      : StorePart(s), m_(std::move(m)), holder_(holder) {}
+  std::string Where() const override {
+    const std::string id = PrintableId(m_->state_id());
+    switch (stage_) {
+      case Stage::kMarking: return absl::StrCat("showing the lock on \"", id, "\" to the Python backend");
+      case Stage::kSettling: return absl::StrCat("letting the Python backend see the lock on \"", id, "\"");
+      default: return absl::StrCat("looking for the Python backend's lock on \"", id, "\"");
+    }
+  }
+
+  Next Resume(const Reply& r) override {
+    switch (stage_) {
+      case Stage::kStart:
+        holder_->clear();
+        stage_ = Stage::kLookingBefore;
+        return Look();
+      case Stage::kLookingBefore:
+      case Stage::kLookingAfter: {
+        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "looking for the Python backend's lock rows", 2);
+        if (!rows.ok()) return Next::Fail(rows.status());
+        if (!rows->empty()) {
+          *holder_ = (*rows)[0][0].value_or("");
+          return Next::Done();
+        }
+        if (stage_ == Stage::kLookingAfter) return Next::Done();
+        stage_ = Stage::kMarking;
+        return Next::Send(s_.st().InsertLockMarker(m_->state_id(), m_->lock_id()));
+      }
+      case Stage::kMarking: {
+        absl::StatusOr<std::string> done = s_.Answer(r, "showing the lock to the Python backend");
+        if (!done.ok()) return Next::Fail(done.status());
+        stage_ = Stage::kSettling;
+        return Next::Wait(TimerKind::kPythonSettle, kDefaultPythonLockSettleMs);
+      }
+      case Stage::kSettling:
+        stage_ = Stage::kLookingAfter;
+        return Look();
+    }
+    return Next::Fail(absl::InternalError("claim from Python: no such stage"));
+  }
+
+ private:
+  enum class Stage { kStart, kLookingBefore, kMarking, kSettling, kLookingAfter };
+  Next Look() { return Next::Send(s_.st().ForeignLockRows(m_->state_id())); }
+
+  Stage stage_ = Stage::kStart;
+  StoreSteps::LockPtr m_;
+  std::string* holder_;
+};
+
+}  // namespace
+
+std::unique_ptr<Op> ClaimFromPython(StoreSteps& s, StoreSteps::LockPtr m, std::string* holder) {
+  return std::make_unique<ClaimFromPythonOp>(s, std::move(m), holder);
 }
 
+absl::Status PythonHolds(const StoreOptions& o, const std::string& id, const std::string& python_lock_id) {
+  return absl::AbortedError(absl::StrCat(
+      "state id \"", PrintableId(id), "\" is locked by a process of the Python ClickHouse backend (its lock row ",
+      PrintableId(python_lock_id), " in ", o.table, "_lock); it was not free within the lock timeout"));
+}
+
+}  // namespace part
 }  // namespace chstate

@@ -17,21 +17,6 @@
 
 namespace chstate {
 
-// A task whose body gets a StoreSteps bound to the task's inputs.
-std::unique_ptr<Task> MakeTask(Store* store, std::function<Step(StoreSteps&)> body) {
-  return std::make_unique<Task>(
-      [store, body = std::move(body)](const Inputs* in) {
-        auto steps = std::make_shared<StoreSteps>(store, in);
-        StoreSteps* s = steps.get();
-        return Task::Root{steps, std::make_unique<StepOp>([s, body] {
-                            s->SettleAbandonedRenewals();
-                            s->ForgetStaleLingering();
-                            return body(*s);
-                          })};
-      },
-      store->options().transport);
-}
-
 namespace {
 
 // The root of a store task: when the task starts, it settles what earlier
@@ -65,10 +50,24 @@ std::unique_ptr<Task> MakeOpTask(Store* store, std::function<std::unique_ptr<Op>
       store->options().transport);
 }
 
+namespace {
+
+// An operation refused before it starts (bad arguments).
+class FailOp final : public Op {
+ public:
+  explicit FailOp(absl::Status status) : status_(std::move(status)) {}
+  std::string Where() const override { return ""; }
+  Next Resume(const Reply&) override { return Next::Fail(status_); }
+
+ private:
+  absl::Status status_;
+};
+
+}  // namespace
+
 std::unique_ptr<Task> Invalid(absl::Status status) {
-  return std::make_unique<Task>([status](const Inputs*) {
-    return Task::Root{nullptr, std::make_unique<StepOp>([status] { return Step::Fail(status); })};
-  });
+  return std::make_unique<Task>(
+      [status](const Inputs*) { return Task::Root{nullptr, std::make_unique<FailOp>(status)}; });
 }
 
 void StoreSteps::Tell(DiagnosticKind kind, DiagnosticLevel level, const std::string& state_id, std::string message,
@@ -498,12 +497,9 @@ class LockedOp final : public StorePart {
       case Stage::kStart:
         started_ms_ = s_.inputs().now_ms;
         stage_ = Stage::kAcquiring;
-        return Next::Call(s_.AcquirePart(id_, &lock_));
+        return Next::Call(part::Acquire(s_, id_, &lock_, &waited_));
       case Stage::kAcquiring: {
-        const int64_t waited = s_.inputs().now_ms - started_ms_;
-        s_.Tell(DiagnosticKind::kLockAcquired, waited > 0 ? DiagnosticLevel::kInfo : DiagnosticLevel::kDebug, id_,
-                absl::StrCat("acquired the lock on \"", PrintableId(id_), "\" after ", waited, " ms"),
-                {{"waited_ms", waited}}, {{"lock_id", lock_->lock_id()}});
+        s_.TellAcquired(*lock_, s_.inputs().now_ms - started_ms_, waited_);
         s_.set_current_lock(lock_);
         stage_ = Stage::kInBody;
         return Next::Try(std::move(body_));
@@ -513,7 +509,7 @@ class LockedOp final : public StorePart {
         outcome_ = r.status;
         result_ = r.result;
         stage_ = Stage::kReleasing;
-        return Next::Try(s_.ReleasePart(lock_));
+        return Next::Try(part::Release(s_, lock_));
       case Stage::kReleasing:
         if (!outcome_.ok()) return Next::Fail(outcome_);
         if (!r.status.ok()) return Next::Fail(r.status);
@@ -530,6 +526,7 @@ class LockedOp final : public StorePart {
   std::unique_ptr<Op> body_;
   int64_t started_ms_ = 0;
   StoreSteps::LockPtr lock_;
+  bool waited_ = false;  // for another process
   absl::Status outcome_;
   std::shared_ptr<Result> result_;
 };
@@ -550,26 +547,6 @@ class SqlOp final : public StorePart {
   std::string what_;
 };
 
-// A continuation chain (the lock's steps, until they are parts too) as a
-// part: `chain(then, fail)` builds it.
-class ChainOp final : public StorePart {
- public:
-  using Chain = std::function<Step(StoreSteps::Then then, StoreSteps::OnFailure fail)>;
-  ChainOp(StoreSteps& s, std::string where, Chain chain)
-      : StorePart(s), steps_([chain = std::move(chain)] {
-          return chain([] { return Step::Done(Result{}); }, StoreSteps::Failed);
-        }, std::move(where)) {}
-  std::string Where() const override { return steps_.Where(); }
-  Next Resume(const Reply& r) override {
-    Next n = steps_.Resume(r);
-    if (n.kind == Next::Kind::kDone) n.result = nullptr;  // a part's chain ends with nothing to report
-    return n;
-  }
-
- private:
-  StepOp steps_;
-};
-
 }  // namespace
 
 std::unique_ptr<Op> Connect(StoreSteps& s, bool force) { return std::make_unique<ConnectOp>(s, force); }
@@ -587,72 +564,10 @@ std::unique_ptr<Op> DeleteState(StoreSteps& s, std::string id) { return std::mak
 std::unique_ptr<Op> Locked(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
   return std::make_unique<LockedOp>(s, std::move(id), std::move(body));
 }
-std::unique_ptr<Op> Chain(StoreSteps& s, std::string where,
-                          std::function<Step(StoreSteps::Then, StoreSteps::OnFailure)> chain) {
-  return std::make_unique<ChainOp>(s, std::move(where), std::move(chain));
-}
-
 }  // namespace part
 
 std::unique_ptr<Op> StoreSteps::SqlPart(SqlRequest req, std::string what) {
   return std::make_unique<part::SqlOp>(*this, std::move(req), std::move(what));
-}
-
-// ---- the continuation API over the parts, for the chains not yet parts ----
-
-Step StoreSteps::Sql(SqlRequest req, std::string what, std::function<Step(const std::string& body)> then,
-                     OnFailure fail) {
-  SqlRequest sent;  // what the failure needs of the request (not its SQL)
-  sent.idempotent = req.idempotent;
-  sent.send_before_ms = req.send_before_ms;
-  return Step::Run(std::move(req), [this, sent, what = std::move(what), then = std::move(then),
-                                    fail = std::move(fail)](const SqlResponse& r) -> Step {
-    Reply reply;
-    reply.kind = Reply::Kind::kAnswer;
-    reply.answer = &r;
-    reply.sent = &sent;
-    absl::StatusOr<std::string> body = Answer(reply, what);
-    if (!body.ok()) return fail(body.status());
-    return then(*body);
-  });
-}
-
-Step StoreSteps::Query(SqlRequest req, std::string what, size_t columns, std::function<Step(const Rows& rows)> then,
-                       OnFailure fail) {
-  return Sql(
-      std::move(req), what,
-      [columns, then = std::move(then), fail](const std::string& body) -> Step {
-        absl::StatusOr<Rows> rows = ParseTabSeparated(body, columns);
-        if (!rows.ok()) return fail(rows.status());
-        return then(*rows);
-      },
-      fail);
-}
-
-Step StoreSteps::Run(std::unique_ptr<Op> part, Then then, OnFailure fail) {
-  return Step::Call(std::move(part), [then = std::move(then), fail = std::move(fail)](absl::Status st,
-                                                                                     std::shared_ptr<Result>) {
-    return st.ok() ? then() : fail(std::move(st));
-  });
-}
-
-Step StoreSteps::Connected(Then then, OnFailure fail, bool force) {
-  // No request when connected (a part would cost nothing more, but keeps
-  // the chain's shape the same).
-  if (s_->statements_ && !force) return then();
-  return Run(part::Connect(*this, force), std::move(then), std::move(fail));
-}
-
-Step StoreSteps::EnsureSchema(Then then, OnFailure fail) {
-  return Run(part::EnsureSchema(*this), std::move(then), std::move(fail));
-}
-
-Step StoreSteps::ReadState(const std::string& id, std::function<Step(std::optional<MeltanoState>)> then,
-                           OnFailure fail) {
-  auto out = std::make_shared<std::optional<MeltanoState>>();
-  return Step::Call(part::ReadState(*this, id, out.get()), [out, then, fail](absl::Status st, std::shared_ptr<Result>) {
-    return st.ok() ? then(std::move(*out)) : fail(std::move(st));
-  });
 }
 
 absl::StatusOr<std::string> StoreSteps::Token() {
@@ -661,57 +576,6 @@ absl::StatusOr<std::string> StoreSteps::Token() {
         "the host passed fewer than 16 random bytes; every input needs fresh random bytes");
   }
   return absl::StrCat("chstate-", HexEncode(in_->random.substr(0, 16)), "-", ++s_->writes_);
-}
-
-Step StoreSteps::WriteState(const MeltanoState& state, Then then, OnFailure fail) {
-  return Run(part::WriteState(*this, state), std::move(then), std::move(fail));
-}
-
-Step StoreSteps::QuorumWrite(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, Then then,
-                             OnFailure fail) {
-  return Run(part::QuorumWrite(*this, std::move(req), std::move(what), deadline_ms, wait_ms), std::move(then),
-             std::move(fail));
-}
-
-Step StoreSteps::DeleteState(const std::string& id, Then then, OnFailure fail) {
-  return Run(part::DeleteState(*this, id), std::move(then), std::move(fail));
-}
-
-Step StoreSteps::WithLock(const std::string& id, std::function<Step(Finish)> body, Finish after) {
-  auto chain = std::make_unique<StepOp>([body] { return body(Terminal); }, "steps under the lock");
-  return Step::Call(part::Locked(*this, id, std::move(chain)), [after](absl::Status st, std::shared_ptr<Result> r) {
-    // Locked ends with the body's result, which the chain's Terminal made.
-    if (!st.ok()) return after(std::move(st));
-    return after(r ? std::move(*r) : Result{});
-  });
-}
-
-std::unique_ptr<Op> StoreSteps::DriveLockPart(LockPtr m, LockAction* out) {
-  return part::Chain(*this, "the lock", [this, m, out](Then then, OnFailure) {
-    return DriveLock(m, [out, then](const LockAction& a) {
-      *out = a;
-      return then();
-    });
-  });
-}
-
-std::unique_ptr<Op> StoreSteps::AcquirePart(const std::string& id, LockPtr* out) {
-  return part::Chain(*this, absl::StrCat("taking the lock on \"", PrintableId(id), "\""),
-                     [this, id, out](Then then, OnFailure fail) {
-                       return Acquire(
-                           id,
-                           [out, then](LockPtr m) {
-                             *out = std::move(m);
-                             return then();
-                           },
-                           std::move(fail));
-                     });
-}
-
-std::unique_ptr<Op> StoreSteps::ReleasePart(LockPtr m) {
-  return part::Chain(*this, "releasing the lock", [this, m](Then then, OnFailure fail) {
-    return Release(m, std::move(then), std::move(fail));
-  });
 }
 
 absl::Status StoreSteps::ExplainQuorumError(absl::Status st, int code) const {
@@ -812,8 +676,12 @@ absl::Status StoreSteps::LeaseCheck(const std::string& id) const {
       "renews it when used or ticked after a third of that); nothing was written: release it and start again"));
 }
 
-Step StoreSteps::Terminal(absl::StatusOr<Result> outcome) {
-  return outcome.ok() ? Step::Done(*std::move(outcome)) : Step::Fail(outcome.status());
+void StoreSteps::TellAcquired(const LockMachine& m, int64_t waited_ms, bool waited_for_another) {
+  // Worth a line at info when the acquisition waited for another process;
+  // the round trips of an uncontended lock are debug.
+  Tell(DiagnosticKind::kLockAcquired, waited_for_another ? DiagnosticLevel::kInfo : DiagnosticLevel::kDebug,
+       m.state_id(), absl::StrCat("acquired the lock on \"", PrintableId(m.state_id()), "\" after ", waited_ms, " ms"),
+       {{"waited_ms", waited_ms}}, {{"lock_id", m.lock_id()}});
 }
 
 Result StoreSteps::Base() const {

@@ -21,32 +21,20 @@
 
 namespace chstate {
 
-// Builders of step chains for one Store. Every function takes a continuation
-// (`then`) that produces the step after it; failures short-circuit with
-// Step::Fail unless a caller passes a failure continuation.
+// What one task of a Store works with: the store's options, statements,
+// held locks and timers, the task's inputs, and the wording of failures.
+// The operations and their parts (below) are built on it.
 class StoreSteps {
  public:
   StoreSteps(Store* store, const Inputs* in) : s_(store), in_(in) {}
 
-  using Then = std::function<Step()>;
-  using OnFailure = std::function<Step(absl::Status)>;
-  static Step Failed(absl::Status st) { return Step::Fail(std::move(st)); }
   const Statements& st() const { return *s_->statements_; }
 
   // This store holds the id's lock (a lock scope's, or lingering).
   bool HoldsLock(const std::string& id) const { return s_->held_.count(id) != 0; }
   const Inputs& inputs() const { return *in_; }
 
-  // Keeps `p` alive as long as these steps; returns the raw pointer.
-  template <typename T>
-  T* Keep(std::shared_ptr<T> p) {
-    keep_.push_back(p);
-    return p.get();
-  }
-
   using LockPtr = std::shared_ptr<LockMachine>;
-  using LockOutcome = std::function<Step(const LockAction&)>;
-  using Finish = std::function<Step(absl::StatusOr<Result>)>;
 
   // What one task knows of its store (the parts read and write these).
   const StoreOptions& options() const { return s_->options_; }
@@ -73,32 +61,7 @@ class StoreSteps {
   // Runs `req` for its success alone (fails with the answer's failure).
   std::unique_ptr<Op> SqlPart(SqlRequest req, std::string what);
 
-  // The parts still built as continuation chains (the lock's), as parts.
-  std::unique_ptr<Op> AcquirePart(const std::string& id, LockPtr* out);
-  std::unique_ptr<Op> ReleasePart(LockPtr m);
   std::unique_ptr<Op> HistoryUpkeepPart(const std::string& id);
-  // Drives `m` until its outcome (DriveLock), into *out.
-  std::unique_ptr<Op> DriveLockPart(LockPtr m, LockAction* out);
-
-  // ---- the continuation API over the parts (namespace part below), for
-  // the chains that are not parts yet ----
-
-  // Runs `req`; on success continues with the body, on failure with `fail`
-  // (worded as Answer does).
-  Step Sql(SqlRequest req, std::string what, std::function<Step(const std::string& body)> then,
-           OnFailure fail);
-  // Like Sql, decoding `columns`-wide TabSeparated rows.
-  Step Query(SqlRequest req, std::string what, size_t columns, std::function<Step(const Rows& rows)> then,
-             OnFailure fail);
-  // Runs `part`; `then` when it succeeded, `fail` with its error.
-  Step Run(std::unique_ptr<Op> part, Then then, OnFailure fail);
-  Step Connected(Then then, OnFailure fail, bool force = false);
-  Step EnsureSchema(Then then, OnFailure fail);
-  Step ReadState(const std::string& id, std::function<Step(std::optional<MeltanoState>)> then, OnFailure fail);
-  Step WriteState(const MeltanoState& state, Then then, OnFailure fail);
-  Step QuorumWrite(SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms, Then then,
-                   OnFailure fail);
-  Step DeleteState(const std::string& id, Then then, OnFailure fail);
 
   // A token naming one write (insert deduplication), from the fresh random
   // bytes: kInvalidArgument when the host gave fewer than 16.
@@ -130,59 +93,12 @@ class StoreSteps {
   // this task took (WithLock), or one this store holds on `id`.
   absl::Status LeaseCheck(const std::string& id) const;
 
-  // Ends the task with `outcome` (WithLock's default `after`).
-  static Step Terminal(absl::StatusOr<Result> outcome);
-
-  // Runs `body` under the lock for `id` and releases on every exit path. The
-  // body ends by calling `finish` with its result or error; `after` gets that
-  // outcome once the lock is released (by default it ends the task).
-  Step WithLock(const std::string& id, std::function<Step(Finish)> body, Finish after = Terminal);
+  // Tells that the lock `m` was taken after `waited_ms` (lock_acquired).
+  void TellAcquired(const LockMachine& m, int64_t waited_ms, bool waited_for_another);
 
   // A Result with the server version, the dialect and the store's next
   // timeout filled in, for an operation to complete.
   Result Base() const;
-
-  // ---- store_lock.cc: an operation's lock ----
-
-  // Turns a LockMachine's actions into steps until it reports an outcome
-  // (acquired, released, failed, lost): it sends what the machine sends (its
-  // waiter rows included) and waits what it says. Renewal timers armed while
-  // held are not run inside a task: the lease is checked before every write
-  // instead.
-  Step DriveLock(const LockPtr& m, LockOutcome on_outcome);
-  // What DriveLock keeps of the lock's reads, and the wait it tells of.
-  void NoteHolder(const LockMachine& m);
-  void TellWaiting(const LockMachine& m, int64_t next_try_ms);
-
-  // `deadline_ms`: when waiting ends (the lock timeout from the first
-  // attempt); a retry after yielding to the Python backend keeps it.
-  Step Acquire(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail,
-               std::optional<int64_t> deadline_ms = std::nullopt);
-
-  Step TakeLock(const std::string& id, std::function<Step(LockPtr)> then, OnFailure fail, int64_t deadline);
-
-  // Cluster mode, just acquired by `m`: when its winning claims read held
-  // kClaimsPruneAt claims of the id that no reader counts any more, they
-  // are removed (kClaimsPruneAt). A failure changes nothing: they are
-  // removed by a later acquisition.
-  Step PruneClaims(const LockPtr& m, Then then);
-
-  Step Release(const LockPtr& m, Then then, OnFailure fail);
-
-  // ---- store_python_lock.cc: the Python backend's lock ----
-
-  // A Python backend's process holds the id: try again after the retry
-  // wait, or give up naming it.
-  Step WaitForPython(const std::string& id, const std::string& python_lock_id, std::function<Step(LockPtr)> then,
-                     OnFailure fail, int64_t deadline);
-
-  // python_locks: the table lock is ours; now the Python backend's rows.
-  // Look (a Python holder: yield), show ourselves with a marker, wait the
-  // settle time (a Python process that saw the lock free before the marker
-  // has written its row by then), look again. Yielding releases the table
-  // lock and tries again until the deadline.
-  Step ClaimFromPython(const std::string& id, const LockPtr& m, int64_t deadline, std::function<Step(LockPtr)> then,
-                       OnFailure fail);
 
   // ---- store_lock_registry.cc: locks held between operations (renewal,
   // lingering, yielding) ----
@@ -214,6 +130,7 @@ class StoreSteps {
   // The store's deadlines for the held lock on `id` (and its yield mark),
   // in its timer table.
   int64_t TimerAt(TimerKind kind, const std::string& id) const { return s_->TimerAt(kind, id); }
+  std::optional<int64_t> TimerIfSet(TimerKind kind, const std::string& id) const { return s_->timers_.At(kind, id); }
   void SetTimer(TimerKind kind, const std::string& id, int64_t at_ms) { s_->timers_.Set(kind, id, at_ms); }
   void ClearTimer(TimerKind kind, const std::string& id) { s_->timers_.Clear(kind, id); }
   std::map<std::string, Store::HeldLock>::iterator ForgetHeld(std::map<std::string, Store::HeldLock>::iterator it) {
@@ -229,6 +146,8 @@ class StoreSteps {
     ClearTimer(TimerKind::kLinger, id);
   }
   bool Lingers() const { return s_->Lingers(); }
+  // Cluster mode: when this store last pruned each id's dead claims.
+  std::map<std::string, int64_t>& claims_pruned_ms() { return s_->claims_pruned_ms_; }
   int64_t WaiterCheckEveryMs() const { return s_->WaiterCheckEveryMs(); }
 
   // ---- store_bulk.cc: history and bulk ----
@@ -243,14 +162,7 @@ class StoreSteps {
   Store* s_;
   const Inputs* in_;
   LockPtr current_lock_;
-  // The other process the lock's last read found holding it (empty: none),
-  // how long ago it renewed and how long its lock stays valid unrenewed:
-  // what a wait for the lock is told with.
-  std::string waiting_for_;
-  int64_t waiting_age_s_ = 0;
-  int64_t waiting_window_s_ = 0;
   std::string lease_id_;  // the id whose lease the last UnderLease request keeps to
-  std::vector<std::shared_ptr<void>> keep_;
 };
 
 // A part of a store operation (core/op.h): it runs with its task's StoreSteps.
@@ -282,13 +194,29 @@ std::unique_ptr<Op> DeleteState(StoreSteps& s, std::string id);
 // Runs `body` under the lock for `id`, taken for it and released on every
 // exit path; ends with the body's result.
 std::unique_ptr<Op> Locked(StoreSteps& s, std::string id, std::unique_ptr<Op> body);
-// A continuation chain as a part (until the lock's steps are parts).
-std::unique_ptr<Op> Chain(StoreSteps& s, std::string where,
-                          std::function<Step(StoreSteps::Then, StoreSteps::OnFailure)> chain);
+
+// ---- store_lock.cc: an operation's lock ----
+
+// Sends what the lock machine `m` sends and waits what it says until its
+// outcome, into *out; *waited (when given) is set when a back-off followed
+// a read that found another process holding the lock.
+std::unique_ptr<Op> DriveLock(StoreSteps& s, StoreSteps::LockPtr m, LockAction* out, bool* waited = nullptr);
+// Takes the lock on `id` (waiting up to the lock timeout), into *out;
+// *waited says whether it waited for another process.
+std::unique_ptr<Op> Acquire(StoreSteps& s, std::string id, StoreSteps::LockPtr* out, bool* waited);
+// Releases `m` (with python_locks, its marker first).
+std::unique_ptr<Op> Release(StoreSteps& s, StoreSteps::LockPtr m);
+
+// ---- store_python_lock.cc: the Python backend's lock ----
+
+// python_locks, the table lock just taken: claims the id from the Python
+// backend (look, marker, settle, look again); *holder names a Python
+// process found holding it (empty: the id is ours).
+std::unique_ptr<Op> ClaimFromPython(StoreSteps& s, StoreSteps::LockPtr m, std::string* holder);
+// The failure when a Python backend's process kept the id past the timeout.
+absl::Status PythonHolds(const StoreOptions& o, const std::string& id, const std::string& python_lock_id);
 }  // namespace part
 
-// A task whose body gets a StoreSteps bound to the task's inputs.
-std::unique_ptr<Task> MakeTask(Store* store, std::function<Step(StoreSteps&)> body);
 // A task that runs the operation `make` builds when the task starts.
 std::unique_ptr<Task> MakeOpTask(Store* store, std::function<std::unique_ptr<Op>(StoreSteps&)> make);
 // A task that fails at once with `status` (bad arguments).

@@ -1,4 +1,5 @@
-// The host-facing driver of a task's continuation chain.
+// The host-facing driver of one operation: its stack of parts (core/op.h)
+// and the transport policy for every request they send.
 #include "core/task.h"
 
 #include <algorithm>
@@ -11,45 +12,6 @@
 #include "core/response.h"
 
 namespace chstate {
-
-Step Step::Run(SqlRequest request, ResponseHandler then) {
-  Step s;
-  s.kind = Kind::kRunSql;
-  s.request = std::move(request);
-  s.on_response = std::move(then);
-  return s;
-}
-
-Step Step::Wait(int64_t ms, TimerHandler then, TimerKind timer) {
-  Step s;
-  s.kind = Kind::kWait;
-  s.wait_ms = ms < 0 ? 0 : ms;
-  s.timer = timer;
-  s.on_timer = std::move(then);
-  return s;
-}
-
-Step Step::Done(Result result) {
-  Step s;
-  s.kind = Kind::kDone;
-  s.result = std::move(result);
-  return s;
-}
-
-Step Step::Fail(absl::Status status) {
-  Step s;
-  s.kind = Kind::kFailed;
-  s.status = std::move(status);
-  return s;
-}
-
-Step Step::Call(std::unique_ptr<Op> part, PartHandler then) {
-  Step s;
-  s.kind = Kind::kCall;
-  s.part = std::move(part);
-  s.on_part = std::move(then);
-  return s;
-}
 
 Next Next::Send(SqlRequest request) {
   Next n;
@@ -98,59 +60,6 @@ Next Next::Fail(absl::Status status) {
   n.kind = Kind::kFail;
   n.status = std::move(status);
   return n;
-}
-
-namespace {
-
-// A shared_ptr's op as a part the task owns (the chain keeps no other use).
-class SharedPart final : public Op {
- public:
-  explicit SharedPart(std::shared_ptr<Op> op) : op_(std::move(op)) {}
-  Next Resume(const Reply& reply) override { return op_->Resume(reply); }
-  std::string Where() const override { return op_->Where(); }
-
- private:
-  std::shared_ptr<Op> op_;
-};
-
-}  // namespace
-
-Next StepOp::Resume(const Reply& reply) {
-  Step step;
-  switch (reply.kind) {
-    case Reply::Kind::kStart:
-      step = body_();
-      break;
-    case Reply::Kind::kAnswer: {
-      ResponseHandler handler = std::move(pending_.on_response);
-      step = handler(*reply.answer);
-      break;
-    }
-    case Reply::Kind::kTimer: {
-      TimerHandler handler = std::move(pending_.on_timer);
-      step = handler();
-      break;
-    }
-    case Reply::Kind::kPart: {
-      PartHandler handler = std::move(pending_.on_part);
-      step = handler(reply.status, reply.result);
-      break;
-    }
-  }
-  pending_ = std::move(step);
-  switch (pending_.kind) {
-    case Step::Kind::kRunSql:
-      return Next::Send(pending_.request);
-    case Step::Kind::kWait:
-      return Next::Wait(pending_.timer, pending_.wait_ms);
-    case Step::Kind::kDone:
-      return Next::Done(std::move(pending_.result));
-    case Step::Kind::kFailed:
-      return Next::Fail(pending_.status);
-    case Step::Kind::kCall:
-      return Next::Try(std::make_unique<SharedPart>(std::move(pending_.part)));
-  }
-  return Next::Fail(absl::InternalError("a step of unknown kind"));
 }
 
 bool MayResend(const SqlRequest& request, const SqlResponse& response) {

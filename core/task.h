@@ -145,49 +145,6 @@ struct Action {
   absl::Status status; // kFailed
 };
 
-// Legacy continuation chains (core/store*.cc), being replaced by explicit
-// operations (core/op.h); a chain runs inside a task as one op (StepOp) and
-// may call an op as a part (Step::Call). Public only so that the store can
-// build tasks; hosts use Task.
-struct Step;
-using ResponseHandler = std::function<Step(const SqlResponse&)>;
-using TimerHandler = std::function<Step()>;
-using PartHandler = std::function<Step(absl::Status, std::shared_ptr<Result>)>;
-struct Step {
-  enum class Kind { kRunSql, kWait, kDone, kFailed, kCall };
-  Kind kind = Kind::kFailed;
-  SqlRequest request;
-  ResponseHandler on_response;
-  int64_t wait_ms = 0;
-  TimerKind timer = TimerKind::kOpWait;
-  TimerHandler on_timer;
-  std::shared_ptr<Op> part;
-  PartHandler on_part;
-  Result result;
-  absl::Status status;
-
-  static Step Run(SqlRequest request, ResponseHandler then);
-  static Step Wait(int64_t ms, TimerHandler then, TimerKind timer = TimerKind::kOpWait);
-  static Step Done(Result result);
-  static Step Fail(absl::Status status);
-  // Runs `part`, then `then` with how it ended.
-  static Step Call(std::unique_ptr<Op> part, PartHandler then);
-};
-
-// A continuation chain as an op: `body` builds its first step when it starts.
-class StepOp final : public Op {
- public:
-  explicit StepOp(std::function<Step()> body, std::string where = "steps")
-      : body_(std::move(body)), where_(std::move(where)) {}
-  Next Resume(const Reply& reply) override;
-  std::string Where() const override { return where_; }
-
- private:
-  std::function<Step()> body_;
-  Step pending_;
-  std::string where_;
-};
-
 // Runs one operation: the stack of its parts (core/op.h), and the transport
 // policy for every request they send.
 class Task {

@@ -1,9 +1,12 @@
-// Every deadline the core keeps, in one table keyed by (kind, id), in the
-// shape of quinn-proto's TimerTable: a store's tasks, its held locks, its
-// lock machines and its hosts' down marks all set and read their deadlines
-// here, so that what a store waits for is one list a reader (and
-// Store::Where) can print, PollTimeout is its earliest entry, and
-// HandleTimeout walks it.
+// The deadlines a store keeps, in one table keyed by (kind, id), in the
+// shape of quinn-proto's TimerTable: a store's task waits, its held locks'
+// renewal, linger and waiter-look times, its yield marks and its hosts' down
+// marks are set and read here, so that what a store waits for is one list,
+// the connection's PollTimeout is its earliest entry, and HandleTimeout
+// walks it. A lock machine's own acquisition deadline and lease end are the
+// machine's state (LeaseValid, its table's kTimeUp), read by the store as
+// the machine's answers: a machine is a value the simulation and the fuzzer
+// drive by itself.
 //
 //   TimerTable t;
 //   t.Set(TimerKind::kRenewal, "dev:a", now_ms + 3000);
