@@ -48,7 +48,8 @@ class StoreSteps {
             std::vector<std::pair<std::string, int64_t>> numbers = {},
             std::vector<std::pair<std::string, std::string>> texts = {});
 
-  // ---- store_steps.cc: answers, and the parts every operation uses ----
+  // ---- store_task.cc: answers and their wording, leases, diagnostics
+  // (SqlPart is in store_steps.cc, HistoryUpkeepPart in store_bulk.cc) ----
 
   // The body of the answer to `r` (a Reply::kAnswer), or its failure
   // worded for `what`: a request acting under a lock (UnderLease) whose
