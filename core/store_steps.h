@@ -101,8 +101,8 @@ class StoreSteps {
   // timeout filled in, for an operation to complete.
   Result Base() const;
 
-  // ---- store_lock_registry.cc: locks held between operations (renewal,
-  // lingering, yielding) ----
+  // ---- store_lock_registry.cc and store_lock_scope.cc: locks held
+  // between operations (renewal, lingering, yielding) ----
 
   static absl::Status LostLock(const std::string& id);
 
@@ -207,6 +207,22 @@ std::unique_ptr<Op> DriveLock(StoreSteps& s, StoreSteps::LockPtr m, LockAction* 
 std::unique_ptr<Op> Acquire(StoreSteps& s, std::string id, StoreSteps::LockPtr* out, bool* waited);
 // Releases `m` (with python_locks, its marker first).
 std::unique_ptr<Op> Release(StoreSteps& s, StoreSteps::LockPtr m);
+
+// ---- store_lock_registry.cc: the parts that keep held locks ----
+
+// Renews the held lock on `id` now; fails with the reason when it is not
+// renewed, *lost saying whether the lock turned out not ours any more.
+std::unique_ptr<Op> Renew(StoreSteps& s, std::string id, bool* lost);
+// Renews every held lock whose renewal is due (Tick).
+std::unique_ptr<Op> RenewAllDue(StoreSteps& s);
+// Releases for real every lingering lock idle past its linger time (Tick).
+std::unique_ptr<Op> ReleaseIdleLingering(StoreSteps& s);
+// Releases for real the lingering lock on `id`; done either way.
+std::unique_ptr<Op> ReleaseLingeringLock(StoreSteps& s, std::string id);
+// Releases the held lock `m` on `id`, then forgets it however that went.
+std::unique_ptr<Op> ReleaseAndForget(StoreSteps& s, std::string id, StoreSteps::LockPtr m);
+// Looks for processes waiting for the lingering lock on `id` (*waiter).
+std::unique_ptr<Op> LookForWaiters(StoreSteps& s, std::string id, bool* waiter);
 
 // ---- store_python_lock.cc: the Python backend's lock ----
 
