@@ -67,9 +67,7 @@ class MachineLock : public SimLock {
 // outputs become the machine's actions the simulation understands.
 class StoreLock : public SimLock {
  public:
-  StoreLock(LockOptions options, std::string random) : random_(std::move(random)) {
-    StoreOptions o;
-    o.lock = options;
+  StoreLock(const StoreOptions& o, std::string random) : random_(std::move(random)) {
     conn_ = std::make_shared<Connection>(*Store::Create(o));
     lock_id_ = MakeLockId(random_);  // every input carries the same bytes
   }
@@ -104,9 +102,13 @@ class StoreLock : public SimLock {
   // The answer to a request of op `op` (RequestOp() when it was sent): an
   // abandoned op's answer is refused by the connection and changes nothing.
   void OnResponseToOp(const SqlResponse& response, uint64_t op, const Inputs& in) override {
-    if (!conn_->HandleResponse(op, response, In(in)).ok()) return;  // an abandoned op's answer
+    answer_taken_ = conn_->HandleResponse(op, response, In(in)).ok();
+    if (!answer_taken_) return;  // an abandoned op's answer
     Pump(in);
   }
+  // Whether the connection took the last answer given (an abandoned op's is refused).
+  bool AnswerTaken() const { return answer_taken_; }
+  const Store& store() const { return conn_->store(); }
   void OnTimer(const Inputs& in) override {
     conn_->HandleTimeout(In(in));
     Pump(in);
@@ -186,6 +188,7 @@ class StoreLock : public SimLock {
   std::string random_;
   std::shared_ptr<Connection> conn_;
   bool shared_ = false;
+  bool answer_taken_ = false;
   bool took_back_ = false;
   std::string lock_id_;
   Phase phase_ = Phase::kIdle;
@@ -248,6 +251,7 @@ class Sim {
     std::string lock_id;  // the lock it acts under (SimLock::RequestLockId)
     uint64_t op = 0;      // the op it belongs to (SimLock::RequestOp)
     int64_t ran_at = 0;   // true time it ran on the server
+    int host = -1;        // host lists: the index of the host it went to
     bool under_lock = false;  // cluster: an end row sent by the holder (its release)
   };
   // One lock instance on the server: from the moment its CREATE ran there
@@ -293,6 +297,19 @@ class Sim {
     // Cluster: when the claims read whose answer it was given last ran on
     // the server (an acquisition decided on it starts its instance there).
     int64_t last_claims_read_at = 0;
+    // Host lists: the simulation's own account of its store's down marks
+    // (per host, until when on the contender's clock; 0: none), kept from
+    // the answers the store took by the rule in core/endpoints.h, and the
+    // hosts the request being sent already went to in this round (a request
+    // that failed on one host goes to the next at once).
+    std::vector<int64_t> down_until;
+    std::vector<int> tried;
+    uint64_t tried_op = 0;
+    std::string tried_purpose;
+    int tried_attempt = 0;
+    int64_t next_host_input = -1;  // the input whose answer sends the request on to the next host
+    int64_t first_host_send = -1;  // the store's first and last request to any host (its clock)
+    int64_t last_host_send = -1;
   };
 
   // A contender's clock at true time t (its offset, and its rate error
@@ -360,7 +377,8 @@ class Sim {
     result_.observed.push_back(absl::StrCat("[", Time(t - t0_), "] ", Name(c.index), " -> ", req.purpose, " attempt ",
                                             req.attempt, req.idempotent ? " idempotent" : "", " send_before ",
                                             req.send_before_ms, " timeout ", req.timeout_ms, " params ", params,
-                                            " sql ", req.sql));
+                                            " sql ", req.sql,
+                                            req.endpoint.port != 0 ? absl::StrCat(" host ", req.endpoint.host) : ""));
   }
   void ObserveAnswer(int64_t t, const Contender& c, const SqlResponse& r) {
     result_.observed.push_back(absl::StrCat("[", Time(t - t0_), "] ", Name(c.index), " <- ",
@@ -387,6 +405,18 @@ class Sim {
   void CheckExclusion();
   void Finish(int64_t end_t);
   std::unique_ptr<SimLock> MakeLock(const Contender& c);
+  StoreOptions MakeStoreOptions(const Contender& c) const;
+  // Host lists: a contender starts a new store (its marks start empty); the
+  // last one's share of the dead host's budget is counted.
+  void NewStore(Contender& c);
+  void CloseStore(Contender& c);
+  int HostIndex(const Endpoint& e) const;
+  bool HostRefused(int host, int64_t t);
+  // Checks the host a store sent a request to against the rule, and counts it.
+  void CheckHostChoice(Contender& c, int64_t now, int host, const SqlRequest& req, uint64_t op);
+  // The store took an answer from `host`: a failure marks it down, else its mark goes.
+  void NoteHostAnswer(Contender& c, int host, const SqlRequest& req, const SqlResponse& answer, int64_t now);
+  std::string HostSuffix(int host) const { return host < 0 ? std::string() : absl::StrCat(" to ", hosts_[host].host); }
   // Stale window and retry for one contender (or for all of them).
   LockOptions DrawOptions();
 
@@ -416,6 +446,11 @@ class Sim {
     }
     return t >= refuse_from_ms_;
   }
+  // Host lists: the stores' hosts, the dead one, and each host's current
+  // or next refusal period (host_refuse_every_max_ms).
+  std::vector<Endpoint> hosts_;
+  int dead_host_ = -1;
+  std::vector<std::pair<int64_t, int64_t>> host_refusals_;
   std::vector<Instance> instances_;
   std::map<std::string, std::vector<size_t>> instances_of_;  // lock id -> instances_ indices
   std::vector<std::string> writes_;  // lock id of each user write in flight (Ev::kWriteLands)
@@ -427,19 +462,134 @@ class Sim {
 
 std::unique_ptr<SimLock> Sim::MakeLock(const Contender& c) {
   if (cfg_.lock == LockKind::kNaive) return std::make_unique<NaiveLock>(*st_, kStateId, c.options, 1000);
-  if (cfg_.lock == LockKind::kStore && cfg_.linger) {
+  if (cfg_.lock == LockKind::kStore && (cfg_.linger || cfg_.keep_store)) {
     Contender& mine = cs_[c.index];
     if (!mine.store) {
-      StoreOptions o;
-      o.lock = c.options;
-      o.linger_locks = true;
-      mine.store = std::make_shared<Connection>(*Store::Create(o));
+      mine.store = std::make_shared<Connection>(*Store::Create(MakeStoreOptions(c)));
       mine.store_held_id = std::make_shared<std::string>();
+      NewStore(mine);
     }
     return std::make_unique<StoreLock>(mine.store, mine.store_held_id, Bytes(16));
   }
-  if (cfg_.lock == LockKind::kStore) return std::make_unique<StoreLock>(c.options, Bytes(16));
+  if (cfg_.lock == LockKind::kStore) {
+    NewStore(cs_[c.index]);
+    return std::make_unique<StoreLock>(MakeStoreOptions(c), Bytes(16));
+  }
   return std::make_unique<MachineLock>(*st_, c.options, cfg_.defects);
+}
+
+StoreOptions Sim::MakeStoreOptions(const Contender& c) const {
+  StoreOptions o;
+  o.lock = c.options;
+  o.linger_locks = cfg_.linger;
+  if (cfg_.cluster) o.cluster.name = "sim";  // as the server's statements (Setup)
+  if (!hosts_.empty()) {
+    o.hosts = hosts_;
+    o.host_down_ms = cfg_.host_down_ms;
+  }
+  return o;
+}
+
+void Sim::CloseStore(Contender& c) {
+  if (c.first_host_send >= 0) {
+    result_.dead_host_budget += static_cast<int>(1 + (c.last_host_send - c.first_host_send) / cfg_.host_down_ms);
+  }
+  c.first_host_send = c.last_host_send = -1;
+}
+
+void Sim::NewStore(Contender& c) {
+  if (hosts_.empty()) return;
+  CloseStore(c);
+  c.down_until.assign(hosts_.size(), 0);
+  c.tried.clear();
+  c.next_host_input = -1;
+}
+
+int Sim::HostIndex(const Endpoint& e) const {
+  for (size_t i = 0; i < hosts_.size(); ++i) {
+    if (hosts_[i] == e) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+bool Sim::HostRefused(int host, int64_t t) {
+  if (host == dead_host_) return true;
+  if (cfg_.host_refuse_every_max_ms <= 0) return false;
+  auto& [from, until] = host_refusals_[host];
+  if (from < 0) {
+    from = t + Uniform(0, cfg_.host_refuse_every_max_ms);
+    until = from + Uniform(1, cfg_.host_refuse_max_ms);
+  }
+  while (t >= until) {
+    from = until + Uniform(0, cfg_.host_refuse_every_max_ms);
+    until = from + Uniform(1, cfg_.host_refuse_max_ms);
+  }
+  return t >= from;
+}
+
+void Sim::CheckHostChoice(Contender& c, int64_t now, int host, const SqlRequest& req, uint64_t op) {
+  // The same request again on the next host (its answer, in this very
+  // input, was a failure to go elsewhere with), or a new one: a new
+  // request, or the next round of resends, may go to any host.
+  const bool next_host = c.next_host_input == c.inputs && op == c.tried_op && req.purpose == c.tried_purpose &&
+                         req.attempt == c.tried_attempt;
+  if (!next_host) c.tried.clear();
+  // The rule (core/endpoints.h): the first host in the list not yet tried
+  // and not marked down; when every such host is marked down, the one whose
+  // mark runs out first.
+  std::optional<int> want, soonest;
+  for (int i = 0; i < static_cast<int>(hosts_.size()); ++i) {
+    if (std::find(c.tried.begin(), c.tried.end(), i) != c.tried.end()) continue;
+    if (c.down_until[i] <= now) {
+      want = i;
+      break;
+    }
+    if (!soonest || c.down_until[i] < c.down_until[*soonest]) soonest = i;
+  }
+  if (!want) want = soonest;
+  std::string marks;
+  if ((!want || *want != host) && ++result_.host_rule_breaks == 1) {
+    // The first one fails the schedule; the rest are only counted, so that
+    // the schedule runs on and its counts stay comparable.
+    for (size_t i = 0; i < hosts_.size(); ++i) {
+      absl::StrAppend(&marks, i ? ", " : "", hosts_[i].host,
+                      c.down_until[i] > now ? absl::StrCat(" down for ", c.down_until[i] - now, "ms") : " up",
+                      std::find(c.tried.begin(), c.tried.end(), static_cast<int>(i)) != c.tried.end() ? " (tried)" : "");
+    }
+    Violation(TrueTime(c, now), Name(c.index), " sent ", req.purpose, " (attempt ", req.attempt, ") to ",
+              hosts_[host].host, " where the host list's rule picks ",
+              want ? hosts_[*want].host : std::string("no host (every one tried)"), ": ", marks,
+              " (later sends against the rule are only counted)");
+  }
+  ++result_.host_sends;
+  if (host == dead_host_) {
+    ++result_.dead_host_sends;
+    if (c.down_until[host] > now) ++result_.dead_host_sends_forced;
+  }
+  if (c.first_host_send < 0) c.first_host_send = now;
+  c.last_host_send = now;
+  c.tried.push_back(host);
+  c.tried_op = op;
+  c.tried_purpose = req.purpose;
+  c.tried_attempt = req.attempt;
+}
+
+void Sim::NoteHostAnswer(Contender& c, int host, const SqlRequest& req, const SqlResponse& answer, int64_t now) {
+  auto* store = dynamic_cast<StoreLock*>(c.lock.get());
+  if (store == nullptr || !store->AnswerTaken()) return;  // an abandoned op's answer changes nothing
+  // A failure: no answer, or one of the replica-level codes the simulated
+  // server gives (289, a lagging replica; 319, a quorum not confirmed there).
+  std::optional<int> code;
+  if (answer.transport_ok) code = ClickHouseCode(CheckResponse(answer, ""));
+  const bool lagging = code == 289;
+  const bool failed = !answer.transport_ok || lagging || code == 319;
+  c.down_until[host] = failed ? now + cfg_.host_down_ms : 0;
+  // What goes to the next host at once: a request that may be sent again
+  // (no answer, and idempotent or never delivered) or met a lagging
+  // replica, while the lease it acts under (if any) still runs.
+  const bool resendable = !answer.transport_ok && (req.idempotent || !answer.maybe_delivered);
+  const bool in_lease = req.send_before_ms <= 0 || now < req.send_before_ms;
+  c.next_host_input = (resendable || lagging) && in_lease ? c.inputs : -1;
 }
 
 LockOptions Sim::DrawOptions() {
@@ -484,6 +634,14 @@ void Sim::Setup() {
     OnRename(from, to, moved, now);
   };
 
+  if (cfg_.max_hosts > 0) {
+    // Host lists: replicas of the one server, one of them dead.
+    const int n = static_cast<int>(Uniform(cfg_.min_hosts, cfg_.max_hosts));
+    for (int i = 0; i < n; ++i) hosts_.push_back(Endpoint{absl::StrCat("replica-", i), 8123});
+    dead_host_ = static_cast<int>(Uniform(0, n - 1));
+    host_refusals_.assign(n, {-1, 0});
+    result_.hosts = n;
+  }
   int k = run_.contenders > 0 ? run_.contenders : static_cast<int>(Uniform(cfg_.min_contenders, cfg_.max_contenders));
   result_.contenders = k;
   cs_.resize(k);
@@ -500,7 +658,9 @@ void Sim::Setup() {
   max_delay_ms_ = cfg_.max_delay_ms;
   result_.max_delay_ms = max_delay_ms_;
   TRACE(t0_, "config ", cfg_.name, " seed ", result_.seed, ": ", k, " contenders, ", DialectName(dialect),
-        ", max delay ", max_delay_ms_, "ms, database ", so.database_exists ? "exists" : "missing");
+        ", max delay ", max_delay_ms_, "ms, database ", so.database_exists ? "exists" : "missing",
+        hosts_.empty() ? std::string()
+                       : absl::StrCat(", ", hosts_.size(), " hosts (", hosts_[dead_host_].host, " dead)"));
   for (int i = 0; i < k; ++i) {
     Contender& c = cs_[i];
     TRACE(t0_, Name(i), ": stale ", c.options.stale_ms, "ms, retry ", c.options.retry_ms, "ms, margin ",
@@ -624,7 +784,7 @@ void Sim::Handle(const Event& e) {
       Contender& c = cs_[r.c];
       if (c.crashed) return;
       // linger: the rounds share one store, so every answer is its.
-      if (r.attempt != c.attempt && !cfg_.linger) {
+      if (r.attempt != c.attempt && !cfg_.linger && !cfg_.keep_store) {
         TRACE(e.t, Name(c.index), ": answer to an earlier attempt's ", r.req.purpose, " dropped");
         return;
       }
@@ -644,8 +804,14 @@ void Sim::Handle(const Event& e) {
       // Deliver may add requests (and move requests_): copy the answer first.
       const SqlResponse answer = r.answer;
       const uint64_t op = r.op;
+      const int host = r.host;
+      std::optional<SqlRequest> sent;
+      if (host >= 0) sent = r.req;
       if (run_.trace) ObserveAnswer(e.t, c, answer);
-      Deliver(c, e.t, what.c_str(), [&](const Inputs& in) { c.lock->OnResponseToOp(answer, op, in); });
+      Deliver(c, e.t, what.c_str(), [&](const Inputs& in) {
+        c.lock->OnResponseToOp(answer, op, in);
+        if (host >= 0) NoteHostAnswer(c, host, *sent, answer, in.now_ms);
+      });
       return;
     }
     case Ev::kResend: {
@@ -820,8 +986,11 @@ void Sim::Drain(Contender& c, int64_t t, int64_t now) {
           instances_.push_back(Instance{c.index, c.lock->lock_id(), c.last_claims_read_at, c.last_claims_read_at,
                                         "its winning read"});
         }
-        if (auto* store = dynamic_cast<StoreLock*>(c.lock.get()); store != nullptr && store->TookBack()) {
-          ++result_.taken_back;
+        if (auto* store = dynamic_cast<StoreLock*>(c.lock.get()); store != nullptr) {
+          // A claim's id is not the acquisition's (cluster mode): only a
+          // lingering lock is taken back.
+          if (cfg_.linger && store->TookBack()) ++result_.taken_back;
+          owner_[c.lock->lock_id()] = c.index;
         }
         c.no_renewals = Chance(cfg_.withhold_renewals_prob);
         c.just_acquired = true;
@@ -873,6 +1042,15 @@ void Sim::Send(Contender& c, int64_t t, SqlRequest req, int sends) {
   r.lock_id = c.lock->RequestLockId();
   r.op = c.lock->RequestOp();
   r.under_lock = req.purpose == "end_claim" && c.lock->StateName() == "dropping";
+  if (!hosts_.empty()) {
+    r.host = HostIndex(req.endpoint);
+    if (r.host < 0) {
+      Violation(t, Name(c.index), " sent ", req.purpose, " to ", req.endpoint.host, ":", req.endpoint.port,
+                ", not a host of its list");
+    } else {
+      CheckHostChoice(c, ClientNow(c, t), r.host, req, r.op);
+    }
+  }
   if (run_.trace) ObserveRequest(t, c, req);
   int64_t there = Delay();
   if (req.purpose == "renew_lock" && Chance(cfg_.slow_renewal_prob)) {
@@ -880,12 +1058,17 @@ void Sim::Send(Contender& c, int64_t t, SqlRequest req, int sends) {
     there = Uniform(cfg_.slow_renewal_min_ms, cfg_.slow_renewal_max_ms);
     TRACE(t, Name(c.index), " (this renewal is slow: it lands after ", there, "ms)");
   }
-  if (Refused(t)) {
+  if (r.host >= 0 ? HostRefused(r.host, t) : Refused(t)) {
     r.answer.transport_ok = false;
     r.answer.maybe_delivered = false;
-    r.answer.transport_error = "connection refused (simulated: the server refuses connections for a while)";
+    r.answer.transport_error = r.host < 0 ? "connection refused (simulated: the server refuses connections for a while)"
+                               : r.host == dead_host_
+                                   ? absl::StrCat("connection refused (simulated: ", hosts_[r.host].host, " is dead)")
+                                   : absl::StrCat("connection refused (simulated: ", hosts_[r.host].host,
+                                                  " refuses connections for a while)");
     r.lose_answer = true;
-    TRACE(t, Name(c.index), " -> ", req.purpose, " (refused)");
+    if (r.host >= 0 && r.host != dead_host_) ++result_.host_refusals;
+    TRACE(t, Name(c.index), " -> ", req.purpose, HostSuffix(r.host), " (refused)");
     r.req = std::move(req);
     requests_.push_back(std::move(r));
     Push(t + Delay(), Ev::kRespond, c.index, id, c.attempt);
@@ -899,7 +1082,8 @@ void Sim::Send(Contender& c, int64_t t, SqlRequest req, int sends) {
     r.answer.maybe_delivered = true;
     r.answer.transport_error = "connection reset by peer (simulated)";
   }
-  TRACE(t, Name(c.index), " -> ", req.purpose, lost ? (arrives ? " (runs; answer lost)" : " (never arrives)") : "");
+  TRACE(t, Name(c.index), " -> ", req.purpose, HostSuffix(r.host),
+        lost ? (arrives ? " (runs; answer lost)" : " (never arrives)") : "");
   r.req = std::move(req);
   requests_.push_back(std::move(r));
   if (arrives) {
@@ -1073,6 +1257,7 @@ void Sim::Finish(int64_t end_t) {
   result_.end_ms = end_t - t0_;
   for (Contender& c : cs_) {
     if (c.seg_open) CloseInterval(c, std::min(end_t, c.seg_bound));
+    CloseStore(c);
   }
   CheckExclusion();
   if (cfg_.expect_no_failures && result_.takeovers > 0) {
@@ -1102,6 +1287,12 @@ std::string ScheduleResult::Report() const {
                                  " crashed, ", taken_back, " taken back, ", pauses, " pauses, ", writes_landed,
                                  " writes landed, D_max ", max_delay_ms,
                                  "ms (longest drawn ", longest_delay_ms, "ms)\n");
+  if (hosts > 0) {
+    absl::StrAppend(&out, "  ", hosts, " hosts: ", host_sends, " requests to hosts, ", host_refusals,
+                    " refused by a live host, ", dead_host_sends, " to the dead host (", dead_host_sends_forced,
+                    " while marked down; budget ", dead_host_budget, "), ", host_rule_breaks,
+                    " against the host list's rule\n");
+  }
   for (const std::string& v : violations) absl::StrAppend(&out, "  VIOLATION ", v, "\n");
   if (!trace.empty()) {
     absl::StrAppend(&out, "  trace:\n");
@@ -1410,6 +1601,37 @@ std::vector<SimConfig> Configs() {
     c.lag_max_ms = 4000;
     out.push_back(c);
   }
+  // Host lists: the lock through whole stores in cluster mode, each store
+  // given 3 or 4 hosts, replicas of the one server. One host is dead (it
+  // refuses every connection for the whole schedule: a replica that is
+  // gone); each other one refuses connections in periods of its own. Each
+  // contender keeps its store over 3 rounds, so what it learnt about its
+  // hosts (the endpoints' down marks, 5 s) outlives a round.
+  // - cluster/hosts: otherwise healthy (delays up to 250 ms), the live hosts
+  //   refusing for up to 1.5 s, a period starting within 15 s of the last:
+  //   the dead host is tried about once per 5 s per store.
+  // - cluster/hosts-everything: on cluster/delays-and-losses (the replicas'
+  //   faults, lost answers, delays up to 400 ms), the live hosts refusing for
+  //   up to 2 s within 4 s of the last: every host is often marked down, and
+  //   then the one whose mark runs out first (often the dead one) is tried.
+  for (const std::string& name : std::vector<std::string>{"cluster/no-faults", "cluster/delays-and-losses"}) {
+    SimConfig c = Named(out, name);
+    const bool healthy = name == "cluster/no-faults";
+    c.name = healthy ? "cluster/hosts" : "cluster/hosts-everything";
+    c.lock = LockKind::kStore;
+    c.keep_store = true;
+    c.rounds = 3;
+    c.min_hosts = 3;
+    c.max_hosts = 4;
+    if (healthy) {
+      c.max_delay_ms = 250;
+      c.expect_no_failures = false;  // every live host may refuse at once
+      c.expect_dead_host_within_budget = true;
+    }
+    c.host_refuse_every_max_ms = healthy ? 15000 : 4000;
+    c.host_refuse_max_ms = healthy ? 1500 : 2000;
+    out.push_back(c);
+  }
   // Cluster mode with a pruner removing old claims all the time (a prune
   // every 2 s at most, each row going up to 1.5 s after it lands), as
   // acquisitions that found many old claims do: exclusion and progress must
@@ -1588,6 +1810,12 @@ void Summary::Add(const ScheduleResult& r) {
   overlaps += r.overlaps;
   renewal_row_overlaps += r.renewal_row_overlaps;
   prunes += r.prunes;
+  host_sends += r.host_sends;
+  dead_host_sends += r.dead_host_sends;
+  dead_host_sends_forced += r.dead_host_sends_forced;
+  dead_host_budget += r.dead_host_budget;
+  host_refusals += r.host_refusals;
+  host_rule_breaks += r.host_rule_breaks;
   taken_back += r.taken_back;
   pauses += r.pauses;
   longest_delay_ms = std::max(longest_delay_ms, r.longest_delay_ms);
@@ -1597,6 +1825,16 @@ void Summary::Add(const ScheduleResult& r) {
     ++failed_schedules;
     if (failing_seeds.size() < 5) failing_seeds.push_back(r.seed);
   }
+}
+
+std::string Summary::HostsLine() const {
+  if (host_sends == 0) return "";
+  return absl::StrFormat(
+      "%s: %d requests to hosts, %d refused by a live host; %d to the dead host (%.1f%%), %d of them while it was "
+      "marked down (every other host down or tried); at most one per host_down_ms per store: %d; sends "
+      "against the host list's rule: %d\n",
+      config, host_sends, host_refusals, dead_host_sends, 100.0 * dead_host_sends / host_sends,
+      dead_host_sends_forced, dead_host_budget, host_rule_breaks);
 }
 
 std::string FormatSummaries(const std::vector<Summary>& rows) {

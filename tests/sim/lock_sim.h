@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "core/defaults.h"
 #include "core/lock.h"
 #include "core/lock_machine.h"
 #include "core/sql_request.h"
@@ -174,6 +175,26 @@ struct SimConfig {
   // million (either sign), drawn per contender: leases are measured on it.
   int64_t max_clock_rate_ppm = 0;
 
+  // kStore in cluster mode: each contender's store is given a host list
+  // (StoreOptions::hosts) of min_hosts..max_hosts endpoints (drawn per
+  // schedule), all replicas of the one simulated server: a request goes to
+  // the host its SqlRequest::endpoint names. One host, drawn from the seed,
+  // is dead: it refuses every connection for the whole schedule. Each other
+  // host refuses connections in periods of its own, one starting up to
+  // host_refuse_every_max_ms after its last one ended and lasting
+  // 1..host_refuse_max_ms (0: never). The stores mark failed hosts down for
+  // host_down_ms; the simulation checks every send against the endpoints'
+  // rule (core/endpoints.h) and counts the sends to the dead host.
+  // 0 hosts: no host list (requests carry no endpoint; the default).
+  int min_hosts = 0;
+  int max_hosts = 0;
+  int64_t host_refuse_every_max_ms = 0;
+  int64_t host_refuse_max_ms = 0;
+  int64_t host_down_ms = kDefaultHostDownMs;
+  // kStore: each contender keeps one store across its rounds (linger implies
+  // it), so what the store learnt about its hosts outlives a round.
+  bool keep_store = false;
+
   // kStore only: each contender keeps one store across its rounds, with
   // linger_locks (a released lock lingers and is taken back), and between
   // rounds it is paused (no input at all: no timers, no answers) with
@@ -217,6 +238,11 @@ struct SimConfig {
   bool expect_violations = false;    // a negative control or the stress config
   bool expect_no_failures = false;   // no kFailed, kLost, or takeover at all
   bool check_progress = true;
+  // Host lists: the dead host gets no more than one request per
+  // host_down_ms per store (ScheduleResult::dead_host_budget) in all, even
+  // counting the sends when every other host was down or tried. (Sends
+  // against the host list's rule fail a schedule in every configuration.)
+  bool expect_dead_host_within_budget = false;
 
   int64_t horizon_ms = 3600 * 1000;  // simulated time limit per schedule
   int64_t max_events = 200000;
@@ -255,6 +281,19 @@ struct ScheduleResult {
   int pauses = 0;              // linger: contenders paused between rounds
   int renewal_row_overlaps = 0;  // of which the late write was a renewal INSERT (a lock row, not state)
   int prunes = 0;              // cluster: prunes that landed, naming at least one claim
+  // Host lists (SimConfig::min_hosts): the hosts each store was given, the
+  // requests sent to a host, those sent to the dead host (and, of these, the
+  // ones sent while the store's mark on it still ran, because every other
+  // host was marked down or already tried for that request), and the most
+  // the dead host may get from the stores: for each contender's store, one
+  // per host_down_ms of its life (from its first request to its last) plus one.
+  int hosts = 0;
+  int host_sends = 0;
+  int dead_host_sends = 0;
+  int dead_host_sends_forced = 0;
+  int dead_host_budget = 0;
+  int host_refusals = 0;       // requests refused by a live host in one of its refusal periods
+  int host_rule_breaks = 0;    // sends to another host than the rule picks (the first is a violation)
   std::vector<std::string> violations;
   std::vector<std::string> trace;
   // With trace: what crossed the lock's boundary, one line each: every
@@ -299,6 +338,12 @@ struct Summary {
   int64_t overlaps = 0;
   int64_t renewal_row_overlaps = 0;
   int64_t prunes = 0;
+  int64_t host_sends = 0;
+  int64_t dead_host_sends = 0;
+  int64_t dead_host_sends_forced = 0;
+  int64_t dead_host_budget = 0;
+  int64_t host_refusals = 0;
+  int64_t host_rule_breaks = 0;
   int64_t taken_back = 0;
   int64_t pauses = 0;
   int64_t longest_delay_ms = 0;
@@ -307,6 +352,8 @@ struct Summary {
   std::vector<uint64_t> failing_seeds;  // the first few
 
   void Add(const ScheduleResult& r);
+  // Host lists: the sends to hosts and to the dead one (empty without hosts).
+  std::string HostsLine() const;
 };
 
 // A fixed-width table of summaries (one line each, plus a total).

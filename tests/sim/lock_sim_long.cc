@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
       }
     }
     rows.push_back(s);
-    std::cout << FormatSummaries({s}) << std::flush;
+    std::cout << FormatSummaries({s}) << s.HostsLine() << std::flush;
   }
   std::cout << "\n" << FormatSummaries(rows);
   bool bad = false;

@@ -56,6 +56,9 @@ constexpr Budget kBudgets[] = {
     // own window) all the while, its rows going part by part.
     {"cluster/pruned-no-faults", 1500}, {"cluster/pruned-crashes", 1500}, {"cluster/pruned-long-holds", 1000},
     {"cluster/pruned-everything", 1000},
+    // ... through whole stores, each given a host list with one dead host and
+    // others refusing connections for a while.
+    {"cluster/hosts", 1000}, {"cluster/hosts-everything", 1000},
 };
 
 void PrintTo(const Budget& b, std::ostream* os) { *os << b.config << " x" << b.schedules; }
@@ -111,6 +114,20 @@ void RunMany(const std::string& name, int count) {
   if (config.prune_every_max_ms > 0) {
     // ...and pruning: claims removed while contenders claim, hold and renew.
     EXPECT_GT(summary.prunes, count) << name << ": the pruner hardly removed anything";
+  }
+  if (config.max_hosts > 0) {
+    // ...and host lists: every request went to the host the endpoints' rule
+    // picks (a failing schedule above says where not), live hosts refused
+    // some, and the dead host was tried, but only once per host_down_ms per
+    // store unless every other host was down or already tried.
+    std::cout << summary.HostsLine();
+    EXPECT_EQ(summary.host_rule_breaks, 0) << name;
+    EXPECT_GT(summary.host_refusals, count) << name << ": the live hosts hardly refused";
+    EXPECT_GT(summary.dead_host_sends, count) << name << ": the dead host was hardly tried";
+    EXPECT_LE(summary.dead_host_sends - summary.dead_host_sends_forced, summary.dead_host_budget) << name;
+    if (config.expect_dead_host_within_budget) {
+      EXPECT_LE(summary.dead_host_sends, summary.dead_host_budget) << name;
+    }
   }
   if (config.linger) {
     // ...and lingering: locks taken back with no request, pauses that
@@ -177,6 +194,22 @@ TEST(LockSimAssumption, HonestConfigurationsStayWithinTheMarginAndStressDoesNot)
       EXPECT_LT(c.max_delay_ms, margin) << c.name;
     }
   }
+}
+
+// A host list is a whole store's (StoreOptions::hosts), in cluster mode (more
+// than one host needs it), kept across rounds (its down marks with it).
+TEST(LockSimHosts, HostListsAreWholeStoresInClusterMode) {
+  int with_hosts = 0;
+  for (const SimConfig& c : Configs()) {
+    if (c.max_hosts == 0) continue;
+    ++with_hosts;
+    EXPECT_EQ(c.lock, LockKind::kStore) << c.name;
+    EXPECT_TRUE(c.cluster) << c.name;
+    EXPECT_TRUE(c.keep_store || c.linger) << c.name;
+    EXPECT_GE(c.min_hosts, 2) << c.name;
+    EXPECT_LE(c.min_hosts, c.max_hosts) << c.name;
+  }
+  EXPECT_GE(with_hosts, 2);
 }
 
 // Faults must show up where configured, or the configurations test nothing.

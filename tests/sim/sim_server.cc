@@ -43,6 +43,10 @@ std::string Unquote(const std::string& s) {
 // unrecognised.
 struct Patterns {
   RE2 select_version{"SELECT version\\(\\), 1 FORMAT TabSeparated"};
+  // A cluster store's check of the state table's engine (and that the
+  // servers know the cluster), after the version.
+  RE2 state_table_engine{"SELECT engine, \\(SELECT count\\(\\) > 0 FROM system\\.clusters WHERE cluster = " LIT
+                         "\\) FROM system\\.tables WHERE database = " LIT " AND name = " LIT " FORMAT TabSeparated"};
   RE2 create_database{"CREATE DATABASE IF NOT EXISTS " ID "(?: ON CLUSTER `[A-Za-z0-9_.-]+`)?"};
   // Cluster mode: the claims (Statements::CreateClaimsTable, ClaimLock,
   // RenewClaim, EndClaim, InspectClaims).
@@ -50,7 +54,8 @@ struct Patterns {
                     "lock_id String, seq UInt8, at DateTime, stale_s UInt32, over String\\) ENGINE = "
                     "ReplicatedMergeTree\\('[^']*', '[^']*'\\) PARTITION BY tuple\\(\\) ORDER BY \\(name, lock_id, "
                     "seq, at\\)"};
-  RE2 claim_insert{"INSERT INTO " ID "\\." ID " SELECT " LIT ", " LIT ", toUInt8\\(([013])\\), now\\(\\), "
+  // seq 2: a waiter's row naming the holder (a store's lock shows itself while it waits).
+  RE2 claim_insert{"INSERT INTO " ID "\\." ID " SELECT " LIT ", " LIT ", toUInt8\\(([0-3])\\), now\\(\\), "
                    "toUInt32\\((\\d+)\\), " LIT};
   RE2 inspect_claims{"SELECT lock_id, countIf\\(seq = 0\\), countIf\\(seq = 3\\), toInt64\\(max\\(at\\)\\), "
                      "toInt64\\(anyIf\\(stale_s, seq = 0\\)\\), anyIf\\(over, seq = 0\\), "
@@ -204,6 +209,16 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     return Ok(options_.dialect == Dialect::kClickHouse18 ? "18.16.1\t1\n" : "26.9.2.1\t1\n", now_ms, "version");
   }
 
+  if (RE2::FullMatch(sql, p.state_table_engine, &lit, &lit2, &name)) {
+    // The state table, created replicated by `chstate init` (the lock never
+    // writes it); the cluster is the one the claims are made ON CLUSTER.
+    if (Unquote(lit2) != options_.schema || Unquote(name) != "state") {
+      return Unrecognized(request, "the engine of another table", now_ms);
+    }
+    if (!database_exists_) return Ok("", now_ms, "no state table");
+    return Ok("ReplicatedReplacingMergeTree\t1\n", now_ms, absl::StrCat("state table replicated, cluster ", Unquote(lit)));
+  }
+
   if (RE2::FullMatch(sql, p.create_database, &db)) {
     if (db != options_.schema) return Unrecognized(request, "a database other than the schema", now_ms);
     database_exists_ = true;
@@ -247,7 +262,7 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     if (unknown) {
       return Error(319, "Unknown status, client must retry. Reason: Timeout while waiting for quorum", now_ms);
     }
-    return Ok("", now_ms, seq == 0 ? "claimed" : seq == 1 ? "renewed" : "ended");
+    return Ok("", now_ms, seq == 0 ? "claimed" : seq == 1 ? "renewed" : seq == 2 ? "waiter row" : "ended");
   }
 
   std::string list;

@@ -97,7 +97,7 @@ struct ServerOptions {
 struct ClaimRow {
   std::string name;
   std::string lock_id;
-  int seq = 0;              // 0 claim, 1 renewal, 3 end
+  int seq = 0;              // 0 claim, 1 renewal, 2 a waiter naming the holder (over), 3 end
   int64_t at_s = 0;         // now() when it ran
   int64_t stale_s = 0;
   std::string over;
