@@ -238,19 +238,25 @@ def main() -> int:
     ap.add_argument("--seeded", type=int, default=100000)
     ap.add_argument("--updates", default="300,3000,10000")
     ap.add_argument("--skip-cluster", action="store_true")
+    ap.add_argument("--cli", type=Path, help="a chstate binary built before (another commit's) instead of this "
+                                             "tree's (the adapter's library: CHSTATE_LIBRARY, as meltano_bench.py)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s] + ([1000000] if args.big else [])
 
     venv = harness.ensure_venv()
     harness.install_adapter(venv)
     library = opt_library()
-    subprocess.run(["bazel", "build", "-c", "opt", "--symlink_prefix=/", "//hosts/native:chstate"], cwd=REPO,
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=REPO, check=True,
-                             capture_output=True, text=True).stdout.strip()
+    if args.cli:
+        built = args.cli.resolve()
+    else:
+        subprocess.run(["bazel", "build", "-c", "opt", "--symlink_prefix=/", "//hosts/native:chstate"], cwd=REPO,
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=REPO, check=True,
+                                 capture_output=True, text=True).stdout.strip()
+        built = Path(bin_dir, "hosts", "native", "chstate")
     tmp = Path(tempfile.mkdtemp(prefix="chstate-scale-bench-"))
     cli = tmp / "chstate"
-    cli.write_bytes(Path(bin_dir, "hosts", "native", "chstate").read_bytes())
+    cli.write_bytes(built.read_bytes())
     cli.chmod(0o755)
     env = harness.clean_env()
     env["CHSTATE_LIBRARY"] = str(library)
@@ -270,6 +276,46 @@ def main() -> int:
             raise SystemExit(f"{cfg['mode']} failed:\n{out.stderr[-3000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
 
+    def print_states() -> None:
+        print(f"\nScale, one run, {os.cpu_count()} cores, ClickHouse 18.16 on loopback:\n")
+        print("| states | get() p50 | list(glob) p50 | update() p50 | export: get_all() | `chstate export` | "
+              "import: set_all() | `chstate import` |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for n, r in results["states"].items():
+            print(f"| {n:,} | {r['get']:.2f} ms (raw {r['get_raw']:.2f}, {r['get'] / r['get_raw']:.2f}x) | "
+                  f"{r['list']:.2f} ms (raw {r['list_raw']:.2f}, {r['list'] / r['list_raw']:.2f}x) | "
+                  f"{r['update']:.2f} ms (raw {r['update_raw']:.2f}, {r['update'] / r['update_raw']:.2f}x) | "
+                  f"{r['export']:.2f} s, {r['export_requests']} requests (raw {r['export_raw']:.2f} s, "
+                  f"{r['export'] / r['export_raw']:.2f}x) | {r['cli_export']:.2f} s ({r['cli_export'] / r['export_raw']:.2f}x) | "
+                  f"{r['import']:.2f} s, {r['import_requests']} INSERTs (raw {r['import_raw']:.2f} s, "
+                  f"{r['import'] / r['import_raw']:.2f}x) | {r['cli_import']:.2f} s ({r['cli_import'] / r['import_raw']:.2f}x) |")
+        sys.stdout.flush()
+
+    def print_lock() -> None:
+        if results["lock"]:
+            print("\nCluster lock acquisition of one id (three replicas, quorum 2), p50 of 29 after the first "
+                  "(a seeded backlog: acquired until fewer than 1,000 claim rows are left, then measured):\n")
+            print("| | backlog removed by | first acquisition | then, p50 | raw statements p50 | vs raw | "
+                  "vs after the first count | prunes | claims rows after |")
+            print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+            base = results["lock"][0][1]["acquire"]
+            for label, r in results["lock"]:
+                backlog = (f"{r['backlog_acquisitions']} acquisitions in {r['backlog_s']:.1f} s"
+                           if r["backlog_acquisitions"] else "-")
+                print(f"| {label} | {backlog} | {r['first']:.1f} ms | {r['acquire']:.1f} ms | {r['acquire_raw']:.1f} ms | "
+                      f"{r['acquire'] / r['acquire_raw']:.2f}x | {r['acquire'] / base:.2f}x | {r['pruned']} | "
+                      f"{r['claim_rows']:,} |")
+        sys.stdout.flush()
+
+    def print_history() -> None:
+        print("\nHistory rows of one id after N update()s (history_versions default "
+              f"1,000; trims are looked for at one write in 64):\n")
+        print("| updates | history rows | bound |")
+        print("| ---: | ---: | ---: |")
+        for u, rows in results["history"]:
+            print(f"| {u:,} | {rows:,} | {min(u + 1, 1000):,} + writes since the last look |")
+        sys.stdout.flush()
+
     single = cluster = None
     results: dict = {"states": {}, "lock": [], "history": []}
     try:
@@ -281,7 +327,9 @@ def main() -> int:
             import urllib.request
             req = urllib.request.Request(f"http://127.0.0.1:{single['http_port']}/", data=text.encode(),
                                          headers={"X-ClickHouse-User": "chstate", "X-ClickHouse-Key": pw})
-            return urllib.request.urlopen(req, timeout=600).read().decode()
+            # DROP of a schema after thousands of writes unlinks tens of
+            # thousands of part files (kept for old_parts_lifetime): slow disks.
+            return urllib.request.urlopen(req, timeout=3600).read().decode()
 
         for n in sizes:
             schema = f"scale_{n}"
@@ -307,10 +355,12 @@ def main() -> int:
             results["states"][n] = r
             sql(f"DROP DATABASE IF EXISTS `{schema}`")
             sql(f"DROP DATABASE IF EXISTS `{schema}_cli`")
+        print_states()
         for u in [int(x) for x in args.updates.split(",") if x]:
             schema = f"scale_history_{u}"
             results["history"].append((u, child(uri, pw, schema, mode="history", updates=u)["rows"]))
-            sql(f"DROP DATABASE IF EXISTS `{schema}`")
+            # Not dropped: the server is thrown away (its parts are many and small).
+        print_history()
         if not args.skip_cluster:
             cluster = chs.start_cluster(tmp / "cluster")
             hosts = ",".join(f"127.0.0.1:{cluster['ports'][r]['http_port']}" for r in chs.REPLICAS)
@@ -336,6 +386,7 @@ def main() -> int:
                 results["lock"].append((f"after {args.seeded:,} seeded acquisitions (rows written directly)",
                                         child(curi, cpw, schema, mode="lock", before=0, measure=30,
                                               clear_backlog=True)))
+            print_lock()
     finally:
         if single:
             chs.stop(tmp / "single")
@@ -343,37 +394,6 @@ def main() -> int:
             chs.stop_cluster(tmp / "cluster")
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"\nScale, one run, {os.cpu_count()} cores, ClickHouse 18.16 on loopback:\n")
-    print("| states | get() p50 | list(glob) p50 | update() p50 | export: get_all() | `chstate export` | "
-          "import: set_all() | `chstate import` |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for n, r in results["states"].items():
-        print(f"| {n:,} | {r['get']:.2f} ms (raw {r['get_raw']:.2f}, {r['get'] / r['get_raw']:.2f}x) | "
-              f"{r['list']:.2f} ms (raw {r['list_raw']:.2f}, {r['list'] / r['list_raw']:.2f}x) | "
-              f"{r['update']:.2f} ms (raw {r['update_raw']:.2f}, {r['update'] / r['update_raw']:.2f}x) | "
-              f"{r['export']:.2f} s, {r['export_requests']} requests (raw {r['export_raw']:.2f} s, "
-              f"{r['export'] / r['export_raw']:.2f}x) | {r['cli_export']:.2f} s ({r['cli_export'] / r['export_raw']:.2f}x) | "
-              f"{r['import']:.2f} s, {r['import_requests']} INSERTs (raw {r['import_raw']:.2f} s, "
-              f"{r['import'] / r['import_raw']:.2f}x) | {r['cli_import']:.2f} s ({r['cli_import'] / r['import_raw']:.2f}x) |")
-    if results["lock"]:
-        print("\nCluster lock acquisition of one id (three replicas, quorum 2), p50 of 29 after the first "
-              "(a seeded backlog: acquired until fewer than 1,000 claim rows are left, then measured):\n")
-        print("| | backlog removed by | first acquisition | then, p50 | raw statements p50 | vs raw | "
-              "vs after the first count | prunes | claims rows after |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-        base = results["lock"][0][1]["acquire"]
-        for label, r in results["lock"]:
-            backlog = (f"{r['backlog_acquisitions']} acquisitions in {r['backlog_s']:.1f} s"
-                       if r["backlog_acquisitions"] else "-")
-            print(f"| {label} | {backlog} | {r['first']:.1f} ms | {r['acquire']:.1f} ms | {r['acquire_raw']:.1f} ms | "
-                  f"{r['acquire'] / r['acquire_raw']:.2f}x | {r['acquire'] / base:.2f}x | {r['pruned']} | "
-                  f"{r['claim_rows']:,} |")
-    print("\nHistory rows of one id after N update()s (history_versions default "
-          f"1,000; trims are looked for at one write in 64):\n")
-    print("| updates | history rows | bound |")
-    print("| ---: | ---: | ---: |")
-    for u, rows in results["history"]:
-        print(f"| {u:,} | {rows:,} | {min(u + 1, 1000):,} + writes since the last look |")
     return 0
 
 
