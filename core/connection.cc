@@ -25,12 +25,14 @@ void Connection::StartNext(const Inputs& in) {
   }
 }
 
-void Connection::Take(const Action& action, const Inputs& in) {
+void Connection::Take(Action action, const Inputs& in) {
   switch (action.kind) {
-    case Action::Kind::kRunSql:
+    case Action::Kind::kRunSql: {
       phase_ = Phase::kAwaitingAnswer;
-      transmits_.push_back(Transmit{current_->id, action.request, in.now_ms + action.request.timeout_ms});
+      const int64_t deadline_ms = in.now_ms + action.request.timeout_ms;
+      transmits_.push_back(Transmit{current_->id, std::move(action.request), deadline_ms});
       return;
+    }
     case Action::Kind::kWait:
       // Its deadline is in the store's timer table (Task::WakeAt).
       phase_ = Phase::kWaiting;
@@ -40,7 +42,9 @@ void Connection::Take(const Action& action, const Inputs& in) {
       const bool ok = action.kind == Action::Kind::kDone;
       // A renewal that went well is nobody's business; a lock it found lost is.
       if (!current_->renewal || !ok) {
-        events_.push_back(OpEvent{current_->id, ok, ok ? action.result : Result{}, action.status, current_->renewal});
+        // Moved, not copied: an export page's result holds thousands of states.
+        events_.push_back(OpEvent{current_->id, ok, ok ? std::move(action.result) : Result{}, action.status,
+                                  current_->renewal});
       }
       current_.reset();
       phase_ = Phase::kNone;

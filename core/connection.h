@@ -125,7 +125,7 @@ class Connection {
   // Where the running operation is.
   enum class Phase { kNone, kAwaitingAnswer, kWaiting };
 
-  void Take(const Action& action, const Inputs& in);
+  void Take(Action action, const Inputs& in);
   void StartNext(const Inputs& in);
 
   std::unique_ptr<Store> owned_;

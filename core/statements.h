@@ -135,6 +135,12 @@ class Statements {
     std::optional<std::string> completed_json;
   };
   SqlRequest InsertStates(const std::vector<StateRow>& rows, absl::string_view dedup_token) const;
+  // One row of such an INSERT as its SQL text, ('id', NULL, '{...}'): its
+  // size plus 2 (the ", " between rows) is what it adds to the statement.
+  static std::string StateRowSql(const StateRow& row);
+  // The INSERT of rows given as StateRowSql's texts (import counts their
+  // exact size as it builds a batch).
+  SqlRequest InsertStateRows(const std::vector<std::string>& rows_sql, absl::string_view dedup_token) const;
   // Export: up to `limit` rows (state_id, partial_state, completed_state),
   // sorted by id, of the ids matching `glob` (all when nullopt) that sort
   // after `after` (from the first when nullopt) and not after `upto` (to the

@@ -455,24 +455,25 @@ class ImportOp final : public StorePart {
       out.count = static_cast<int64_t>(states.size());
       return Next::Done(std::move(out));
     }
-    std::vector<Statements::StateRow> rows;
+    // Each state's row as it goes into the statement: the VALUES list's exact
+    // size (quoting and the ", " between rows included) is kept within
+    // kDefaultImportBatchBytes, though a row alone is always sent.
+    std::vector<std::string> rows;
     int64_t bytes = 0;
     next_ = from_;
     for (; next_ < states.size() && static_cast<int64_t>(rows.size()) < kDefaultImportBatchStates; ++next_) {
       const MeltanoState& state = states[next_];
       if (absl::Status lease = s_.LeaseCheck(state.state_id); !lease.ok()) return Next::Fail(lease);
-      Statements::StateRow row{state.state_id, ToColumn(state.partial), ToColumn(state.completed)};
-      // Quoting at most quadruples a byte (\xHH); a row alone is always sent.
-      int64_t size = 4 * static_cast<int64_t>(row.state_id.size() + row.partial_json.value_or("").size() +
-                                              row.completed_json.value_or("").size()) + 32;
+      std::string row = Statements::StateRowSql({state.state_id, ToColumn(state.partial), ToColumn(state.completed)});
+      const int64_t size = static_cast<int64_t>(row.size()) + (rows.empty() ? 0 : 2);
       if (!rows.empty() && bytes + size > kDefaultImportBatchBytes) break;
       bytes += size;
       rows.push_back(std::move(row));
     }
     absl::StatusOr<std::string> token = s_.Token();
     if (!token.ok()) return Next::Fail(token.status());
-    SqlRequest req = s_.st().InsertStates(rows, *token);
-    for (const Statements::StateRow& row : rows) req = s_.UnderLease(std::move(req), row.state_id);
+    SqlRequest req = s_.st().InsertStateRows(rows, *token);
+    for (size_t i = from_; i < next_; ++i) req = s_.UnderLease(std::move(req), states[i].state_id);
     stage_ = Stage::kWriting;
     return Next::Try(part::QuorumWrite(s_, std::move(req),
                                        absl::StrCat("importing states ", from_ + 1, "-", next_, " of ", states.size()),

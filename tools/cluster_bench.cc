@@ -18,17 +18,26 @@
 //
 // Operations, each --iterations times (after one untimed warm-up) on a fresh
 // state id per iteration where it matters, p50 / p99 in ms:
-//   get        Store::Get of an existing id (select_sequential_consistency on the cluster)
-//   set        Store::Set, Meltano's plain write (a quorum INSERT on the cluster)
-//   update     Store::Update: lock, get, set, unlock (Meltano's per-STATE-message cost)
-//   update_raw update()'s floor: the state read and the (quorum) INSERT as the store
-//              writes them, sent raw to the first host over one connection
-//   lock       AcquireLock + ReleaseLock, uncontended (quorum claim rows on the cluster)
-//   delete     Store::Delete (a quorum tombstone on the cluster, a mutation on one server)
-// Exit code 1 when any operation failed (printed on stderr).
+//   get           Store::Get of an existing id (select_sequential_consistency on the cluster)
+//   set           Store::Set (a quorum INSERT on the cluster, under the id's lock
+//                 taken for it)
+//   update        Store::Update: lock, get, set, unlock
+//   update_linger update() as the Meltano adapter runs it (Meltano's per-STATE-message
+//                 cost): acquire_lock, set, release_lock with linger_locks, so the
+//                 lock of the last update is taken back with no request
+//   update_raw    update()'s floor: the state read and the (quorum) INSERT as the
+//                 store writes them, sent raw to the first host over one connection;
+//                 measured in turns with update_linger (one of each, and again), so
+//                 that both see the same load
+//   lock          AcquireLock + ReleaseLock, uncontended (quorum claim rows on the cluster)
+//   delete        Store::Delete (a quorum tombstone on the cluster, a mutation on one server)
+// Beside each, the requests it sent on the cluster per operation and how many
+// of them were quorum writes. Exit code 1 when any operation failed (printed
+// on stderr).
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +47,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -48,10 +58,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/config.h"
+#include "core/defaults.h"
 #include "core/response.h"
 #include "core/statements.h"
 #include "core/state.h"
 #include "core/store.h"
+#include "core/task.h"
 #include "hosts/native/executor.h"
 
 namespace chstate {
@@ -65,6 +77,8 @@ int64_t MonoNs() {
 
 struct Stats {
   double p50 = 0, p99 = 0, mean = 0;
+  double requests = 0, quorum_writes = 0;  // per iteration
+  std::string purposes;                     // "insert_state 1.00, ..." per iteration
 };
 
 Stats Summarise(std::vector<double> ms) {
@@ -76,6 +90,50 @@ Stats Summarise(std::vector<double> ms) {
   for (double v : ms) s.mean += v;
   s.mean /= ms.size();
   return s;
+}
+
+// What the timed runs of an operation sent: requests in all, and those that
+// were quorum writes (an insert_quorum parameter).
+struct Sent {
+  int64_t requests = 0, quorum_writes = 0;
+  std::map<std::string, int64_t> purposes;
+};
+Sent* g_sent = nullptr;  // counted while set (the timed iterations)
+
+// `sent` over `n` iterations, per iteration, into `st`.
+void AddSent(const Sent& sent, int n, Stats* st) {
+  st->requests = static_cast<double>(sent.requests) / n;
+  st->quorum_writes = static_cast<double>(sent.quorum_writes) / n;
+  for (const auto& [purpose, count] : sent.purposes) {
+    absl::StrAppend(&st->purposes, st->purposes.empty() ? "" : ", ", purpose,
+                    absl::StrFormat(" %.2f", static_cast<double>(count) / n));
+  }
+}
+
+// native::RunTask with each request counted into g_sent.
+absl::StatusOr<Result> Drive(Task& task, native::HttpExecutor& exec) {
+  auto now = [] { return Inputs{native::MonotonicMs(), native::OsRandomBytes()}; };
+  Action a = task.Start(now());
+  while (true) {
+    switch (a.kind) {
+      case Action::Kind::kRunSql:
+        if (g_sent != nullptr) {
+          ++g_sent->requests;
+          ++g_sent->purposes[a.request.purpose];
+          for (const auto& [key, value] : a.request.url_params) g_sent->quorum_writes += key == "insert_quorum";
+        }
+        a = task.OnResponse(exec.Execute(a.request), now());
+        break;
+      case Action::Kind::kWait:
+        std::this_thread::sleep_for(std::chrono::milliseconds(a.wait_ms));
+        a = task.OnTimer(now());
+        break;
+      case Action::Kind::kDone:
+        return std::move(a.result);
+      case Action::Kind::kFailed:
+        return a.status;
+    }
+  }
 }
 
 struct Target {
@@ -123,14 +181,18 @@ absl::StatusOr<Target> Connect(const std::string& label, std::map<std::string, s
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(o);
   if (!store.ok()) return store.status();
   t.store = *std::move(store);
+  // As the adapter runs it: Meltano's retry of a second (lock_retry_ms sets
+  // how often a lingering holder looks for waiters: at most every 200 ms, or
+  // every half retry when shorter; at 10 ms it would look at every release).
   o.linger_locks = true;
+  o.lock.retry_ms = kDefaultLockRetryMs;
   absl::StatusOr<std::unique_ptr<Store>> lingering = Store::Create(o);
   if (!lingering.ok()) return lingering.status();
   t.lingering = *std::move(lingering);
   // Init's ON CLUSTER DDL waits for every host (code 159 with one down): the run with a
   // replica down (--skip-init) uses what the first run made.
   if (!init) return t;
-  if (absl::StatusOr<Result> done = native::RunTask(*t.store->Init(), *t.exec); !done.ok()) return done.status();
+  if (absl::StatusOr<Result> done = Drive(*t.store->Init(), *t.exec); !done.ok()) return done.status();
   return t;
 }
 
@@ -147,13 +209,46 @@ MeltanoState Sample(const std::string& id, int i) {
 absl::StatusOr<Stats> Measure(int n, const std::function<absl::Status(int)>& op) {
   if (absl::Status s = op(n); !s.ok()) return s;
   std::vector<double> ms;
+  Sent sent;
+  g_sent = &sent;
   for (int i = 0; i < n; ++i) {
     int64_t t0 = MonoNs();
     absl::Status s = op(i);
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      g_sent = nullptr;
+      return s;
+    }
     ms.push_back((MonoNs() - t0) / 1e6);
   }
-  return Summarise(ms);
+  g_sent = nullptr;
+  Stats st = Summarise(ms);
+  AddSent(sent, n, &st);
+  return st;
+}
+
+// Two operations measured in turns (a, b, a, b, ...) after one untimed
+// warm-up of each, so that both see the same load on a shared machine: the
+// ratio of an operation to its floor.
+absl::StatusOr<std::pair<Stats, Stats>> MeasureInTurns(int n, const std::function<absl::Status(int)>& a,
+                                                       const std::function<absl::Status(int)>& b) {
+  if (absl::Status s = a(n); !s.ok()) return s;
+  if (absl::Status s = b(n); !s.ok()) return s;
+  std::vector<double> ms[2];
+  Sent sent[2];
+  for (int i = 0; i < n; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      g_sent = &sent[k];
+      int64_t t0 = MonoNs();
+      absl::Status s = (k == 0 ? a : b)(i);
+      g_sent = nullptr;
+      if (!s.ok()) return s;
+      ms[k].push_back((MonoNs() - t0) / 1e6);
+    }
+  }
+  std::pair<Stats, Stats> out{Summarise(ms[0]), Summarise(ms[1])};
+  AddSent(sent[0], n, &out.first);
+  AddSent(sent[1], n, &out.second);
+  return out;
 }
 
 int Run(int single_port, const std::string& cluster_hosts, const std::string& cluster, int iterations,
@@ -173,7 +268,7 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
   }
   const char* kOps[] = {"get", "set", "update", "update_linger", "update_raw", "lock", "delete"};
   const std::map<std::string, std::string> kNames = {{"get", "get"},
-                                                     {"set", "set (quorum write)"},
+                                                     {"set", "set (takes the id's lock for the write)"},
                                                      {"update", "update (lock, get, set, unlock)"},
                                                      {"update_linger", "update as the Meltano adapter runs it (lock lingering, set)"},
                                                      {"update_raw", "its floor: the read and the (quorum) INSERT sent raw, one connection"},
@@ -184,7 +279,7 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
   for (Target& t : targets) {
     Store& st = *t.store;
     native::HttpExecutor& ex = *t.exec;
-    auto run = [&ex](std::unique_ptr<Task> task) { return native::RunTask(*task, ex).status(); };
+    auto run = [&ex](std::unique_ptr<Task> task) { return Drive(*task, ex).status(); };
     if (absl::Status s = run(st.Set(Sample("bench:get", 0))); !s.ok()) {
       std::cerr << "cluster_bench: " << t.label << ": seeding: " << s << "\n";
       return 1;
@@ -198,7 +293,7 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
         // acquisition takes it back).
         {"update_linger",
          [&](int i) -> absl::Status {
-           absl::StatusOr<Result> got = native::RunTask(*t.lingering->AcquireLock("bench:linger"), ex);
+           absl::StatusOr<Result> got = Drive(*t.lingering->AcquireLock("bench:linger"), ex);
            if (!got.ok()) return got.status();
            if (absl::Status w = run(t.lingering->Set(Sample("bench:linger", i))); !w.ok()) return w;
            return run(t.lingering->ReleaseLock("bench:linger", got->lock_id));
@@ -214,6 +309,11 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
                                                         absl::StrCat("raw-", i));
            for (SqlRequest* r : {&read, &write}) {
              r->endpoint = t.first_host;
+             if (g_sent != nullptr) {
+               ++g_sent->requests;
+               ++g_sent->purposes[r->purpose];
+               for (const auto& [key, value] : r->url_params) g_sent->quorum_writes += key == "insert_quorum";
+             }
              SqlResponse got = ex.Execute(*r);
              if (absl::Status c = CheckResponse(got, r->purpose); !c.ok()) return c;
            }
@@ -221,7 +321,7 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
          }},
         {"lock",
          [&](int) -> absl::Status {
-           absl::StatusOr<Result> got = native::RunTask(*st.AcquireLock("bench:lock"), ex);
+           absl::StatusOr<Result> got = Drive(*st.AcquireLock("bench:lock"), ex);
            if (!got.ok()) return got.status();
            return run(st.ReleaseLock("bench:lock", got->lock_id));
          }},
@@ -231,6 +331,7 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
       if (std::string(op) == "delete") {
         // Time the delete alone: set first, untimed (iteration -1 is the warm-up).
         std::vector<double> ms;
+        Sent sent;
         for (int i = -1; i < iterations && s.ok(); ++i) {
           std::string id = absl::StrCat("bench:delete:", i);
           if (absl::Status w = run(st.Set(Sample(id, i + 1))); !w.ok()) {
@@ -238,13 +339,31 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
             break;
           }
           int64_t t0 = MonoNs();
-          if (absl::Status d = run(st.Delete(id)); !d.ok()) {
+          g_sent = i >= 0 ? &sent : nullptr;
+          absl::Status d = run(st.Delete(id));
+          g_sent = nullptr;
+          if (!d.ok()) {
             s = d;
             break;
           }
           if (i >= 0) ms.push_back((MonoNs() - t0) / 1e6);
         }
-        if (s.ok()) s = Summarise(ms);
+        if (s.ok()) {
+          s = Summarise(ms);
+          AddSent(sent, iterations, &*s);
+        }
+      } else if (std::string(op) == "update_linger") {
+        // With its floor, in turns.
+        absl::StatusOr<std::pair<Stats, Stats>> both = MeasureInTurns(iterations, ops[op], ops["update_raw"]);
+        if (both.ok()) {
+          s = both->first;
+          results["update_raw"].push_back(both->second);
+        } else {
+          s = both.status();
+          results["update_raw"].push_back(Stats{});
+        }
+      } else if (std::string(op) == "update_raw") {
+        continue;  // measured with update_linger
       } else {
         s = Measure(iterations, ops[op]);
       }
@@ -261,14 +380,19 @@ int Run(int single_port, const std::string& cluster_hosts, const std::string& cl
   std::cout << "## " << title << " (" << iterations
             << " iterations per operation, ClickHouse 18.16, loopback)\n\n"
             << "Cluster hosts, in the order the client tries them: " << cluster_hosts << "\n\n"
-            << "| operation | one server p50 / p99 ms | cluster p50 / p99 ms | cluster / one server (p50) |\n"
-            << "|---|---|---|---|\n";
+            << "| operation | one server p50 / p99 ms | cluster p50 / p99 ms | cluster / one server (p50) | "
+               "cluster requests (quorum writes) per op |\n"
+            << "|---|---|---|---|---|\n";
   auto ratio = [](const Stats& a, const Stats& b) { return a.p50 > 0 ? b.p50 / a.p50 : 0.0; };
   for (const char* op : kOps) {
     const Stats& a = results[op][0];
     const Stats& b = results[op][1];
-    std::cout << absl::StrFormat("| %s | %.2f / %.2f | %.2f / %.2f | %.1fx |\n", kNames.at(op), a.p50, a.p99, b.p50,
-                                 b.p99, ratio(a, b));
+    std::cout << absl::StrFormat("| %s | %.2f / %.2f | %.2f / %.2f | %.1fx | %.2f (%.2f) |\n", kNames.at(op), a.p50,
+                                 a.p99, b.p50, b.p99, ratio(a, b), b.requests, b.quorum_writes);
+  }
+  std::cout << "\nRequests per operation on the cluster, by purpose:\n\n";
+  for (const char* op : kOps) {
+    if (!results[op][1].purposes.empty()) std::cout << "- " << op << ": " << results[op][1].purposes << "\n";
   }
   for (int target = 0; target < 2; ++target) {
     const Stats& adapter = results["update_linger"][target];

@@ -2,7 +2,7 @@
 """What cluster mode costs: one ClickHouse server vs a three-replica cluster
 (ZooKeeper + r1, r2, r3, quorum 2) on this machine, in one run.
 
-  python3 tools/cluster_bench.py [--iterations N]
+  python3 tools/cluster_bench.py [--iterations N] [--binary PATH]
 
 Starts both with tools/clickhouse_server.py in temporary folders, builds
 //tools:cluster_bench (-c opt, without touching bazel-bin) and runs it twice,
@@ -36,12 +36,17 @@ DOWN = "r2"  # stopped for the second table: not the first host of the list
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=30)
+    ap.add_argument("--binary", type=Path, help="a cluster_bench built before (say, of another commit) instead of "
+                                                "building this tree's")
     args = ap.parse_args()
-    build = ["bazel", "build", "-c", "opt", "--symlink_prefix=/", "//tools:cluster_bench"]
-    subprocess.run(build, cwd=ROOT, check=True)
-    bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT, check=True, capture_output=True,
-                             text=True).stdout.strip()
-    binary = Path(bin_dir) / "tools" / "cluster_bench"
+    if args.binary:
+        binary = args.binary.resolve()
+    else:
+        build = ["bazel", "build", "-c", "opt", "--symlink_prefix=/", "//tools:cluster_bench"]
+        subprocess.run(build, cwd=ROOT, check=True)
+        bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT, check=True,
+                                 capture_output=True, text=True).stdout.strip()
+        binary = Path(bin_dir) / "tools" / "cluster_bench"
     with tempfile.TemporaryDirectory(prefix="chstate-bench-") as tmp:
         single_dir, cluster_dir = Path(tmp) / "single", Path(tmp) / "cluster"
         try:

@@ -54,12 +54,18 @@ def test_export_clear_import_restores_everything(cli, tmp_path):
 
 
 def test_pages_and_batches_past_their_size(cli):
-    # 12,345 states: thirteen import INSERTs of 1,000; the export samples the
-    # ids for about a dozen ranges and reads them in a few pages (the first
-    # one range, then up to 10,000 states).
+    # 12,345 states of about 1,450 bytes of SQL each: two import INSERTs, the
+    # first cut where the next row would pass 16 MiB of SQL (11,498 states),
+    # not at 50,000 states; the export samples the ids for about a dozen
+    # ranges and reads them in pages of about 4 MiB.
     n = 12345
-    doc = {f"id{i:05d}": {"completed": {"singer_state": {"i": i}}, "partial": {}} for i in range(n)}
-    assert cli.run("import", "-", input=json.dumps(doc)).out.strip() == str(n)
+    pad = "x" * 1400
+    doc = {f"id{i:05d}": {"completed": {"singer_state": {"i": i, "pad": pad}}, "partial": {}} for i in range(n)}
+    imported = cli.run("-vv", "import", "-", input=json.dumps(doc))
+    assert imported.out.strip() == str(n)
+    inserts = [line for line in imported.err.splitlines() if "insert_states (attempt 1): ok" in line]
+    assert len(inserts) == 2, imported.err[:3000]
+    assert "VALUES ('id00000'," in inserts[0] and "VALUES ('id11498'," in inserts[1], inserts
     inserts = cli.sql(f"SELECT count() FROM `{cli.schema}`.state")
     assert int(inserts) == n  # one row per state: no batch written twice
     # Newer versions of every 7th state, not merged yet: each range reads

@@ -30,7 +30,7 @@ def test_meltano_export_and_import_use_the_bulk_operations(project, tmp_path):
 
 def test_get_all_and_set_all_send_a_request_per_page_not_per_state(project):
     """2,500 states: the base class's loops would send 2,500 INSERTs and
-    2,501 SELECTs; the adapter sends three INSERTs (1,000 states each), and
+    2,501 SELECTs; the adapter sends one INSERT (up to 50,000 states each), and
     to export one sample of the ids and a few pages (the first a range of
     about 1,000 ids, then as many ranges as 4 MiB of these small states
     hold, at most 10,000 states: here the rest)."""
@@ -51,7 +51,7 @@ def test_get_all_and_set_all_send_a_request_per_page_not_per_state(project):
         sent.clear()
         print(">", [s.state_id for s in m.get_all("id0001?")], len(sent))
     """)
-    assert lines[0] == "2500 3 3"
+    assert lines[0] == "2500 1 1"
     count, state_id, i, samples, pages, requests = lines[1].split()
     assert (count, state_id, i, samples) == ("2500", "id01234", "1234", "1")
     assert 1 <= int(pages) <= 3 and int(requests) == 1 + int(pages), lines[1]
