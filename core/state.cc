@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -364,17 +365,171 @@ bool IsUtf8(absl::string_view s) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ExportEntryJson(const MeltanoState& state) {
-  if (!IsUtf8(state.state_id)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "state id ", QuoteForMessage(state.state_id),
-        " is not valid UTF-8, so Meltano's JSON export cannot carry it unchanged; copy it to a UTF-8 id "
-        "(chstate copy) or leave it out with --pattern"));
+namespace {
+
+absl::Status ExportableId(absl::string_view state_id) {
+  if (IsUtf8(state_id)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "state id ", QuoteForMessage(state_id),
+      " is not valid UTF-8, so Meltano's JSON export cannot carry it unchanged; copy it to a UTF-8 id "
+      "(chstate copy) or leave it out with --pattern"));
+}
+
+// A JSON string as dump() writes it (ensure_ascii off): most need no escape.
+void AppendJsonString(absl::string_view s, std::string* out) {
+  const bool plain = std::all_of(s.begin(), s.end(), [](char c) {
+    return static_cast<unsigned char>(c) >= 0x20 && c != '"' && c != '\\';
+  });
+  if (!plain) {
+    out->append(DumpJson(json(std::string(s))));
+    return;
   }
+  out->push_back('"');
+  out->append(s.data(), s.size());
+  out->push_back('"');
+}
+
+// Writes a stored side as dump() would write the object parsed from it,
+// without building that object, while the text allows it: valid JSON whose
+// top level is an object, every object's keys in increasing byte order (the
+// order of the parsed object's std::map, so no key repeats), nesting within
+// kMaxDepth. Anything else stops it (a handler returns false) and the caller
+// takes the parsing path, which also words the errors.
+class CanonicalWriter {
+ public:
+  explicit CanonicalWriter(std::string* out) : out_(out) {}
+
+  bool null() { return Scalar("null"); }
+  bool boolean(bool b) { return Scalar(b ? "true" : "false"); }
+  bool number_integer(json::number_integer_t v) {
+    if (!Element()) return false;
+    absl::StrAppend(out_, v);
+    return true;
+  }
+  bool number_unsigned(json::number_unsigned_t v) {
+    if (!Element()) return false;
+    absl::StrAppend(out_, v);
+    return true;
+  }
+  bool number_float(json::number_float_t v, const std::string& /*raw*/) {
+    return Scalar(DumpJson(json(v)));  // dump()'s own form of the double
+  }
+  bool string(std::string& s) {
+    if (!Element()) return false;
+    AppendJsonString(s, out_);
+    return true;
+  }
+  bool binary(json::binary_t& /*b*/) { return false; }
+  bool start_object(std::size_t /*n*/) { return Open('{', true); }
+  bool key(std::string& k) {
+    Level& l = levels_.back();
+    if (!l.first) {
+      if (!(l.last_key < k)) return false;
+      out_->push_back(',');
+    }
+    l.first = false;
+    l.last_key = k;
+    AppendJsonString(k, out_);
+    out_->push_back(':');
+    return true;
+  }
+  bool end_object() { return Close('}'); }
+  bool start_array(std::size_t /*n*/) { return Open('[', false); }
+  bool end_array() { return Close(']'); }
+  bool parse_error(std::size_t /*at*/, const std::string& /*token*/, const nlohmann::detail::exception& /*e*/) {
+    return false;
+  }
+
+ private:
+  struct Level {
+    bool object;
+    bool first = true;
+    std::string last_key;
+  };
+  // A value's place: after its key in an object, after a comma in an array;
+  // never at the top level (only an object is written there).
+  bool Element() {
+    if (levels_.empty()) return false;
+    Level& l = levels_.back();
+    if (!l.object) {
+      if (!l.first) out_->push_back(',');
+      l.first = false;
+    }
+    return true;
+  }
+  bool Scalar(absl::string_view text) {
+    if (!Element()) return false;
+    out_->append(text.data(), text.size());
+    return true;
+  }
+  bool Open(char c, bool object) {
+    if (levels_.empty()) {
+      if (started_ || !object) return false;
+      started_ = true;
+    } else if (!Element()) {
+      return false;
+    }
+    if (levels_.size() >= static_cast<std::size_t>(kMaxDepth)) return false;
+    levels_.push_back(Level{object});
+    out_->push_back(c);
+    return true;
+  }
+  bool Close(char c) {
+    levels_.pop_back();
+    out_->push_back(c);
+    return true;
+  }
+
+  std::string* out_;
+  std::vector<Level> levels_;
+  bool started_ = false;
+};
+
+// One side of an export entry: DumpJson(FromColumn(column)), the stored text
+// copied when it is already in that form.
+absl::Status AppendSide(const std::optional<std::string>& column, absl::string_view state_id,
+                        absl::string_view column_name, std::string* out) {
+  if (!column.has_value() || column->empty()) {
+    out->append("{}");
+    return absl::OkStatus();
+  }
+  const std::size_t mark = out->size();
+  CanonicalWriter writer(out);
+  if (json::sax_parse(column->begin(), column->end(), &writer)) return absl::OkStatus();
+  out->resize(mark);
+  absl::StatusOr<json> side = FromColumn(column, state_id, column_name);
+  if (!side.ok()) return side.status();
+  out->append(DumpJson(*side));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ExportEntryJson(const MeltanoState& state) {
+  if (absl::Status st = ExportableId(state.state_id); !st.ok()) return st;
   // {"completed": ..., "partial": ...} as dump() writes that object, without
   // copying both sides into one (an export writes millions of these).
   return absl::StrCat(DumpJson(nlohmann::json(state.state_id)), ": {\"completed\":", DumpJson(state.completed),
                       ",\"partial\":", DumpJson(state.partial), "}");
+}
+
+absl::Status AppendExportEntry(absl::string_view state_id, const std::optional<std::string>& partial_column,
+                               const std::optional<std::string>& completed_column, std::string* out) {
+  if (absl::Status st = ExportableId(state_id); !st.ok()) return st;
+  const std::size_t mark = out->size();
+  AppendJsonString(state_id, out);
+  out->append(": {\"completed\":");
+  absl::Status st = AppendSide(completed_column, state_id, "completed_state", out);
+  if (st.ok()) {
+    out->append(",\"partial\":");
+    st = AppendSide(partial_column, state_id, "partial_state", out);
+  }
+  if (!st.ok()) {
+    out->resize(mark);
+    return st;
+  }
+  out->push_back('}');
+  return absl::OkStatus();
 }
 
 absl::StatusOr<MeltanoState> CompleteStateFromInput(std::string state_id, absl::string_view text,

@@ -67,6 +67,13 @@ absl::StatusOr<std::vector<MeltanoState>> ParseExportDocument(absl::string_view 
 // kFailedPrecondition when the id is not valid UTF-8: JSON cannot carry it
 // unchanged, and an export must never alter an id.
 absl::StatusOr<std::string> ExportEntryJson(const MeltanoState& state);
+// The same entry made from the stored columns (as FromColumn reads them),
+// appended to `out`: the bytes ExportEntryJson writes for the state read from
+// them, and its errors (FromColumn's for a bad side, then nothing appended),
+// but a side already stored as dump() writes it is copied, not parsed into a
+// tree and written again (an export's cost is mostly that).
+absl::Status AppendExportEntry(absl::string_view state_id, const std::optional<std::string>& partial_column,
+                               const std::optional<std::string>& completed_column, std::string* out);
 
 // What `meltano state set` writes: completed = input, partial = {}.
 // With `require_singer_state`, the input must have a top-level

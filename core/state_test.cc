@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -638,6 +639,60 @@ TEST(ExportDocumentTest, AnIdJsonCannotCarryIsRefusedNotAltered) {
   for (const char* id : {"\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\x7F", "\xC2\x80"}) {
     EXPECT_THAT(ExportEntryJson({id, json::object(), json::object()}), IsOk()) << id;
   }
+}
+
+// What AppendExportEntry must equal: the entry of the state read from the
+// columns (FromColumn), as the page's states gave it before.
+absl::StatusOr<std::string> EntryOfParsedColumns(const std::string& id, const std::optional<std::string>& partial,
+                                                 const std::optional<std::string>& completed) {
+  absl::StatusOr<json> p = FromColumn(partial, id, "partial_state");
+  absl::StatusOr<json> c = FromColumn(completed, id, "completed_state");
+  if (!c.ok()) return c.status();
+  if (!p.ok()) return p.status();
+  return ExportEntryJson({id, *p, *c});
+}
+
+TEST(ExportDocumentTest, AnEntryFromTheColumnsIsTheEntryOfTheStateReadFromThem) {
+  const std::vector<std::optional<std::string>> kSides = {
+      std::nullopt, "", "{}", R"({"singer_state":{"bookmarks":{"s":{"id":7,"at":"2026-12-01"}}}})",
+      // Not as dump() writes it: spaces, keys out of order or repeated, numbers
+      // in other forms, escapes dump() does not use.
+      R"({ "a" : 1 })", R"({"b":1,"a":2})", R"({"a":1,"a":2})", R"({"B":1,"a":2,"ab":3,"a\u0000":4})",
+      R"({"n":[1,2.50,-0,1e2,1.0,-7,18446744073709551615,18446744073709551616,3.14159e-300]})",
+      R"({"s":"x\u00e9\n\"\\\/","t":"\u001f","u":"\ud83d\ude00","v":"\u0000"})", "{\"\xC3\xA9\":\"\xF0\x9F\x98\x80\"}",
+      R"({"a":[{"z":{},"y":[]},[],[[true,false,null]]]})", Nested(511), Nested(512)};
+  for (const std::optional<std::string>& p : kSides) {
+    for (const std::optional<std::string>& c : kSides) {
+      for (const std::string& id : {std::string("dev:tap-x-to-y"), std::string("dev:\xC3\xA9\n\"x\"\\")}) {
+        absl::StatusOr<std::string> want = EntryOfParsedColumns(id, p, c);
+        ASSERT_THAT(want, IsOk());
+        std::string got = "keep,";
+        ASSERT_THAT(AppendExportEntry(id, p, c, &got), IsOk()) << p.value_or("NULL") << " / " << c.value_or("NULL");
+        EXPECT_EQ(got, "keep," + *want) << p.value_or("NULL") << " / " << c.value_or("NULL");
+      }
+    }
+  }
+}
+
+TEST(ExportDocumentTest, AnEntryFromABadColumnFailsAsReadingItDoesAndAppendsNothing) {
+  for (const std::string& bad : {std::string("[1]"), std::string("\"x\""), std::string("7"), std::string("{\"a\":}"),
+                                 std::string("{\"a\":1} x"), std::string("  "), std::string("{\"a\":\"\x01\"}"),
+                                 std::string("{\"b\":1,\"a\":[}"), std::string("{\"a\":\"x\xff\"}"), Nested(513)}) {
+    for (bool partial : {true, false}) {
+      const std::optional<std::string> p = partial ? std::optional<std::string>(bad) : std::nullopt;
+      const std::optional<std::string> c = partial ? std::optional<std::string>("{\"a\":1}") : bad;
+      absl::StatusOr<std::string> want = EntryOfParsedColumns("dev:x", p, c);
+      ASSERT_FALSE(want.ok()) << bad;
+      std::string got = "keep";
+      absl::Status st = AppendExportEntry("dev:x", p, c, &got);
+      EXPECT_EQ(st, want.status()) << bad;
+      EXPECT_EQ(got, "keep") << bad;
+    }
+  }
+  std::string got = "keep";
+  EXPECT_THAT(AppendExportEntry("x\xff", std::nullopt, std::nullopt, &got),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not valid UTF-8")));
+  EXPECT_EQ(got, "keep");
 }
 
 }  // namespace
