@@ -173,8 +173,11 @@ class Store {
   // of the id column taken by the first page (after nullopt, or an `after`
   // other than the last id of the page this store returned last), and about
   // kDefaultExportPageBytes of states, by the size of those read so far.
+  // With `document`, the page is the text of the export document's entries
+  // (Result::document, AppendExportEntry) and its ids (Result::state_ids),
+  // not states: what `chstate export` writes, made without parsing the states.
   std::unique_ptr<Task> ExportPage(std::optional<std::string> glob, std::optional<std::string> after,
-                                   int64_t limit = kDefaultExportPageStates);
+                                   int64_t limit = kDefaultExportPageStates, bool document = false);
   // Writes every state, overwriting (Meltano's set_all, `chstate import`):
   // all are validated first (kInvalidArgument naming the entry, nothing
   // sent), then written by multi-row INSERTs of at most import_batch_states

@@ -282,8 +282,9 @@ class ListOp final : public StorePart {
 // bounds that run out are sampled again from where the export is.
 class ExportPageOp final : public StorePart {
  public:
-  ExportPageOp(StoreSteps& s, std::optional<std::string> glob, std::optional<std::string> after, int64_t limit)
-      : StorePart(s), glob_(std::move(glob)), from_(std::move(after)), limit_(limit) {}
+  ExportPageOp(StoreSteps& s, std::optional<std::string> glob, std::optional<std::string> after, int64_t limit,
+               bool document)
+      : StorePart(s), glob_(std::move(glob)), from_(std::move(after)), limit_(limit), document_(document) {}
   std::string Where() const override {
     return stage_ == Stage::kSampling ? "sampling state ids to export" : "exporting states";
   }
@@ -357,6 +358,20 @@ class ExportPageOp final : public StorePart {
     absl::StatusOr<Rows> rows = ParseTabSeparated(*body, 3);
     if (!rows.ok()) return Failed(rows.status());
     Result out = s_.Base();
+    if (document_) {
+      // The entries of the export document, written from the columns.
+      out.document.emplace();
+      out.document->reserve(body->size() + body->size() / 4);
+      out.state_ids.reserve(rows->size());
+      for (const Row& row : *rows) {
+        std::string id = row[0].value_or("");
+        if (!out.state_ids.empty()) out.document->append(",\n  ");
+        if (absl::Status st = AppendExportEntry(id, row[1], row[2], &*out.document); !st.ok()) return Failed(st);
+        out.state_ids.push_back(std::move(id));
+      }
+      const size_t count = out.state_ids.size();  // before out is moved
+      return Paged(std::move(out), count, body->size());
+    }
     out.states.emplace();
     out.states->reserve(rows->size());
     for (const Row& row : *rows) {
@@ -370,21 +385,31 @@ class ExportPageOp final : public StorePart {
       state.completed = std::move(*completed);
       out.states->push_back(std::move(state));
     }
+    const size_t count = out.states->size();  // before out is moved
+    return Paged(std::move(out), count, body->size());
+  }
+
+  // The page read (`rows` states from `bytes` of answer), its last id the
+  // last of out.states or of out.state_ids: done, or on to the next range
+  // when it was empty.
+  Next Paged(Result out, size_t rows, size_t bytes) {
+    auto last_id = [&]() -> const std::string& {
+      return document_ ? out.state_ids.back() : out.states->back().state_id;
+    };
     StoreSteps::ExportCursor& c = *s_.export_cursor();
-    const bool full = static_cast<int64_t>(rows->size()) >= limit_;
+    const bool full = static_cast<int64_t>(rows) >= limit_;
     // A full page may have stopped inside its range: the next one goes on
     // from its last id towards the same boundaries.
-    const std::optional<std::string> reached =
-        full ? std::optional<std::string>(out.states->back().state_id) : upto_;
+    const std::optional<std::string> reached = full ? std::optional<std::string>(last_id()) : upto_;
     while (!c.bounds.empty() && (!reached || c.bounds.front() <= *reached)) c.bounds.pop_front();
-    if (!rows->empty()) c.bytes_per_state = std::max<int64_t>(static_cast<int64_t>(body->size() / rows->size()), 1);
+    if (rows > 0) c.bytes_per_state = std::max<int64_t>(static_cast<int64_t>(bytes / rows), 1);
     out.more = full || upto_.has_value();
-    if (out.more && out.states->empty()) {  // an empty range: on to the next
+    if (out.more && rows == 0) {  // an empty range: on to the next
       from_ = upto_;
       return ReadRange();
     }
     if (out.more) {
-      c.after = out.states->back().state_id;
+      c.after = last_id();
     } else {
       s_.export_cursor().reset();
     }
@@ -397,7 +422,11 @@ class ExportPageOp final : public StorePart {
     s_.export_cursor().reset();
     if (st.code() != absl::StatusCode::kNotFound) return Next::Fail(std::move(st));
     Result out = s_.Base();
-    out.states.emplace();
+    if (document_) {
+      out.document.emplace();
+    } else {
+      out.states.emplace();
+    }
     return Next::Done(std::move(out));
   }
 
@@ -406,6 +435,7 @@ class ExportPageOp final : public StorePart {
   std::optional<std::string> glob_;
   std::optional<std::string> from_;  // the last id exported before the range being read
   int64_t limit_;
+  bool document_;  // the page as the export document's entries (Result::document), not states
   std::optional<std::string> upto_;  // the range's upper end (nullopt: to the end)
 };
 
@@ -517,14 +547,14 @@ std::unique_ptr<Task> Store::List(std::optional<std::string> glob) {
 }
 
 std::unique_ptr<Task> Store::ExportPage(std::optional<std::string> glob, std::optional<std::string> after,
-                                        int64_t limit) {
+                                        int64_t limit, bool document) {
   if (limit < 1) return Invalid(absl::InvalidArgumentError("an export page holds at least one state"));
   if (after) {
     if (absl::Status st = ValidateStateId(*after); !st.ok()) return Invalid(st);
   }
   // What continues is looked at when the task starts (see RenewLock).
-  return MakeOpTask(this, [glob, after, limit](StoreSteps& s) {
-    return std::make_unique<ExportPageOp>(s, glob, after, limit);
+  return MakeOpTask(this, [glob, after, limit, document](StoreSteps& s) {
+    return std::make_unique<ExportPageOp>(s, glob, after, limit, document);
   });
 }
 

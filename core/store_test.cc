@@ -1037,6 +1037,64 @@ TEST(Store, ExportOfAMissingTableIsEmptyAndACorruptRowIsDataLoss) {
   EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 }
 
+TEST(Store, AnExportPageAsTheDocumentsEntriesReadsAsAPageOfStatesDoes) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->ExportPage(std::string("dev:*"), std::nullopt, 2, /*document=*/true);
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("sample_state_ids", Ok("dev:c\t1\ndev:e\t1\n")),
+                     Q("export_states", Ok("dev:a\t{\"p\":1}\t\\N\ndev:b\t\\N\t{\"z\": 1, \"a\": [1.50]}\n"),
+                       "FINAL WHERE state_id LIKE 'dev:%' AND state_id <= 'dev:c' ORDER BY state_id LIMIT 2")},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_FALSE(o.last.result.states.has_value()) << "the page is text, not states";
+  ASSERT_TRUE(o.last.result.document.has_value());
+  // Each entry as ExportEntryJson writes the state read from the row (the
+  // second side stored with spaces and its keys out of order).
+  EXPECT_EQ(*o.last.result.document,
+            "\"dev:a\": {\"completed\":{},\"partial\":{\"p\":1}},\n  "
+            "\"dev:b\": {\"completed\":{\"a\":[1.5],\"z\":1},\"partial\":{}}");
+  EXPECT_EQ(o.last.result.state_ids, (std::vector<std::string>{"dev:a", "dev:b"}));
+  EXPECT_TRUE(o.last.result.more);
+  // The cursor goes on from the page's last id, as for states; an empty
+  // range is passed over.
+  auto next = store->ExportPage(std::string("dev:*"), std::string("dev:b"), 2, true);
+  o = Drive(*next,
+            {Q("export_states", Ok(""), "state_id > 'dev:b' AND state_id <= 'dev:c' ORDER"),
+             Q("export_states", Ok("dev:d\t\\N\t\\N\n"), "state_id > 'dev:c' AND state_id <= 'dev:e' ORDER")},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.document, std::optional<std::string>("\"dev:d\": {\"completed\":{},\"partial\":{}}"));
+  EXPECT_EQ(o.last.result.state_ids, std::vector<std::string>{"dev:d"});
+  EXPECT_TRUE(o.last.result.more);
+  next = store->ExportPage(std::string("dev:*"), std::string("dev:d"), 2, true);
+  o = Drive(*next, {Q("export_states", Ok(""), "state_id > 'dev:d' ORDER BY state_id LIMIT 2")}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.document, std::optional<std::string>(""));
+  EXPECT_TRUE(o.last.result.state_ids.empty());
+  EXPECT_FALSE(o.last.result.more);
+}
+
+TEST(Store, AnExportPageAsTextRefusesWhatThePageOfStatesRefuses) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->ExportPage(std::nullopt, std::nullopt, kDefaultExportPageStates, true);
+  Outcome o =
+      Drive(*t, {kVersion18, Q("sample_state_ids", Err(404, 60, "Table meltano.state doesn't exist."))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.document, std::optional<std::string>("")) << "a missing table: no states";
+  EXPECT_FALSE(o.last.result.states.has_value());
+  auto bad = store->ExportPage(std::nullopt, std::nullopt, kDefaultExportPageStates, true);
+  o = Drive(*bad, {Q("sample_state_ids", Ok("")), Q("export_states", Ok("dev:a\t\\N\t{}\ndev:b\t{oops\t\\N\n"))},
+            &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("dev:b")));
+  auto utf = store->ExportPage(std::nullopt, std::nullopt, kDefaultExportPageStates, true);
+  o = Drive(*utf, {Q("sample_state_ids", Ok("")), Q("export_states", Ok("x\xff\t\\N\t{}\n"))}, &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not valid UTF-8")));
+}
+
 TEST(Store, ModernExportPassesIdsAsParameters) {
   auto store = MakeStore();
   int64_t clock = 0;

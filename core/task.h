@@ -85,9 +85,13 @@ struct HeldLockInfo {
 // What a finished task produced. Which fields are set depends on the task.
 struct Result {
   std::optional<MeltanoState> state;    // Get: nullopt when the id is absent; Rollback: what was restored
-  std::vector<std::string> state_ids;   // List
+  std::vector<std::string> state_ids;   // List; ExportPage with document: the page's ids
   // ExportPage: one page, sorted by id (set, maybe empty, only by ExportPage).
   std::optional<std::vector<MeltanoState>> states;
+  // ExportPage with document, instead of states: the page's entries of
+  // Meltano's export document ("<id>": {"completed": ..., "partial": ...}),
+  // ",\n  " between them (set, maybe empty, only then).
+  std::optional<std::string> document;
   bool more = false;                    // ExportPage: more may follow; ask for the next after its last id
   // Locks (set, maybe empty, only by Locks); ForceUnlock: the one removed.
   std::optional<std::vector<HeldLockInfo>> locks;

@@ -68,7 +68,9 @@ const std::vector<VerbSpec>& Verbs() {
       {"export",
        {{"pattern", ArgType::kPattern, false, "only ids matching this glob", true},
         Named("after", ArgType::kStateId, "the last id of the previous page"),
-        Named("limit", ArgType::kCount, "states per page (default 10000)")},
+        Named("limit", ArgType::kCount, "states per page (default 10000)"),
+        Named("document", ArgType::kFlag,
+              "the page as text instead of states: its entries of Meltano's export document, ids in state_ids")},
        LockRule::kNone, "", "", Returns::kPage,
        "one page of every state (meltano state export), sorted by id; ask again after the page's last id while "
        "more is true"},
@@ -426,7 +428,9 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForVerb(Store& store, const json& doc)
     if (!after.ok()) return after.status();
     absl::StatusOr<int64_t> limit = args.Count("limit", kDefaultExportPageStates);
     if (!limit.ok()) return limit.status();
-    return store.ExportPage(*std::move(glob), *std::move(after), *limit);
+    absl::StatusOr<bool> document = args.Flag("document");
+    if (!document.ok()) return document.status();
+    return store.ExportPage(*std::move(glob), *std::move(after), *limit, *document);
   }
   if (name == "import") {
     absl::StatusOr<std::vector<MeltanoState>> states = ImportStates(args.Raw("states"));

@@ -139,6 +139,11 @@ json ResultJson(const Result& r) {
     out["states"] = std::move(states);
     out["more"] = r.more;
   }
+  if (r.document) {
+    // export_page with document only, likewise; its ids are state_ids_hex.
+    out["document"] = *r.document;
+    out["more"] = r.more;
+  }
   if (r.locks) {
     // locks and unlock only, likewise.
     json locks = json::array();

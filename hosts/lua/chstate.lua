@@ -320,6 +320,11 @@ local RETURNS = {
   end,
   count = function(done) return tointeger(done.count) end,
   page = function(done)
+    if done.document ~= nil then  -- document = true: the entries' text, more, the page's ids
+      local ids = M.array()
+      for i, h in ipairs(done.state_ids_hex) do ids[i] = unhex(h) end
+      return done.document, done.more, ids
+    end
     local states = M.array()
     for i, s in ipairs(done.states) do
       states[i] = {state_id = unhex(s.state_id_hex), completed = s.completed, partial = s.partial, merged = s.merged}

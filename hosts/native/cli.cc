@@ -721,15 +721,15 @@ absl::Status Export(Session& s) {
     json page = Op("export");
     AddPattern(s, page);
     if (after) page["after_hex"] = HexEncode(*after);
+    page["document"] = true;  // the page as the document's entries, written by the core
     absl::StatusOr<Result> r = s.Verb(std::move(page));
     if (!r.ok()) return abandon(r.status());
-    for (const MeltanoState& state : *r->states) {
-      absl::StatusOr<std::string> entry = ExportEntryJson(state);
-      if (!entry.ok()) return abandon(entry.status());
-      out << (count++ == 0 ? "\n  " : ",\n  ") << *entry;
+    if (!r->state_ids.empty()) {
+      out << (count == 0 ? "\n  " : ",\n  ") << *r->document;
+      count += static_cast<int64_t>(r->state_ids.size());
     }
-    if (!r->more || r->states->empty()) break;
-    after = r->states->back().state_id;
+    if (!r->more || r->state_ids.empty()) break;
+    after = r->state_ids.back();
   }
   out << (count == 0 ? "}\n" : "\n}\n");
   out.flush();

@@ -66,7 +66,9 @@ const RETURNS = {
   maybe_state: (d) => state(d.state),
   state_ids: (d) => d.state_ids_hex.map(unhex),
   count: (d) => d.count,
-  page: (d) => ({ states: d.states.map((s) => ({ stateId: unhex(s.state_id_hex), ...state(s) })), more: d.more }),
+  page: (d) => (d.document !== undefined
+    ? { document: d.document, stateIds: d.state_ids_hex.map(unhex), more: d.more }  // with { document: true }
+    : { states: d.states.map((s) => ({ stateId: unhex(s.state_id_hex), ...state(s) })), more: d.more }),
   versions: (d) => d.versions.map((v) => ({ version: v.version, updatedAt: v.updated_at, current: v.current,
                                              state: state(v.state) })),
   locks: (d) => d.locks.map((l) => ({ stateId: l.state_id_hex === null ? null : unhex(l.state_id_hex), table: l.table,

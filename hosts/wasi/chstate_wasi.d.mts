@@ -261,8 +261,12 @@ export class Store {
   copy(src: string, dst: string): Promise<void>;
   move(src: string, dst: string): Promise<void>;
   /** One page of states, sorted by id; ask again after the last id while more is true. */
-  export(pattern?: string | null, options?: { after?: string; limit?: number }):
+  export(pattern?: string | null, options?: { after?: string; limit?: number; document?: false }):
     Promise<{ states: ExportedState[]; more: boolean }>;
+  /** The same page as the text of its entries in Meltano's export document
+   * (`"<id>": {"completed": ..., "partial": ...}`, ",\n  " between them) and its ids. */
+  export(pattern: string | null | undefined, options: { after?: string; limit?: number; document: true }):
+    Promise<{ document: string; stateIds: string[]; more: boolean }>;
   /** Writes many states at once; resolves to how many. */
   import(states: ImportedState[]): Promise<number>;
   /** The versions kept in the id's history, newest first. */

@@ -70,7 +70,7 @@ local function contender_outcome(out)
   return "no outcome"
 end
 
-local function normal(verb, a, b)
+local function normal(verb, a, b, c)
   if verb == "get" or verb == "set" or verb == "merge" or verb == "rollback" then
     if a == nil then return null end
     return a
@@ -78,6 +78,8 @@ local function normal(verb, a, b)
     return null
   elseif verb == "ping" or verb == "init" or verb == "compact" then
     return b and "dialect" or a
+  elseif verb == "export" and type(a) == "string" then  -- document = true: text, more, ids
+    return {ids = c, more = b, entries = chstate.from_json("{" .. a .. "}")}
   elseif verb == "export" then
     local ids = chstate.array()
     for i, s in ipairs(a) do ids[i] = s.state_id end
@@ -151,7 +153,7 @@ function run_steps(store, steps, out, settings)
       local unpack_ = table.unpack or unpack
       local results = {pcall(store[step.verb], store, unpack_(args, 1, nargs))}
       if results[1] then
-        out[#out + 1] = {ok = normal(step.verb, results[2], results[3])}
+        out[#out + 1] = {ok = normal(step.verb, results[2], results[3], results[4])}
       else
         local e = results[2]
         out[#out + 1] = {error = chstate.is_error(e) and e.code or tostring(e)}

@@ -32,7 +32,9 @@ function normal(verb, r) {
     case "get": case "set": case "merge": case "rollback": return r == null ? null : r.merged;
     case "delete": case "copy": case "move": return null;
     case "ping": case "init": case "compact": return r.dialect ? "dialect" : r;
-    case "export": return { ids: r.states.map((s) => s.stateId), more: r.more };
+    case "export": return r.document !== undefined
+      ? { ids: r.stateIds, more: r.more, entries: JSON.parse("{" + r.document + "}") }
+      : { ids: r.states.map((s) => s.stateId), more: r.more };
     case "history": return r.map((v) => v.state.merged);
     case "locks": return r.map((l) => l.stateId);
     case "unlock": return r[0].stateId;

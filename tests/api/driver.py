@@ -67,6 +67,9 @@ def normal(verb: str, result):
     if verb in ("ping", "init", "compact"):
         return "dialect" if result.get("dialect") else result
     if verb == "export":
+        if len(result) == 3:  # document=True: the entries' text, more, the ids
+            document, more, ids = result
+            return {"ids": ids, "more": more, "entries": json.loads("{" + document + "}")}
         states, more = result
         return {"ids": [s["state_id"] for s in states], "more": more}
     if verb == "history":
@@ -156,6 +159,9 @@ class MeltanoHost:
             return m.clear_all()
         if verb == "export":
             states = list(m.get_all(*args))
+            if named.get("document"):  # get_all is Meltano's, whatever the page's form: its states as entries
+                entries = {s.state_id: {"completed": s.completed_state, "partial": s.partial_state} for s in states}
+                return json.dumps(entries)[1:-1], False, [s.state_id for s in states]
             return [{"state_id": s.state_id} for s in states], False
         if verb == "import":
             return m.set_all(MeltanoState(state_id=e["state_id"], completed_state=e["completed"],
@@ -238,6 +244,8 @@ class CliHost:
         if verb == "import":
             return out["imported"]
         if verb == "export":
+            if named.get("document"):  # the command's output is the document itself
+                return json.dumps(out)[1:-1], False, list(out)
             return [{"state_id": k} for k in sorted(out)], False
         if verb == "history":
             return [{"state": {"merged": v["state"]}} for v in out]

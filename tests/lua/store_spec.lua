@@ -172,7 +172,7 @@ describe("a store", function()
                    message(function() return store:set("a", {singer_state = {}}, {}, {}) end))
     assert.matches("history: limit must be a positive whole number",
                    message(function() return store:history("a", {limit = 0}) end))
-    assert.matches("bad argument #2 to 'export' %(unknown option 'pattern' %(options: after, limit%)%)",
+    assert.matches("bad argument #2 to 'export' %(unknown option 'pattern' %(options: after, document, limit%)%)",
                    message(function() return store:export(nil, {pattern = "x"}) end))
     local err = T.error_of(function() return store:get() end)
     assert.are.equal("INVALID_ARGUMENT", err.code)

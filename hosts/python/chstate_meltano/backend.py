@@ -16,6 +16,7 @@ on the first operation, and the tables are created by the first write.
 
 from __future__ import annotations
 
+import json
 import logging
 import typing as t
 from contextlib import contextmanager
@@ -177,16 +178,18 @@ class ChstateStateStoreManager(StateStoreManager):
         return self._run("clearing all states", lambda s: s.clear_all())
 
     def get_all(self, pattern: str | None = None) -> Iterable[MeltanoState]:
-        """`meltano state export`: the core's export, a page at a time."""
+        """`meltano state export`: the core's export, a page at a time, each
+        page the text of its entries in Meltano's export document (the core
+        writes it from the stored columns; one json.loads reads it)."""
         after = None
         while True:
-            states, more = self._run("exporting states", lambda s: s.export(pattern, after=after))
-            for st in states:
-                yield MeltanoState(state_id=st["state_id"], partial_state=st["partial"],
-                                   completed_state=st["completed"])
-            if not more or not states:
+            document, more, ids = self._run("exporting states",
+                                            lambda s: s.export(pattern, after=after, document=True))
+            for state_id, st in json.loads("{" + document + "}").items():
+                yield MeltanoState(state_id=state_id, partial_state=st["partial"], completed_state=st["completed"])
+            if not more or not ids:
                 return
-            after = states[-1]["state_id"]
+            after = ids[-1]
 
     def set_all(self, states: Iterable[MeltanoState]) -> int:
         """`meltano state import`: every state checked by the core before any

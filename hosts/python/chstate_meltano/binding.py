@@ -144,8 +144,11 @@ _RETURNS: dict = {
     "maybe_state": lambda d: _state(d.get("state")),
     "state_ids": lambda d: [id_from_hex(h) for h in d["state_ids_hex"]],
     "count": lambda d: int(d["count"]),
-    "page": lambda d: ([{"state_id": id_from_hex(s["state_id_hex"]), **_state(s)} for s in d["states"]],
-                       bool(d.get("more"))),
+    # With document=True: (the entries' text, more, the page's ids).
+    "page": lambda d: ((d["document"], bool(d.get("more")), [id_from_hex(h) for h in d["state_ids_hex"]])
+                       if "document" in d else
+                       ([{"state_id": id_from_hex(s["state_id_hex"]), **_state(s)} for s in d["states"]],
+                        bool(d.get("more")))),
     "versions": lambda d: [{"version": v["version"], "updated_at": v["updated_at"], "current": v["current"],
                             "state": _state(v["state"])} for v in d["versions"]],
     "locks": lambda d: [{"state_id": None if l["state_id_hex"] is None else id_from_hex(l["state_id_hex"]),
