@@ -120,8 +120,11 @@ def test_a_stale_lock_is_taken_over_and_compacted_with_exactly_those_rights(serv
         env={**os.environ, "MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD": server.password},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
+        # dev:dead has no state, so `locks` shows its lock by its table
+        # ("(no state yet; table state_lock_...)"), not by the id.
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and "dev:dead" not in run(cli, server, LEAST, "locks", schema=schema).stdout:
+        while "\tlive" not in run(cli, server, LEAST, "locks", schema=schema).stdout:
+            assert time.monotonic() < deadline, holder.stderr.read1().decode() if holder.poll() is not None else ""
             time.sleep(0.2)
         os.killpg(holder.pid, signal.SIGKILL)  # the holder dies holding its lock
         holder.wait()
@@ -129,7 +132,9 @@ def test_a_stale_lock_is_taken_over_and_compacted_with_exactly_those_rights(serv
         assert taken.returncode == 0, taken.stderr
         tombstones = server.sql(f"SELECT count() FROM system.tables WHERE database = '{schema}' AND name LIKE '%_dead_%'")
         assert int(tombstones) >= 1  # the takeover renamed the dead holder's lock
-        time.sleep(2.5)  # tombstones older than twice the validity go
+        # Tombstones older than twice the validity (2 s) go, by the server's
+        # metadata_modification_time, in whole seconds: 2 s can read as 1 s more.
+        time.sleep(3.5)
         compacted = run(cli, server, LEAST, "--stale-lock", "1", "compact", schema=schema)
         assert compacted.returncode == 0, compacted.stderr
         left = server.sql(f"SELECT count() FROM system.tables WHERE database = '{schema}' AND name LIKE '%_dead_%'")
