@@ -509,8 +509,11 @@ absl::StatusOr<std::string> ExportEntryJson(const MeltanoState& state) {
   if (absl::Status st = ExportableId(state.state_id); !st.ok()) return st;
   // {"completed": ..., "partial": ...} as dump() writes that object, without
   // copying both sides into one (an export writes millions of these).
-  return absl::StrCat(DumpJson(nlohmann::json(state.state_id)), ": {\"completed\":", DumpJson(state.completed),
-                      ",\"partial\":", DumpJson(state.partial), "}");
+  std::string entry;
+  AppendJsonString(state.state_id, &entry);
+  absl::StrAppend(&entry, ": {\"completed\":", DumpJson(state.completed), ",\"partial\":", DumpJson(state.partial),
+                  "}");
+  return entry;
 }
 
 absl::Status AppendExportEntry(absl::string_view state_id, const std::optional<std::string>& partial_column,

@@ -66,7 +66,8 @@ enum class Returns {
   kMaybeState, // state, or null when the id has none
   kStateIds,   // state_ids_hex, sorted
   kCount,      // count
-  kPage,       // states (sorted by id) and more (ask again after the last id)
+  kPage,       // states (sorted by id) and more (ask again after the last id); with export's document,
+               // document (the entries' text) and state_ids_hex instead of states
   kVersions,   // versions, newest first
   kLocks,      // locks held now
   kLock,       // lock_id (and waited_ms for acquire)
