@@ -65,7 +65,7 @@ inline constexpr ErrorCode kInterpreted[] = {
      "cluster mode: retried until quorum_busy_ms, then kUnavailable"},
     {kReplicaIsNotInQuorum, "REPLICA_IS_NOT_IN_QUORUM",
      "several hosts: the read goes to another replica; all lagging: kUnavailable, retry later"},
-    {kUnknownStatusOfInsert, "UNKNOWN_STATUS_OF_INSERT", "cluster mode: kUnavailable, outcome explained"},
+    {kUnknownStatusOfInsert, "UNKNOWN_STATUS_OF_INSERT", "cluster mode: a write that replaces itself is sent once more, elsewhere; then kUnavailable, outcome explained"},
     {kSystemError, "SYSTEM_ERROR", "kUnavailable: retry later"},
     {kQueryIsProhibited, "QUERY_IS_PROHIBITED", "kPermissionDenied, naming allow_ddl (docs/operations.md)"},
     {kAccessDenied, "ACCESS_DENIED", "kPermissionDenied"},

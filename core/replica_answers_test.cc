@@ -431,16 +431,89 @@ TEST(ReplicaWrites, Code285FailsAtOnceUnavailableAndIsNotSentElsewhere) {
   EXPECT_EQ(NextHost(*store, clock), "a") << "285 is the cluster's state: the host is not marked down";
 }
 
-TEST(ReplicaWrites, Code319IsAnUnknownOutcomeNotResentAndTheHostIsAvoided) {
+// Code 319: the row is on host a, its quorum not confirmed in time. The
+// state write replaces itself, so it goes again to the next host, where the
+// first row's pending quorum answers 286 until it is confirmed.
+TEST(ReplicaWrites, Code319IsSentAgainOnTheNextHostWhere286IsWaitedOutUntilItLands) {
   auto store = ClusterStore();
   int64_t clock = 0;
   HoldLock(*store, &clock);
   std::unique_ptr<Task> set = store->Set(State());
-  Script r = Drive(*set, {At("a", "insert_state", Code(ch::kUnknownStatusOfInsert))}, &clock);
+  Script r = Drive(*set,
+                {At("a", "insert_state", Code(ch::kUnknownStatusOfInsert)), Wait(),
+                 At("b", "insert_state", Code(ch::kUnsatisfiedQuorumForPreviousWrite)), Wait(),
+                 At("b", "insert_state", Ok())},
+                &clock);
+  EXPECT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_EQ(NextHost(*store, clock), "b") << "a replica with an unconfirmed write holds up its next writes";
+}
+
+// The 319 itself takes the quorum timeout, which may be longer than
+// quorum_busy_ms: the resend still gets quorum_busy_ms from the 319.
+TEST(ReplicaWrites, Code319ArrivingPastTheQuorumBusyTimeStillGetsThatTimeToLand) {
+  auto store = ClusterStore();  // quorum_busy_ms 1000
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> set = store->Set(State());
+  int writes = 0;
+  int64_t answered_319 = 0;
+  Action a = set->Start({clock, kRandom});
+  while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
+    ASSERT_LT(writes, 500);
+    if (a.kind == Action::Kind::kWait) {
+      clock += a.wait_ms;
+      a = set->OnTimer({clock, kRandom});
+      continue;
+    }
+    ASSERT_EQ(a.request.purpose, "insert_state");
+    SqlResponse answer = Ok();
+    if (++writes == 1) {
+      clock += 1500;  // the server waited its quorum timeout
+      answered_319 = clock;
+      answer = Code(ch::kUnknownStatusOfInsert);
+    } else {
+      clock += 2;
+      if (clock - answered_319 < 600) answer = Code(ch::kUnsatisfiedQuorumForPreviousWrite);
+    }
+    a = set->OnResponse(answer, {clock, kRandom});
+  }
+  EXPECT_EQ(a.kind, Action::Kind::kDone) << a.status;
+  EXPECT_GT(writes, 2);
+}
+
+// Still unconfirmed when the time is up: the caller learns the first
+// write's unknown outcome (not the 286's "nothing was written").
+TEST(ReplicaWrites, Code319Then286UntilTheQuorumBusyTimeFailsNamingTheUnknownOutcome) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> set = store->Set(State());
+  int writes = 0;
+  Action a = RunToEnd(*set, &clock, [&](const std::string& purpose, int64_t) {
+    if (purpose != "insert_state") return Ok("");
+    return ++writes == 1 ? Code(ch::kUnknownStatusOfInsert) : Code(ch::kUnsatisfiedQuorumForPreviousWrite);
+  });
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("unknown outcome of the write")));
+  EXPECT_THAT(a.status.message(), HasSubstr("sent again for 1000 ms"));
+  EXPECT_THAT(a.status.message(), HasSubstr("replica says 286"));
+  EXPECT_EQ(ClickHouseCode(a.status), ch::kUnknownStatusOfInsert);
+  EXPECT_GT(writes, 2);
+}
+
+// A second 319 is not resent again: the outcome is explained.
+TEST(ReplicaWrites, ASecondCode319FailsWithTheOutcomeExplained) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> set = store->Set(State());
+  Script r = Drive(*set,
+                {At("a", "insert_state", Code(ch::kUnknownStatusOfInsert)), Wait(),
+                 At("b", "insert_state", Code(ch::kUnknownStatusOfInsert))},
+                &clock);
   ASSERT_EQ(r.last.kind, Action::Kind::kFailed);
   EXPECT_THAT(r.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("unknown outcome of the write")));
   EXPECT_EQ(ClickHouseCode(r.last.status), ch::kUnknownStatusOfInsert);
-  EXPECT_EQ(NextHost(*store, clock), "b") << "a replica with an unconfirmed write holds up its next writes";
 }
 
 // A state write under the lock is idempotent (the whole state, replacing

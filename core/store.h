@@ -21,8 +21,9 @@
 //                        ZooKeeper, too few live replicas). The core already
 //                        resent what was safe to resend (core/task.h); retry
 //                        the operation later. For a write whose answer was
-//                        lost (or code 319) the outcome is unknown: writing
-//                        the same state again is safe (a state is one row).
+//                        lost (or code 319, after one resend: docs/cluster.md)
+//                        the outcome is unknown: writing the same state again
+//                        is safe (a state is one row).
 //   kUnauthenticated     wrong user or password: fix the settings.
 //   kPermissionDenied    the user lacks a right on the state schema (a
 //                        grant; on 18.x its allow_databases, allow_ddl or

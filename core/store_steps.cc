@@ -5,6 +5,7 @@
 #include "core/store.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -167,9 +168,14 @@ class ReadStateOp final : public StorePart {
 // reached its quorum yet) and 252 wrote nothing, so the write is sent again
 // until the deadline, after a short wait that doubles up to 100 ms with a
 // little jitter; a wait that would outlast the lease of the lock it writes
-// under renews the lock first. Code 319 is explained: the row is on one
-// replica and will appear everywhere once another replica has it; writing
-// again is safe. Without cluster mode: one send.
+// under renews the lock first. Code 319 (the quorum not confirmed in time:
+// the row is on the replica that answered and may still land) is an
+// unknown outcome, like a lost answer: a write that replaces itself
+// (idempotent) is sent again, to another replica (the task marks that one
+// down), and the 286 it meets there while the first row's quorum is pending
+// is waited out for quorum_busy_ms from the 319, which itself took the
+// quorum timeout. A second 319, or a write that is not idempotent, fails
+// with the outcome explained. Without cluster mode: one send.
 class QuorumWriteOp final : public StorePart {
  public:
   QuorumWriteOp(StoreSteps& s, SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms)
@@ -218,12 +224,19 @@ class QuorumWriteOp final : public StorePart {
     std::optional<int> code = ClickHouseCode(st);
     if (!s_.options().cluster.enabled() || !code) return Next::Fail(std::move(st));
     const Inputs& in = s_.inputs();
-    if ((*code == ch::kUnsatisfiedQuorumForPreviousWrite || *code == ch::kTooManyParts) && in.now_ms < deadline_ms_) {
+    const bool unknown_outcome = *code == ch::kUnknownStatusOfInsert && req_.idempotent && !unknown_;
+    if (unknown_outcome) {
+      unknown_ = st;
+      deadline_ms_ = std::max(deadline_ms_, in.now_ms + s_.options().cluster.quorum_busy_ms);
+    }
+    if ((*code == ch::kUnsatisfiedQuorumForPreviousWrite || *code == ch::kTooManyParts || unknown_outcome) &&
+        in.now_ms < deadline_ms_) {
       // A little jitter from the fresh random bytes keeps two writers
       // from retrying in lockstep.
       const int64_t jitter = in.random.empty() ? 0 : static_cast<unsigned char>(in.random[0]) % 8;
       cause_ = *code == ch::kTooManyParts ? "code 252 (too many parts: the table merges slower than it is written)"
-                                          : "code 286 (an earlier quorum write to the table is not confirmed yet)";
+               : unknown_outcome ? "code 319 (the write's quorum was not confirmed in time: sent again elsewhere)"
+                                 : "code 286 (an earlier quorum write to the table is not confirmed yet)";
       wait_ms_ += jitter;
       s_.Tell(DiagnosticKind::kQuorumBusy, DiagnosticLevel::kInfo, s_.lease_id(),
               absl::StrCat(what_, " waits ", wait_ms_, " ms for ", cause_, "; it is sent again until ",
@@ -239,6 +252,14 @@ class QuorumWriteOp final : public StorePart {
       wait_ms_ -= jitter;  // the next wait doubles the one without jitter
       return Next::Wait(TimerKind::kQuorumBusy, wait);
     }
+    if (unknown_) {
+      // The first write's outcome is what the caller must know about.
+      absl::Status first = s_.ExplainQuorumError(*unknown_, ch::kUnknownStatusOfInsert);
+      return Next::Fail(StoreSteps::Reworded(
+          first, first.code(),
+          absl::StrCat(first.message(), ". It was sent again for ", s_.options().cluster.quorum_busy_ms,
+                       " ms (quorum_busy_ms); the last answer: ", st.message())));
+    }
     return Next::Fail(s_.ExplainQuorumError(std::move(st), *code));
   }
 
@@ -249,6 +270,7 @@ class QuorumWriteOp final : public StorePart {
   int64_t deadline_ms_;
   int64_t wait_ms_;
   std::string cause_;
+  std::optional<absl::Status> unknown_;  // the 319 a resend followed
 };
 
 // Writes a whole state row, under the id's lock when the task or the store

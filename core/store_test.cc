@@ -1375,12 +1375,18 @@ TEST(ClusterStore, QuorumWriteGivesUpWithTheCauseAfterTheQuorumTimeout) {
   EXPECT_EQ(ClickHouseCode(a.status), 286);
 }
 
-TEST(ClusterStore, UnknownQuorumOutcomeIsExplainedNotRetried) {
+// Code 319 (core/replica_answers_test.cc has the host lists): the state
+// write replaces itself, so it is sent again once; a second 319 fails
+// with the outcome explained.
+TEST(ClusterStore, UnknownQuorumOutcomeIsSentAgainOnceThenExplained) {
   auto store = MakeClusterStore();
   int64_t clock = 0;
   HoldClusterLock(*store, "id", &clock);
   auto t = store->Set(MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")});
-  Outcome o = Drive(*t, {Q("insert_state", Err(500, 319, "Unknown status, client must retry"))}, &clock);
+  Outcome o = Drive(*t,
+                    {Q("insert_state", Err(500, 319, "Unknown status, client must retry")), W(-1),
+                     Q("insert_state", Err(500, 319, "Unknown status, client must retry"))},
+                    &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("code 319")));
   EXPECT_THAT(o.last.status.message(), HasSubstr("becomes readable on every replica"));
