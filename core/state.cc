@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -395,9 +396,13 @@ void AppendJsonString(absl::string_view s, std::string* out) {
 // order of the parsed object's std::map, so no key repeats), nesting within
 // kMaxDepth. Anything else stops it (a handler returns false) and the caller
 // takes the parsing path, which also words the errors.
+//
+// With `unsorted` given, keys out of that order do not stop it: they are
+// written in the order read and *unsorted is set (the caller then parses the
+// text written, which is valid JSON, and writes it again with dump()).
 class CanonicalWriter {
  public:
-  explicit CanonicalWriter(std::string* out) : out_(out) {}
+  explicit CanonicalWriter(std::string* out, bool* unsorted = nullptr) : out_(out), unsorted_(unsorted) {}
 
   bool null() { return Scalar("null"); }
   bool boolean(bool b) { return Scalar(b ? "true" : "false"); }
@@ -424,7 +429,10 @@ class CanonicalWriter {
   bool key(std::string& k) {
     Level& l = levels_.back();
     if (!l.first) {
-      if (!(l.last_key < k)) return false;
+      if (!(l.last_key < k)) {
+        if (unsorted_ == nullptr) return false;
+        *unsorted_ = true;
+      }
       out_->push_back(',');
     }
     l.first = false;
@@ -481,8 +489,133 @@ class CanonicalWriter {
   }
 
   std::string* out_;
+  bool* unsorted_;
   std::vector<Level> levels_;
   bool started_ = false;
+};
+
+// Reads Meltano's export document into rows as nlohmann's SAX parser hands
+// over its tokens: level 1 is the document's object (its keys are state
+// ids), level 2 an entry (its keys the sides), level 3 and deeper a side,
+// written by a CanonicalWriter into the side's column text. It stops (a
+// handler returns false) at anything ParseExportDocument would refuse or
+// word: a bad id, an entry that is not an object, a key other than
+// "completed" and "partial" or one of them twice, a side that is neither
+// an object nor null, nesting past kMaxDepth, and invalid JSON.
+class ExportDocumentReader {
+ public:
+  explicit ExportDocumentReader(std::vector<StoredState>* rows) : rows_(rows) {}
+
+  bool null() {
+    if (level_ == 2) {  // an empty side, as the column's NULL
+      if (!SideKnown()) return false;
+      side_ = nullptr;
+      return true;
+    }
+    return level_ >= 3 && writer_->null();
+  }
+  bool boolean(bool b) { return level_ >= 3 && writer_->boolean(b); }
+  bool number_integer(json::number_integer_t v) { return level_ >= 3 && writer_->number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return level_ >= 3 && writer_->number_unsigned(v); }
+  bool number_float(json::number_float_t v, const std::string& raw) {
+    return level_ >= 3 && writer_->number_float(v, raw);
+  }
+  bool string(std::string& v) { return level_ >= 3 && writer_->string(v); }
+  bool binary(json::binary_t& /*b*/) { return false; }
+  bool start_object(std::size_t n) {
+    if (level_ >= kMaxDepth) return false;  // the tree parser's limit, counted from the document's top
+    switch (level_++) {
+      case 0:
+        return true;
+      case 1:
+        entry_ = StoredState{std::move(id_), std::nullopt, std::nullopt};
+        seen_completed_ = seen_partial_ = false;
+        return true;
+      case 2:
+        if (!SideKnown()) return false;
+        text_.clear();
+        unsorted_ = false;
+        writer_.emplace(&text_, &unsorted_);
+        return writer_->start_object(n);
+      default:
+        return writer_->start_object(n);
+    }
+  }
+  bool end_object() {
+    switch (--level_) {
+      case 0:
+        return true;
+      case 1:
+        if (!rows_->empty() && !(rows_->back().state_id < entry_.state_id)) sorted_ = false;
+        rows_->push_back(std::move(entry_));
+        return true;
+      case 2:
+        return writer_->end_object() && EndSide();
+      default:
+        return writer_->end_object();
+    }
+  }
+  bool start_array(std::size_t n) {
+    if (level_ < 3 || level_ >= kMaxDepth) return false;
+    ++level_;
+    return writer_->start_array(n);
+  }
+  bool end_array() {
+    --level_;
+    return writer_->end_array();
+  }
+  bool key(std::string& k) {
+    switch (level_) {
+      case 1:
+        if (!ValidateStateId(k).ok()) return false;
+        id_ = std::move(k);
+        return true;
+      case 2: {
+        bool& seen = k == "completed" ? seen_completed_ : seen_partial_;
+        if ((k != "completed" && k != "partial") || seen) return false;
+        seen = true;
+        side_ = k == "completed" ? &entry_.completed_json : &entry_.partial_json;
+        return true;
+      }
+      default:
+        return writer_->key(k);
+    }
+  }
+  bool parse_error(std::size_t /*at*/, const std::string& /*token*/, const nlohmann::detail::exception& /*e*/) {
+    return false;
+  }
+
+  // The rows came in increasing id order (no id twice).
+  bool sorted() const { return sorted_; }
+
+ private:
+  // A side's value is about to be read (null, or its object).
+  bool SideKnown() { return side_ != nullptr; }
+  bool EndSide() {
+    if (unsorted_) {
+      // Its keys out of dump()'s order (or one twice: the last one counts,
+      // as in the parsed tree): the text written is valid JSON, read again.
+      json side = json::parse(text_, nullptr, /*allow_exceptions=*/false);
+      if (side.is_discarded()) return false;
+      text_ = DumpJson(side);
+    }
+    if (text_ != "{}") *side_ = text_;
+    side_ = nullptr;
+    writer_.reset();
+    return true;
+  }
+
+  std::vector<StoredState>* rows_;
+  int level_ = 0;
+  std::string id_;
+  StoredState entry_;
+  bool seen_completed_ = false;
+  bool seen_partial_ = false;
+  std::optional<std::string>* side_ = nullptr;
+  std::string text_;
+  bool unsorted_ = false;
+  std::optional<CanonicalWriter> writer_;
+  bool sorted_ = true;
 };
 
 // One side of an export entry: DumpJson(FromColumn(column)), the stored text
@@ -585,6 +718,35 @@ absl::StatusOr<json> FromColumn(const std::optional<std::string>& column, absl::
 
 std::string DumpJson(const json& j, int indent) {
   return j.dump(indent, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+}
+
+absl::StatusOr<std::vector<StoredState>> ParseExportDocumentRows(absl::string_view text) {
+  std::vector<StoredState> rows;
+  // A NUL byte ends nlohmann's input early (PreScan), so such a text goes
+  // the tree's way, which refuses it.
+  if (text.find('\0') == absl::string_view::npos) {
+    ExportDocumentReader reader(&rows);
+    if (json::sax_parse(text.begin(), text.end(), &reader)) {
+      if (reader.sorted()) return rows;
+      std::sort(rows.begin(), rows.end(),
+                [](const StoredState& a, const StoredState& b) { return a.state_id < b.state_id; });
+      const bool repeated = std::adjacent_find(rows.begin(), rows.end(), [](const StoredState& a, const StoredState& b) {
+                              return a.state_id == b.state_id;
+                            }) != rows.end();
+      if (!repeated) return rows;  // an id twice: the tree keeps the last of them
+    }
+  }
+  // Anything the one pass does not take as it is goes the tree's way, which
+  // also words the errors.
+  rows.clear();
+  rows.shrink_to_fit();
+  absl::StatusOr<std::vector<MeltanoState>> states = ParseExportDocument(text);
+  if (!states.ok()) return states.status();
+  rows.reserve(states->size());
+  for (MeltanoState& st : *states) {
+    rows.push_back(StoredState{std::move(st.state_id), ToColumn(st.partial), ToColumn(st.completed)});
+  }
+  return rows;
 }
 
 }  // namespace chstate

@@ -62,6 +62,21 @@ absl::StatusOr<MeltanoState> MeltanoStateFromJson(std::string state_id, nlohmann
 // bad one is named ("import entry for state id \"x\": ...").
 absl::StatusOr<std::vector<MeltanoState>> ParseExportDocument(absl::string_view text);
 
+// A state as its row holds it: each side's column (ToColumn: nullopt, SQL
+// NULL, for an empty side; else the compact JSON text).
+struct StoredState {
+  std::string state_id;
+  std::optional<std::string> partial_json;
+  std::optional<std::string> completed_json;
+};
+
+// The same document read straight into rows, sorted by id: the rows
+// ParseExportDocument's states make (the same checks, errors and words),
+// read in one pass with no tree of the document. An entry whose side is
+// not in dump()'s key order is put in it, and a document this pass cannot
+// take as it is (an error, a repeated id) is read by ParseExportDocument.
+absl::StatusOr<std::vector<StoredState>> ParseExportDocumentRows(absl::string_view text);
+
 // One entry of that document, `"<state id>": {"completed": {...}, "partial":
 // {...}}` (compact), as `chstate export` writes it between the braces.
 // kFailedPrecondition when the id is not valid UTF-8: JSON cannot carry it

@@ -695,5 +695,106 @@ TEST(ExportDocumentTest, AnEntryFromABadColumnFailsAsReadingItDoesAndAppendsNoth
   EXPECT_EQ(got, "keep");
 }
 
+// What ParseExportDocumentRows must give: the rows of the states the tree
+// reads (ParseExportDocument), or its error.
+absl::StatusOr<std::vector<StoredState>> RowsOfParsedDocument(absl::string_view text) {
+  absl::StatusOr<std::vector<MeltanoState>> states = ParseExportDocument(text);
+  if (!states.ok()) return states.status();
+  std::vector<StoredState> rows;
+  for (const MeltanoState& st : *states) rows.push_back({st.state_id, ToColumn(st.partial), ToColumn(st.completed)});
+  return rows;
+}
+
+void ExpectRowsAsTheTreeReadsThem(absl::string_view text) {
+  absl::StatusOr<std::vector<StoredState>> want = RowsOfParsedDocument(text);
+  absl::StatusOr<std::vector<StoredState>> got = ParseExportDocumentRows(text);
+  const std::string shown(text.substr(0, 300));
+  if (!want.ok()) {
+    EXPECT_EQ(got.status(), want.status()) << shown;
+    return;
+  }
+  ASSERT_THAT(got, IsOk()) << shown;
+  ASSERT_EQ(got->size(), want->size()) << shown;
+  for (size_t i = 0; i < want->size(); ++i) {
+    EXPECT_EQ((*got)[i].state_id, (*want)[i].state_id) << shown;
+    EXPECT_EQ((*got)[i].partial_json, (*want)[i].partial_json) << shown;
+    EXPECT_EQ((*got)[i].completed_json, (*want)[i].completed_json) << shown;
+  }
+}
+
+TEST(ExportDocumentRowsTest, EverySideFormReadsAsTheTreeReadsIt) {
+  // Sides as dump() writes them, and not: spaces, keys out of order or
+  // repeated, numbers and escapes in other forms, null, empty, deep.
+  const std::vector<std::string> kSides = {
+      "null", "{}", "{ }", R"({"singer_state":{"bookmarks":{"s":{"id":7,"at":"2026-12-01"}}}})",
+      R"({ "a" : 1 })", R"({"b":1,"a":2})", R"({"a":1,"a":2})", R"({"a":{"y":1,"x":2},"b":[{"d":1,"c":2}]})",
+      R"({"B":1,"a":2,"ab":3,"a\u0000":4})",
+      R"({"n":[1,2.50,-0,1e2,1.0,-7,18446744073709551615,18446744073709551616,3.14159e-300]})",
+      R"({"s":"x\u00e9\n\"\\\/","t":"\u001f","u":"\ud83d\ude00","v":"\u0000"})", "{\"\xC3\xA9\":\"\xF0\x9F\x98\x80\"}",
+      R"({"a":[{"z":{},"y":[]},[],[[true,false,null]]]})", Nested(509), Nested(510)};
+  for (const std::string& p : kSides) {
+    for (const std::string& c : kSides) {
+      for (const std::string& id : {std::string("dev:tap-x-to-y"), std::string("dev:\\u00e9\\n\\\"x\\\"\\\\")}) {
+        ExpectRowsAsTheTreeReadsThem(absl::StrCat("{\"", id, "\": {\"completed\": ", c, ", \"partial\": ", p, "}}"));
+        ExpectRowsAsTheTreeReadsThem(absl::StrCat("{\"", id, "\":{\"partial\":", p, ",\"completed\":", c, "}}"));
+      }
+    }
+    ExpectRowsAsTheTreeReadsThem(absl::StrCat("{\"a\": {\"partial\": ", p, "}, \"b\": {}}"));
+  }
+}
+
+TEST(ExportDocumentRowsTest, DocumentsReadAsTheTreeReadsThem) {
+  for (const std::string& text : std::vector<std::string>{
+           "{}", " {} ", "\n{\n  \"dev:a\": {\n    \"completed\": {\"singer_state\": {\"n\": 1}},\n    \"partial\": {}\n  }\n}\n",
+           // ids out of order, sorted as the tree's map sorts them (bytes)
+           R"({"dev:b": {}, "dev:a": {"completed": {"x": 1}}, "dev:\u00e9": {}, "dev:Z": {}})",
+           // an id twice: the last one counts
+           R"({"dev:a": {"completed": {"x": 1}}, "dev:b": {}, "dev:a": {"completed": {"x": 2}}})",
+           // a side twice in an entry: the last one counts, null included
+           R"({"dev:a": {"completed": {"x": 1}, "completed": null}})",
+           R"({"dev:a": {"completed": null, "completed": {"x": 2}}})",
+           R"({"dev:a": {"partial": {"x": 1}, "partial": {"y": 2}, "completed": {}}})",
+           // what the tree refuses, with its words
+           "", "   ", "not json", "[1, 2]", "7", "null", R"("dev:a")", R"({"a": {}, "b": 7})", R"({"a": null})",
+           R"({"a": []})", R"({"a": {"completed": [1]}})", R"({"a": {"completed": 1}})", R"({"a": {"completed": "x"}})",
+           R"({"a": {"completed": {}, "extra": {}}})", R"({"": {}})", R"({"a": {}} x)", R"({"a": {}}, {})",
+           R"({"a": {"completed": {"x": }}})", "{\"a\": {\"completed\": {\"x\": \"\x01\"}}}",
+           "{\"a\": {\"completed\": {\"x\": \"\xff\"}}}", std::string("{\"a\": {}}\0{\"b\": 1}", 19),
+           std::string("{\"a\": {\"completed\": {\"x\": \"\0\"}}}", 32),
+           absl::StrCat("{\"ok\": {}, \"", std::string(200 * 1024, 'x'), "\": {}}"),
+           absl::StrCat("{\"a\": {\"completed\": ", Nested(510), "}}"),
+           absl::StrCat("{\"a\": {\"completed\": ", Nested(511), "}}"),
+           absl::StrCat("{\"a\": {\"completed\": {\"l\": ", std::string(509, '['), std::string(509, ']'), "}}}"),
+           absl::StrCat("{\"a\": {\"completed\": {\"l\": ", std::string(510, '['), std::string(510, ']'), "}}}")}) {
+    ExpectRowsAsTheTreeReadsThem(text);
+  }
+}
+
+TEST(ExportDocumentRowsTest, AnExportedDocumentReadsBackToItsColumns) {
+  // What `chstate export` writes, read back: the rows hold the columns the
+  // entries were made from (dump()'s text; NULL for an empty side).
+  std::string doc = "{\n  ";
+  std::vector<StoredState> want;
+  for (int i = 0; i < 300; ++i) {
+    StoredState row{absl::StrCat("dev:tap-", 1000 + i), std::nullopt,
+                    absl::StrCat(R"({"singer_state":{"bookmarks":{"s":{"id":)", i, R"(,"x":[1.5,"\u00e9"]}}}})")};
+    if (i % 3 == 0) row.partial_json = absl::StrCat(R"({"p":)", i, "}");
+    if (i > 0) doc.append(",\n  ");
+    ASSERT_THAT(AppendExportEntry(row.state_id, row.partial_json, row.completed_json, &doc), IsOk());
+    row.completed_json = DumpJson(J(*row.completed_json));
+    want.push_back(row);
+  }
+  doc.append("\n}\n");
+  absl::StatusOr<std::vector<StoredState>> got = ParseExportDocumentRows(doc);
+  ASSERT_THAT(got, IsOk());
+  ASSERT_EQ(got->size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ((*got)[i].state_id, want[i].state_id);
+    EXPECT_EQ((*got)[i].partial_json, want[i].partial_json);
+    EXPECT_EQ((*got)[i].completed_json, want[i].completed_json);
+  }
+  ExpectRowsAsTheTreeReadsThem(doc);
+}
+
 }  // namespace
 }  // namespace chstate

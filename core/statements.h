@@ -39,6 +39,7 @@
 #include "core/defaults.h"
 #include "core/dialect.h"
 #include "core/sql_request.h"
+#include "core/state.h"
 
 namespace chstate {
 
@@ -129,11 +130,7 @@ class Statements {
   SqlRequest InsertState(absl::string_view state_id, const std::optional<std::string>& partial_json,
                          const std::optional<std::string>& completed_json, absl::string_view dedup_token) const;
   // Many whole state rows in one INSERT (import), NULL for an empty side.
-  struct StateRow {
-    std::string state_id;
-    std::optional<std::string> partial_json;
-    std::optional<std::string> completed_json;
-  };
+  using StateRow = StoredState;
   SqlRequest InsertStates(const std::vector<StateRow>& rows, absl::string_view dedup_token) const;
   // One row of such an INSERT as its SQL text, ('id', NULL, '{...}'): its
   // size plus 2 (the ", " between rows) is what it adds to the statement.

@@ -186,6 +186,10 @@ class Store {
   // states written. A failure part-way names how many were written;
   // importing the same states again is safe.
   std::unique_ptr<Task> Import(std::vector<MeltanoState> states);
+  // The same for rows as ParseExportDocumentRows reads them from an export
+  // document's text (the `import_document` verb): sorted by id, no id twice
+  // (kInvalidArgument otherwise, nothing sent); written as they are.
+  std::unique_ptr<Task> ImportRows(std::vector<StoredState> rows);
   // The state's versions, newest first, at most `limit` (Result.versions);
   // the one the state table holds now is marked current and listed first
   // among versions written in the same second. A missing history reads as

@@ -444,7 +444,7 @@ class ExportPageOp final : public StorePart {
 // is missing. A failure names how many were written.
 class ImportOp final : public StorePart {
  public:
-  ImportOp(StoreSteps& s, std::shared_ptr<const std::vector<MeltanoState>> all) : StorePart(s), all_(std::move(all)) {}
+  ImportOp(StoreSteps& s, std::shared_ptr<const std::vector<StoredState>> all) : StorePart(s), all_(std::move(all)) {}
   std::string Where() const override {
     return absl::StrCat("import (", from_, " of ", all_->size(), " written)");
   }
@@ -479,7 +479,7 @@ class ImportOp final : public StorePart {
 
  private:
   Next WriteBatch() {
-    const std::vector<MeltanoState>& states = *all_;
+    const std::vector<StoredState>& states = *all_;
     if (from_ >= states.size()) {
       Result out = s_.Base();
       out.count = static_cast<int64_t>(states.size());
@@ -492,9 +492,9 @@ class ImportOp final : public StorePart {
     int64_t bytes = 0;
     next_ = from_;
     for (; next_ < states.size() && static_cast<int64_t>(rows.size()) < kDefaultImportBatchStates; ++next_) {
-      const MeltanoState& state = states[next_];
+      const StoredState& state = states[next_];
       if (absl::Status lease = s_.LeaseCheck(state.state_id); !lease.ok()) return Next::Fail(lease);
-      std::string row = Statements::StateRowSql({state.state_id, ToColumn(state.partial), ToColumn(state.completed)});
+      std::string row = Statements::StateRowSql(state);
       const int64_t size = static_cast<int64_t>(row.size()) + (rows.empty() ? 0 : 2);
       if (!rows.empty() && bytes + size > kDefaultImportBatchBytes) break;
       bytes += size;
@@ -512,7 +512,7 @@ class ImportOp final : public StorePart {
 
   enum class Stage { kStart, kConnecting, kWriting, kMakingSchema };
   Stage stage_ = Stage::kStart;
-  std::shared_ptr<const std::vector<MeltanoState>> all_;
+  std::shared_ptr<const std::vector<StoredState>> all_;
   size_t from_ = 0;
   size_t next_ = 0;
   bool schema_made_ = false;
@@ -573,7 +573,29 @@ std::unique_ptr<Task> Store::Import(std::vector<MeltanoState> states) {
           "\"", PrintableId(id), "\"; keep one of them (nothing was written)")));
     }
   }
-  auto all = std::make_shared<const std::vector<MeltanoState>>(std::move(states));
+  std::vector<StoredState> rows;
+  rows.reserve(states.size());
+  for (MeltanoState& st : states) {
+    rows.push_back(StoredState{std::move(st.state_id), ToColumn(st.partial), ToColumn(st.completed)});
+    st = MeltanoState{};  // the sides' trees go as their text is made
+  }
+  auto all = std::make_shared<const std::vector<StoredState>>(std::move(rows));
+  return MakeOpTask(this, [all](StoreSteps& s) { return std::make_unique<ImportOp>(s, all); });
+}
+
+std::unique_ptr<Task> Store::ImportRows(std::vector<StoredState> rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (absl::Status st = ValidateStateId(rows[i].state_id); !st.ok()) {
+      return Invalid(absl::InvalidArgumentError(
+          absl::StrCat("import row ", i + 1, " of ", rows.size(), ": ", st.message(), "; nothing was written")));
+    }
+    if (i > 0 && !(rows[i - 1].state_id < rows[i].state_id)) {
+      return Invalid(absl::InvalidArgumentError(absl::StrCat(
+          "import rows ", i, " and ", i + 1, " are not in increasing id order (\"", PrintableId(rows[i - 1].state_id),
+          "\", then \"", PrintableId(rows[i].state_id), "\"); nothing was written")));
+    }
+  }
+  auto all = std::make_shared<const std::vector<StoredState>>(std::move(rows));
   return MakeOpTask(this, [all](StoreSteps& s) { return std::make_unique<ImportOp>(s, all); });
 }
 

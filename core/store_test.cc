@@ -1145,6 +1145,30 @@ TEST(Store, ImportRefusesABadEntryBeforeSendingAnything) {
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("entries 1 and 2")));
 }
 
+// import_document's rows (ParseExportDocumentRows): their columns go into
+// the INSERT as they are; rows not in increasing id order (or an id twice,
+// or a bad id) are refused before anything is sent.
+TEST(Store, ImportRowsWritesTheColumnsAsTheyAreAndRefusesRowsOutOfOrder) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->ImportRows({{"a", std::nullopt, R"({"x":1})"}, {"b", R"({"p":2})", std::nullopt}});
+  Outcome o = Drive(*t, {kVersion18, Q("insert_states", Ok(), R"(('a', NULL, '{"x":1}'), ('b', '{"p":2}', NULL))")},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_EQ(o.last.result.count, 2);
+  const std::vector<std::vector<StoredState>> kBad = {
+      {{"b", std::nullopt, std::nullopt}, {"a", std::nullopt, std::nullopt}},
+      {{"a", std::nullopt, std::nullopt}, {"a", std::nullopt, std::nullopt}},
+      {{"a", std::nullopt, std::nullopt}, {"", std::nullopt, std::nullopt}}};
+  for (const std::vector<StoredState>& rows : kBad) {
+    auto bad = store->ImportRows(rows);
+    Outcome refused = Drive(*bad, {}, &clock);
+    ASSERT_EQ(refused.last.kind, Action::Kind::kFailed) << rows[1].state_id;
+    EXPECT_THAT(refused.last.status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                              AllOf(HasSubstr("import row"), HasSubstr("nothing was written"))));
+  }
+}
+
 TEST(Store, ImportCreatesTheSchemaAndNamesWhereAFailureStopped) {
   auto store = MakeStore();
   int64_t clock = 0;

@@ -86,7 +86,7 @@ TEST(Verbs, TheTableNamesEveryVerbOnceAndEachHasATask) {
   std::set<std::string> names;
   for (const VerbSpec& v : Verbs()) EXPECT_TRUE(names.insert(v.name).second) << v.name;
   EXPECT_THAT(names, ::testing::UnorderedElementsAre("get", "set", "merge", "delete", "list", "clear_all", "copy",
-                                                     "move", "export", "import", "history", "rollback", "locks",
+                                                     "move", "export", "import", "import_document", "history", "rollback", "locks",
                                                      "unlock", "init", "compact", "ping", "acquire", "renew",
                                                      "release"));
   // A document with every required argument gives a task, never the
@@ -101,7 +101,11 @@ TEST(Verbs, TheTableNamesEveryVerbOnceAndEachHasATask) {
         case ArgType::kStateId: doc[field] = Hex(absl::StrCat("dev:", a.name)); break;
         case ArgType::kObject: doc[field] = {{"singer_state", json::object()}}; break;
         case ArgType::kStates: doc[field] = json::array(); break;
-        case ArgType::kText: doc[field] = std::string(a.name) == "version" ? "1796155032000-9f3a2b1c" : kLockId; break;
+        case ArgType::kText:
+          doc[field] = std::string(a.name) == "version"    ? "1796155032000-9f3a2b1c"
+                       : std::string(a.name) == "document" ? "{}"
+                                                           : kLockId;
+          break;
         default: break;
       }
     }
@@ -144,6 +148,11 @@ TEST(Verbs, ArgumentsAreCheckedByTheRow) {
       {"import entry not an object", R"({"op":"import","states":[1]})", "import entry 1: an entry must be"},
       {"import entry with a stray member", R"({"op":"import","states":[{"state_id_hex":"61","colour":1}]})",
        "unknown member \"colour\""},
+      {"import document not text", R"({"op":"import_document","document":{"a":{}}})", "document must be"},
+      {"import document not an object", R"({"op":"import_document","document":"[1]"})",
+       "the import must be a JSON object"},
+      {"import document with a bad entry", R"({"op":"import_document","document":"{\"a\": {\"colour\": 1}}"})",
+       "import entry for state id \"a\""},
       {"rollback of a bad version", R"({"op":"rollback","state_id_hex":"61","version":"yesterday"})", nullptr},
   };
   for (const Case& c : kCases) {
@@ -183,6 +192,19 @@ TEST(Verbs, StatesTooDeepToReadBackAreRefused) {
     EXPECT_THAT(TaskForVerb(*store, json::parse(c.doc)),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nesting is deeper than 512")));
   }
+}
+
+TEST(Verbs, ImportDocumentWritesEveryEntryOfTheDocumentInOneInsert) {
+  auto store = MakeStore();
+  int64_t clock = 1000;
+  json doc = {{"op", "import_document"},
+              {"document", R"({"dev:b": {"completed": {"y": 1, "x": [2]}}, "dev:a": {"partial": {"p": 1}}})"}};
+  auto task = TaskForVerb(*store, doc);
+  ASSERT_THAT(task, IsOk());
+  Ran r = Drive(**task, {{"select_version", {Ok("18.16.1\t1\n")}}, {"insert_states", {Ok()}}}, &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_EQ(r.last.result.count, 2);
+  EXPECT_THAT(r.purposes, ElementsAre("select_version", "insert_states"));
 }
 
 TEST(Verbs, ForcedStatesAreWrittenAsTheyAre) {

@@ -749,7 +749,8 @@ absl::Status Export(Session& s) {
 }
 
 // `chstate import [FILE | -]`: every entry is checked before anything is
-// written (the core's Import), then written in a few multi-row INSERTs.
+// written (the core's import_document), then written in a few multi-row
+// INSERTs.
 absl::Status Import(Session& s) {
   std::string text;
   if (s.inv.args.empty() || s.arg(0) == "-") {
@@ -761,15 +762,10 @@ absl::Status Import(Session& s) {
     }
     text = *std::move(read);
   }
-  absl::StatusOr<std::vector<MeltanoState>> states = ParseExportDocument(text);
-  if (!states.ok()) return states.status();
-  json entries = json::array();
-  for (MeltanoState& st : *states) {
-    entries.push_back({{"state_id_hex", HexEncode(st.state_id)},
-                       {"completed", std::move(st.completed)},
-                       {"partial", std::move(st.partial)}});
-  }
-  absl::StatusOr<Result> r = s.Verb({{"op", "import"}, {"states", std::move(entries)}});
+  json doc = json::object();
+  doc["op"] = "import_document";
+  doc["document"] = std::move(text);  // the core reads the document itself, in one pass
+  absl::StatusOr<Result> r = s.Verb(std::move(doc));
   if (!r.ok()) return r.status();
   if (s.report.json_mode()) {
     s.report.Emit({{"imported", r->count}});

@@ -269,6 +269,9 @@ export class Store {
     Promise<{ document: string; stateIds: string[]; more: boolean }>;
   /** Writes many states at once; resolves to how many. */
   import(states: ImportedState[]): Promise<number>;
+  /** Writes every state of an export document's text (what `chstate export` and
+   * `meltano state export` write), read by the core in one pass; resolves to how many. */
+  importDocument(document: string): Promise<number>;
   /** The versions kept in the id's history, newest first. */
   history(id: string, options?: { limit?: number }): Promise<StateVersion[]>;
   /** Restores a version (as history() names it); resolves to the restored state. */

@@ -210,7 +210,7 @@ class CliHost:
         return json.loads(lines[-1]) if lines else {}
 
     def call(self, flags, verb, args, named):
-        words = {"delete": ["clear"], "clear_all": ["clear", "--all"]}.get(verb, [verb])
+        words = {"delete": ["clear"], "clear_all": ["clear", "--all"], "import_document": ["import"]}.get(verb, [verb])
         stdin = None
         if verb in ("set", "merge") and len(args) > 1:
             words += ["--", args[0], json.dumps(args[1])]
@@ -218,6 +218,8 @@ class CliHost:
             words += ["--pattern", args[0]] if args else []
         elif verb == "import":
             stdin = json.dumps({e["state_id"]: {"completed": e["completed"], "partial": e["partial"]} for e in args[0]})
+        elif verb == "import_document":  # chstate import reads the document's text as it is
+            stdin = args[0]
         else:
             words += ["--", *args] if args else []
         if named.get("force"):
@@ -241,7 +243,7 @@ class CliHost:
             return out["state_ids"]
         if verb == "clear_all":
             return out["cleared"]
-        if verb == "import":
+        if verb in ("import", "import_document"):
             return out["imported"]
         if verb == "export":
             if named.get("document"):  # the command's output is the document itself

@@ -40,7 +40,8 @@ def test_the_cli_has_a_command_for_every_verb_and_no_other(drivers):
     help_text = subprocess.run([env["CHSTATE_CLI"], "--help"], capture_output=True, text=True, env=env).stdout
     commands = set(re.findall(r"^  ([a-z_]+)(?: |$)", help_text.split("Commands:")[1].split("\n\n")[0], re.M))
     # How each verb is a command (the CLI's words for Meltano's commands).
-    bound = {"delete": "clear", "clear_all": "clear", "acquire": "lock", "release": "lock", "renew": "lock"}
+    bound = {"delete": "clear", "clear_all": "clear", "acquire": "lock", "release": "lock", "renew": "lock",
+             "import_document": "import"}
     assert {bound.get(v, v) for v in names} <= commands, sorted({bound.get(v, v) for v in names} - commands)
     extra = commands - {bound.get(v, v) for v in names}
     # `settings` shows what the core resolved; it sends nothing and is no verb.

@@ -65,7 +65,7 @@ def test_a_bad_import_writes_nothing(project, tmp_path):
     f = tmp_path / "bad.json"
     f.write_text(json.dumps({"ok": {"completed": {}}, "bad": {"completed": [1, 2]}}))
     out = p.run("state", "import", str(f), expect=1)
-    assert 'import entry 2 (state id "bad"): "completed" must be a JSON object' in out.stderr
+    assert 'import entry for state id "bad": "completed" must be a JSON object' in out.stderr
     assert "nothing was written" in out.stderr and "Fix the entry named in the import document" in out.stderr
     assert sorted(rows(p.server, p.schema)) == ["kept"]
 

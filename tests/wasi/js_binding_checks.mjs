@@ -77,6 +77,9 @@ export async function everyVerb(store, sid) {
   check("exported", [...first.states, ...rest.states].map((s) => s.merged), [MERGED, MERGED]);
   check("import", await call("import", [{ stateId: "dev:imported", completed: STATE, partial: PARTIAL }]), 1);
   check("imported", await store.get("dev:imported"), merged);
+  const document = JSON.stringify({ "dev:imported-doc": { completed: STATE, partial: PARTIAL } }, null, 2);
+  check("importDocument", await call("import_document", document), 1);
+  check("imported from a document", await store.get("dev:imported-doc"), merged);
 
   const versions = await call("history", sid);
   check("history", versions.map((v) => [v.current, v.state.partial]), [[true, PARTIAL], [false, {}]]);
@@ -102,7 +105,7 @@ export async function everyVerb(store, sid) {
 
   await call("delete", "dev:moved");
   check("delete", await store.get("dev:moved"), null);
-  check("clear_all", await call("clear_all"), 2);
+  check("clear_all", await call("clear_all"), 3);
   check("list after clear_all", await store.list(), []);
   return ran;
 }

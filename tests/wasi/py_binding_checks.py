@@ -12,6 +12,7 @@ while the chstate command tries to take the id's lock.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -79,6 +80,9 @@ def every_verb(store, sid: str) -> set:
     assert {s["state_id"]: s["merged"] for s in page + rest} == {sid: MERGED, "dev:moved": MERGED}
     assert call("import", [{"state_id": "dev:imported", "completed": STATE, "partial": PARTIAL}]) == 1
     assert store.get("dev:imported") == merged
+    document = json.dumps({"dev:imported-doc": {"completed": STATE, "partial": PARTIAL}}, indent=2)
+    assert call("import_document", document) == 1
+    assert store.get("dev:imported-doc") == merged
 
     versions = call("history", sid)
     assert len(versions) == 2 and versions[0]["current"] and not versions[1]["current"], versions
@@ -107,7 +111,7 @@ def every_verb(store, sid: str) -> set:
 
     call("delete", "dev:moved")
     assert store.get("dev:moved") is None
-    assert call("clear_all") == 2
+    assert call("clear_all") == 3
     assert store.list() == []
     return ran
 
