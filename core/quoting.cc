@@ -23,16 +23,25 @@ void AppendHexByte(std::string* out, unsigned char c) {
 std::string EscapeBody(absl::string_view value) {
   std::string out;
   out.reserve(value.size() + 8);
-  for (unsigned char c : value) {
+  // Bytes that stand for themselves are copied a run at a time (an import's
+  // INSERT quotes a hundred megabytes of JSON).
+  size_t run = 0;
+  auto end_run = [&](size_t i) {
+    out.append(value.data() + run, i - run);
+    run = i + 1;
+  };
+  for (size_t i = 0; i < value.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(value[i]);
     if (c == '\\' || c == '\'') {
+      end_run(i);
       out.push_back('\\');
       out.push_back(static_cast<char>(c));
     } else if (c < 0x20 || c > 0x7E) {
+      end_run(i);
       AppendHexByte(&out, c);
-    } else {
-      out.push_back(static_cast<char>(c));
     }
   }
+  out.append(value.data() + run, value.size() - run);
   return out;
 }
 

@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -524,7 +523,12 @@ absl::Status Connect(Session& s) {
 }
 
 std::string ReadAll(std::istream& in) {
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  // In blocks: an import document is a hundred megabytes or more, which an
+  // istreambuf_iterator copies a character at a time.
+  std::string out;
+  char block[1 << 16];
+  while (in.read(block, sizeof block) || in.gcount() > 0) out.append(block, static_cast<size_t>(in.gcount()));
+  return out;
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
