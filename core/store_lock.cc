@@ -104,7 +104,7 @@ class DriveLockOp final : public StorePart {
 class AcquireOp final : public StorePart {
  public:
   AcquireOp(StoreSteps& s, std::string id, StoreSteps::LockPtr* out, bool* waited)
-      : StorePart(s), id_(std::move(id)), out_(out), waited_(waited) {}
+      : StorePart(s), id_(std::move(id)), out_(out), waited_(waited), deadline_(s, TimerKind::kLockDeadline) {}
   std::string Where() const override {
     const std::string id = PrintableId(id_);
     switch (stage_) {
@@ -129,7 +129,7 @@ class AcquireOp final : public StorePart {
     switch (stage_) {
       case Stage::kStart:
         *waited_ = false;
-        deadline_ms_ = in.now_ms + o.lock.timeout_ms;
+        deadline_.Set(in.now_ms + o.lock.timeout_ms);
         return Attempt();
       case Stage::kStayingAway:
       case Stage::kWaitingForPython:
@@ -188,7 +188,7 @@ class AcquireOp final : public StorePart {
     if (std::optional<int64_t> away = s_.TimerIfSet(TimerKind::kYield, id_)) {
       // This store just gave the id's lingering lock up to a waiting
       // process: stay away until that process has had its next attempt.
-      if (in.now_ms < *away && *away < deadline_ms_) {
+      if (in.now_ms < *away && *away < deadline_.at()) {
         stage_ = Stage::kStayingAway;
         return Next::Wait(TimerKind::kLockRetry, *away - in.now_ms);
       }
@@ -209,7 +209,7 @@ class AcquireOp final : public StorePart {
 
   Next Take() {
     LockOptions options = s_.options().lock;
-    options.timeout_ms = std::max<int64_t>(deadline_ms_ - s_.inputs().now_ms, 0);
+    options.timeout_ms = std::max<int64_t>(deadline_.at() - s_.inputs().now_ms, 0);
     // Waiting for a live holder, the machine shows itself to it (a waiter
     // row, once per holder) so that a lingering holder elsewhere yields.
     LockMachineOptions machine_options;
@@ -225,7 +225,7 @@ class AcquireOp final : public StorePart {
   Next WaitForPython(const std::string& python_lock_id) {
     const StoreOptions& o = s_.options();
     *waited_ = true;
-    if (s_.inputs().now_ms + o.lock.retry_ms >= deadline_ms_) return Next::Fail(PythonHolds(o, id_, python_lock_id));
+    if (s_.inputs().now_ms + o.lock.retry_ms >= deadline_.at()) return Next::Fail(PythonHolds(o, id_, python_lock_id));
     stage_ = Stage::kWaitingForPython;
     return Next::Wait(TimerKind::kLockRetry, o.lock.retry_ms);
   }
@@ -264,7 +264,7 @@ class AcquireOp final : public StorePart {
   std::string id_;
   StoreSteps::LockPtr* out_;
   bool* waited_;
-  int64_t deadline_ms_ = 0;
+  OpDeadline deadline_;  // the lock timeout, from the first attempt
   StoreSteps::LockPtr m_;
   LockAction outcome_{LockAction::Kind::kFailed};
   std::string python_holder_;  // python_locks: the Python process found holding the id

@@ -94,7 +94,10 @@ Task::Task(const std::function<Root(const Inputs*)>& make_root, TransportPolicy 
   stack_.push_back(Frame{std::move(root.op), false});
 }
 
-Task::~Task() { EndWait(); }
+Task::~Task() {
+  stack_.clear();  // the operations first: they may use the context (their deadlines' entries)
+  EndWait();
+}
 
 void Task::Wait(TimerKind kind, int64_t ms) {
   EndWait();

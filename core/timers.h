@@ -1,7 +1,8 @@
 // The deadlines a store keeps, in one table keyed by (kind, id), in the
-// shape of quinn-proto's TimerTable: a store's task waits, its held locks'
-// renewal, linger and waiter-look times, its yield marks and its hosts' down
-// marks are set and read here, so that what a store waits for is one list,
+// shape of quinn-proto's TimerTable: a store's task waits, its operations'
+// deadlines (OpDeadline: the lock timeout, quorum_busy_ms, the mutation
+// wait), its held locks' renewal, linger and waiter-look times, its yield
+// marks and its hosts' down marks are set and read here, so that what a store waits for is one list,
 // the connection's PollTimeout is its earliest entry, and HandleTimeout
 // walks it. A lock machine's own acquisition deadline and lease end are the
 // machine's state (LeaseValid, its table's kTimeUp), read by the store as

@@ -19,6 +19,7 @@
 namespace chstate {
 namespace {
 
+using ::chstate::testing::Err;
 using ::chstate::testing::IsOk;
 using ::chstate::testing::Ok;
 using ::chstate::testing::Refused;
@@ -104,6 +105,40 @@ TEST(StoreTimers, AnAbandonedTaskLeavesNoTimer) {
   ASSERT_THAT(conn.HandleResponse(op, Refused(), {5, kRandom}), IsOk());
   ASSERT_TRUE(store->timers().Earliest(kTaskTimers).has_value());
   conn.Abandon(op, {6, kRandom});
+  EXPECT_TRUE(store->timers().empty()) << store->timers().Describe();
+}
+
+// An operation's deadline (here an acquisition's lock timeout, while it
+// waits for another holder) is an entry of the store's table, not the
+// operation's own field; nothing is woken for it, and it goes with the
+// operation.
+TEST(StoreTimers, AnAcquisitionsDeadlineIsInTheTableWhileItWaitsAndGoesWithIt) {
+  std::unique_ptr<Store> store = MakeStore();  // lock timeout 10 s
+  Connection conn(store.get());
+  int64_t now = 1000;
+  const std::string other = MakeLockId(std::string(32, '\x44'));  // not this store's (kRandom)
+  uint64_t op = conn.Start(store->AcquireLock("dev:a"), {now, kRandom});
+  std::vector<std::string> sent;
+  while (std::optional<Transmit> tx = conn.PollTransmit()) {
+    SqlResponse answer = Ok("");
+    if (tx->request.purpose == "select_version") answer = Ok("18.16.1\t0\n");
+    if (tx->request.purpose == "create_lock") answer = Err(500, 57, "Table meltano.state_lock_x already exists");
+    if (tx->request.purpose == "inspect_lock") {
+      answer = Ok(absl::StrCat(other, "\t0\t1\t1\t300\n\t255\t1\t1\t0\n"));  // another process, live
+    }
+    sent.push_back(tx->request.purpose);
+    ASSERT_THAT(conn.HandleResponse(tx->op, answer, {now += 10, kRandom}), IsOk());
+  }
+  std::optional<OpEvent> ended = conn.PollEvent();
+  ASSERT_FALSE(ended.has_value()) << "the acquisition waits for the other holder: " << ended->status
+                                    << ::testing::PrintToString(sent);
+  EXPECT_THAT(store->timers().Describe(), HasSubstr("lock-deadline lock-deadline"));
+  // 10 s from its start (connected, at 1010).
+  EXPECT_THAT(store->timers().Describe(), HasSubstr("lock-deadline lock-deadline 2 @11010"));
+  // The task is woken for its retry, never for the deadline itself.
+  EXPECT_THAT(store->timers().Describe(), HasSubstr("lock-retry task 1 @"));
+  EXPECT_NE(store->timers().Earliest(kTaskTimers), std::optional<int64_t>(11010));
+  conn.Abandon(op, {now, kRandom});
   EXPECT_TRUE(store->timers().empty()) << store->timers().Describe();
 }
 
