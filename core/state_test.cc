@@ -731,7 +731,12 @@ TEST(ExportDocumentRowsTest, EverySideFormReadsAsTheTreeReadsIt) {
       R"({"B":1,"a":2,"ab":3,"a\u0000":4})",
       R"({"n":[1,2.50,-0,1e2,1.0,-7,18446744073709551615,18446744073709551616,3.14159e-300]})",
       R"({"s":"x\u00e9\n\"\\\/","t":"\u001f","u":"\ud83d\ude00","v":"\u0000"})", "{\"\xC3\xA9\":\"\xF0\x9F\x98\x80\"}",
-      R"({"a":[{"z":{},"y":[]},[],[[true,false,null]]]})", Nested(509), Nested(510)};
+      R"({"a":[{"z":{},"y":[]},[],[[true,false,null]]]})", Nested(509), Nested(510),
+      // Out of order, so written again in order: every kind of value, and
+      // repeated keys at two levels (the last wins).
+      R"({"z":[1,2.50,-0,1e2,1.0,-7,18446744073709551615,3.14159e-300,true,false,null,"x\u00e9\n\"\\\/",)"
+      R"("\ud83d\ude00",{},[],{"b":{},"a":[[]]}],"a":"\u0000","\u00e9":{"q":1,"p":2}})",
+      R"({"a":{"x":1,"x":{"y":2}},"b":0,"a":{"z":3,"y":[{"d":1,"c":2},{"c":3,"c":4}]}})"};
   for (const std::string& p : kSides) {
     for (const std::string& c : kSides) {
       for (const std::string& id : {std::string("dev:tap-x-to-y"), std::string("dev:\\u00e9\\n\\\"x\\\"\\\\")}) {
