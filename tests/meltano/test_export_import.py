@@ -70,6 +70,24 @@ def test_a_bad_import_writes_nothing(project, tmp_path):
     assert sorted(rows(p.server, p.schema)) == ["kept"]
 
 
+def test_set_all_with_an_id_twice_names_both_and_writes_nothing(project):
+    """set_all sends its states as one document, where an id given twice
+    would silently keep the last; the adapter sends those as entries, which
+    the core refuses naming both."""
+    lines = run(project, """
+        m = make()
+        try:
+            m.set_all([MeltanoState(state_id="a", partial_state={}, completed_state={"singer_state": 1}),
+                       MeltanoState(state_id="b", partial_state={}, completed_state={"singer_state": 2}),
+                       MeltanoState(state_id="a", partial_state={}, completed_state={"singer_state": 3})])
+            print(">", "written")
+        except Exception as e:
+            print(">", type(e).__name__, "entries 1 and 3" in str(e), "nothing was written" in str(e))
+        print(">", sorted(m.get_state_ids()))
+    """)
+    assert lines == ["ChstateStateBackendError True True", "[]"]
+
+
 def test_from_systemdb_to_clickhouse_and_back(project, chstate_bin, tmp_path):
     """The migration path the README gives: `meltano state export` from the
     old backend, `chstate import` (or `meltano state import`) into ClickHouse;
