@@ -467,9 +467,10 @@ class ImportOp final : public StorePart {
           return Next::Call(part::EnsureSchema(s_));
         }
         return Next::Fail(absl::Status(
-            r.status.code(), absl::StrCat(r.status.message(), "; the import stopped after ", from_, " of ",
-                                          all_->size(), " states were written (sorted as given). Importing the same "
-                                          "states again is safe: each write overwrites the whole state")));
+            r.status.code(),
+            absl::StrCat(r.status.message(), "; the import stopped after ", from_, " of ", all_->size(),
+                         " states were written (in the order written: by id for a document, as given for a list). "
+                         "Importing the same states again is safe: each write overwrites the whole state")));
       case Stage::kMakingSchema:
         schema_made_ = true;
         return WriteBatch();
