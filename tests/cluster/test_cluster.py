@@ -314,6 +314,35 @@ def read_eventually(c, replica: str, schema: str, state_id: str, want, seconds: 
         time.sleep(0.2)
 
 
+def wait_caught_up(c, replica: str, table: str, seconds: float = 60) -> None:
+    """Waits until `replica` answers a sequentially consistent read of `table`: it has every part
+    the quorum confirmed (a replica that was down answers code 289 until it has fetched them)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            c.sql(replica, f"SELECT count() FROM {table}", select_sequential_consistency=1)
+            return
+        except urllib.error.HTTPError as e:
+            body = e.read().decode(errors="replace")
+            if "Code: 289" not in body or time.monotonic() > deadline:
+                raise AssertionError(f"{replica} did not catch up on {table} within {seconds:.0f} s: {body[:300]}")
+        time.sleep(0.2)
+
+
+def claims_seen(c, schema: str) -> dict[str, str]:
+    """The claims table as each replica holds it (no sequential consistency: a lagging replica
+    shows what it has), or the error it answered: a failure's context, never a failure itself."""
+    seen = {}
+    for replica in REPLICAS:
+        try:
+            seen[replica] = c.sql(replica, f"SELECT lock_id, seq, at, stale_s, over, now() FROM `{schema}`.state_claims "
+                                           "ORDER BY at, seq")
+        except (urllib.error.URLError, OSError) as e:
+            body = e.read().decode(errors="replace")[:300] if isinstance(e, urllib.error.HTTPError) else ""
+            seen[replica] = f"{e} {body}"
+    return seen
+
+
 def history_rows(c, replica: str, schema: str, state_id: str) -> int:
     """Versions of one id in the history: one per write that landed (a MergeTree, never merged away)."""
     return int(c.sql(replica, f"SELECT count() FROM `{schema}`.state_history WHERE state_id = '{state_id}'").strip())
@@ -392,9 +421,13 @@ def test_replica_killed_then_two_and_nothing_is_lost(healthy, schema):
     assert len(set(values.values())) == 1 and set(values.values()) <= {"v1", "v2"}, seen
     # The retry the error asked for (with the same validity, as a deployment's processes
     # share it): succeeds once that claim went stale, the state stays one state with that value.
+    # r2 missed the claims of v1's write while it was down; until it has fetched them it answers
+    # code 289 to the lock's reads, which the core waits out for about 2 s (then exit 5, "behind
+    # the last quorum write"). A replica just restarted on a busy machine may need longer, so the
+    # retry comes once r2 has caught up, as the get loop above waited for the state table.
+    wait_caught_up(c, "r2", f"`{schema}`.state_claims")
     r = c.cli("r2", schema, "set", "dev:k", state("v2"), "--stale-lock", "3")
-    assert r.code == 0, (r, c.sql("r2", f"SELECT lock_id, seq, at, stale_s, over, now() FROM `{schema}`.state_claims "
-                                        "ORDER BY at, seq", select_sequential_consistency=1))
+    assert r.code == 0, (r, claims_seen(c, schema))
     for replica in REPLICAS:
         assert read(c, replica, schema, "dev:k") == "v2"
         assert c.cli(replica, schema, "list").out.split() == ["dev:k"]
