@@ -1,6 +1,7 @@
 // How server answers become results or errors the caller can act on.
 #include "core/response.h"
 
+#include "absl/strings/str_cat.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -144,6 +145,12 @@ TEST(ParseTabSeparated, TruncatedOrMalformedIsAnError) {
 TEST(CheckResponse, ARowThatLooksLikeAnExceptionIsARow) {
   EXPECT_THAT(CheckResponse(Http(200, "a\t1\nCode: 60, x\t1\n"), "x"), IsOk());
   EXPECT_THAT(CheckResponse(Http(200, "Code: 60, x\t1\n"), "x"), IsOk());
+  EXPECT_THAT(CheckResponse(Http(200, "a\t1\nCode: 60, x\t1\nb\t2\n"), "x"), IsOk());
+  // The exception after the last row is found however many rows come before it.
+  std::string page;
+  for (int i = 0; i < 1000; ++i) absl::StrAppend(&page, "id", i, "\t{}\n");
+  EXPECT_THAT(CheckResponse(Http(200, page), "x"), IsOk());
+  EXPECT_EQ(ResponseCode(Http(200, page + "Code: 241, e.displayText() = DB::Exception: Memory limit\n")), 241);
   absl::StatusOr<Rows> rows = ParseTabSeparated("Code: 60, x\t1\n", 2);
   ASSERT_THAT(rows, IsOk());
   ASSERT_EQ(rows->size(), 1u);
@@ -165,6 +172,16 @@ TEST(UnescapeTsvField, TrailingBackslashAndBadHexStayLiteral) {
   EXPECT_EQ(UnescapeTsvField("a\\"), "a\\");
   EXPECT_EQ(UnescapeTsvField("\\xZZ"), "xZZ");
   EXPECT_EQ(UnescapeTsvField("\\x4"), "x4");
+}
+
+// Runs of plain bytes between escapes, escapes side by side, at either end.
+TEST(UnescapeTsvField, PlainRunsAroundEscapes) {
+  EXPECT_EQ(UnescapeTsvField(""), "");
+  EXPECT_EQ(UnescapeTsvField("{\"k\":\"v\"}"), "{\"k\":\"v\"}");
+  EXPECT_EQ(UnescapeTsvField("\\ta\\\\b\\n"), "\ta\\b\n");
+  EXPECT_EQ(UnescapeTsvField("{\"p\":\"C:\\\\\\\\x\"}"), "{\"p\":\"C:\\\\x\"}");
+  EXPECT_EQ(UnescapeTsvField("\\x41\\x42c\\0d\\"), std::string("ABc\0d\\", 6));
+  EXPECT_EQ(UnescapeTsvField("ab\\q"), "abq");
 }
 
 }  // namespace

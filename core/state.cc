@@ -402,7 +402,15 @@ void AppendJsonString(absl::string_view s, std::string* out) {
 // text written, which is valid JSON, and writes it again with dump()).
 class CanonicalWriter {
  public:
-  explicit CanonicalWriter(std::string* out, bool* unsorted = nullptr) : out_(out), unsorted_(unsorted) {}
+  explicit CanonicalWriter(std::string* out = nullptr, bool* unsorted = nullptr) : out_(out), unsorted_(unsorted) {}
+  // Writes the next side to `out`; the levels' storage (their last keys'
+  // buffers) is kept from the sides before, as an export writes millions.
+  void Reset(std::string* out, bool* unsorted = nullptr) {
+    out_ = out;
+    unsorted_ = unsorted;
+    depth_ = 0;
+    started_ = false;
+  }
 
   bool null() { return Scalar("null"); }
   bool boolean(bool b) { return Scalar(b ? "true" : "false"); }
@@ -427,7 +435,7 @@ class CanonicalWriter {
   bool binary(json::binary_t& /*b*/) { return false; }
   bool start_object(std::size_t /*n*/) { return Open('{', true); }
   bool key(std::string& k) {
-    Level& l = levels_.back();
+    Level& l = levels_[depth_ - 1];
     if (!l.first) {
       if (!(l.last_key < k)) {
         if (unsorted_ == nullptr) return false;
@@ -436,7 +444,7 @@ class CanonicalWriter {
       out_->push_back(',');
     }
     l.first = false;
-    l.last_key = k;
+    l.last_key.assign(k);
     AppendJsonString(k, out_);
     out_->push_back(':');
     return true;
@@ -450,15 +458,15 @@ class CanonicalWriter {
 
  private:
   struct Level {
-    bool object;
+    bool object = true;
     bool first = true;
     std::string last_key;
   };
   // A value's place: after its key in an object, after a comma in an array;
   // never at the top level (only an object is written there).
   bool Element() {
-    if (levels_.empty()) return false;
-    Level& l = levels_.back();
+    if (depth_ == 0) return false;
+    Level& l = levels_[depth_ - 1];
     if (!l.object) {
       if (!l.first) out_->push_back(',');
       l.first = false;
@@ -471,26 +479,31 @@ class CanonicalWriter {
     return true;
   }
   bool Open(char c, bool object) {
-    if (levels_.empty()) {
+    if (depth_ == 0) {
       if (started_ || !object) return false;
       started_ = true;
     } else if (!Element()) {
       return false;
     }
-    if (levels_.size() >= static_cast<std::size_t>(kMaxDepth)) return false;
-    levels_.push_back(Level{object});
+    if (depth_ >= static_cast<std::size_t>(kMaxDepth)) return false;
+    if (depth_ == levels_.size()) levels_.emplace_back();
+    Level& l = levels_[depth_++];
+    l.object = object;
+    l.first = true;
+    l.last_key.clear();
     out_->push_back(c);
     return true;
   }
   bool Close(char c) {
-    levels_.pop_back();
+    --depth_;
     out_->push_back(c);
     return true;
   }
 
   std::string* out_;
   bool* unsorted_;
-  std::vector<Level> levels_;
+  std::vector<Level> levels_;  // [0, depth_) open; the rest kept for their buffers
+  std::size_t depth_ = 0;
   bool started_ = false;
 };
 
@@ -512,15 +525,15 @@ class ExportDocumentReader {
       side_ = nullptr;
       return true;
     }
-    return level_ >= 3 && writer_->null();
+    return level_ >= 3 && writer_.null();
   }
-  bool boolean(bool b) { return level_ >= 3 && writer_->boolean(b); }
-  bool number_integer(json::number_integer_t v) { return level_ >= 3 && writer_->number_integer(v); }
-  bool number_unsigned(json::number_unsigned_t v) { return level_ >= 3 && writer_->number_unsigned(v); }
+  bool boolean(bool b) { return level_ >= 3 && writer_.boolean(b); }
+  bool number_integer(json::number_integer_t v) { return level_ >= 3 && writer_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return level_ >= 3 && writer_.number_unsigned(v); }
   bool number_float(json::number_float_t v, const std::string& raw) {
-    return level_ >= 3 && writer_->number_float(v, raw);
+    return level_ >= 3 && writer_.number_float(v, raw);
   }
-  bool string(std::string& v) { return level_ >= 3 && writer_->string(v); }
+  bool string(std::string& v) { return level_ >= 3 && writer_.string(v); }
   bool binary(json::binary_t& /*b*/) { return false; }
   bool start_object(std::size_t n) {
     if (level_ >= kMaxDepth) return false;  // the tree parser's limit, counted from the document's top
@@ -535,10 +548,10 @@ class ExportDocumentReader {
         if (!SideKnown()) return false;
         text_.clear();
         unsorted_ = false;
-        writer_.emplace(&text_, &unsorted_);
-        return writer_->start_object(n);
+        writer_.Reset(&text_, &unsorted_);
+        return writer_.start_object(n);
       default:
-        return writer_->start_object(n);
+        return writer_.start_object(n);
     }
   }
   bool end_object() {
@@ -550,19 +563,19 @@ class ExportDocumentReader {
         rows_->push_back(std::move(entry_));
         return true;
       case 2:
-        return writer_->end_object() && EndSide();
+        return writer_.end_object() && EndSide();
       default:
-        return writer_->end_object();
+        return writer_.end_object();
     }
   }
   bool start_array(std::size_t n) {
     if (level_ < 3 || level_ >= kMaxDepth) return false;
     ++level_;
-    return writer_->start_array(n);
+    return writer_.start_array(n);
   }
   bool end_array() {
     --level_;
-    return writer_->end_array();
+    return writer_.end_array();
   }
   bool key(std::string& k) {
     switch (level_) {
@@ -578,7 +591,7 @@ class ExportDocumentReader {
         return true;
       }
       default:
-        return writer_->key(k);
+        return writer_.key(k);
     }
   }
   bool parse_error(std::size_t /*at*/, const std::string& /*token*/, const nlohmann::detail::exception& /*e*/) {
@@ -601,7 +614,6 @@ class ExportDocumentReader {
     }
     if (text_ != "{}") *side_ = text_;
     side_ = nullptr;
-    writer_.reset();
     return true;
   }
 
@@ -614,20 +626,20 @@ class ExportDocumentReader {
   std::optional<std::string>* side_ = nullptr;
   std::string text_;
   bool unsorted_ = false;
-  std::optional<CanonicalWriter> writer_;
+  CanonicalWriter writer_;  // the side being read (level 3 and deeper)
   bool sorted_ = true;
 };
 
 // One side of an export entry: DumpJson(FromColumn(column)), the stored text
 // copied when it is already in that form.
 absl::Status AppendSide(const std::optional<std::string>& column, absl::string_view state_id,
-                        absl::string_view column_name, std::string* out) {
+                        absl::string_view column_name, CanonicalWriter& writer, std::string* out) {
   if (!column.has_value() || column->empty()) {
     out->append("{}");
     return absl::OkStatus();
   }
   const std::size_t mark = out->size();
-  CanonicalWriter writer(out);
+  writer.Reset(out);
   if (json::sax_parse(column->begin(), column->end(), &writer)) return absl::OkStatus();
   out->resize(mark);
   absl::StatusOr<json> side = FromColumn(column, state_id, column_name);
@@ -649,16 +661,28 @@ absl::StatusOr<std::string> ExportEntryJson(const MeltanoState& state) {
   return entry;
 }
 
+struct ExportEntryWriter::Scratch {
+  CanonicalWriter side;
+};
+
+ExportEntryWriter::ExportEntryWriter() : scratch_(std::make_unique<Scratch>()) {}
+ExportEntryWriter::~ExportEntryWriter() = default;
+
 absl::Status AppendExportEntry(absl::string_view state_id, const std::optional<std::string>& partial_column,
                                const std::optional<std::string>& completed_column, std::string* out) {
+  return ExportEntryWriter().Append(state_id, partial_column, completed_column, out);
+}
+
+absl::Status ExportEntryWriter::Append(absl::string_view state_id, const std::optional<std::string>& partial_column,
+                                       const std::optional<std::string>& completed_column, std::string* out) {
   if (absl::Status st = ExportableId(state_id); !st.ok()) return st;
   const std::size_t mark = out->size();
   AppendJsonString(state_id, out);
   out->append(": {\"completed\":");
-  absl::Status st = AppendSide(completed_column, state_id, "completed_state", out);
+  absl::Status st = AppendSide(completed_column, state_id, "completed_state", scratch_->side, out);
   if (st.ok()) {
     out->append(",\"partial\":");
-    st = AppendSide(partial_column, state_id, "partial_state", out);
+    st = AppendSide(partial_column, state_id, "partial_state", scratch_->side, out);
   }
   if (!st.ok()) {
     out->resize(mark);

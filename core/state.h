@@ -10,6 +10,7 @@
 #ifndef CHSTATE_CORE_STATE_H_
 #define CHSTATE_CORE_STATE_H_
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -89,6 +90,20 @@ absl::StatusOr<std::string> ExportEntryJson(const MeltanoState& state);
 // tree and written again (an export's cost is mostly that).
 absl::Status AppendExportEntry(absl::string_view state_id, const std::optional<std::string>& partial_column,
                                const std::optional<std::string>& completed_column, std::string* out);
+// AppendExportEntry for many entries, one after another: the scratch its
+// parse of each side needs is kept from one entry to the next (an export
+// writes millions of entries).
+class ExportEntryWriter {
+ public:
+  ExportEntryWriter();
+  ~ExportEntryWriter();
+  absl::Status Append(absl::string_view state_id, const std::optional<std::string>& partial_column,
+                      const std::optional<std::string>& completed_column, std::string* out);
+
+ private:
+  struct Scratch;
+  std::unique_ptr<Scratch> scratch_;
+};
 
 // What `meltano state set` writes: completed = input, partial = {}.
 // With `require_singer_state`, the input must have a top-level

@@ -363,10 +363,11 @@ class ExportPageOp final : public StorePart {
       out.document.emplace();
       out.document->reserve(body->size() + body->size() / 4);
       out.state_ids.reserve(rows->size());
+      ExportEntryWriter writer;
       for (const Row& row : *rows) {
         std::string id = row[0].value_or("");
         if (!out.state_ids.empty()) out.document->append(",\n  ");
-        if (absl::Status st = AppendExportEntry(id, row[1], row[2], &*out.document); !st.ok()) return Failed(st);
+        if (absl::Status st = writer.Append(id, row[1], row[2], &*out.document); !st.ok()) return Failed(st);
         out.state_ids.push_back(std::move(id));
       }
       const size_t count = out.state_ids.size();  // before out is moved
