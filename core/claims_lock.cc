@@ -293,7 +293,7 @@ ClaimsLock::Event ClaimsLock::Classify(LockInput input, const SqlResponse* r, co
     case LockInput::kTimer:
       // Acts under the lock go out only within the lease, also when sent again.
       if ((state_ == S::kHeld || state_ == S::kRenewingBusy) && !InLease(in.now_ms)) return E::kTimerPastLease;
-      if (state_ == S::kEndingBusy && in.now_ms >= lease_deadline_ms_) return E::kTimerPastLease;
+      if (state_ == S::kEndingBusy && in.now_ms >= lease_deadline_ms()) return E::kTimerPastLease;
       return E::kTimer;
     case LockInput::kAnswer:
       return ClassifyAnswer(*r, in);
@@ -312,7 +312,7 @@ bool ClaimsLock::SentAgainWhenBusy(const SqlResponse& r, const Inputs& in) const
   const bool again = code == ch::kUnsatisfiedQuorumForPreviousWrite || code == ch::kTooManyParts ||
                      (end_row && (code == ch::kUnknownStatusOfInsert || code == ch::kTooFewLiveReplicas));
   if (!again) return false;
-  if (in.now_ms >= busy_until_ms_ || outstanding_.sql.empty()) return false;
+  if (in.now_ms >= busy_until_ms() || outstanding_.sql.empty()) return false;
   return true;
 }
 
@@ -417,10 +417,10 @@ ClaimsLock::Event ClaimsLock::Decide(const Inputs& in) const {
     case S::kToBackOff:
       if (!fail_after_withdraw_.ok()) return E::kFailAfterWithdraw;
       // Time is up and the last request got no answer: not a busy lock.
-      if (in.now_ms >= deadline_ms_ && no_answer_.in_a_row() > 0) return E::kTimeUpUnreachable;
+      if (in.now_ms >= deadline_ms() && no_answer_.in_a_row() > 0) return E::kTimeUpUnreachable;
       // The replicas, not another process, kept the lock from us.
-      if (in.now_ms >= deadline_ms_ && !quorum_trouble_.ok() && !saw_live_claim_) return E::kTimeUpQuorum;
-      if (in.now_ms >= deadline_ms_) return E::kTimeUp;
+      if (in.now_ms >= deadline_ms() && !quorum_trouble_.ok() && !saw_live_claim_) return E::kTimeUpQuorum;
+      if (in.now_ms >= deadline_ms()) return E::kTimeUp;
       return ShowsHolder() ? E::kShowHolder : E::kWait;
     case S::kToRelease:
       return InLease(in.now_ms) ? E::kGo : E::kLeaseOver;

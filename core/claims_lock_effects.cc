@@ -29,7 +29,7 @@ void ClaimsLock::Claim(const SqlResponse*, const Inputs& in) {
   claimed_ = true;
   create_unresolved_ = false;
   create_sent_at_ms_ = in.now_ms;
-  busy_until_ms_ = in.now_ms + st_.cluster().quorum_busy_ms;
+  SetDeadline(TimerKind::kQuorumBusyEnd, in.now_ms + st_.cluster().quorum_busy_ms);
   Send(st_.ClaimLock(state_id_, lock_id_, StaleSeconds(), claim_over_));
 }
 
@@ -122,7 +122,7 @@ void ClaimsLock::CountThenWithdrawShortly(const SqlResponse* r, const Inputs& in
 }
 
 void ClaimsLock::EndClaim(const SqlResponse*, const Inputs& in) {
-  busy_until_ms_ = in.now_ms + st_.cluster().quorum_busy_ms;
+  SetDeadline(TimerKind::kQuorumBusyEnd, in.now_ms + st_.cluster().quorum_busy_ms);
   Send(st_.EndClaim(state_id_, lock_id_));
 }
 
@@ -144,7 +144,7 @@ int64_t ClaimsLock::BackOffMs(const Inputs& in) {
   // Two claimants that saw each other both back off: the jitter breaks the
   // tie. One whose own claim was not visible yet comes back soon.
   const int64_t wait = std::min(short_back_off_ ? Jitter(in.random, 100) : Jitter(in.random, options_.retry_ms),
-                                deadline_ms_ - in.now_ms);
+                                deadline_ms() - in.now_ms);
   short_back_off_ = false;
   return wait;
 }
@@ -160,7 +160,7 @@ void ClaimsLock::ShowHolder(const SqlResponse*, const Inputs& in) {
 
 void ClaimsLock::Renew(const SqlResponse*, const Inputs& in) {
   renew_sent_at_ms_ = in.now_ms;
-  busy_until_ms_ = lease_deadline_ms_;
+  SetDeadline(TimerKind::kQuorumBusyEnd, lease_deadline_ms());
   SendRenewal(st_.RenewClaim(state_id_, lock_id_, StaleSeconds()));
 }
 
@@ -177,7 +177,7 @@ void ClaimsLock::LoseRanOutBusyRenewing(const SqlResponse*, const Inputs&) {
 
 void ClaimsLock::EndOwnClaim(const SqlResponse*, const Inputs&) {
   // The end row: only our own claim's, so it cannot touch another's lock.
-  busy_until_ms_ = lease_deadline_ms_;
+  SetDeadline(TimerKind::kQuorumBusyEnd, lease_deadline_ms());
   SendRelease(st_.EndClaim(state_id_, lock_id_));
 }
 

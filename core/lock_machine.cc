@@ -48,7 +48,22 @@ std::unique_ptr<LockMachine> MakeLockMachine(const Statements& statements, std::
 
 LockMachine::LockMachine(const Statements& statements, std::string state_id, LockOptions options,
                          LockMachineOptions machine_options)
-    : st_(statements), state_id_(std::move(state_id)), options_(options), machine_options_(machine_options) {}
+    : st_(statements),
+      state_id_(std::move(state_id)),
+      options_(options),
+      machine_options_(machine_options),
+      timers_(machine_options.timers != nullptr ? machine_options.timers : &own_timers_),
+      timer_id_(timers_->NewId("lock")) {}
+
+LockMachine::~LockMachine() { timers_->ClearId(timer_id_); }
+
+void LockMachine::SetDeadline(TimerKind kind, int64_t at_ms) {
+  if (at_ms == 0) {
+    timers_->Clear(kind, timer_id_);
+  } else {
+    timers_->Set(kind, timer_id_, at_ms);
+  }
+}
 
 std::optional<LockAction> LockMachine::Poll() {
   if (out_.empty()) return std::nullopt;
@@ -76,12 +91,12 @@ void LockMachine::Send(SqlRequest r) {
 }
 
 void LockMachine::SendRenewal(SqlRequest r) {
-  r.send_before_ms = lease_deadline_ms_;
+  r.send_before_ms = lease_deadline_ms();
   Send(std::move(r));
 }
 
 void LockMachine::SendRelease(SqlRequest r) {
-  r.send_before_ms = lease_deadline_ms_;
+  r.send_before_ms = lease_deadline_ms();
   Send(std::move(r));
 }
 
@@ -96,7 +111,7 @@ void LockMachine::EmitFailed(absl::Status s) {
 }
 
 void LockMachine::EmitLost(absl::Status s) {
-  lease_deadline_ms_ = 0;
+  SetDeadline(TimerKind::kLease, 0);
   out_.push_back(LockAction{LockAction::Kind::kLost, {}, 0, std::move(s)});
 }
 
@@ -110,7 +125,7 @@ LockVerdict LockMachine::JudgeHolder(const LockInspection& insp, const Inputs& i
   // of a live CREATE would have become visible. (A claim always has a
   // holder.)
   if (insp.holder.empty()) judged.stale_ms *= 2;
-  return DecideOnHeldLock(true, insp.age_s, in.now_ms, deadline_ms_, judged);
+  return DecideOnHeldLock(true, insp.age_s, in.now_ms, deadline_ms(), judged);
 }
 
 LockMachine::Renewal LockMachine::JudgeRenewal(bool ours, const Inputs& in) const {
@@ -130,7 +145,7 @@ bool LockMachine::RenewalFailedInTime(const Inputs& in) const {
 
 bool LockMachine::ReleaseFailedTooLate(const Inputs& in) const {
   // Landing after a takeover, a DROP would remove the new holder's lock.
-  return in.now_ms >= lease_deadline_ms_;
+  return in.now_ms >= lease_deadline_ms();
 }
 
 bool LockMachine::ShowsHolder() const {
@@ -144,7 +159,7 @@ bool LockMachine::ShowsHolder() const {
 void LockMachine::StartAcquiring(const SqlResponse*, const Inputs& in) {
   lock_id_ = MakeLockId(in.random);
   start_ms_ = in.now_ms;
-  deadline_ms_ = in.now_ms + options_.timeout_ms;
+  SetDeadline(TimerKind::kLockDeadline, in.now_ms + options_.timeout_ms);
 }
 
 void LockMachine::NoteRelease(const SqlResponse*, const Inputs&) { release_requested_ = true; }
@@ -187,7 +202,7 @@ void LockMachine::BecomeHolderFromRead(const SqlResponse*, const Inputs& in) {
 void LockMachine::HoldFrom(int64_t sent_at_ms, const Inputs& in) {
   create_unresolved_ = false;
   acquired_at_ms_ = in.now_ms;
-  lease_deadline_ms_ = sent_at_ms + options_.stale_ms - MarginMs();
+  SetDeadline(TimerKind::kLease, sent_at_ms + options_.stale_ms - MarginMs());
   renew_in_ms_ = options_.stale_ms / 3;
   out_.push_back(LockAction{LockAction::Kind::kAcquired});
 }
@@ -195,7 +210,7 @@ void LockMachine::HoldFrom(int64_t sent_at_ms, const Inputs& in) {
 void LockMachine::ExtendLease(const SqlResponse*, const Inputs&) {
   // Only a renewal row known to have landed extends the lease: one whose
   // answer was lost might never have arrived (KeepLease).
-  lease_deadline_ms_ = std::max(lease_deadline_ms_, renew_sent_at_ms_ + options_.stale_ms - MarginMs());
+  SetDeadline(TimerKind::kLease, std::max(lease_deadline_ms(), renew_sent_at_ms_ + options_.stale_ms - MarginMs()));
   renew_in_ms_ = options_.stale_ms / 3;
 }
 
@@ -207,7 +222,7 @@ void LockMachine::KeepLease(const SqlResponse*, const Inputs&) {
 void LockMachine::ArmRenewal(const SqlResponse*, const Inputs&) { ArmTimer(LockTimer::kRenewal, renew_in_ms_); }
 
 void LockMachine::Released(const SqlResponse*, const Inputs&) {
-  lease_deadline_ms_ = 0;
+  SetDeadline(TimerKind::kLease, 0);
   out_.push_back(LockAction{LockAction::Kind::kReleased});
 }
 

@@ -62,6 +62,7 @@
 #include "core/sql_request.h"
 #include "core/statements.h"
 #include "core/task.h"
+#include "core/timers.h"
 
 namespace chstate {
 
@@ -127,11 +128,18 @@ struct LockMachineOptions {
   // (linger_locks). The store turns it on; the simulation's bare machines
   // keep it off.
   bool write_waiter_rows = false;
+  // The table the machine keeps its deadlines in (its acquisition's lock
+  // timeout, kLockDeadline; its lease's end, kLease; the end of a cluster
+  // quorum's busy wait, kQuorumBusyEnd), under an id of its own
+  // (timer_id()): the store gives its own, so that every deadline a store
+  // keeps is one list. Null: a table of the machine's own (the simulation's
+  // and the fuzzers' bare machines). It must outlive the machine.
+  TimerTable* timers = nullptr;
 };
 
 class LockMachine {
  public:
-  virtual ~LockMachine() = default;
+  virtual ~LockMachine();
   LockMachine(const LockMachine&) = delete;
   LockMachine& operator=(const LockMachine&) = delete;
 
@@ -156,9 +164,11 @@ class LockMachine {
   // True while held and `now_ms` is before the lease deadline: only then may
   // the holder act under the lock.
   bool LeaseValid(int64_t now_ms) const;
-  int64_t lease_deadline_ms() const { return lease_deadline_ms_; }
+  int64_t lease_deadline_ms() const { return DeadlineOf(TimerKind::kLease); }
   // Acquiring: when the lock timeout ends.
-  int64_t acquire_deadline_ms() const { return deadline_ms_; }
+  int64_t acquire_deadline_ms() const { return deadline_ms(); }
+  // The id of the machine's entries in its timer table.
+  const std::string& timer_id() const { return timer_id_; }
   int64_t acquired_at_ms() const { return acquired_at_ms_; }
   // What the answer given last showed, parsed once as it arrived: for a read
   // of the lock, the inspection, and another process holding it live (the
@@ -221,7 +231,7 @@ class LockMachine {
   // ---- what both machines judge ----
   bool Holding() const;
   // Before the lease deadline (holding is the caller's to know).
-  bool InLease(int64_t now_ms) const { return now_ms < lease_deadline_ms_; }
+  bool InLease(int64_t now_ms) const { return now_ms < lease_deadline_ms(); }
   int64_t StaleSeconds() const { return StaleWindowSeconds(options_); }
   int64_t MarginMs() const;
   // Another's lock as an inspection shows it: stale (take it over), live
@@ -245,16 +255,23 @@ class LockMachine {
   const std::string state_id_;
   const LockOptions options_;
   const LockMachineOptions machine_options_;
+  TimerTable own_timers_;       // the table when machine_options_.timers is null
+  TimerTable* const timers_;    // where the deadlines below are kept
+  const std::string timer_id_;  // their id there ("lock N")
   LockDefectsForTesting defects_;
   std::deque<LockAction> out_;
   std::string lock_id_;
 
-  // ---- timers and deadlines (on the host's clock), all of them ----
-  int64_t deadline_ms_ = 0;         // acquiring: the lock timeout ends here
-  int64_t lease_deadline_ms_ = 0;   // held: the lease ends here (0 when not held)
+  // ---- deadlines (on the host's clock): entries of the timer table, all
+  // of them; 0 when not set (setting 0 clears the entry) ----
+  int64_t DeadlineOf(TimerKind kind) const { return timers_->At(kind, timer_id_).value_or(0); }
+  void SetDeadline(TimerKind kind, int64_t at_ms);
+  int64_t deadline_ms() const { return DeadlineOf(TimerKind::kLockDeadline); }  // acquiring: the lock timeout ends
+  // held: the lease ends (lease_deadline_ms(), 0 when not held)
+  int64_t busy_until_ms() const { return DeadlineOf(TimerKind::kQuorumBusyEnd); }  // cluster: 286 is resent until
+  // Delays (not deadlines) of timers the machine arms later.
   int64_t back_off_ms_ = 0;         // the kBackOff timer to arm once the waiter row is answered
   int64_t renew_in_ms_ = 0;         // the kRenewal timer to arm on settling as the holder
-  int64_t busy_until_ms_ = 0;       // cluster: code 286 is resent (kBusyResend) until here
 
   // ---- facts both machines' tables consult ----
   int64_t start_ms_ = 0;                       // when Acquire came

@@ -214,6 +214,7 @@ class AcquireOp final : public StorePart {
     // row, once per holder) so that a lingering holder elsewhere yields.
     LockMachineOptions machine_options;
     machine_options.write_waiter_rows = true;
+    machine_options.timers = &s_.timers();
     m_ = MakeLockMachine(s_.st(), id_, options, machine_options);
     m_->Acquire(s_.inputs());
     stage_ = Stage::kTaking;

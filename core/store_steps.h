@@ -136,6 +136,8 @@ class StoreSteps {
   void ClearTimer(TimerKind kind, const std::string& id) { s_->timers_.Clear(kind, id); }
   // A fresh id in the store's timer table, for an operation's own entries.
   std::string NewTimerId(const char* owner) { return s_->timers_.NewId(owner); }
+  // The store's table itself, for the lock machines it makes (their deadlines).
+  TimerTable& timers() { return s_->timers_; }
   std::map<std::string, Store::HeldLock>::iterator ForgetHeld(std::map<std::string, Store::HeldLock>::iterator it) {
     return s_->ForgetHeld(it);
   }

@@ -308,7 +308,7 @@ TableLock::Event TableLock::ClassifyAnswer(const SqlResponse& r, const Inputs& i
       if (a == LockAnswer::kExists) return E::kError;
       // An inconclusive look before the DROP is worth repeating while the
       // lease lasts: giving up leaves the lock in place for a whole window.
-      return release_retries_ < 3 && in.now_ms < lease_deadline_ms_ ? E::kRetry : E::kError;
+      return release_retries_ < 3 && in.now_ms < lease_deadline_ms() ? E::kRetry : E::kError;
     case S::kDropping:
       if (a == LockAnswer::kOk) return E::kOk;
       if (a == LockAnswer::kMissing) return E::kMissing;
@@ -316,7 +316,7 @@ TableLock::Event TableLock::ClassifyAnswer(const SqlResponse& r, const Inputs& i
       if (ReleaseFailedTooLate(in)) return E::kRanOut;
       // Never resent blindly: if the first one landed, another process may
       // have created a fresh lock under the same name since. Look first.
-      if (!r.transport_ok && release_retries_ < 3 && in.now_ms < lease_deadline_ms_) return E::kLookAgain;
+      if (!r.transport_ok && release_retries_ < 3 && in.now_ms < lease_deadline_ms()) return E::kLookAgain;
       return E::kError;
     default:
       return E::kError;  // no request in flight: Takes() refused the answer
@@ -354,7 +354,7 @@ TableLock::Event TableLock::ClassifyReleaseRead(const Inputs& in) const {
   // Our earlier DROP landed; the lock there now is someone else's.
   if (sighting_.inspected && drop_uncertain_ && !ours) return E::kDropLanded;
   if (!ours) return E::kNotOurs;
-  if (in.now_ms >= lease_deadline_ms_) return E::kOursPastLease;
+  if (in.now_ms >= lease_deadline_ms()) return E::kOursPastLease;
   return E::kStillOurs;
 }
 
@@ -364,8 +364,8 @@ TableLock::Event TableLock::Decide(const Inputs& in) const {
     case S::kToHold:
       return release_requested_ ? E::kReleasePending : E::kGo;
     case S::kToBackOff:
-      if (in.now_ms >= deadline_ms_ && no_answer_.in_a_row() > 0) return E::kTimeUpUnreachable;
-      if (in.now_ms >= deadline_ms_) return E::kTimeUp;
+      if (in.now_ms >= deadline_ms() && no_answer_.in_a_row() > 0) return E::kTimeUpUnreachable;
+      if (in.now_ms >= deadline_ms()) return E::kTimeUp;
       return ShowsHolder() ? E::kShowHolder : E::kWait;
     case S::kToRelease:
       return InLease(in.now_ms) ? E::kGo : E::kLeaseOver;

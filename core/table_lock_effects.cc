@@ -64,7 +64,7 @@ void TableLock::FailLocked(const SqlResponse*, const Inputs& in) {
       options_.stale_ms / 1000, " s")));
 }
 
-int64_t TableLock::BackOffMs(const Inputs& in) const { return std::min(options_.retry_ms, deadline_ms_ - in.now_ms); }
+int64_t TableLock::BackOffMs(const Inputs& in) const { return std::min(options_.retry_ms, deadline_ms() - in.now_ms); }
 
 void TableLock::WaitThenRetry(const SqlResponse*, const Inputs& in) {
   quick_retries_ = 0;

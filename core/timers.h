@@ -4,10 +4,10 @@
 // wait), its held locks' renewal, linger and waiter-look times, its yield
 // marks and its hosts' down marks are set and read here, so that what a store waits for is one list,
 // the connection's PollTimeout is its earliest entry, and HandleTimeout
-// walks it. A lock machine's own acquisition deadline and lease end are the
-// machine's state (LeaseValid, its table's kTimeUp), read by the store as
-// the machine's answers: a machine is a value the simulation and the fuzzer
-// drive by itself.
+// walks it. A lock machine's deadlines (its attempt's lock timeout, its
+// lease's end, a cluster quorum's busy wait) are entries too, under the
+// machine's id ("lock N", LockMachineOptions::timers); a machine the
+// simulation or a fuzzer drives by itself keeps them in a table of its own.
 //
 //   TimerTable t;
 //   t.Set(TimerKind::kRenewal, "dev:a", now_ms + 3000);

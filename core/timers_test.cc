@@ -135,6 +135,10 @@ TEST(StoreTimers, AnAcquisitionsDeadlineIsInTheTableWhileItWaitsAndGoesWithIt) {
   EXPECT_THAT(store->timers().Describe(), HasSubstr("lock-deadline lock-deadline"));
   // 10 s from its start (connected, at 1010).
   EXPECT_THAT(store->timers().Describe(), HasSubstr("lock-deadline lock-deadline 2 @11010"));
+  // The lock machine's own deadline for this attempt (the time left of the
+  // operation's) is an entry of the same table, under the machine's id.
+  EXPECT_EQ(store->timers().At(TimerKind::kLockDeadline, "lock 3"), std::optional<int64_t>(11010))
+      << store->timers().Describe();
   // The task is woken for its retry, never for the deadline itself.
   EXPECT_THAT(store->timers().Describe(), HasSubstr("lock-retry task 1 @"));
   EXPECT_NE(store->timers().Earliest(kTaskTimers), std::optional<int64_t>(11010));
@@ -160,6 +164,13 @@ TEST(StoreTimers, AHeldLocksRenewalIsInTheTableAndIsTheIdleTimeout) {
   ASSERT_TRUE(e->ok) << e->status;
   std::optional<int64_t> renewal = store->timers().At(TimerKind::kRenewal, "dev:a");
   ASSERT_TRUE(renewal.has_value()) << store->timers().Describe();
+  // Its lease's end is the machine's entry in the store's table, no field of
+  // its own: what the store reads as the lease is that entry.
+  const std::string described = store->timers().Describe();
+  const size_t lease = described.find("lease lock ");
+  ASSERT_NE(lease, std::string::npos) << described;
+  EXPECT_THAT(described.substr(lease), HasSubstr(absl::StrCat("@", store->LeaseDeadlineMs("dev:a"))));
+  EXPECT_GT(store->LeaseDeadlineMs("dev:a"), now);
   EXPECT_EQ(conn.PollTimeout(), renewal);
   EXPECT_EQ(store->NextTimeoutMs(), renewal);
   // Released: nothing of it is left in the table, and the idle store has
