@@ -21,6 +21,12 @@
 
 namespace chstate {
 
+// How deep a state's JSON may nest. nlohmann's parser is iterative, but
+// dump(), DeepMerge and every consumer of the tree recurse; a hostile
+// document could exhaust the stack there. Real singer states are a handful
+// of levels deep.
+inline constexpr int kMaxStateDepth = 512;
+
 struct MeltanoState {
   std::string state_id;
   nlohmann::json partial = nlohmann::json::object();
