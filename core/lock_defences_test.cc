@@ -62,41 +62,38 @@ LockOptions Options(int64_t stale_ms = 5000) {
   return o;
 }
 
-// A machine, a fake clock, and the actions of the last input.
+// A machine, a fake clock, and the output of the last input.
 class Rig {
  public:
   explicit Rig(LockOptions options = Options()) : st_(MakeStatements()), m_(MakeLockMachine(st_, kId, options)) {}
 
   LockMachine& machine() { return *m_; }
   const Statements& statements() const { return st_; }
-  const std::vector<LockAction>& last() const { return last_; }
+  const LockOutput& last() const { return last_; }
 
   // Each input happens at `at_ms` on the fake clock.
-  void Acquire(int64_t at_ms) { Run(at_ms, [&](const Inputs& in) { m_->Acquire(in); }); }
-  void Release(int64_t at_ms) { Run(at_ms, [&](const Inputs& in) { m_->Release(in); }); }
-  void Answer(int64_t at_ms, const SqlResponse& r) { Run(at_ms, [&](const Inputs& in) { m_->OnResponse(r, in); }); }
-  void Timer(int64_t at_ms) { Run(at_ms, [&](const Inputs& in) { m_->OnTimer(in); }); }
+  void Acquire(int64_t at_ms) { Run(at_ms, [&](const Inputs& in) { return m_->Acquire(in); }); }
+  void Release(int64_t at_ms) { Run(at_ms, [&](const Inputs& in) { return m_->Release(in); }); }
+  void Answer(int64_t at_ms, const SqlResponse& r) {
+    Run(at_ms, [&](const Inputs& in) { return m_->OnResponse(r, in); });
+  }
+  void Timer(int64_t at_ms) { Run(at_ms, [&](const Inputs& in) { return m_->OnTimer(in); }); }
 
   // The request the last input sent, if any.
   std::optional<SqlRequest> Sent() const {
-    for (const LockAction& a : last_) {
-      if (a.kind == LockAction::Kind::kRunSql) return a.request;
-    }
+    if (last_.next == LockOutput::Next::kRunSql) return last_.request;
     return std::nullopt;
   }
   std::string SentPurpose() const {
     std::optional<SqlRequest> r = Sent();
     return r ? r->purpose : "(nothing)";
   }
-  bool Did(LockAction::Kind kind) const {
-    for (const LockAction& a : last_) {
-      if (a.kind == kind) return true;
-    }
-    return false;
-  }
+  bool Did(LockOutput::Outcome outcome) const { return last_.outcome == outcome; }
+  // The last input armed a timer.
+  bool Waits() const { return last_.next == LockOutput::Next::kWait; }
   absl::Status Outcome() const {
-    for (const LockAction& a : last_) {
-      if (a.kind == LockAction::Kind::kLost || a.kind == LockAction::Kind::kFailed) return a.status;
+    if (last_.outcome == LockOutput::Outcome::kLost || last_.outcome == LockOutput::Outcome::kFailed) {
+      return last_.status;
     }
     return absl::OkStatus();
   }
@@ -106,20 +103,18 @@ class Rig {
     Acquire(sent_ms);
     ASSERT_EQ(SentPurpose(), "create_lock");
     Answer(answered_ms, Ok());
-    ASSERT_TRUE(Did(LockAction::Kind::kAcquired));
+    ASSERT_TRUE(Did(LockOutput::Outcome::kAcquired));
   }
 
  private:
   template <typename F>
   void Run(int64_t at_ms, F input) {
-    last_.clear();
-    input(Inputs{at_ms, kRandom});
-    while (std::optional<LockAction> a = m_->Poll()) last_.push_back(std::move(*a));
+    last_ = input(Inputs{at_ms, kRandom});
   }
 
   Statements st_;
   std::unique_ptr<LockMachine> m_;
-  std::vector<LockAction> last_;
+  LockOutput last_;
 };
 
 // ---- the lease ----
@@ -165,7 +160,7 @@ TEST(LockDefence, RenewalWhoseAnswerWasLost_NeverExtendsTheLease) {
   rig.Answer(1700, Lost());
   EXPECT_EQ(rig.machine().state(), LockState::kHeld);
   EXPECT_EQ(rig.machine().lease_deadline_ms(), 4500) << "a renewal that may never have landed extended the lease";
-  EXPECT_TRUE(rig.Did(LockAction::Kind::kArmTimer));
+  EXPECT_TRUE(rig.Waits());
   // The INSERT answered, but the look that would confirm it did not.
   rig.Timer(2000);
   ASSERT_EQ(rig.SentPurpose(), "renew_lock");
@@ -200,7 +195,7 @@ TEST(LockDefence, RenewalFindingAnotherHoldersRow_LosesTheLock) {
     // Our renewal row is there, but the creation row is not ours.
     rig.Answer(1750, other.empty() ? Inspection({{kOurs, 1, 1}}, 0, 1)
                                    : Inspection({{other, 0, 0}, {kOurs, 1, 1}}, 0, 1));
-    EXPECT_TRUE(rig.Did(LockAction::Kind::kLost));
+    EXPECT_TRUE(rig.Did(LockOutput::Outcome::kLost));
     EXPECT_THAT(rig.Outcome(), StatusIs(absl::StatusCode::kAborted, HasSubstr("taken over")));
     EXPECT_FALSE(rig.machine().LeaseValid(1751));
     EXPECT_FALSE(rig.Sent().has_value());
@@ -221,7 +216,7 @@ TEST(LockDefence, RenewalConfirmedAfterTheLeaseRanOut_NeverRevivesIt) {
   ASSERT_EQ(rig.SentPurpose(), "inspect_lock");
   // The look answers after the lease ended (4500): the row is ours, but too late.
   rig.Answer(4600, Inspection({{kOurs, 0, 5}}, 0, 5));
-  EXPECT_TRUE(rig.Did(LockAction::Kind::kLost));
+  EXPECT_TRUE(rig.Did(LockOutput::Outcome::kLost));
   EXPECT_THAT(rig.Outcome(), StatusIs(absl::StatusCode::kAborted, HasSubstr("in flight")));
   EXPECT_FALSE(rig.machine().LeaseValid(4601));
   EXPECT_FALSE(rig.Sent().has_value());
@@ -236,7 +231,7 @@ TEST(LockDefence, RenewalAfterTheLeaseRanOut_SendsNothingAndLoses) {
   rig.Hold(0, 10);
   rig.Timer(4500);  // the lease ended at 4500
   EXPECT_FALSE(rig.Sent().has_value()) << rig.SentPurpose();
-  EXPECT_TRUE(rig.Did(LockAction::Kind::kLost));
+  EXPECT_TRUE(rig.Did(LockOutput::Outcome::kLost));
   EXPECT_THAT(rig.Outcome(), StatusIs(absl::StatusCode::kAborted, HasSubstr("expired")));
 }
 
@@ -280,7 +275,7 @@ TEST(LockDefence, DropWhoseAnswerWasLost_IsNotResentBlindly) {
   ASSERT_EQ(rig.SentPurpose(), "inspect_lock");
   rig.Answer(130, HeldBy("newer-holder", 0, 0));
   EXPECT_FALSE(rig.Sent().has_value()) << "dropped another holder's lock";
-  EXPECT_TRUE(rig.Did(LockAction::Kind::kReleased));
+  EXPECT_TRUE(rig.Did(LockOutput::Outcome::kReleased));
 }
 
 // ---- acquiring ----
@@ -300,13 +295,13 @@ TEST(LockDefence, CreateWhoseAnswerWasLost_IsResolvedByInspectionWithTheLeaseFro
   ASSERT_EQ(rig.SentPurpose(), "inspect_lock") << "a CREATE of unknown outcome must be settled by looking";
   // The table exists but its creation row is not visible yet: wait.
   rig.Answer(100, Inspection({}, 0, 0));
-  ASSERT_TRUE(rig.Did(LockAction::Kind::kArmTimer));
+  ASSERT_TRUE(rig.Waits());
   rig.Timer(1100);
   ASSERT_EQ(rig.SentPurpose(), "create_lock");
   rig.Answer(1150, Err(500, 57, "Table meltano.state_lock_x already exists."));
   ASSERT_EQ(rig.SentPurpose(), "inspect_lock");
   rig.Answer(1200, HeldBy(kOurs, 0, 1));
-  ASSERT_TRUE(rig.Did(LockAction::Kind::kAcquired));
+  ASSERT_TRUE(rig.Did(LockOutput::Outcome::kAcquired));
   EXPECT_EQ(rig.machine().lease_deadline_ms(), 0 + 5000 - 500);
 }
 
@@ -323,7 +318,7 @@ TEST(LockDefence, TableWhoseCreationRowIsNotVisible_IsTakenOverOnlyAfterTwiceThe
   ASSERT_EQ(rig.SentPurpose(), "inspect_lock");
   rig.Answer(20, Inspection({}, /*table_created_s=*/1000, /*now_s=*/1006));  // 6 s > one window
   EXPECT_FALSE(rig.Sent().has_value()) << rig.SentPurpose();
-  EXPECT_TRUE(rig.Did(LockAction::Kind::kArmTimer));
+  EXPECT_TRUE(rig.Waits());
   rig.Timer(1020);
   rig.Answer(1030, Err(500, 57, "exists"));
   rig.Answer(1040, Inspection({}, 1000, 1010));  // 10 s: not more than twice
@@ -361,7 +356,7 @@ TEST(LockDefence, RowsOfOtherLockIds_DoNotCountInTheHoldersAge) {
   renewed.Answer(10, Err(500, 57, "exists"));
   renewed.Answer(20, Inspection({{"live", 0, 1000}, {"live", 1, 1009}}, 1000, 1011));
   EXPECT_FALSE(renewed.Sent().has_value()) << "took over a holder that renewed 2 s ago";
-  EXPECT_TRUE(renewed.Did(LockAction::Kind::kArmTimer));
+  EXPECT_TRUE(renewed.Waits());
 }
 
 // Hazard: two takers judge the same dead holder stale; both RENAME, and the
@@ -402,7 +397,7 @@ TEST(LockDefence, TakerWithAShorterWindow_UsesTheHoldersLongerOne) {
   rig.Answer(10, Err(500, 57, "exists"));
   rig.Answer(20, HeldBy("holder", 1000, 1006, /*stale_s=*/10));  // 6 s old: stale for us, not for it
   EXPECT_FALSE(rig.Sent().has_value()) << rig.SentPurpose();
-  EXPECT_TRUE(rig.Did(LockAction::Kind::kArmTimer));
+  EXPECT_TRUE(rig.Waits());
 }
 
 // ---- code 159: distributed DDL timeout ----
@@ -470,14 +465,14 @@ TEST(ErrorClassification, Code159OnTheLockCreateIsSettledByInspecting) {
   rig.Answer(10, Err(500, 159, "Watching task is executing longer than distributed_ddl_task_timeout"));
   ASSERT_EQ(rig.SentPurpose(), "inspect_lock");
   rig.Answer(20, HeldBy(kOurs, 0, 0));
-  EXPECT_TRUE(rig.Did(LockAction::Kind::kAcquired));
+  EXPECT_TRUE(rig.Did(LockOutput::Outcome::kAcquired));
   EXPECT_EQ(rig.machine().lease_deadline_ms(), 4500);
 
   Rig other(Options(5000));
   other.Acquire(0);
   other.Answer(10, Err(500, 159, "Watching task is executing longer than distributed_ddl_task_timeout"));
   other.Answer(20, Err(500, 159, "Timeout exceeded"));
-  EXPECT_TRUE(other.Did(LockAction::Kind::kFailed));
+  EXPECT_TRUE(other.Did(LockOutput::Outcome::kFailed));
   EXPECT_THAT(other.Outcome(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("ClickHouse error 159")));
 
   // Any other server error on the CREATE fails at once.

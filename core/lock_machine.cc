@@ -65,13 +65,6 @@ void LockMachine::SetDeadline(TimerKind kind, int64_t at_ms) {
   }
 }
 
-std::optional<LockAction> LockMachine::Poll() {
-  if (out_.empty()) return std::nullopt;
-  LockAction a = std::move(out_.front());
-  out_.pop_front();
-  return a;
-}
-
 bool LockMachine::Holding() const {
   const LockState s = state();
   return s == LockState::kHeld || s == LockState::kRenewing || s == LockState::kConfirming;
@@ -84,10 +77,11 @@ int64_t LockMachine::MarginMs() const { return defects_.zero_margin ? 0 : LeaseM
 // ---- outputs ----
 
 void LockMachine::Send(SqlRequest r) {
+  if (out_.next != LockOutput::Next::kNone) two_steps_ = true;
   outstanding_ = r;
-  LockAction a{LockAction::Kind::kRunSql};
-  a.request = std::move(r);
-  out_.push_back(std::move(a));
+  out_.next = LockOutput::Next::kRunSql;
+  out_.request = std::move(r);
+  out_.wait_ms = 0;
 }
 
 void LockMachine::SendRenewal(SqlRequest r) {
@@ -101,18 +95,27 @@ void LockMachine::SendRelease(SqlRequest r) {
 }
 
 void LockMachine::ArmTimer(LockTimer timer, int64_t delay_ms) {
-  LockAction a{LockAction::Kind::kArmTimer, {}, delay_ms};
-  a.timer = timer;
-  out_.push_back(std::move(a));
+  if (out_.next != LockOutput::Next::kNone) two_steps_ = true;
+  out_.next = LockOutput::Next::kWait;
+  out_.wait_ms = delay_ms;
+  out_.timer = timer;
 }
 
 void LockMachine::EmitFailed(absl::Status s) {
-  out_.push_back(LockAction{LockAction::Kind::kFailed, {}, 0, std::move(s)});
+  out_.outcome = LockOutput::Outcome::kFailed;
+  out_.status = std::move(s);
 }
 
 void LockMachine::EmitLost(absl::Status s) {
   SetDeadline(TimerKind::kLease, 0);
-  out_.push_back(LockAction{LockAction::Kind::kLost, {}, 0, std::move(s)});
+  out_.outcome = LockOutput::Outcome::kLost;
+  out_.status = std::move(s);
+}
+
+LockOutput LockMachine::TakeOutput() {
+  LockOutput out = std::move(out_);
+  out_ = LockOutput{};
+  return out;
 }
 
 // ---- judgements ----
@@ -203,27 +206,29 @@ void LockMachine::HoldFrom(int64_t sent_at_ms, const Inputs& in) {
   create_unresolved_ = false;
   acquired_at_ms_ = in.now_ms;
   SetDeadline(TimerKind::kLease, sent_at_ms + options_.stale_ms - MarginMs());
-  renew_in_ms_ = options_.stale_ms / 3;
-  out_.push_back(LockAction{LockAction::Kind::kAcquired});
+  out_.outcome = LockOutput::Outcome::kAcquired;
+  out_.wait_ms = options_.stale_ms / 3;  // the first renewal, if it settles as the holder (ArmRenewal)
 }
 
 void LockMachine::ExtendLease(const SqlResponse*, const Inputs&) {
   // Only a renewal row known to have landed extends the lease: one whose
   // answer was lost might never have arrived (KeepLease).
   SetDeadline(TimerKind::kLease, std::max(lease_deadline_ms(), renew_sent_at_ms_ + options_.stale_ms - MarginMs()));
-  renew_in_ms_ = options_.stale_ms / 3;
+  out_.wait_ms = options_.stale_ms / 3;  // the next renewal (ArmRenewal)
 }
 
 void LockMachine::KeepLease(const SqlResponse*, const Inputs&) {
   // The lease stands as it was; try again soon.
-  renew_in_ms_ = std::min(options_.retry_ms, options_.stale_ms / 10);
+  out_.wait_ms = std::min(options_.retry_ms, options_.stale_ms / 10);  // (ArmRenewal)
 }
 
-void LockMachine::ArmRenewal(const SqlResponse*, const Inputs&) { ArmTimer(LockTimer::kRenewal, renew_in_ms_); }
+// Settled as the holder: the renewal's wait the effect before it chose
+// (HoldFrom, ExtendLease or KeepLease, in the same input).
+void LockMachine::ArmRenewal(const SqlResponse*, const Inputs&) { ArmTimer(LockTimer::kRenewal, out_.wait_ms); }
 
 void LockMachine::Released(const SqlResponse*, const Inputs&) {
   SetDeadline(TimerKind::kLease, 0);
-  out_.push_back(LockAction{LockAction::Kind::kReleased});
+  out_.outcome = LockOutput::Outcome::kReleased;
 }
 
 // ---- outcomes ----

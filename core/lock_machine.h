@@ -19,13 +19,14 @@
 //
 //   std::unique_ptr<chstate::LockMachine> lock =
 //       chstate::MakeLockMachine(statements, "dev:tap-a-to-target-b", options);
-//   lock->Acquire({now_ms, random});
-//   while (std::optional<chstate::LockAction> a = lock->Poll()) {
-//     // kRunSql: run a->request, then lock->OnResponse(resp, {now_ms, random})
-//     // kArmTimer: call lock->OnTimer(...) after a->delay_ms (replaces any
-//     //   earlier timer; a->timer says which kind it is)
-//     // kAcquired / kReleased / kFailed / kLost: tell the user
-//   }
+//   chstate::LockOutput out = lock->Acquire({now_ms, random});
+//   // Every input gives one LockOutput, as a Task's input gives one Action:
+//   // out.outcome: kAcquired / kReleased / kFailed / kLost: tell the user;
+//   // out.next: kRunSql: run out.request, then
+//   //             out = lock->OnResponse(resp, {now_ms, random});
+//   //           kWait: out = lock->OnTimer(...) after out.wait_ms (replaces
+//   //             any earlier wait; out.timer says which kind it is);
+//   //           kNone: nothing until the awaited answer (or a Release).
 //
 // Why either algorithm is exclusive, and what a holder may trust:
 // - A holder trusts its lock only until lease_deadline = (time it sent its
@@ -50,7 +51,6 @@
 #define CHSTATE_CORE_LOCK_MACHINE_H_
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -100,13 +100,21 @@ enum class LockTimer {
   kBusyResend,  // cluster: a quorum insert answered 286 (or an end row 319) is sent again
 };
 
-struct LockAction {
-  enum class Kind { kRunSql, kArmTimer, kAcquired, kReleased, kFailed, kLost };
-  Kind kind;
-  SqlRequest request;   // kRunSql
-  int64_t delay_ms = 0; // kArmTimer: fire OnTimer after this long
-  absl::Status status;  // kFailed, kLost
-  LockTimer timer = LockTimer::kNone;  // kArmTimer
+// What a lock machine gives for each input: what happened, if anything, and
+// what its driver does next. The same shape as a Task's Action (one output
+// per input: a request to run or a wait in ms), with the lock's outcomes
+// beside it, since a lock lives on after it is acquired: the input that
+// acquires it also arms its first renewal (or, when a release was asked for
+// meanwhile, sends the release's first request).
+struct LockOutput {
+  enum class Outcome { kNone, kAcquired, kReleased, kFailed, kLost };
+  enum class Next { kNone, kRunSql, kWait };
+  Outcome outcome = Outcome::kNone;
+  absl::Status status;                 // kFailed, kLost
+  Next next = Next::kNone;             // kNone: nothing until the awaited answer or an input
+  SqlRequest request;                  // kRunSql
+  int64_t wait_ms = 0;                 // kWait: call OnTimer after this long
+  LockTimer timer = LockTimer::kNone;  // kWait: what the wait is for
 };
 
 // Test-only: deliberately removes one defence, so that the simulation's
@@ -146,16 +154,14 @@ class LockMachine {
   // Test-only (see LockDefectsForTesting); call before Acquire.
   void SetDefectsForTesting(const LockDefectsForTesting& defects) { defects_ = defects; }
 
-  // Inputs. Each may queue actions; drain them with Poll() after every
-  // input. An input the current state does not take (a response with no
-  // request outstanding, Acquire twice, Release before Acquire) is misuse:
-  // kFailed (kLost while held) with kFailedPrecondition.
-  virtual void Acquire(const Inputs& in) = 0;
-  virtual void Release(const Inputs& in) = 0;  // while held; while acquiring it cancels
-  virtual void OnResponse(const SqlResponse& response, const Inputs& in) = 0;
-  virtual void OnTimer(const Inputs& in) = 0;
-
-  std::optional<LockAction> Poll();
+  // Inputs, each giving one output. An input the current state does not
+  // take (a response with no request outstanding, Acquire twice, Release
+  // before Acquire) is misuse: kFailed (kLost while held) with
+  // kFailedPrecondition.
+  virtual LockOutput Acquire(const Inputs& in) = 0;
+  virtual LockOutput Release(const Inputs& in) = 0;  // while held; while acquiring it cancels
+  virtual LockOutput OnResponse(const SqlResponse& response, const Inputs& in) = 0;
+  virtual LockOutput OnTimer(const Inputs& in) = 0;
 
   virtual LockState state() const = 0;
   const std::string& lock_id() const { return lock_id_; }
@@ -215,6 +221,8 @@ class LockMachine {
   void LoseRanOutRenewing(const SqlResponse* r, const Inputs&);
   void LoseReleaseFailed(const SqlResponse* r, const Inputs&);
 
+  // The output being made for the input at hand (TakeOutput hands it over
+  // at the end of the input): at most one next step and one outcome.
   void Send(SqlRequest r);
   // The two requests that act under the lock, a renewal row and the
   // release's DROP (or end row): the task sends them, first or again, only
@@ -225,6 +233,7 @@ class LockMachine {
   void ArmTimer(LockTimer timer, int64_t delay_ms);
   void EmitFailed(absl::Status s);
   void EmitLost(absl::Status s);  // and the lease is over
+  LockOutput TakeOutput();
   void NoteUnresolvedCreate();
   void HoldFrom(int64_t sent_at_ms, const Inputs& in);
 
@@ -259,7 +268,8 @@ class LockMachine {
   TimerTable* const timers_;    // where the deadlines below are kept
   const std::string timer_id_;  // their id there ("lock N")
   LockDefectsForTesting defects_;
-  std::deque<LockAction> out_;
+  LockOutput out_;  // the output of the input being handled
+  bool two_steps_ = false;  // an effect chose a next step after another had (a bug: see TableDrivenLock::Run)
   std::string lock_id_;
 
   // ---- deadlines (on the host's clock): entries of the timer table, all
@@ -269,9 +279,9 @@ class LockMachine {
   int64_t deadline_ms() const { return DeadlineOf(TimerKind::kLockDeadline); }  // acquiring: the lock timeout ends
   // held: the lease ends (lease_deadline_ms(), 0 when not held)
   int64_t busy_until_ms() const { return DeadlineOf(TimerKind::kQuorumBusyEnd); }  // cluster: 286 is resent until
-  // Delays (not deadlines) of timers the machine arms later.
-  int64_t back_off_ms_ = 0;         // the kBackOff timer to arm once the waiter row is answered
-  int64_t renew_in_ms_ = 0;         // the kRenewal timer to arm on settling as the holder
+  // A delay, not a deadline: the back-off decided when a live holder was
+  // seen, waited once the waiter row naming it is answered (from then).
+  int64_t back_off_ms_ = 0;
 
   // ---- facts both machines' tables consult ----
   int64_t start_ms_ = 0;                       // when Acquire came

@@ -60,18 +60,19 @@ class TableDrivenLock : public LockMachine {
     Effect effect;  // null: nothing to do
   };
 
-  void Acquire(const Inputs& in) final { Feed(LockInput::kAcquire, "acquire", nullptr, in); }
-  void Release(const Inputs& in) final { Feed(LockInput::kRelease, "release", nullptr, in); }
-  void OnTimer(const Inputs& in) final { Feed(LockInput::kTimer, "timer", nullptr, in); }
-  void OnResponse(const SqlResponse& r, const Inputs& in) final {
+  LockOutput Acquire(const Inputs& in) final { return Feed(LockInput::kAcquire, "acquire", nullptr, in); }
+  LockOutput Release(const Inputs& in) final { return Feed(LockInput::kRelease, "release", nullptr, in); }
+  LockOutput OnTimer(const Inputs& in) final { return Feed(LockInput::kTimer, "timer", nullptr, in); }
+  LockOutput OnResponse(const SqlResponse& r, const Inputs& in) final {
     if (r.transport_ok) no_answer_.Answered();
     answer_ = AnswerOf(r);
     if (!Takes(LockInput::kAnswer)) {
       Refuse(LockAnswerName(answer_));
-      return;
+      return TakeOutput();
     }
     self().Observe(r);
     Run(self().Classify(LockInput::kAnswer, &r, in), &r, in);
+    return TakeOutput();
   }
   LockState state() const final { return Derived::Public(state_); }
 
@@ -116,15 +117,18 @@ class TableDrivenLock : public LockMachine {
   Derived& self() { return static_cast<Derived&>(*this); }
   bool Takes(LockInput input) const { return Takes(state_, input); }
 
-  void Feed(LockInput input, const char* name, const SqlResponse* r, const Inputs& in) {
+  LockOutput Feed(LockInput input, const char* name, const SqlResponse* r, const Inputs& in) {
     if (!Takes(input)) {
       Refuse(name);
-      return;
+    } else {
+      Run(self().Classify(input, r, in), r, in);
     }
-    Run(self().Classify(input, r, in), r, in);
+    return TakeOutput();
   }
 
   // One event through the table, then every decision state it leads to.
+  // The effects on the way make the input's one output: at most one next
+  // step (a request or a wait) and one outcome.
   void Run(Event e, const SqlResponse* r, const Inputs& in) {
     for (;;) {
       const Row* row = Find(state_, e);
@@ -138,6 +142,14 @@ class TableDrivenLock : public LockMachine {
       }
       state_ = row->to;
       if (row->effect != nullptr) (self().*(row->effect))(r, in);
+      if (two_steps_) {
+        // Two effects of one input each chose what to do next: a bug in
+        // the table, never the peer's doing.
+        two_steps_ = false;
+        EndWith(absl::InternalError(absl::StrCat("lock machine: two next steps in one input, the second in state \"",
+                                                 Derived::StateName(state_), "\"")));
+        return;
+      }
       if (!Derived::IsDecision(state_)) return;
       e = self().Decide(in);
     }
@@ -149,7 +161,9 @@ class TableDrivenLock : public LockMachine {
         absl::StrCat("lock misuse: event \"", input, "\" in state \"", LockStateName(state()), "\"")));
   }
 
+  // Ends the machine with `s`; nothing more is sent.
   void EndWith(absl::Status s) {
+    out_.next = LockOutput::Next::kNone;
     if (Holding()) {
       EmitLost(std::move(s));
       state_ = Derived::kLostState;

@@ -109,23 +109,16 @@ Statements Cluster() {
   return *Statements::Create(Dialect::kClickHouse18, "meltano", "state", cluster);
 }
 
-std::vector<LockAction> Drain(LockMachine& m) {
-  std::vector<LockAction> out;
-  while (std::optional<LockAction> a = m.Poll()) out.push_back(std::move(*a));
-  return out;
-}
-
 TEST(LockTable, MisuseFailsAsBefore) {
   const std::string random(16, '\x07');
   for (const Statements& st : {Plain(), Cluster()}) {
     // Release before Acquire: failed, the state named.
     std::unique_ptr<LockMachine> m = MakeLockMachine(st, kId, LockOptions{});
-    m->Release({0, random});
-    std::vector<LockAction> out = Drain(*m);
-    ASSERT_EQ(out.size(), 1u);
-    EXPECT_EQ(out[0].kind, LockAction::Kind::kFailed);
-    EXPECT_THAT(out[0].status, StatusIs(absl::StatusCode::kFailedPrecondition,
-                                        HasSubstr("lock misuse: event \"release\" in state \"idle\"")));
+    LockOutput out = m->Release({0, random});
+    EXPECT_EQ(out.outcome, LockOutput::Outcome::kFailed);
+    EXPECT_EQ(out.next, LockOutput::Next::kNone);
+    EXPECT_THAT(out.status, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                     HasSubstr("lock misuse: event \"release\" in state \"idle\"")));
     EXPECT_EQ(m->state(), LockState::kFailed);
 
     // An answer with no request outstanding while held: lost, not failed.
@@ -136,24 +129,24 @@ TEST(LockTable, MisuseFailsAsBefore) {
       m->OnResponse(Ok(""), {1, random});                 // no claims: claim
       m->OnResponse(Ok(""), {2, random});                 // claimed: read again
       const std::string row = absl::StrCat(m->lock_id(), "\t1\t0\t100\t300\t\t100\n");
-      m->OnResponse(Ok(row), {3, random});                // ours alone
+      out = m->OnResponse(Ok(row), {3, random});          // ours alone
     } else {
-      m->OnResponse(Ok(), {1, random});                   // created
+      out = m->OnResponse(Ok(), {1, random});             // created
     }
-    Drain(*m);
+    // Acquired, and the first renewal armed, in one output.
+    EXPECT_EQ(out.outcome, LockOutput::Outcome::kAcquired);
+    EXPECT_EQ(out.next, LockOutput::Next::kWait);
+    EXPECT_EQ(out.timer, LockTimer::kRenewal);
     ASSERT_EQ(m->state(), LockState::kHeld);
-    m->OnResponse(Ok(), {4, random});
-    out = Drain(*m);
-    ASSERT_EQ(out.size(), 1u);
-    EXPECT_EQ(out[0].kind, LockAction::Kind::kLost);
-    EXPECT_THAT(out[0].status, StatusIs(absl::StatusCode::kFailedPrecondition,
-                                        HasSubstr("lock misuse: event \"ok\" in state \"held\"")));
+    out = m->OnResponse(Ok(), {4, random});
+    EXPECT_EQ(out.outcome, LockOutput::Outcome::kLost);
+    EXPECT_EQ(out.next, LockOutput::Next::kNone);
+    EXPECT_THAT(out.status, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                     HasSubstr("lock misuse: event \"ok\" in state \"held\"")));
     EXPECT_FALSE(m->LeaseValid(5));
     // ... and anything after the end is misuse too.
-    m->Acquire({6, random});
-    out = Drain(*m);
-    ASSERT_EQ(out.size(), 1u);
-    EXPECT_THAT(std::string(out[0].status.message()), HasSubstr("lock misuse: event \"acquire\" in state \"lost\""));
+    out = m->Acquire({6, random});
+    EXPECT_THAT(std::string(out.status.message()), HasSubstr("lock misuse: event \"acquire\" in state \"lost\""));
   }
 }
 
@@ -273,48 +266,44 @@ void Walk(const Statements& st, uint64_t seed, std::map<std::string, int>* outco
   std::optional<SqlRequest> in_flight;
   std::optional<int64_t> timer_at;
   bool released = false;
-  m->Acquire({now, random()});
+  LockOutput o = m->Acquire({now, random()});
   for (int step = 0; step < 200; ++step) {
-    bool over = false;
-    for (LockAction& a : Drain(*m)) {
-      switch (a.kind) {
-        case LockAction::Kind::kRunSql:
-          ASSERT_FALSE(in_flight.has_value()) << "two requests in flight";
-          in_flight = a.request;
-          break;
-        case LockAction::Kind::kArmTimer:
-          ASSERT_NE(a.timer, LockTimer::kNone);
-          timer_at = now + a.delay_ms;
-          break;
-        case LockAction::Kind::kAcquired:
-          break;
-        case LockAction::Kind::kReleased:
-        case LockAction::Kind::kFailed:
-        case LockAction::Kind::kLost:
-          ASSERT_THAT(std::string(a.status.message()), ::testing::Not(HasSubstr("no row")));
-          ASSERT_THAT(std::string(a.status.message()), ::testing::Not(HasSubstr("misuse")));
-          ++(*outcomes)[absl::StrCat(LockStateName(m->state()), " ", absl::StatusCodeToString(a.status.code()))];
-          over = true;
-          break;
-      }
+    switch (o.next) {
+      case LockOutput::Next::kRunSql:
+        ASSERT_FALSE(in_flight.has_value()) << "two requests in flight";
+        in_flight = o.request;
+        break;
+      case LockOutput::Next::kWait:
+        ASSERT_NE(o.timer, LockTimer::kNone);
+        timer_at = now + o.wait_ms;
+        break;
+      case LockOutput::Next::kNone:
+        break;
     }
-    if (over) return;
+    if (o.outcome == LockOutput::Outcome::kReleased || o.outcome == LockOutput::Outcome::kFailed ||
+        o.outcome == LockOutput::Outcome::kLost) {
+      ASSERT_THAT(std::string(o.status.message()), ::testing::Not(HasSubstr("no row")));
+      ASSERT_THAT(std::string(o.status.message()), ::testing::Not(HasSubstr("two next steps")));
+      ASSERT_THAT(std::string(o.status.message()), ::testing::Not(HasSubstr("misuse")));
+      ++(*outcomes)[absl::StrCat(LockStateName(m->state()), " ", absl::StatusCodeToString(o.status.code()))];
+      return;
+    }
     const uint64_t what = rng() % 10;
     now += static_cast<int64_t>(rng() % 3000);
     if (what == 0 && !released) {
       released = true;
-      m->Release({now, random()});
+      o = m->Release({now, random()});
     } else if (in_flight) {
       const SqlRequest req = *in_flight;
       in_flight.reset();
-      m->OnResponse(answers.For(req, now), {now, random()});
+      o = m->OnResponse(answers.For(req, now), {now, random()});
     } else if (timer_at) {
       now = std::max(now, *timer_at);
       timer_at.reset();
-      m->OnTimer({now, random()});
+      o = m->OnTimer({now, random()});
     } else if (!released) {
       released = true;
-      m->Release({now, random()});
+      o = m->Release({now, random()});
     } else {
       FAIL() << "the machine waits for nothing in state " << LockStateName(m->state());
     }

@@ -19,26 +19,31 @@ namespace chstate {
 namespace part {
 namespace {
 
-// Sends what a lock machine sends (its waiter rows included) and waits what
-// it says until it reports an outcome (acquired, released, failed, lost),
-// which it leaves in *out. A renewal timer armed as the machine became the
-// holder is not run inside a task (the lease is checked before every write
-// instead): it is the outcome of a renewal, and skipped otherwise. A
-// back-off after a read that found another process holding the lock is
+// Gives the lock machine its first input (`start`), then sends what it
+// sends (its waiter rows included) and waits what it says until it reports
+// an outcome (acquired, released, failed, lost), which it leaves in *out
+// (with what the machine does next: a renewal armed as it became the
+// holder). A renewal that finished arms the next one: that is its outcome.
+// A back-off after a read that found another process holding the lock is
 // told (lock_waiting), and noted in *waited when given.
 class DriveLockOp final : public StorePart {
  public:
-  DriveLockOp(StoreSteps& s, StoreSteps::LockPtr m, LockAction* out, bool* waited)
-      : StorePart(s), m_(std::move(m)), out_(out), waited_(waited) {}
+  DriveLockOp(StoreSteps& s, StoreSteps::LockPtr m, LockStart start, LockOutput* out, bool* waited)
+      : StorePart(s), m_(std::move(m)), start_(start), out_(out), waited_(waited) {}
   std::string Where() const override {
     return absl::StrCat("the lock on \"", PrintableId(m_->state_id()), "\" (", LockStateName(m_->state()), ")");
   }
 
   Next Resume(const Reply& r) override {
     const Inputs& in = s_.inputs();
-    if (r.kind == Reply::Kind::kAnswer) {
+    LockOutput o;
+    if (r.kind == Reply::Kind::kStart) {
+      o = start_ == LockStart::kAcquire   ? m_->Acquire(in)
+          : start_ == LockStart::kRelease ? m_->Release(in)
+                                          : m_->OnTimer(in);
+    } else if (r.kind == Reply::Kind::kAnswer) {
       const bool waiter_row = m_->state() == LockState::kAnnouncing;
-      m_->OnResponse(*r.answer, in);
+      o = m_->OnResponse(*r.answer, in);
       // A waiter row's answer is no read: the holder seen before stands.
       if (!waiter_row) {
         holder_ = m_->sighting().live_holder;
@@ -46,27 +51,23 @@ class DriveLockOp final : public StorePart {
         holder_stale_s_ = m_->sighting().inspection.stale_s;
       }
     } else if (r.kind == Reply::Kind::kTimer) {
-      m_->OnTimer(in);
+      o = m_->OnTimer(in);
     }
-    while (std::optional<LockAction> a = m_->Poll()) {
-      switch (a->kind) {
-        case LockAction::Kind::kRunSql:
-          return Next::Send(std::move(a->request));
-        case LockAction::Kind::kArmTimer:
-          if (a->timer == LockTimer::kRenewal) {
-            if (m_->state() != LockState::kHeld) continue;  // armed as it became the holder, released since
-            *out_ = *std::move(a);  // a renewal that finished arms the next one: that is its outcome
-            return Next::Done();
-          }
-          // The back-off before the next attempt, or (cluster mode) a quorum
-          // insert answered 286 sent again after a moment.
-          if (a->timer != LockTimer::kBackOff) return Next::Wait(TimerKind::kQuorumBusy, a->delay_ms);
-          if (!holder_.empty()) TellWaiting(a->delay_ms);
-          return Next::Wait(TimerKind::kLockRetry, a->delay_ms);
-        default:
-          *out_ = *std::move(a);
-          return Next::Done();
-      }
+    if (o.outcome != LockOutput::Outcome::kNone || (o.next == LockOutput::Next::kWait && o.timer == LockTimer::kRenewal)) {
+      *out_ = std::move(o);
+      return Next::Done();
+    }
+    switch (o.next) {
+      case LockOutput::Next::kRunSql:
+        return Next::Send(std::move(o.request));
+      case LockOutput::Next::kWait:
+        // The back-off before the next attempt, or (cluster mode) a quorum
+        // insert answered 286 sent again after a moment.
+        if (o.timer != LockTimer::kBackOff) return Next::Wait(TimerKind::kQuorumBusy, o.wait_ms);
+        if (!holder_.empty()) TellWaiting(o.wait_ms);
+        return Next::Wait(TimerKind::kLockRetry, o.wait_ms);
+      case LockOutput::Next::kNone:
+        break;
     }
     return Next::Fail(absl::InternalError(
         absl::StrCat("the lock stopped in state ", LockStateName(m_->state()), " without an outcome")));
@@ -90,7 +91,8 @@ class DriveLockOp final : public StorePart {
   }
 
   StoreSteps::LockPtr m_;
-  LockAction* out_;
+  const LockStart start_;
+  LockOutput* out_;
   bool* waited_;
   // The other process the lock's last read found holding it (empty: none),
   // how long ago it renewed and the stale window it wrote, by the server.
@@ -103,8 +105,13 @@ class DriveLockOp final : public StorePart {
 // into *out; *waited tells whether it waited for another process.
 class AcquireOp final : public StorePart {
  public:
-  AcquireOp(StoreSteps& s, std::string id, StoreSteps::LockPtr* out, bool* waited)
-      : StorePart(s), id_(std::move(id)), out_(out), waited_(waited), deadline_(s, TimerKind::kLockDeadline) {}
+  AcquireOp(StoreSteps& s, std::string id, StoreSteps::LockPtr* out, bool* waited, int64_t* renew_in_ms)
+      : StorePart(s),
+        id_(std::move(id)),
+        out_(out),
+        waited_(waited),
+        deadline_(s, TimerKind::kLockDeadline),
+        renew_in_ms_(renew_in_ms) {}
   std::string Where() const override {
     const std::string id = PrintableId(id_);
     switch (stage_) {
@@ -142,7 +149,7 @@ class AcquireOp final : public StorePart {
         return Take();
       }
       case Stage::kTaking:
-        if (outcome_.kind != LockAction::Kind::kAcquired) return Next::Fail(s_.ExplainCluster(outcome_.status));
+        if (outcome_.outcome != LockOutput::Outcome::kAcquired) return Next::Fail(s_.ExplainCluster(outcome_.status));
         if (o.python_locks) {
           stage_ = Stage::kClaimingFromPython;
           return Next::Try(ClaimFromPython(s_, m_, &python_holder_));
@@ -216,9 +223,8 @@ class AcquireOp final : public StorePart {
     machine_options.write_waiter_rows = true;
     machine_options.timers = &s_.timers();
     m_ = MakeLockMachine(s_.st(), id_, options, machine_options);
-    m_->Acquire(s_.inputs());
     stage_ = Stage::kTaking;
-    return Next::Call(DriveLock(s_, m_, &outcome_, waited_));
+    return Next::Call(DriveLock(s_, m_, LockStart::kAcquire, &outcome_, waited_));
   }
 
   // A Python backend's process holds the id: try again after the retry
@@ -258,6 +264,8 @@ class AcquireOp final : public StorePart {
 
   Next Acquired() {
     *out_ = m_;
+    // The first renewal the machine armed as it became the holder.
+    if (renew_in_ms_ != nullptr) *renew_in_ms_ = outcome_.wait_ms;
     return Next::Done();
   }
 
@@ -267,7 +275,8 @@ class AcquireOp final : public StorePart {
   bool* waited_;
   OpDeadline deadline_;  // the lock timeout, from the first attempt
   StoreSteps::LockPtr m_;
-  LockAction outcome_{LockAction::Kind::kFailed};
+  LockOutput outcome_;
+  int64_t* renew_in_ms_;
   std::string python_holder_;  // python_locks: the Python process found holding the id
   absl::Status failure_;       // what failed while the lock was held (kAbandoning)
 };
@@ -295,7 +304,7 @@ class ReleaseOp final : public StorePart {
       case Stage::kWithdrawing:
         return Drop();  // dropped anyway, whatever became of the marker
       case Stage::kReleasing:
-        if (outcome_.kind == LockAction::Kind::kReleased) return Next::Done();
+        if (outcome_.outcome == LockOutput::Outcome::kReleased) return Next::Done();
         return Next::Fail(s_.ExplainCluster(outcome_.status));
     }
     return Next::Fail(absl::InternalError("release: no such stage"));
@@ -305,24 +314,24 @@ class ReleaseOp final : public StorePart {
   enum class Stage { kStart, kWithdrawing, kReleasing };
 
   Next Drop() {
-    m_->Release(s_.inputs());
     stage_ = Stage::kReleasing;
-    return Next::Call(DriveLock(s_, m_, &outcome_));
+    return Next::Call(DriveLock(s_, m_, LockStart::kRelease, &outcome_));
   }
 
   Stage stage_ = Stage::kStart;
   StoreSteps::LockPtr m_;
-  LockAction outcome_{LockAction::Kind::kFailed};
+  LockOutput outcome_;
 };
 
 }  // namespace
 
-std::unique_ptr<Op> DriveLock(StoreSteps& s, StoreSteps::LockPtr m, LockAction* out, bool* waited) {
-  return std::make_unique<DriveLockOp>(s, std::move(m), out, waited);
+std::unique_ptr<Op> DriveLock(StoreSteps& s, StoreSteps::LockPtr m, LockStart start, LockOutput* out, bool* waited) {
+  return std::make_unique<DriveLockOp>(s, std::move(m), start, out, waited);
 }
 
-std::unique_ptr<Op> Acquire(StoreSteps& s, std::string id, StoreSteps::LockPtr* out, bool* waited) {
-  return std::make_unique<AcquireOp>(s, std::move(id), out, waited);
+std::unique_ptr<Op> Acquire(StoreSteps& s, std::string id, StoreSteps::LockPtr* out, bool* waited,
+                            int64_t* renew_in_ms) {
+  return std::make_unique<AcquireOp>(s, std::move(id), out, waited, renew_in_ms);
 }
 
 std::unique_ptr<Op> Release(StoreSteps& s, StoreSteps::LockPtr m) { return std::make_unique<ReleaseOp>(s, std::move(m)); }

@@ -56,10 +56,8 @@ void StoreSteps::SettleAbandonedRenewals() {
     never.transport_ok = false;
     never.maybe_delivered = true;
     never.transport_error = "the renewal's task was abandoned before its answer came";
-    held.machine->OnResponse(never, *in_);
-    while (std::optional<LockAction> a = held.machine->Poll()) {
-      if (a->kind == LockAction::Kind::kArmTimer) s_->timers_.Set(TimerKind::kRenewal, id, in_->now_ms + a->delay_ms);
-    }
+    LockOutput o = held.machine->OnResponse(never, *in_);
+    if (o.next == LockOutput::Next::kWait) s_->timers_.Set(TimerKind::kRenewal, id, in_->now_ms + o.wait_ms);
   }
 }
 
@@ -87,9 +85,8 @@ class RenewOp final : public StorePart {
         auto it = s_.held().find(id_);
         if (it == s_.held().end() || it->second.machine->state() != LockState::kHeld) return Lost(StoreSteps::LostLock(id_));
         m_ = it->second.machine;
-        m_->OnTimer(s_.inputs());
         stage_ = Stage::kRenewing;
-        return Next::Call(part::DriveLock(s_, m_, &outcome_));
+        return Next::Call(part::DriveLock(s_, m_, part::LockStart::kTimer, &outcome_));
       }
       case Stage::kRenewing:
         return Renewed();
@@ -102,17 +99,17 @@ class RenewOp final : public StorePart {
  private:
   Next Renewed() {
     const Inputs& in = s_.inputs();
-    if (outcome_.kind == LockAction::Kind::kArmTimer) {
+    if (outcome_.next == LockOutput::Next::kWait && outcome_.outcome == LockOutput::Outcome::kNone) {
       // Confirmed (or inconclusive, to be tried again soon): the machine
       // names when the next renewal is due.
       auto it = s_.held().find(id_);
       if (it != s_.held().end() && it->second.machine == m_) {
-        s_.SetTimer(TimerKind::kRenewal, id_, in.now_ms + outcome_.delay_ms);
+        s_.SetTimer(TimerKind::kRenewal, id_, in.now_ms + outcome_.wait_ms);
       }
       s_.Tell(DiagnosticKind::kLeaseRenewed, DiagnosticLevel::kDebug, id_,
               absl::StrCat("the lock on \"", PrintableId(id_), "\" was renewed; its lease runs ",
-                           m_->lease_deadline_ms() - in.now_ms, " ms more, next renewal in ", outcome_.delay_ms, " ms"),
-              {{"lease_left_ms", m_->lease_deadline_ms() - in.now_ms}, {"next_renewal_ms", outcome_.delay_ms}});
+                           m_->lease_deadline_ms() - in.now_ms, " ms more, next renewal in ", outcome_.wait_ms, " ms"),
+              {{"lease_left_ms", m_->lease_deadline_ms() - in.now_ms}, {"next_renewal_ms", outcome_.wait_ms}});
       if (!s_.options().python_locks || m_->state() != LockState::kHeld) return Next::Done();
       stage_ = Stage::kMarker;
       return Next::Try(s_.SqlPart(s_.st().InsertLockMarker(id_, m_->lock_id()), "renewing the lock marker"));
@@ -134,7 +131,7 @@ class RenewOp final : public StorePart {
   std::string id_;
   bool* lost_;
   StoreSteps::LockPtr m_;
-  LockAction outcome_{LockAction::Kind::kFailed};
+  LockOutput outcome_;
 };
 
 // Renews the lock this store holds on `id` when its renewal is due. A lock
@@ -183,14 +180,13 @@ class RenewForWaitOp final : public StorePart {
         if (!m_ || m_->state_id() != id_ || m_->state() != LockState::kHeld) {
           return Next::Fail(StoreSteps::LostLock(id_));
         }
-        m_->OnTimer(s_.inputs());
         stage_ = Stage::kOwnRenewed;
-        return Next::Call(part::DriveLock(s_, m_, &outcome_));
+        return Next::Call(part::DriveLock(s_, m_, part::LockStart::kTimer, &outcome_));
       }
       case Stage::kHeldRenewed:
         return Next::Done();
       case Stage::kOwnRenewed:
-        if (outcome_.kind == LockAction::Kind::kArmTimer && m_->state() == LockState::kHeld) return Next::Done();
+        if (outcome_.next == LockOutput::Next::kWait && m_->state() == LockState::kHeld) return Next::Done();
         return Next::Fail(outcome_.status.ok() ? StoreSteps::LostLock(id_) : outcome_.status);
     }
     return Next::Fail(absl::InternalError("renew for a wait: no such stage"));
@@ -202,7 +198,7 @@ class RenewForWaitOp final : public StorePart {
   std::string id_;
   bool lost_ = false;
   StoreSteps::LockPtr m_;
-  LockAction outcome_{LockAction::Kind::kFailed};
+  LockOutput outcome_;
 };
 
 // Releases the held lock `m` on `id` (inspection and DROP) and then forgets

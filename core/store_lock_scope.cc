@@ -50,7 +50,7 @@ class AcquireLockOp final : public StorePart {
       }
       case Stage::kConnecting:
         stage_ = Stage::kAcquiring;
-        return Next::Call(part::Acquire(s_, id_, &m_, &waited_));
+        return Next::Call(part::Acquire(s_, id_, &m_, &waited_, &renew_in_ms_));
       case Stage::kAcquiring:
         return Acquired();
     }
@@ -61,11 +61,7 @@ class AcquireLockOp final : public StorePart {
   Next Acquired() {
     const Inputs& in = s_.inputs();
     // The machine's renewal timer, armed as it became the holder.
-    int64_t renew_in_ms = s_.options().lock.stale_ms / 3;
-    while (std::optional<LockAction> a = m_->Poll()) {
-      if (a->kind == LockAction::Kind::kArmTimer) renew_in_ms = a->delay_ms;
-    }
-    s_.Hold(id_, m_, in.now_ms + renew_in_ms);
+    s_.Hold(id_, m_, in.now_ms + renew_in_ms_);
     Result r = s_.Base();
     r.lock_id = m_->lock_id();
     r.waited_ms = in.now_ms - started_ms_;
@@ -77,6 +73,7 @@ class AcquireLockOp final : public StorePart {
   Stage stage_ = Stage::kStart;
   std::string id_;
   int64_t started_ms_ = 0;
+  int64_t renew_in_ms_ = 0;
   StoreSteps::LockPtr m_;
   bool waited_ = false;  // for another process
 };

@@ -224,13 +224,19 @@ std::unique_ptr<Op> Locked(StoreSteps& s, std::string id, std::unique_ptr<Op> bo
 
 // ---- store_lock.cc: an operation's lock ----
 
-// Sends what the lock machine `m` sends and waits what it says until its
-// outcome, into *out; *waited (when given) is set when a back-off followed
-// a read that found another process holding the lock.
-std::unique_ptr<Op> DriveLock(StoreSteps& s, StoreSteps::LockPtr m, LockAction* out, bool* waited = nullptr);
+// The input a DriveLock gives the lock machine first.
+enum class LockStart { kAcquire, kRelease, kTimer };
+// Gives the lock machine `m` the input `start`, then sends what it sends and
+// waits what it says until its outcome, into *out; *waited (when given) is
+// set when a back-off followed a read that found another process holding
+// the lock.
+std::unique_ptr<Op> DriveLock(StoreSteps& s, StoreSteps::LockPtr m, LockStart start, LockOutput* out,
+                              bool* waited = nullptr);
 // Takes the lock on `id` (waiting up to the lock timeout), into *out;
-// *waited says whether it waited for another process.
-std::unique_ptr<Op> Acquire(StoreSteps& s, std::string id, StoreSteps::LockPtr* out, bool* waited);
+// *waited says whether it waited for another process; *renew_in_ms (when
+// given) is when the machine's first renewal is due, from now.
+std::unique_ptr<Op> Acquire(StoreSteps& s, std::string id, StoreSteps::LockPtr* out, bool* waited,
+                            int64_t* renew_in_ms = nullptr);
 // Releases `m` (with python_locks, its marker first).
 std::unique_ptr<Op> Release(StoreSteps& s, StoreSteps::LockPtr m);
 

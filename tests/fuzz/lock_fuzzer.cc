@@ -41,7 +41,7 @@
 
 namespace {
 
-using chstate::LockAction;
+using chstate::LockOutput;
 using chstate::LockMachine;
 using chstate::SqlRequest;
 using chstate::SqlResponse;
@@ -143,7 +143,7 @@ class Harness {
         c = Contender{c.options, c.offset_ms};
         c.lock = chstate::MakeLockMachine(*st_, kStateId, c.options);
         c.terminal = false;
-        Deliver(who, [&](const chstate::Inputs& in) { c.lock->Acquire(in); });
+        Deliver(who, [&](const chstate::Inputs& in) { return c.lock->Acquire(in); });
         return;
       }
       case 1:
@@ -152,20 +152,20 @@ class Harness {
         Pending p = std::move(*c.in_flight);
         c.in_flight.reset();
         t_ = std::max(t_, p.ready_ms);
-        Deliver(who, [&](const chstate::Inputs& in) { c.lock->OnResponse(p.answer, in); });
+        Deliver(who, [&](const chstate::Inputs& in) { return c.lock->OnResponse(p.answer, in); });
         return;
       }
       case 3: {  // the timer fires (possibly late)
         if (c.crashed || !c.timer_true_ms) return;
         t_ = std::max(t_, *c.timer_true_ms);
         c.timer_true_ms.reset();
-        Deliver(who, [&](const chstate::Inputs& in) { c.lock->OnTimer(in); });
+        Deliver(who, [&](const chstate::Inputs& in) { return c.lock->OnTimer(in); });
         return;
       }
       case 4: {  // the user releases, or gives up while acquiring
         if (c.crashed || c.terminal || c.release_called) return;
         c.release_called = true;
-        Deliver(who, [&](const chstate::Inputs& in) { c.lock->Release(in); });
+        Deliver(who, [&](const chstate::Inputs& in) { return c.lock->Release(in); });
         return;
       }
       case 5:  // time passes
@@ -192,11 +192,11 @@ class Harness {
         t_ = std::max(t_, next);
         if (timer) {
           d.timer_true_ms.reset();
-          Deliver(target, [&](const chstate::Inputs& in) { d.lock->OnTimer(in); });
+          Deliver(target, [&](const chstate::Inputs& in) { return d.lock->OnTimer(in); });
         } else {
           Pending p = std::move(*d.in_flight);
           d.in_flight.reset();
-          Deliver(target, [&](const chstate::Inputs& in) { d.lock->OnResponse(p.answer, in); });
+          Deliver(target, [&](const chstate::Inputs& in) { return d.lock->OnResponse(p.answer, in); });
         }
       }
     }
@@ -206,70 +206,77 @@ class Harness {
   void Deliver(size_t who, F input) {
     Contender& c = cs_[who];
     const chstate::Inputs in = In(c);
-    input(in);
-    Drain(who, in.now_ms);
+    Take(who, in.now_ms, input(in));
     CheckExclusion();
   }
 
-  void Drain(size_t who, int64_t now) {
+  // The machine's one output for the input just given: its outcome, then
+  // its next step.
+  void Take(size_t who, int64_t now, LockOutput o) {
     Contender& c = cs_[who];
-    while (std::optional<LockAction> a = c.lock->Poll()) {
-      FUZZ_CHECK(!c.terminal, "an action after the machine finished");
-      switch (a->kind) {
-        case LockAction::Kind::kRunSql: {
-          const std::string& purpose = a->request.purpose;
-          FUZZ_CHECK(!c.in_flight, "two requests in flight: " + purpose + " while " + c.in_flight->purpose);
-          if (purpose == "drop_lock" || purpose == "renew_lock") {
-            FUZZ_CHECK(now < c.lock->lease_deadline_ms(), purpose + " sent after the lease deadline");
-          }
-          Pending p;
-          p.purpose = purpose;
-          // 0-1: normal; 2: the statement ran but its answer was lost;
-          // 3: it never arrived (the connection failed first).
-          const int fate = in_.ConsumeIntegralInRange<int>(0, 3);
-          if (fate == 3) {
-            p.answer.transport_ok = false;
-            p.answer.maybe_delivered = in_.ConsumeBool();
-            p.answer.transport_error = "connection refused (fuzz)";
-            p.ready_ms = t_;
-          } else {
-            chstate::sim::Execution x = server_->Execute(a->request, t_);
-            p.ready_ms = x.done_ms;
-            if (fate == 2) {
-              p.answer.transport_ok = false;
-              p.answer.maybe_delivered = true;
-              p.answer.transport_error = "connection reset (fuzz)";
-            } else {
-              p.answer = std::move(x.response);
-            }
-          }
-          c.in_flight = std::move(p);
-          break;
+    FUZZ_CHECK(!c.terminal || (o.outcome == LockOutput::Outcome::kNone && o.next == LockOutput::Next::kNone),
+               "an action after the machine finished");
+    switch (o.outcome) {
+      case LockOutput::Outcome::kNone:
+        break;
+      case LockOutput::Outcome::kAcquired:
+        // Acquired after the user cancelled: the machine lets go by itself
+        // and the user never acts under it.
+        if (!c.release_called) c.acquired = true;
+        ++stats.acquired;
+        break;
+      case LockOutput::Outcome::kReleased:
+      case LockOutput::Outcome::kFailed:
+      case LockOutput::Outcome::kLost:
+        ++(o.outcome == LockOutput::Outcome::kReleased ? stats.released
+           : o.outcome == LockOutput::Outcome::kFailed ? stats.failed
+                                                        : stats.lost);
+        FUZZ_CHECK(o.status.message().find("misuse") == absl::string_view::npos,
+                   "misuse reported: " + o.status.ToString());
+        c.terminal = true;
+        c.acquired = false;
+        c.in_flight.reset();
+        c.timer_true_ms.reset();
+        FUZZ_CHECK(o.next == LockOutput::Next::kNone, "an action after the machine finished");
+        return;
+    }
+    switch (o.next) {
+      case LockOutput::Next::kNone:
+        break;
+      case LockOutput::Next::kRunSql: {
+        const std::string& purpose = o.request.purpose;
+        FUZZ_CHECK(!c.in_flight, "two requests in flight: " + purpose + " while " + c.in_flight->purpose);
+        if (purpose == "drop_lock" || purpose == "renew_lock") {
+          FUZZ_CHECK(now < c.lock->lease_deadline_ms(), purpose + " sent after the lease deadline");
         }
-        case LockAction::Kind::kArmTimer:
-          FUZZ_CHECK(a->delay_ms >= 0, "negative timer");
-          c.timer_true_ms = t_ + a->delay_ms;
-          break;
-        case LockAction::Kind::kAcquired:
-          // Acquired after the user cancelled: the machine lets go by itself
-          // and the user never acts under it.
-          if (!c.release_called) c.acquired = true;
-          ++stats.acquired;
-          break;
-        case LockAction::Kind::kReleased:
-        case LockAction::Kind::kFailed:
-        case LockAction::Kind::kLost:
-          ++(a->kind == LockAction::Kind::kReleased ? stats.released
-             : a->kind == LockAction::Kind::kFailed ? stats.failed
-                                                     : stats.lost);
-          FUZZ_CHECK(a->status.message().find("misuse") == absl::string_view::npos,
-                     "misuse reported: " + a->status.ToString());
-          c.terminal = true;
-          c.acquired = false;
-          c.in_flight.reset();
-          c.timer_true_ms.reset();
-          break;
+        Pending p;
+        p.purpose = purpose;
+        // 0-1: normal; 2: the statement ran but its answer was lost;
+        // 3: it never arrived (the connection failed first).
+        const int fate = in_.ConsumeIntegralInRange<int>(0, 3);
+        if (fate == 3) {
+          p.answer.transport_ok = false;
+          p.answer.maybe_delivered = in_.ConsumeBool();
+          p.answer.transport_error = "connection refused (fuzz)";
+          p.ready_ms = t_;
+        } else {
+          chstate::sim::Execution x = server_->Execute(o.request, t_);
+          p.ready_ms = x.done_ms;
+          if (fate == 2) {
+            p.answer.transport_ok = false;
+            p.answer.maybe_delivered = true;
+            p.answer.transport_error = "connection reset (fuzz)";
+          } else {
+            p.answer = std::move(x.response);
+          }
+        }
+        c.in_flight = std::move(p);
+        break;
       }
+      case LockOutput::Next::kWait:
+        FUZZ_CHECK(o.wait_ms >= 0, "negative timer");
+        c.timer_true_ms = t_ + o.wait_ms;
+        break;
     }
   }
 

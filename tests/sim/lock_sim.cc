@@ -46,11 +46,16 @@ class MachineLock : public SimLock {
       : m_(MakeLockMachine(st, kStateId, options)) {
     m_->SetDefectsForTesting(defects);
   }
-  void Acquire(const Inputs& in) override { m_->Acquire(in); }
-  void Release(const Inputs& in) override { m_->Release(in); }
-  void OnResponse(const SqlResponse& r, const Inputs& in) override { m_->OnResponse(r, in); }
-  void OnTimer(const Inputs& in) override { m_->OnTimer(in); }
-  std::optional<LockAction> Poll() override { return m_->Poll(); }
+  void Acquire(const Inputs& in) override { Take(m_->Acquire(in)); }
+  void Release(const Inputs& in) override { Take(m_->Release(in)); }
+  void OnResponse(const SqlResponse& r, const Inputs& in) override { Take(m_->OnResponse(r, in)); }
+  void OnTimer(const Inputs& in) override { Take(m_->OnTimer(in)); }
+  std::optional<SimAction> Poll() override {
+    if (out_.empty()) return std::nullopt;
+    SimAction a = std::move(out_.front());
+    out_.pop_front();
+    return a;
+  }
   bool LeaseValid(int64_t now_ms) const override { return m_->LeaseValid(now_ms); }
   int64_t lease_deadline_ms() const override { return m_->lease_deadline_ms(); }
   std::string lock_id() const override { return m_->lock_id(); }
@@ -58,7 +63,38 @@ class MachineLock : public SimLock {
   bool Held() const override { return m_->state() == LockState::kHeld; }
 
  private:
+  // The machine's one output per input, as the simulation's actions.
+  void Take(LockOutput o) {
+    switch (o.outcome) {
+      case LockOutput::Outcome::kNone: break;
+      case LockOutput::Outcome::kAcquired: out_.push_back(SimAction{SimAction::Kind::kAcquired}); break;
+      case LockOutput::Outcome::kReleased: out_.push_back(SimAction{SimAction::Kind::kReleased}); break;
+      case LockOutput::Outcome::kFailed:
+        out_.push_back(SimAction{SimAction::Kind::kFailed, {}, 0, std::move(o.status)});
+        break;
+      case LockOutput::Outcome::kLost:
+        out_.push_back(SimAction{SimAction::Kind::kLost, {}, 0, std::move(o.status)});
+        break;
+    }
+    switch (o.next) {
+      case LockOutput::Next::kNone: break;
+      case LockOutput::Next::kRunSql: {
+        SimAction a{SimAction::Kind::kRunSql};
+        a.request = std::move(o.request);
+        out_.push_back(std::move(a));
+        break;
+      }
+      case LockOutput::Next::kWait: {
+        SimAction a{SimAction::Kind::kArmTimer, {}, o.wait_ms};
+        a.timer = o.timer;
+        out_.push_back(std::move(a));
+        break;
+      }
+    }
+  }
+
   std::unique_ptr<LockMachine> m_;
+  std::deque<SimAction> out_;
 };
 
 // The lock through a whole store, as a host uses it: AcquireLock and
@@ -89,7 +125,7 @@ class StoreLock : public SimLock {
       // The user gave up waiting: the store forgets the acquisition.
       conn_->Abandon(op_, In(in));
       phase_ = Phase::kOver;
-      out_.push_back(LockAction{LockAction::Kind::kFailed, {}, 0, absl::CancelledError("cancelled")});
+      out_.push_back(SimAction{SimAction::Kind::kFailed, {}, 0, absl::CancelledError("cancelled")});
       return;
     }
     if (phase_ != Phase::kHeld) return;
@@ -113,11 +149,11 @@ class StoreLock : public SimLock {
     conn_->HandleTimeout(In(in));
     Pump(in);
   }
-  std::optional<LockAction> Poll() override {
+  std::optional<SimAction> Poll() override {
     if (out_.empty()) return std::nullopt;
-    LockAction a = std::move(out_.front());
+    SimAction a = std::move(out_.front());
     out_.pop_front();
-    if (a.kind == LockAction::Kind::kRunSql) {
+    if (a.kind == SimAction::Kind::kRunSql) {
       last_op_ = sent_.front().first;
       last_lock_id_ = sent_.front().second;
       sent_.pop_front();
@@ -154,7 +190,7 @@ class StoreLock : public SimLock {
     while (std::optional<Transmit> t = conn_->PollTransmit()) {
       const bool acquiring = phase_ == Phase::kAcquiring && t->op == op_;
       sent_.emplace_back(t->op, acquiring || held_id_->empty() ? lock_id_ : *held_id_);
-      LockAction a{LockAction::Kind::kRunSql};
+      SimAction a{SimAction::Kind::kRunSql};
       a.request = std::move(t->request);
       out_.push_back(std::move(a));
     }
@@ -164,7 +200,7 @@ class StoreLock : public SimLock {
         // between rounds; the store forgets it and the next round starts afresh.
         if (shared_ && phase_ != Phase::kHeld) continue;
         phase_ = Phase::kOver;
-        out_.push_back(LockAction{LockAction::Kind::kLost, {}, 0, e->status});
+        out_.push_back(SimAction{SimAction::Kind::kLost, {}, 0, e->status});
       } else if (phase_ == Phase::kAcquiring && e->op == op_) {
         phase_ = e->ok ? Phase::kHeld : Phase::kOver;
         if (e->ok) {
@@ -172,16 +208,16 @@ class StoreLock : public SimLock {
           lock_id_ = e->result.lock_id;
           *held_id_ = lock_id_;
         }
-        out_.push_back(e->ok ? LockAction{LockAction::Kind::kAcquired}
-                             : LockAction{LockAction::Kind::kFailed, {}, 0, e->status});
+        out_.push_back(e->ok ? SimAction{SimAction::Kind::kAcquired}
+                             : SimAction{SimAction::Kind::kFailed, {}, 0, e->status});
       } else if (phase_ == Phase::kReleasing && e->op == op_) {
         phase_ = Phase::kOver;
-        out_.push_back(e->ok ? LockAction{LockAction::Kind::kReleased}
-                             : LockAction{LockAction::Kind::kLost, {}, 0, e->status});
+        out_.push_back(e->ok ? SimAction{SimAction::Kind::kReleased}
+                             : SimAction{SimAction::Kind::kLost, {}, 0, e->status});
       }
     }
     if (std::optional<int64_t> at = conn_->PollTimeout()) {
-      out_.push_back(LockAction{LockAction::Kind::kArmTimer, {}, std::max<int64_t>(*at - in.now_ms, 0)});
+      out_.push_back(SimAction{SimAction::Kind::kArmTimer, {}, std::max<int64_t>(*at - in.now_ms, 0)});
     }
   }
 
@@ -199,7 +235,7 @@ class StoreLock : public SimLock {
   std::deque<std::pair<uint64_t, std::string>> sent_;
   uint64_t last_op_ = 0;
   std::string last_lock_id_;
-  std::deque<LockAction> out_;
+  std::deque<SimAction> out_;
 };
 
 std::string Short(const std::string& lock_id) { return lock_id.empty() ? "\"\"" : lock_id.substr(0, 6); }
@@ -943,9 +979,9 @@ void Sim::Handle(const Event& e) {
 }
 
 void Sim::Drain(Contender& c, int64_t t, int64_t now) {
-  while (std::optional<LockAction> a = c.lock->Poll()) {
+  while (std::optional<SimAction> a = c.lock->Poll()) {
     switch (a->kind) {
-      case LockAction::Kind::kRunSql: {
+      case SimAction::Kind::kRunSql: {
         const std::string& purpose = a->request.purpose;
         // Acts under the lock go out only while the lease is valid.
         const bool release_row = purpose == "end_claim" && c.lock->StateName() == "dropping";
@@ -959,7 +995,7 @@ void Sim::Drain(Contender& c, int64_t t, int64_t now) {
         Send(c, t, std::move(a->request));
         break;
       }
-      case LockAction::Kind::kArmTimer: {
+      case SimAction::Kind::kArmTimer: {
         ++c.timer_gen;  // replaces any earlier timer
         if (a->delay_ms < 0) Violation(t, Name(c.index), " armed a timer with a negative delay");
         if ((cfg_.ignore_lease || c.no_renewals) && c.lock->Held()) {
@@ -970,7 +1006,7 @@ void Sim::Drain(Contender& c, int64_t t, int64_t now) {
         Push(t + std::max<int64_t>(a->delay_ms, 0), Ev::kTimer, c.index, c.timer_gen, c.attempt);
         break;
       }
-      case LockAction::Kind::kAcquired: {
+      case SimAction::Kind::kAcquired: {
         ++result_.acquisitions;
         if (c.cancelled) {
           // Acquired after the user gave up: the machine releases it by
@@ -1008,14 +1044,14 @@ void Sim::Drain(Contender& c, int64_t t, int64_t now) {
         Push(t + Uniform(0, cfg_.write_every_max_ms), Ev::kWrite, c.index, 0, c.attempt);
         break;
       }
-      case LockAction::Kind::kReleased:
+      case SimAction::Kind::kReleased:
         ++result_.releases;
         TRACE(t, Name(c.index), " RELEASED");
         EndRound(c, t);
         break;
-      case LockAction::Kind::kFailed:
-      case LockAction::Kind::kLost: {
-        bool lost = a->kind == LockAction::Kind::kLost;
+      case SimAction::Kind::kFailed:
+      case SimAction::Kind::kLost: {
+        bool lost = a->kind == SimAction::Kind::kLost;
         ++(lost ? result_.losses : result_.failures);
         TRACE(t, Name(c.index), lost ? " LOST: " : " FAILED: ", a->status.ToString());
         if (absl::StrContains(a->status.message(), "misuse")) {

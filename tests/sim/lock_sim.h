@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "core/defaults.h"
 #include "core/lock.h"
 #include "core/lock_machine.h"
@@ -56,7 +57,19 @@
 
 namespace chstate::sim {
 
-// What a contender drives: the same inputs and outputs as LockMachine.
+// One thing a contender's lock asks of the simulation, in the order asked.
+// A lock machine's LockOutput is its outcome first, then its next step (a
+// request, or a timer: kArmTimer replaces any earlier one).
+struct SimAction {
+  enum class Kind { kRunSql, kArmTimer, kAcquired, kReleased, kFailed, kLost };
+  Kind kind;
+  SqlRequest request;   // kRunSql
+  int64_t delay_ms = 0; // kArmTimer: fire OnTimer after this long
+  absl::Status status;  // kFailed, kLost
+  LockTimer timer = LockTimer::kNone;  // kArmTimer
+};
+
+// What a contender drives: LockMachine's inputs, its outputs as SimActions.
 class SimLock {
  public:
   virtual ~SimLock() = default;
@@ -64,7 +77,7 @@ class SimLock {
   virtual void Release(const Inputs& in) = 0;
   virtual void OnResponse(const SqlResponse& response, const Inputs& in) = 0;
   virtual void OnTimer(const Inputs& in) = 0;
-  virtual std::optional<LockAction> Poll() = 0;
+  virtual std::optional<SimAction> Poll() = 0;
   virtual bool LeaseValid(int64_t now_ms) const = 0;
   virtual int64_t lease_deadline_ms() const = 0;
   virtual std::string lock_id() const = 0;
