@@ -28,14 +28,12 @@ void Connection::StartNext(const Inputs& in) {
 void Connection::Take(Action action, const Inputs& in) {
   switch (action.kind) {
     case Action::Kind::kRunSql: {
-      phase_ = Phase::kAwaitingAnswer;
       const int64_t deadline_ms = in.now_ms + action.request.timeout_ms;
       transmits_.push_back(Transmit{current_->id, std::move(action.request), deadline_ms});
       return;
     }
     case Action::Kind::kWait:
       // Its deadline is in the store's timer table (Task::WakeAt).
-      phase_ = Phase::kWaiting;
       return;
     case Action::Kind::kDone:
     case Action::Kind::kFailed: {
@@ -47,14 +45,13 @@ void Connection::Take(Action action, const Inputs& in) {
                                   current_->renewal});
       }
       current_.reset();
-      phase_ = Phase::kNone;
       return;
     }
   }
 }
 
 absl::Status Connection::HandleResponse(uint64_t op, const SqlResponse& response, const Inputs& in) {
-  if (!current_ || current_->id != op || phase_ != Phase::kAwaitingAnswer) {
+  if (!current_ || current_->id != op || !current_->task->awaiting_answer()) {
     return absl::FailedPreconditionError(
         absl::StrCat("an answer for operation ", op, ", which is not waiting for one (abandoned, or answered twice)"));
   }
@@ -62,15 +59,13 @@ absl::Status Connection::HandleResponse(uint64_t op, const SqlResponse& response
   transmits_.erase(std::remove_if(transmits_.begin(), transmits_.end(),
                                   [op](const Transmit& t) { return t.op == op; }),
                    transmits_.end());
-  phase_ = Phase::kNone;
   Take(current_->task->OnResponse(response, in), in);
   StartNext(in);
   return absl::OkStatus();
 }
 
 void Connection::HandleTimeout(const Inputs& in) {
-  if (current_ && phase_ == Phase::kWaiting && in.now_ms >= current_->task->WakeAt().value_or(0)) {
-    phase_ = Phase::kNone;
+  if (current_ && current_->task->waiting() && in.now_ms >= current_->task->WakeAt().value_or(0)) {
     Take(current_->task->OnTimer(in), in);
     StartNext(in);
     return;
@@ -90,7 +85,6 @@ void Connection::Abandon(uint64_t op, const Inputs& in) {
                    transmits_.end());
   if (current_ && current_->id == op) {
     current_.reset();
-    phase_ = Phase::kNone;
     StartNext(in);
   }
 }
@@ -103,7 +97,7 @@ std::optional<Transmit> Connection::PollTransmit() {
 }
 
 std::optional<int64_t> Connection::PollTimeout() const {
-  if (current_) return phase_ == Phase::kWaiting ? current_->task->WakeAt() : std::nullopt;
+  if (current_) return current_->task->WakeAt();  // none while it awaits an answer
   if (!queue_.empty()) return std::nullopt;
   return store_->NextTimeoutMs();
 }

@@ -114,7 +114,8 @@ class Connection {
   // The running operation (its id; 0 when none), and whether it waits for
   // the answer to a request it was given (else for its timer).
   uint64_t running() const { return current_ ? current_->id : 0; }
-  bool awaiting_answer() const { return current_ && phase_ == Phase::kAwaitingAnswer; }
+  // (The task knows which: the connection keeps no phase of its own.)
+  bool awaiting_answer() const { return current_ && current_->task->awaiting_answer(); }
 
  private:
   struct Op {
@@ -122,9 +123,6 @@ class Connection {
     std::unique_ptr<Task> task;
     bool renewal = false;
   };
-  // Where the running operation is.
-  enum class Phase { kNone, kAwaitingAnswer, kWaiting };
-
   void Take(Action action, const Inputs& in);
   void StartNext(const Inputs& in);
 
@@ -132,7 +130,6 @@ class Connection {
   Store* store_;
   std::deque<Op> queue_;
   std::optional<Op> current_;
-  Phase phase_ = Phase::kNone;
   std::deque<Transmit> transmits_;
   std::deque<OpEvent> events_;
   uint64_t next_id_ = 1;

@@ -170,6 +170,10 @@ class Task {
   Action OnResponse(const SqlResponse& response, const Inputs& in);
   Action OnTimer(const Inputs& in);
   bool finished() const { return phase_ == Phase::kFinished; }
+  // It waits for the answer to the request it gave (kRunSql), or for its
+  // timer (kWait, until WakeAt).
+  bool awaiting_answer() const { return phase_ == Phase::kSql; }
+  bool waiting() const { return phase_ == Phase::kTimer || phase_ == Phase::kResend; }
   // While the task waits (a kWait action): when its wait is over, on the
   // host's clock, from the timer table.
   std::optional<int64_t> WakeAt() const;
