@@ -115,6 +115,10 @@ struct LockOutput {
   SqlRequest request;                  // kRunSql
   int64_t wait_ms = 0;                 // kWait: call OnTimer after this long
   LockTimer timer = LockTimer::kNone;  // kWait: what the wait is for
+
+  // A held lock's renewal went well (or was inconclusive, to be tried again
+  // soon): nothing happened but the next renewal's wait.
+  bool renewed() const { return outcome == Outcome::kNone && next == Next::kWait && timer == LockTimer::kRenewal; }
 };
 
 // Test-only: deliberately removes one defence, so that the simulation's

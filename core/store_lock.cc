@@ -53,7 +53,7 @@ class DriveLockOp final : public StorePart {
     } else if (r.kind == Reply::Kind::kTimer) {
       o = m_->OnTimer(in);
     }
-    if (o.outcome != LockOutput::Outcome::kNone || (o.next == LockOutput::Next::kWait && o.timer == LockTimer::kRenewal)) {
+    if (o.outcome != LockOutput::Outcome::kNone || o.renewed()) {
       *out_ = std::move(o);
       return Next::Done();
     }

@@ -57,7 +57,7 @@ void StoreSteps::SettleAbandonedRenewals() {
     never.maybe_delivered = true;
     never.transport_error = "the renewal's task was abandoned before its answer came";
     LockOutput o = held.machine->OnResponse(never, *in_);
-    if (o.next == LockOutput::Next::kWait) s_->timers_.Set(TimerKind::kRenewal, id, in_->now_ms + o.wait_ms);
+    if (o.renewed()) s_->timers_.Set(TimerKind::kRenewal, id, in_->now_ms + o.wait_ms);
   }
 }
 
@@ -99,7 +99,7 @@ class RenewOp final : public StorePart {
  private:
   Next Renewed() {
     const Inputs& in = s_.inputs();
-    if (outcome_.next == LockOutput::Next::kWait && outcome_.outcome == LockOutput::Outcome::kNone) {
+    if (outcome_.renewed()) {
       // Confirmed (or inconclusive, to be tried again soon): the machine
       // names when the next renewal is due.
       auto it = s_.held().find(id_);
@@ -186,7 +186,7 @@ class RenewForWaitOp final : public StorePart {
       case Stage::kHeldRenewed:
         return Next::Done();
       case Stage::kOwnRenewed:
-        if (outcome_.next == LockOutput::Next::kWait && m_->state() == LockState::kHeld) return Next::Done();
+        if (outcome_.renewed() && m_->state() == LockState::kHeld) return Next::Done();
         return Next::Fail(outcome_.status.ok() ? StoreSteps::LostLock(id_) : outcome_.status);
     }
     return Next::Fail(absl::InternalError("renew for a wait: no such stage"));
