@@ -19,7 +19,11 @@ CHSTATE_TEST_* point at a server):
    replayed: a floor that hides the cost of small batches); for the export one
    raw `SELECT ... FINAL FORMAT JSONEachRow` of the table, read as curl would
    (streamed, not hex-encoded as the binding's transport does), the faster of
-   one read before and one after the export.
+   one read before and one after the export. Beside them, what the JSON
+   library alone costs on the CLI's export document (tools/json_floor.cc):
+   one pass over the whole document, which the import cannot go below plus
+   its raw INSERTs (it checks the whole document before it writes), and one
+   pass over each stored side, which the export's client cannot go below.
 2. A cluster lock acquisition (acquire, through the adapter with the lock not
    lingering) after N earlier acquisitions of the same id (--acquisitions,
    made for real), and after --seeded earlier acquisitions whose rows (a claim
@@ -254,6 +258,14 @@ print(json.dumps(out))
 '''
 
 
+def opt_bin(target: str) -> str:
+    """Builds `target` with -c opt; returns bazel-bin."""
+    subprocess.run(["bazel", "build", "-c", "opt", "--symlink_prefix=/", target], cwd=REPO, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=REPO, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1000,100000")
@@ -273,11 +285,8 @@ def main() -> int:
     if args.cli:
         built = args.cli.resolve()
     else:
-        subprocess.run(["bazel", "build", "-c", "opt", "--symlink_prefix=/", "//hosts/native:chstate"], cwd=REPO,
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=REPO, check=True,
-                                 capture_output=True, text=True).stdout.strip()
-        built = Path(bin_dir, "hosts", "native", "chstate")
+        built = Path(opt_bin("//hosts/native:chstate"), "hosts", "native", "chstate")
+    json_floor = Path(opt_bin("//tools:json_floor"), "tools", "json_floor")
     tmp = Path(tempfile.mkdtemp(prefix="chstate-scale-bench-"))
     cli = tmp / "chstate"
     cli.write_bytes(built.read_bytes())
@@ -315,6 +324,25 @@ def main() -> int:
                   f"{r['import'] / r['import_raw']:.2f}x; its INSERTs replayed {r['import_replay']:.2f} s, "
                   f"{r['import'] / r['import_replay']:.2f}x) | "
                   f"{r['cli_import']:.2f} s ({r['cli_import'] / r['import_raw']:.2f}x) |")
+        sys.stdout.flush()
+
+    def print_floor() -> None:
+        print("\nWhat the JSON library (nlohmann/json) alone costs on the CLI's export document, beside the raw "
+              "floors (the fastest of 3 passes; the least each command could take while it keeps its checks):\n")
+        print("| states | document | one pass over it | import: raw INSERTs | least import (pass + INSERTs) | "
+              "`chstate import` | stored sides | one pass over each | export: raw SELECT | least export (the "
+              "passes, read as the answer arrives) | `chstate export` |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for n, r in results["states"].items():
+            f = r["floor"]
+            least_import = f["document_s"] + r["import_raw"]
+            least_export = max(f["sides_s"], r["export_raw"])
+            print(f"| {n:,} | {f['document_bytes'] / 1e6:.1f} MB | {f['document_s']:.2f} s | {r['import_raw']:.2f} s | "
+                  f"{least_import:.2f} s ({least_import / r['import_raw']:.2f}x) | {r['cli_import']:.2f} s "
+                  f"({r['cli_import'] / r['import_raw']:.2f}x) | {f['sides']:,}, {f['side_bytes'] / 1e6:.1f} MB | "
+                  f"{f['sides_s']:.2f} s | {r['export_raw']:.2f} s | {least_export:.2f} s "
+                  f"({least_export / r['export_raw']:.2f}x) | {r['cli_export']:.2f} s "
+                  f"({r['cli_export'] / r['export_raw']:.2f}x) |")
         sys.stdout.flush()
 
     def print_lock() -> None:
@@ -368,6 +396,10 @@ def main() -> int:
                                   env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=7200)
             r["cli_export"] = time.perf_counter() - t
             assert done.returncode == 0, done.stderr
+            progress(f"the JSON library's floor on the export document of {n:,} states")
+            floor = subprocess.run([str(json_floor), str(document)], capture_output=True, text=True, timeout=3600)
+            assert floor.returncode == 0, floor.stderr
+            r["floor"] = json.loads(floor.stdout)
             # The same states into a fresh schema, made first (as the child's import found it made).
             target = f"{uri}?schema={schema}_cli"
             made = subprocess.run([str(cli), "--uri", target, "init"], env=cli_env, capture_output=True, timeout=600)
@@ -382,6 +414,7 @@ def main() -> int:
             sql(f"DROP DATABASE IF EXISTS `{schema}`")
             sql(f"DROP DATABASE IF EXISTS `{schema}_cli`")
         print_states()
+        print_floor()
         for u in [int(x) for x in args.updates.split(",") if x]:
             schema = f"scale_history_{u}"
             results["history"].append((u, child(uri, pw, schema, mode="history", updates=u)["rows"]))
