@@ -105,7 +105,7 @@ def sql(text):
     req = {"sql": text, "url_params": [], "purpose": "bench", "idempotent": True, "timeout_ms": 600000}
     out = raw(req)
     assert out.get("http_status") == 200, out
-    return bytes.fromhex(out["body_hex"]).decode()
+    return bytes(out["body"]).decode()
 
 def raw_stream(text):
     import http.client

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -47,6 +48,28 @@ chstate::Inputs MakeInputs(int64_t now_ms, const unsigned char* random, size_t r
   in.now_ms = now_ms;
   if (random != nullptr && random_len > 0) in.random.assign(reinterpret_cast<const char*>(random), random_len);
   return in;
+}
+
+std::optional<std::string> Data(const unsigned char* data, size_t data_len) {
+  if (data == nullptr) return std::nullopt;
+  return std::string(reinterpret_cast<const char*>(data), data_len);
+}
+
+// The action, its document apart when the caller takes it so.
+char* GiveApart(nlohmann::json action, char** out_document, size_t* out_document_len) {
+  if (out_document == nullptr) return Give(chstate::protocol::Dump(action));
+  *out_document = nullptr;
+  if (out_document_len != nullptr) *out_document_len = 0;
+  std::optional<std::string> document = chstate::protocol::TakeDocument(&action);
+  char* out = Give(chstate::protocol::Dump(action));
+  if (out == nullptr || !document) return out;
+  *out_document = Give(*document);
+  if (*out_document == nullptr) {
+    std::free(out);
+    return nullptr;
+  }
+  if (out_document_len != nullptr) *out_document_len = document->size();
+  return out;
 }
 
 }  // namespace
@@ -134,6 +157,34 @@ char* chstate_op_feed(chstate_store* store, const char* input_json, int64_t now_
   if (input_json == nullptr) return GiveFailed(absl::InvalidArgumentError("input_json is NULL"));
   try {
     return Give(chstate::protocol::Dump(store->driver->Feed(input_json, MakeInputs(now_ms, random, random_len))));
+  } catch (...) {
+    return GiveFailed(absl::ResourceExhaustedError("out of memory running the operation"));
+  }
+}
+
+char* chstate_op_start_bytes(chstate_store* store, const char* op_json, const unsigned char* data, size_t data_len,
+                             int64_t now_ms, const unsigned char* random, size_t random_len, char** out_document,
+                             size_t* out_document_len) {
+  if (out_document != nullptr) *out_document = nullptr;
+  if (store == nullptr) return GiveFailed(absl::InvalidArgumentError("store is NULL"));
+  if (op_json == nullptr) return GiveFailed(absl::InvalidArgumentError("op_json is NULL"));
+  try {
+    return GiveApart(store->driver->Start(op_json, MakeInputs(now_ms, random, random_len), Data(data, data_len)),
+                     out_document, out_document_len);
+  } catch (...) {
+    return GiveFailed(absl::ResourceExhaustedError("out of memory running the operation"));
+  }
+}
+
+char* chstate_op_feed_bytes(chstate_store* store, const char* input_json, const unsigned char* data, size_t data_len,
+                            int64_t now_ms, const unsigned char* random, size_t random_len, char** out_document,
+                            size_t* out_document_len) {
+  if (out_document != nullptr) *out_document = nullptr;
+  if (store == nullptr) return GiveFailed(absl::InvalidArgumentError("store is NULL"));
+  if (input_json == nullptr) return GiveFailed(absl::InvalidArgumentError("input_json is NULL"));
+  try {
+    return GiveApart(store->driver->Feed(input_json, MakeInputs(now_ms, random, random_len), Data(data, data_len)),
+                     out_document, out_document_len);
   } catch (...) {
     return GiveFailed(absl::ResourceExhaustedError("out of memory running the operation"));
   }

@@ -212,4 +212,68 @@ TEST(CApi, WritesNeedRandomBytes) {
   chstate_store_free(s);
 }
 
+// The *_bytes calls: an answer's body and an import document handed over as
+// bytes, an export page's document handed back apart from the JSON.
+TEST(CApi, BytesApartFromTheJson) {
+  chstate_store* s = chstate_store_new(kSettings, nullptr);
+  char* document = nullptr;
+  size_t document_len = 99;
+  json a = Take(chstate_op_start_bytes(s, R"({"op":"export","document":true})", nullptr, 0, 5, kRandom,
+                                       sizeof kRandom, &document, &document_len));
+  EXPECT_EQ(document, nullptr);
+  // Answers by purpose, each body as bytes (a tab and a NUL-free JSON side).
+  const std::string version = "18.16.1\t1\n";
+  const std::string page = "dev:a\t\\N\t{\"b\":1}\n";
+  for (int step = 0; step < 10 && a.contains("request"); ++step) {
+    const std::string purpose = a["request"]["purpose"];
+    const std::string* body = purpose == "select_version" ? &version : purpose == "export_states" ? &page : nullptr;
+    const std::string empty;
+    if (body == nullptr) body = &empty;  // the sample of ids: none, so one range to the end
+    a = Take(chstate_op_feed_bytes(s, R"({"response":{"http_status":200}})",
+                                   reinterpret_cast<const unsigned char*>(body->data()), body->size(), 6, kRandom,
+                                   sizeof kRandom, &document, &document_len));
+  }
+  ASSERT_TRUE(a.contains("done")) << a;
+  EXPECT_FALSE(a["done"].contains("document")) << a;
+  EXPECT_EQ(a["done"]["document_bytes"], document_len);
+  ASSERT_NE(document, nullptr);
+  EXPECT_EQ(std::string(document, document_len), R"("dev:a": {"completed":{"b":1},"partial":{}})");
+  EXPECT_EQ(document[document_len], '\0');
+  chstate_string_free(document);
+
+  // An import document apart: checked before anything is sent.
+  const std::string bad = R"({"dev:a": {"completed": 1}})";
+  a = Take(chstate_op_start_bytes(s, R"({"op":"import_document"})", reinterpret_cast<const unsigned char*>(bad.data()),
+                                  bad.size(), 7, kRandom, sizeof kRandom, &document, &document_len));
+  ASSERT_TRUE(a.contains("failed")) << a;
+  EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("dev:a"));
+  const std::string good = R"({"dev:a": {"completed": {"b": 2}, "partial": {}}})";
+  a = Take(chstate_op_start_bytes(s, R"({"op":"import_document"})",
+                                  reinterpret_cast<const unsigned char*>(good.data()), good.size(), 7, kRandom,
+                                  sizeof kRandom, nullptr, nullptr));
+  ASSERT_TRUE(a.contains("request")) << a;
+
+  // Given twice: in the JSON and apart.
+  a = Take(chstate_op_start_bytes(s, R"({"op":"import_document","document":"{}"})",
+                                  reinterpret_cast<const unsigned char*>(good.data()), good.size(), 8, kRandom,
+                                  sizeof kRandom, nullptr, nullptr));
+  ASSERT_TRUE(a.contains("failed")) << a;
+  EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("given twice"));
+  a = Take(chstate_op_start_bytes(s, R"({"op":"ping"})", nullptr, 0, 9, kRandom, sizeof kRandom, nullptr, nullptr));
+  ASSERT_TRUE(a.contains("request")) << a;
+  a = Take(chstate_op_feed_bytes(s, R"({"response":{"http_status":200,"body":"18.16.1\t1\n"}})",
+                                 reinterpret_cast<const unsigned char*>(version.data()), version.size(), 10, kRandom,
+                                 sizeof kRandom, nullptr, nullptr));
+  ASSERT_TRUE(a.contains("failed")) << a;
+  EXPECT_THAT(a["failed"]["message"].get<std::string>(), HasSubstr("given twice"));
+  EXPECT_EQ(a["failed"]["code"], "INVALID_ARGUMENT");
+
+  EXPECT_EQ(Take(chstate_op_start_bytes(nullptr, "{}", nullptr, 0, 0, nullptr, 0, &document, nullptr))["failed"]["code"],
+            "INVALID_ARGUMENT");
+  EXPECT_EQ(document, nullptr);
+  EXPECT_EQ(Take(chstate_op_feed_bytes(s, nullptr, nullptr, 0, 0, nullptr, 0, nullptr, nullptr))["failed"]["code"],
+            "INVALID_ARGUMENT");
+  chstate_store_free(s);
+}
+
 }  // namespace

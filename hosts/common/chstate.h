@@ -106,6 +106,21 @@ char* chstate_op_start(chstate_store* store, const char* op_json, int64_t now_ms
 char* chstate_op_feed(chstate_store* store, const char* input_json, int64_t now_ms, const unsigned char* random,
                       size_t random_len);
 
+/* chstate_op_start and chstate_op_feed with the one large text of each side handed across as
+ * bytes, neither escaped into JSON nor hex-encoded (an import document or an export page is
+ * a hundred megabytes or more; an answer body as large):
+ * - `data` (`data_len` bytes; NULL for none) is the op's "document" (import_document), or
+ *   the body of the {"response": {...}} answer; the JSON then has no such field.
+ * - When `out_document` is not NULL and the action is a "done" carrying a "document" (an
+ *   export page's entries), *out_document is set to that document (NUL-terminated, to be
+ *   released with chstate_string_free), *out_document_len to its length, and the JSON has
+ *   "document_bytes": LENGTH in its place; otherwise *out_document is set to NULL. */
+char* chstate_op_start_bytes(chstate_store* store, const char* op_json, const unsigned char* data, size_t data_len,
+                             int64_t now_ms, const unsigned char* random, size_t random_len, char** out_document,
+                             size_t* out_document_len);
+char* chstate_op_feed_bytes(chstate_store* store, const char* input_json, const unsigned char* data, size_t data_len,
+                            int64_t now_ms, const unsigned char* random, size_t random_len, char** out_document,
+                            size_t* out_document_len);
 /* Releases a string returned by any chstate_* function. NULL is ignored. */
 void chstate_string_free(char* s);
 

@@ -476,18 +476,37 @@ json OpDriver::Next(const Inputs& in) {
   return Abort(absl::InternalError("the operation neither finished nor asked for anything"), in);
 }
 
-json OpDriver::Start(absl::string_view op_document, const Inputs& defaults) {
-  return WithEvents(StartOp(op_document, defaults));
+std::optional<std::string> TakeDocument(json* action) {
+  auto done = action->find("done");
+  if (done == action->end() || !done->is_object()) return std::nullopt;
+  auto doc = done->find("document");
+  if (doc == done->end() || !doc->is_string()) return std::nullopt;
+  std::string out = std::move(doc->get_ref<std::string&>());
+  done->erase(doc);
+  (*done)["document_bytes"] = out.size();
+  return out;
 }
 
-json OpDriver::Feed(absl::string_view answer_document, const Inputs& defaults) {
-  return WithEvents(FeedAnswer(answer_document, defaults));
+json OpDriver::Start(absl::string_view op_document, const Inputs& defaults, std::optional<std::string> document) {
+  return WithEvents(StartOp(op_document, defaults, std::move(document)));
 }
 
-json OpDriver::StartOp(absl::string_view op_document, const Inputs& defaults) {
+json OpDriver::Feed(absl::string_view answer_document, const Inputs& defaults, std::optional<std::string> body) {
+  return WithEvents(FeedAnswer(answer_document, defaults, std::move(body)));
+}
+
+json OpDriver::StartOp(absl::string_view op_document, const Inputs& defaults, std::optional<std::string> document) {
   if (uint64_t running = conn_.running(); running != 0) conn_.Abandon(running, defaults);
   absl::StatusOr<json> op = ParseDocument(op_document);
   if (!op.ok()) return Abort(op.status(), defaults);
+  if (document) {
+    if (op->contains("document")) {
+      return Abort(absl::InvalidArgumentError("the op's \"document\" is given twice: in the op document and apart "
+                                              "from it; give it once"),
+                   defaults);
+    }
+    (*op)["document"] = *std::move(document);
+  }
   absl::StatusOr<Inputs> in = InputsFromJson(*op, defaults);
   if (!in.ok()) return Abort(in.status(), defaults);
   merged_ = false;
@@ -513,7 +532,8 @@ json OpDriver::StartOp(absl::string_view op_document, const Inputs& defaults) {
   return Next(*in);
 }
 
-json OpDriver::FeedAnswer(absl::string_view answer_document, const Inputs& defaults) {
+json OpDriver::FeedAnswer(absl::string_view answer_document, const Inputs& defaults,
+                          std::optional<std::string> body) {
   absl::StatusOr<json> answer = ParseDocument(answer_document);
   if (!answer.ok()) return Abort(answer.status(), defaults);
   absl::StatusOr<Inputs> in = InputsFromJson(*answer, defaults);
@@ -531,6 +551,15 @@ json OpDriver::FeedAnswer(absl::string_view answer_document, const Inputs& defau
   if (conn_.awaiting_answer()) {
     absl::StatusOr<SqlResponse> resp = ResponseFromJson(*answer);
     if (!resp.ok()) return Abort(resp.status(), *in);
+    if (body) {
+      const json& r = (*answer)["response"];
+      if (r.contains("body") || r.contains("body_hex")) {
+        return Abort(absl::InvalidArgumentError("the response's body is given twice: in the response document and "
+                                                "apart from it; give it once"),
+                     *in);
+      }
+      resp->body = *std::move(body);
+    }
     if (absl::Status st = conn_.HandleResponse(conn_.running(), *resp, *in); !st.ok()) return Abort(st, *in);
     return Next(*in);
   }

@@ -82,6 +82,7 @@
 #define CHSTATE_HOSTS_COMMON_PROTOCOL_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -160,24 +161,37 @@ void AddMergedViews(nlohmann::json& done);
 // running; {"timer":true} is HandleTimeout (the idle timer while nothing
 // runs). Starting an op while another is unfinished abandons the old one (a
 // host that lost interest need not drain it).
+// Moves the document out of a "done" action that carries one (an export
+// page's entries, "document"), leaving "document_bytes" (its length) in its
+// place: for a host that takes the document apart from the JSON
+// (chstate_op_start_bytes). Nothing for any other action.
+std::optional<std::string> TakeDocument(nlohmann::json* action);
+
 class OpDriver {
  public:
   explicit OpDriver(Store* store) : conn_(store) {}
 
-  // Starts the op in `op_document`; returns its first action.
-  nlohmann::json Start(absl::string_view op_document, const Inputs& inputs);
+  // Starts the op in `op_document`; returns its first action. `document`,
+  // when given, is the op's "document" (import_document's text), handed
+  // over apart from the JSON: the op document then has none.
+  nlohmann::json Start(absl::string_view op_document, const Inputs& inputs,
+                       std::optional<std::string> document = std::nullopt);
   // Answers the last request ({"response": ...}) or wait ({"timer": true});
   // returns the next action. A malformed answer ends the op with "failed".
   // A timer answered before the wait is over gives a wait for the rest.
-  nlohmann::json Feed(absl::string_view answer_document, const Inputs& inputs);
+  // `body`, when given, is the response's body, handed over apart from the
+  // JSON: the response then has neither "body" nor "body_hex".
+  nlohmann::json Feed(absl::string_view answer_document, const Inputs& inputs,
+                      std::optional<std::string> body = std::nullopt);
 
   // True while an op runs (the caller's, or the connection's own renewal
   // started by an idle timer).
   bool busy() const { return !conn_.idle(); }
 
  private:
-  nlohmann::json StartOp(absl::string_view op_document, const Inputs& inputs);
-  nlohmann::json FeedAnswer(absl::string_view answer_document, const Inputs& inputs);
+  nlohmann::json StartOp(absl::string_view op_document, const Inputs& inputs, std::optional<std::string> document);
+  nlohmann::json FeedAnswer(absl::string_view answer_document, const Inputs& inputs,
+                            std::optional<std::string> body);
   // `doc` with the diagnostics the store told since the last document
   // ("events"), when there are any.
   nlohmann::json WithEvents(nlohmann::json doc);

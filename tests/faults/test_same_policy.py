@@ -598,7 +598,9 @@ class _NeverResendingStore(binding.Store):
     def _answer(self, action):
         while True:
             if "request" in action:
-                response = self._transport(action["request"])
+                response = dict(self._transport(action["request"]))
+                if "body" in response:  # the transport's bytes, as hex inside the JSON
+                    response["body_hex"] = bytes(response.pop("body")).hex()
                 action = self._core.feed(self._handle, binding._encode({"response": response}), self._now(),
                                          self._random(32))
             elif "wait_ms" in action:

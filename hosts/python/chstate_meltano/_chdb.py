@@ -113,7 +113,7 @@ class ChdbTransport:
             elif key not in HTTP_ONLY_PARAMS:
                 if not _SETTING_NAME.fullmatch(key):
                     return {"transport_ok": True, "http_status": 400, "exception_code_header": "",
-                            "body_hex": f"Code: 115. DB::Exception: Unknown setting {key!r}".encode().hex()}
+                            "body": f"Code: 115. DB::Exception: Unknown setting {key!r}".encode()}
                 settings[key] = value
         applied: list = []
         error = None
@@ -131,5 +131,5 @@ class ChdbTransport:
                            request.get("purpose"), e)
         if error is not None:
             return {"transport_ok": True, "http_status": 500, "exception_code_header": "",
-                    "body_hex": str(error).encode("utf-8", "replace").hex()}
-        return {"transport_ok": True, "http_status": 200, "exception_code_header": "", "body_hex": body.hex()}
+                    "body": str(error).encode("utf-8", "replace")}
+        return {"transport_ok": True, "http_status": 200, "exception_code_header": "", "body": body}

@@ -186,5 +186,5 @@ class HttpTransport:
             "transport_ok": True,
             "http_status": response.status,
             "exception_code_header": response.getheader("X-ClickHouse-Exception-Code") or "",
-            "body_hex": data.hex(),
+            "body": data,
         }

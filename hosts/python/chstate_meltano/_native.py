@@ -89,6 +89,12 @@ def library() -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.restype = ctypes.c_void_p
         fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t]
+    for name in ("chstate_op_start_bytes", "chstate_op_feed_bytes"):
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_void_p
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int64,
+                       ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
+                       ctypes.POINTER(ctypes.c_size_t)]
     lib.chstate_string_free.restype = None
     lib.chstate_string_free.argtypes = [ctypes.c_void_p]
     return lib
@@ -146,11 +152,30 @@ class NativeCore(Core):
     def store_settings(self, handle: Any) -> dict:
         return _take(self._lib, self._lib.chstate_store_settings(handle))
 
-    def start(self, handle: Any, doc: bytes, now_ms: int, random: bytes) -> dict:
-        return _take(self._lib, self._lib.chstate_op_start(handle, doc, now_ms, random, len(random)))
+    takes_bytes = True
 
-    def feed(self, handle: Any, doc: bytes, now_ms: int, random: bytes) -> dict:
-        return _take(self._lib, self._lib.chstate_op_feed(handle, doc, now_ms, random, len(random)))
+    def start(self, handle: Any, doc: bytes, now_ms: int, random: bytes, data: "bytes | None" = None) -> dict:
+        return self._call(self._lib.chstate_op_start_bytes, handle, doc, data, now_ms, random)
+
+    def feed(self, handle: Any, doc: bytes, now_ms: int, random: bytes, data: "bytes | None" = None) -> dict:
+        return self._call(self._lib.chstate_op_feed_bytes, handle, doc, data, now_ms, random)
+
+    def _call(self, fn: Any, handle: Any, doc: bytes, data: "bytes | None", now_ms: int, random: bytes) -> dict:
+        """The *_bytes call: `data` apart from the JSON, and an export page's
+        document back apart (put into the action as the plain call has it)."""
+        out = ctypes.c_void_p()
+        size = ctypes.c_size_t()
+        action = _take(self._lib, fn(handle, doc, data, 0 if data is None else len(data), now_ms, random, len(random),
+                                     ctypes.byref(out), ctypes.byref(size)))
+        if out.value:
+            try:
+                document = ctypes.string_at(out.value, size.value)
+            finally:
+                self._lib.chstate_string_free(out.value)
+            done = action["done"]
+            del done["document_bytes"]
+            done["document"] = document.decode("utf-8", "surrogateescape")
+        return action
 
     def store_free(self, handle: Any) -> None:
         self._lib.chstate_store_free(handle)

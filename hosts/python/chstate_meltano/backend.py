@@ -195,17 +195,19 @@ class ChstateStateStoreManager(StateStoreManager):
         """`meltano state import`: the states as an export document's text,
         which the core reads in one pass and checks whole before any is
         written, then a few multi-row INSERTs."""
-        entries = [{"state_id": st.state_id, "completed": st.completed_state or {}, "partial": st.partial_state or {}}
-                   for st in states]
-        document = {e["state_id"]: {"completed": e["completed"], "partial": e["partial"]} for e in entries}
+        states = states if isinstance(states, list) else list(states)
+        document = {st.state_id: {"completed": st.completed_state or {}, "partial": st.partial_state or {}}
+                    for st in states}
         fix = "Fix the entry named in the import document and import it again"
-        if len(document) != len(entries):
+        if len(document) != len(states):
             # An id twice: the entries' import refuses it, naming both.
+            entries = [{"state_id": st.state_id, "completed": st.completed_state or {},
+                        "partial": st.partial_state or {}} for st in states]
             return self._run(f"importing {len(entries)} states", lambda s: s.import_(entries), bad_input=fix)
         # Keys sorted, as the core stores them, so it copies each side as it reads it.
         text = json.dumps(document, separators=(",", ":"), sort_keys=True)
         del document
-        return self._run(f"importing {len(entries)} states", lambda s: s.import_document(text), bad_input=fix)
+        return self._run(f"importing {len(states)} states", lambda s: s.import_document(text), bad_input=fix)
 
     # -- the state history, in Meltano's terms (docs/meltano.md "History, and the rest of the API") --
     def history(self, state_id: str, limit: int | None = None) -> list[dict]:

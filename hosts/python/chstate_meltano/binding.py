@@ -104,7 +104,12 @@ class Core:
     verbs() -> the verb table's rows; store_new(settings_doc) -> a handle
     (raises ChstateError); store_settings(handle) -> {"settings": ...};
     start/feed(handle, doc_text, now_ms, random) -> the next action;
-    store_free(handle)."""
+    store_free(handle). A core whose `takes_bytes` is true also takes
+    start/feed(..., data): the op's "document" or the response's body as
+    bytes apart from the JSON (chstate.h's *_bytes), and hands an export
+    page's document back the same way (its actions are as without)."""
+
+    takes_bytes = False
 
     def verbs(self) -> list:
         raise NotImplementedError
@@ -258,7 +263,7 @@ class Store:
     resolves them with `env` (default: this process's MELTANO_STATE_BACKEND_*
     and CLICKHOUSE_* variables) and its defaults. `transport(request) ->
     response` runs one request (default: HTTP(S) to the host and port the
-    request names). `timers`: a background thread calls the core back at its
+    request names); the response's body is "body" (bytes) or "body_hex". `timers`: a background thread calls the core back at its
     timeout while you are busy elsewhere (lock renewals, the release of a
     lingering lock) and locks are released when the process exits.
     Operations run one at a time (a lock serialises threads).
@@ -351,6 +356,17 @@ class Store:
                 self._tell(action["events"])
             if "request" in action:
                 response = self._transport(action["request"])
+                body = response.get("body")
+                if isinstance(body, (bytes, bytearray, memoryview)):
+                    # The body as bytes: apart from the JSON to a core that
+                    # takes it so, else as hex inside it.
+                    rest = {k: v for k, v in response.items() if k != "body"}
+                    if self._core.takes_bytes:
+                        action = self._core.feed(self._handle, _encode({"response": rest}), self._now(),
+                                                 self._random(32), bytes(body))
+                        continue
+                    rest["body_hex"] = bytes(body).hex()
+                    response = rest
                 action = self._core.feed(self._handle, _encode({"response": response}), self._now(),
                                          self._random(32))
             elif "wait_ms" in action:
@@ -400,8 +416,16 @@ class Store:
             if self._closed:
                 raise ChstateError("FAILED_PRECONDITION", "the store is closed")
             self._tick()
-            action = self._answer(self._core.start(self._handle, _encode({**doc, "merged": True}), self._now(),
-                                                   self._random(32)))
+            doc = {**doc, "merged": True}
+            document = doc.get("document")
+            if self._core.takes_bytes and isinstance(document, str):
+                # import_document's text apart from the JSON: neither escaped nor parsed twice.
+                del doc["document"]
+                action = self._core.start(self._handle, _encode(doc), self._now(), self._random(32),
+                                          document.encode("utf-8", "surrogatepass"))
+            else:
+                action = self._core.start(self._handle, _encode(doc), self._now(), self._random(32))
+            action = self._answer(action)
             self._note(action)
             if "failed" in action:
                 raise failed(action)
