@@ -72,6 +72,21 @@ char* GiveApart(nlohmann::json action, char** out_document, size_t* out_document
   return out;
 }
 
+// A *_bytes call: its arguments checked, `call` run (the driver's next
+// action), the action given with its document apart.
+template <typename Call>
+char* RunApart(chstate_store* store, const char* json_text, const char* json_name, char** out_document,
+               size_t* out_document_len, Call call) {
+  if (out_document != nullptr) *out_document = nullptr;
+  if (store == nullptr) return GiveFailed(absl::InvalidArgumentError("store is NULL"));
+  if (json_text == nullptr) return GiveFailed(absl::InvalidArgumentError(std::string(json_name) + " is NULL"));
+  try {
+    return GiveApart(call(), out_document, out_document_len);
+  } catch (...) {
+    return GiveFailed(absl::ResourceExhaustedError("out of memory running the operation"));
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -165,29 +180,17 @@ char* chstate_op_feed(chstate_store* store, const char* input_json, int64_t now_
 char* chstate_op_start_bytes(chstate_store* store, const char* op_json, const unsigned char* data, size_t data_len,
                              int64_t now_ms, const unsigned char* random, size_t random_len, char** out_document,
                              size_t* out_document_len) {
-  if (out_document != nullptr) *out_document = nullptr;
-  if (store == nullptr) return GiveFailed(absl::InvalidArgumentError("store is NULL"));
-  if (op_json == nullptr) return GiveFailed(absl::InvalidArgumentError("op_json is NULL"));
-  try {
-    return GiveApart(store->driver->Start(op_json, MakeInputs(now_ms, random, random_len), Data(data, data_len)),
-                     out_document, out_document_len);
-  } catch (...) {
-    return GiveFailed(absl::ResourceExhaustedError("out of memory running the operation"));
-  }
+  return RunApart(store, op_json, "op_json", out_document, out_document_len, [&] {
+    return store->driver->Start(op_json, MakeInputs(now_ms, random, random_len), Data(data, data_len));
+  });
 }
 
 char* chstate_op_feed_bytes(chstate_store* store, const char* input_json, const unsigned char* data, size_t data_len,
                             int64_t now_ms, const unsigned char* random, size_t random_len, char** out_document,
                             size_t* out_document_len) {
-  if (out_document != nullptr) *out_document = nullptr;
-  if (store == nullptr) return GiveFailed(absl::InvalidArgumentError("store is NULL"));
-  if (input_json == nullptr) return GiveFailed(absl::InvalidArgumentError("input_json is NULL"));
-  try {
-    return GiveApart(store->driver->Feed(input_json, MakeInputs(now_ms, random, random_len), Data(data, data_len)),
-                     out_document, out_document_len);
-  } catch (...) {
-    return GiveFailed(absl::ResourceExhaustedError("out of memory running the operation"));
-  }
+  return RunApart(store, input_json, "input_json", out_document, out_document_len, [&] {
+    return store->driver->Feed(input_json, MakeInputs(now_ms, random, random_len), Data(data, data_len));
+  });
 }
 
 void chstate_string_free(char* s) { std::free(s); }
