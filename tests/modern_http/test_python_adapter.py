@@ -105,7 +105,7 @@ def test_documents_and_bodies_cross_as_bytes(binding, fresh, schema):
     core as bytes apart from the JSON, and takes an export page's document
     back the same way: the same results as a core spoken to in JSON alone."""
     from chstate_meltano._http import HttpTransport
-    from chstate_meltano._native import NativeCore, resolve_settings
+    from chstate_meltano._native import NativeCore, _take, resolve_settings
 
     crossed = []
 
@@ -136,18 +136,14 @@ def test_documents_and_bodies_cross_as_bytes(binding, fresh, schema):
 
         def start(self, handle, doc, now_ms, random):
             lib = self._native._lib
-            return _take_json(lib, lib.chstate_op_start(handle, doc, now_ms, random, len(random)))
+            return _take(lib, lib.chstate_op_start(handle, doc, now_ms, random, len(random)))
 
         def feed(self, handle, doc, now_ms, random):
             lib = self._native._lib
-            return _take_json(lib, lib.chstate_op_feed(handle, doc, now_ms, random, len(random)))
+            return _take(lib, lib.chstate_op_feed(handle, doc, now_ms, random, len(random)))
 
         def store_free(self, handle):
             self._native.store_free(handle)
-
-    def _take_json(lib, ptr):
-        from chstate_meltano._native import _take
-        return _take(lib, ptr)
 
     def store_of(core, sub):
         settings = {"uri": f"clickhouse://{fresh.user}@{fresh.host}:{fresh.port}/default",

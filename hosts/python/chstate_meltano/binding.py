@@ -263,9 +263,10 @@ class Store:
     resolves them with `env` (default: this process's MELTANO_STATE_BACKEND_*
     and CLICKHOUSE_* variables) and its defaults. `transport(request) ->
     response` runs one request (default: HTTP(S) to the host and port the
-    request names); the response's body is "body" (bytes) or "body_hex". `timers`: a background thread calls the core back at its
-    timeout while you are busy elsewhere (lock renewals, the release of a
-    lingering lock) and locks are released when the process exits.
+    request names); the response's body is "body" (bytes) or "body_hex".
+    `timers`: a background thread calls the core back at its timeout while
+    you are busy elsewhere (lock renewals, the release of a lingering lock)
+    and locks are released when the process exits.
     Operations run one at a time (a lock serialises threads).
 
     What the store tells (docs/diagnostics.md): `logger` logs each event at
