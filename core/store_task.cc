@@ -29,7 +29,8 @@ class StoreTaskOp final : public Op {
   std::string Where() const override { return ""; }
 
   Next Resume(const Reply& r) override {
-    if (r.kind != Reply::Kind::kStart) return r.result ? Next::Done(*r.result) : Next::Done(Result{});
+    // Moved, not copied: an export page holds its document and thousands of ids.
+    if (r.kind != Reply::Kind::kStart) return r.result ? Next::Done(std::move(*r.result)) : Next::Done(Result{});
     s_->SettleAbandonedRenewals();
     s_->ForgetStaleLingering();
     return Next::Call(make_(*s_));
