@@ -48,7 +48,9 @@ inline constexpr ErrorCode kInterpreted[] = {
     {kUnknownDatabase, "UNKNOWN_DATABASE", "as UNKNOWN_TABLE"},
     {kTimeoutExceeded, "TIMEOUT_EXCEEDED", "kUnavailable; lock: an ON CLUSTER CREATE is resolved by inspection"},
     {kBadArguments, "BAD_ARGUMENTS", "cluster mode, 'Requested cluster': kInvalidArgument naming the setting"},
-    {kReadonly, "READONLY", "kPermissionDenied, naming readonly (docs/operations.md)"},
+    {kReadonly, "READONLY",
+     "kPermissionDenied, naming readonly (docs/operations.md); 'Replica is not active' (a quorum write while the "
+     "replica's ZooKeeper session is restored): as TABLE_IS_READ_ONLY"},
     {kUnknownUser, "UNKNOWN_USER", "kUnauthenticated"},
     {kWrongPassword, "WRONG_PASSWORD", "kUnauthenticated"},
     {kRequiredPassword, "REQUIRED_PASSWORD", "kUnauthenticated"},

@@ -553,6 +553,52 @@ TEST(ReplicaWrites, ZooKeeperErrorOnEveryHostIsUnavailableAndSaysSo) {
   EXPECT_EQ(ClickHouseCode(a.status), ch::kKeeperException);
 }
 
+// 164 "Replica is not active right now": a quorum write on a replica whose
+// ZooKeeper session is being restored, refused before anything is written.
+SqlResponse NotActive() { return Err(500, ch::kReadonly, "Replica is not active right now"); }
+
+TEST(ReplicaWrites, AReplicaNotActiveOnEveryHostIsUnavailableAndSaysSo) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> set = store->Set(State());
+  Action a = set->Start({clock, kRandom});
+  int sends = 0;
+  while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
+    ASSERT_LT(sends, 100);
+    if (a.kind == Action::Kind::kWait) {
+      clock += a.wait_ms;
+      a = set->OnTimer({clock, kRandom});
+      continue;
+    }
+    ASSERT_EQ(a.request.purpose, "insert_state");
+    ++sends;
+    clock += 2;
+    a = set->OnResponse(NotActive(), {clock, kRandom});
+  }
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_EQ(sends, 3) << "each replica once, as for a ZooKeeper error";
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach ZooKeeper")));
+  EXPECT_THAT(a.status.message(), Not(HasSubstr("profile")));
+  EXPECT_EQ(ClickHouseCode(a.status), ch::kReadonly);
+}
+
+// Nothing was written, so even a claim (not idempotent) goes to the next
+// replica at once.
+TEST(ReplicaClaims, AClaimRefusedByAReplicaNotActiveGoesToTheNextReplica) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                 At("a", "inspect_claims", Ok("")), At("a", "claim_lock", NotActive()), At("b", "claim_lock", Ok()),
+                 At("b", "inspect_claims", Claim(kClaimId, 100))},
+                &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_EQ(r.last.result.lock_id, kClaimId);
+  EXPECT_EQ(r.waits, 0);
+}
+
 // A claim is not idempotent (a second claim row is a second claim): a
 // ZooKeeper error on it is not sent elsewhere.
 TEST(ReplicaClaims, AClaimFailingWithAZooKeeperErrorIsNotSentElsewhere) {

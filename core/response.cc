@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -122,6 +123,13 @@ absl::Status CheckResponse(const SqlResponse& r, absl::string_view what) {
     // 18.x has no GRANT: a user's rights are its users.xml entry and profile
     // (docs/operations.md lists what chstate needs).
     case ch::kReadonly:
+      if (ReplicaNotActive(body)) {
+        return WithCode(absl::UnavailableError(absl::StrCat(
+                            "ClickHouse's replica refused a write while ", what, " (code ", *code, "): ", message,
+                            ". Its ZooKeeper session is being restored; nothing was written. Retry in a few "
+                            "seconds, or check ZooKeeper and the replica")),
+                        *code);
+      }
       return WithCode(absl::PermissionDeniedError(absl::StrCat(
                           "ClickHouse refused a write while ", what, " (code ", *code, "): ", message,
                           ". The user's profile is read-only: chstate writes states and locks, so give it a "
@@ -203,6 +211,8 @@ std::string UnescapeTsvField(absl::string_view field) {
   }
   return out;
 }
+
+bool ReplicaNotActive(absl::string_view text) { return absl::StrContains(text, "Replica is not active"); }
 
 absl::StatusOr<Rows> ParseTabSeparated(absl::string_view body, size_t columns) {
   Rows rows;

@@ -67,6 +67,12 @@ std::optional<int> ParseExceptionCode(absl::string_view body);
 // contains one.
 absl::StatusOr<Rows> ParseTabSeparated(absl::string_view body, size_t columns);
 
+// Whether an error's text is code 164 (READONLY) as a replicated table's
+// quorum write words it while the replica's ZooKeeper session is being
+// restored ("Replica is not active right now"): not the user's profile, and
+// nothing was written. For an error whose code is 164.
+bool ReplicaNotActive(absl::string_view text);
+
 // Decodes one TabSeparated-escaped field.
 std::string UnescapeTsvField(absl::string_view field);
 

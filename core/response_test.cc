@@ -55,6 +55,12 @@ TEST(CheckResponse, ClassifiesServerAnswers) {
        Http(500, "Code: 164, e.displayText() = DB::Exception: Cannot create database in readonly mode, e.what() = "
                  "DB::Exception\n"),
        absl::StatusCode::kPermissionDenied, "readonly = 0", 164},
+      // The same code from a replicated table's quorum write while the
+      // replica's ZooKeeper session is being restored: no profile to change.
+      {"replica not active 18.x",
+       Http(500, "Code: 164, e.displayText() = DB::Exception: Replica is not active right now, e.what() = "
+                 "DB::Exception\n"),
+       absl::StatusCode::kUnavailable, "ZooKeeper session is being restored", 164},
       {"database not allowed 18.x",
        Http(500, "Code: 291, e.displayText() = DB::Exception: Access denied to database meltano for user chstate, "
                  "e.what() = DB::Exception\n"),

@@ -153,7 +153,9 @@ absl::Status StoreSteps::ExplainCluster(absl::Status st) const {
                                  "\": set the cluster setting to a name from their remote_servers (SELECT DISTINCT "
                                  "cluster FROM system.clusters). ", st.message()));
   }
-  if (!s_->options_.cluster.enabled() || !code || (*code != ch::kTableIsReadOnly && *code != ch::kNoZooKeeper && *code != ch::kKeeperException)) return st;
+  const bool zookeeper = code == ch::kTableIsReadOnly || code == ch::kNoZooKeeper || code == ch::kKeeperException ||
+                         (code == ch::kReadonly && ReplicaNotActive(st.message()));
+  if (!s_->options_.cluster.enabled() || !zookeeper) return st;
   return Reworded(st, absl::StatusCode::kUnavailable,
                   absl::StrCat("ClickHouse cannot reach ZooKeeper (code ", *code, "), which cluster mode needs for "
                                "replicated tables and ON CLUSTER DDL; nothing was changed. Check ZooKeeper (the "

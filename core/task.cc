@@ -79,6 +79,10 @@ bool ReplicaLevelError(const SqlRequest& request, const SqlResponse& response) {
     case ch::kTableIsReadOnly:
     case ch::kTooManySimultaneousQueries:
       return true;
+    case ch::kReadonly:
+      // A quorum write on a replica whose ZooKeeper session is being
+      // restored: refused before anything is written, as 242 is.
+      return ReplicaNotActive(response.body);
     case ch::kKeeperException:
     case ch::kNetworkError:
       return request.idempotent;
