@@ -14,6 +14,7 @@ missing). Each test gets its own schema.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
@@ -87,12 +88,29 @@ class Cluster:
                               capture_output=True, env=self.env(), timeout=timeout)
         return Run(proc, time.monotonic() - start)
 
+    # A replica whose ZooKeeper session is being restored (it expires on a
+    # loaded machine) answers a read with one of these until it is back. A
+    # lagging replica's 289 is the callers' to wait out (raw_rows, ...).
+    TRANSIENT_READ_CODES = ("Code: 225,", "Code: 242,", "Code: 999,", "Replica is not active")
+
     def sql(self, replica: str, sql: str, **settings) -> str:
+        """One statement on `replica`. A SELECT that meets a replica catching up
+        (TRANSIENT_READ_CODES) is asked again for up to 30 s; anything else raises."""
         url = f"http://127.0.0.1:{self.port(replica)}/?" + urllib.parse.urlencode(settings)
-        request = urllib.request.Request(url, data=sql.encode(), headers={
-            "X-ClickHouse-User": "chstate", "X-ClickHouse-Key": self.password})
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.read().decode()
+        deadline = time.monotonic() + 30
+        while True:
+            request = urllib.request.Request(url, data=sql.encode(), headers={
+                "X-ClickHouse-User": "chstate", "X-ClickHouse-Key": self.password})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    return response.read().decode()
+            except urllib.error.HTTPError as e:
+                body = e.read().decode(errors="replace")
+                transient = any(code in body for code in self.TRANSIENT_READ_CODES)
+                if not (sql.lstrip().upper().startswith("SELECT") and transient and time.monotonic() < deadline):
+                    # The body stays readable for callers that look at it.
+                    raise urllib.error.HTTPError(e.url, e.code, e.msg, e.headers, io.BytesIO(body.encode())) from None
+                time.sleep(0.5)
 
     # ---- faults ----
     def stop_replica(self, replica: str) -> None:
