@@ -527,26 +527,34 @@ TEST(ReplicaWrites, AStateWriteWithAZooKeeperErrorOrLostAnswerGoesToTheNextHost)
   }
 }
 
-// Every replica failing a write with a ZooKeeper error: kUnavailable, saying so.
-TEST(ReplicaWrites, ZooKeeperErrorOnEveryHostIsUnavailableAndSaysSo) {
+// A write of the state, under the lock, that every replica answers with
+// `answer` (waits waited out): its last action, and how many times it was sent.
+Action WriteAnsweredEverywhere(const SqlResponse& answer, int* sends) {
   auto store = ClusterStore();
   int64_t clock = 0;
   HoldLock(*store, &clock);
   std::unique_ptr<Task> set = store->Set(State());
   Action a = set->Start({clock, kRandom});
-  int sends = 0;
-  while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
-    ASSERT_LT(sends, 100);
+  *sends = 0;
+  while ((a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) && *sends < 100) {
     if (a.kind == Action::Kind::kWait) {
       clock += a.wait_ms;
       a = set->OnTimer({clock, kRandom});
       continue;
     }
-    ASSERT_EQ(a.request.purpose, "insert_state");
-    ++sends;
+    EXPECT_EQ(a.request.purpose, "insert_state");
+    ++*sends;
     clock += 2;
-    a = set->OnResponse(Code(ch::kKeeperException), {clock, kRandom});
+    a = set->OnResponse(answer, {clock, kRandom});
   }
+  return a;
+}
+
+// Every replica failing a write with a ZooKeeper error: kUnavailable, saying so.
+TEST(ReplicaWrites, ZooKeeperErrorOnEveryHostIsUnavailableAndSaysSo) {
+  int sends = 0;
+  Action a = WriteAnsweredEverywhere(Code(ch::kKeeperException), &sends);
+  ASSERT_LT(sends, 100);
   ASSERT_EQ(a.kind, Action::Kind::kFailed);
   EXPECT_EQ(sends, 3) << "one round of the hosts: a ClickHouse error is no transport failure to back off from";
   EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach ZooKeeper")));
@@ -558,24 +566,9 @@ TEST(ReplicaWrites, ZooKeeperErrorOnEveryHostIsUnavailableAndSaysSo) {
 SqlResponse NotActive() { return Err(500, ch::kReadonly, "Replica is not active right now"); }
 
 TEST(ReplicaWrites, AReplicaNotActiveOnEveryHostIsUnavailableAndSaysSo) {
-  auto store = ClusterStore();
-  int64_t clock = 0;
-  HoldLock(*store, &clock);
-  std::unique_ptr<Task> set = store->Set(State());
-  Action a = set->Start({clock, kRandom});
   int sends = 0;
-  while (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait) {
-    ASSERT_LT(sends, 100);
-    if (a.kind == Action::Kind::kWait) {
-      clock += a.wait_ms;
-      a = set->OnTimer({clock, kRandom});
-      continue;
-    }
-    ASSERT_EQ(a.request.purpose, "insert_state");
-    ++sends;
-    clock += 2;
-    a = set->OnResponse(NotActive(), {clock, kRandom});
-  }
+  Action a = WriteAnsweredEverywhere(NotActive(), &sends);
+  ASSERT_LT(sends, 100);
   ASSERT_EQ(a.kind, Action::Kind::kFailed);
   EXPECT_EQ(sends, 3) << "each replica once, as for a ZooKeeper error";
   EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach ZooKeeper")));
