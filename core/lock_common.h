@@ -11,6 +11,7 @@
 #define CHSTATE_CORE_LOCK_COMMON_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,8 +72,24 @@ absl::StatusOr<LockInspection> ParseLockInspection(const std::string& body);
 // one with the newest row.
 // Claims whose id starts with `own_prefix` (the claimant's earlier claims in
 // the same acquisition) are left out.
+// The answer may join the answers of several replicas (part::ReadClaims):
+// a claim is what any of them shows of it (its rows on one replica, its end
+// row on another), and the rows naming the replicas are left out.
 absl::StatusOr<LockInspection> ParseClaimInspection(const std::string& body, const std::string& ours,
                                                     int64_t stale_s, const std::string& own_prefix = "");
+
+// The replica that gave an answer of Statements::InspectClaims (its last
+// row, kClaimsReplicaRow), and how many replicas the claims table has.
+struct ClaimsReplica {
+  std::string name;
+  int64_t replicas = 0;
+};
+// nullopt when the answer has no such row (a server without system.replicas
+// rows for the table: nothing to say how many replicas to ask).
+std::optional<ClaimsReplica> ClaimsReadReplica(const std::string& body);
+// How many replicas a claims read must reach so that one of them has every
+// claim confirmed by `quorum` of `replicas` (at least 1).
+int64_t ClaimsReplicasToRead(int64_t replicas, int quorum);
 
 // What the answer a lock machine was given last showed, parsed once (by the
 // machine, as it arrives): kept for the machine's decisions and for its

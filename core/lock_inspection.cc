@@ -5,6 +5,7 @@
 #include "core/lock_common.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "core/defaults.h"
 #include "core/response.h"
+#include "core/statements.h"
 
 namespace chstate {
 
@@ -76,23 +78,14 @@ absl::StatusOr<LockInspection> ParseClaimInspection(const std::string& body, con
                                                     int64_t stale_s, const std::string& own_prefix) {
   absl::StatusOr<Rows> rows = ParseTabSeparated(body, 7);
   if (!rows.ok()) return rows.status();
-  struct Claim {
-    std::string id;
-    int64_t newest = 0, stale_s = 0;
-    bool live = false;
+  // A claim as the replicas that answered show it together: its rows may
+  // be on one of them and its end row on another.
+  struct Seen {
+    int64_t claims = 0, ends = 0, newest = 0, stale_s = 0, now = 0;
+    std::string over;
   };
+  std::map<std::string, Seen> seen;
   LockInspection out;
-  std::vector<Claim> others;
-  bool ours_visible = false, ours_ended = false, taken_over = false;
-  // A claim another claim took over (named in its `over`) was judged stale
-  // by the taker, under a window no shorter than its own: its lease is over,
-  // whoever reads it now.
-  std::set<std::string> taken;
-  for (const Row& row : *rows) {
-    if (row.size() == 7 && row[5]) {
-      for (absl::string_view id : absl::StrSplit(*row[5], ',', absl::SkipEmpty())) taken.emplace(id);
-    }
-  }
   for (const Row& row : *rows) {
     int64_t claims = 0, ends = 0, newest = 0, row_stale = 0, now = 0;
     if (row.size() != 7 || !row[0] || !row[1] || !row[2] || !row[3] || !row[4] || !row[5] || !row[6] ||
@@ -102,27 +95,51 @@ absl::StatusOr<LockInspection> ParseClaimInspection(const std::string& body, con
       return absl::DataLossError("unexpected answer inspecting the lock's claims");
     }
     out.now_s = std::max(out.now_s, now);
-    for (absl::string_view taken : absl::StrSplit(*row[5], ',', absl::SkipEmpty())) {
-      if (!ours.empty() && taken == ours) taken_over = true;
+    if (absl::StartsWith(*row[0], kClaimsReplicaRow)) continue;
+    Seen& c = seen[*row[0]];
+    c.claims = std::max(c.claims, claims);
+    c.ends = std::max(c.ends, ends);
+    c.newest = std::max(c.newest, newest);
+    c.stale_s = std::max(c.stale_s, row_stale);
+    c.now = std::max(c.now, now);
+    if (c.over.empty()) c.over = *row[5];
+  }
+  struct Claim {
+    std::string id;
+    int64_t newest = 0, stale_s = 0;
+    bool live = false;
+  };
+  std::vector<Claim> others;
+  bool ours_visible = false, ours_ended = false, taken_over = false;
+  // A claim another claim took over (named in its `over`) was judged stale
+  // by the taker, under a window no shorter than its own: its lease is over,
+  // whoever reads it now.
+  std::set<std::string> taken;
+  for (const auto& [id, c] : seen) {
+    for (absl::string_view t : absl::StrSplit(c.over, ',', absl::SkipEmpty())) {
+      taken.emplace(t);
+      if (!ours.empty() && t == ours) taken_over = true;
     }
-    if (*row[0] == ours) {
-      ours_visible = claims > 0;
-      ours_ended = ends > 0;
+  }
+  for (const auto& [id, c] : seen) {
+    if (id == ours) {
+      ours_visible = c.claims > 0;
+      ours_ended = c.ends > 0;
       continue;
     }
     // Prunable: its holder's lease is over by its own window (the end row is
     // written within the lease; a taker judged it stale; or it is), or it
     // is rows of a claim that never showed, long ago. A claim judged live
     // by a reader with a longer window is no less over.
-    const bool judged_over = ends > 0 || taken.count(*row[0]) || now - newest > row_stale + kClaimPruneSlackS;
-    if (claims > 0 ? judged_over : now - newest > kClaimOrphanS) out.dead.push_back(*row[0]);
+    const bool judged_over = c.ends > 0 || taken.count(id) || c.now - c.newest > c.stale_s + kClaimPruneSlackS;
+    if (c.claims > 0 ? judged_over : c.now - c.newest > kClaimOrphanS) out.dead.push_back(id);
     // An earlier claim of this very acquisition (ended, its end row maybe not
     // yet visible): never another process's.
-    if (!own_prefix.empty() && absl::StartsWith(*row[0], own_prefix)) continue;
-    if (claims == 0 || ends > 0 || taken.count(*row[0])) continue;  // ended, taken over, or not visible yet
+    if (!own_prefix.empty() && absl::StartsWith(id, own_prefix)) continue;
+    if (c.claims == 0 || c.ends > 0 || taken.count(id)) continue;  // ended, taken over, or not visible yet
     // A claim is judged by the larger of the two windows, as a held table is.
-    const int64_t window_s = std::max(stale_s, row_stale);
-    others.push_back(Claim{*row[0], newest, row_stale, (now - newest) <= window_s});
+    const int64_t window_s = std::max(stale_s, c.stale_s);
+    others.push_back(Claim{id, c.newest, c.stale_s, (c.now - c.newest) <= window_s});
   }
   out.ours_held = ours_visible && !ours_ended && !taken_over;
   std::vector<std::string> over;
@@ -151,6 +168,26 @@ absl::StatusOr<LockInspection> ParseClaimInspection(const std::string& body, con
   }
   out.created_s = out.table_created_s = 0;
   return out;
+}
+
+std::optional<ClaimsReplica> ClaimsReadReplica(const std::string& body) {
+  absl::StatusOr<Rows> rows = ParseTabSeparated(body, 7);
+  if (!rows.ok()) return std::nullopt;
+  std::optional<ClaimsReplica> out;
+  for (const Row& row : *rows) {
+    int64_t replicas = 0;
+    if (row.size() == 7 && row[0] && row[1] && row[5] && *row[0] == kClaimsReplicaRow &&
+        absl::SimpleAtoi(*row[1], &replicas)) {
+      out = ClaimsReplica{*row[5], replicas};
+    }
+  }
+  return out;
+}
+
+int64_t ClaimsReplicasToRead(int64_t replicas, int quorum) {
+  // A confirmed claim is on `quorum` replicas: any replicas - quorum + 1 of
+  // them include one of those.
+  return std::max<int64_t>(1, replicas - quorum + 1);
 }
 
 }  // namespace chstate

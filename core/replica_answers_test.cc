@@ -786,5 +786,129 @@ TEST(ReplicaClaims, AClaimsTableDdlTimingOutOnSomeHost159StillTakesTheLock) {
   EXPECT_EQ(r.last.result.lock_id, kClaimId2);  // the second claim: the first met no table
 }
 
+// ---- claims reads reach enough replicas that one has every confirmed claim ----
+//
+// On 18.16 a sequentially consistent read only makes sure of the last quorum
+// insert: a replica that missed an earlier claim answers without it
+// (tests/cluster/test_claims_gap.py). With 3 replicas and a quorum of 2, a
+// claims read is asked of 2 replicas (part::ReadClaims).
+
+// The row that ends a claims answer: the replica that gave it, of `replicas`.
+std::string ReplicaRow(const std::string& name, int replicas = 3) {
+  return absl::StrCat("#replica\t", replicas, "\t0\t0\t0\t", name, "\t100\n");
+}
+SqlResponse Claims(const std::string& rows, const std::string& replica, int replicas = 3) {
+  return Ok(rows + ReplicaRow(replica, replicas));
+}
+std::string ClaimRow(const std::string& id, int ends, int64_t now_s) {
+  return absl::StrCat(id, "\t1\t", ends, "\t", now_s, "\t300\t\t", now_s, "\n");
+}
+
+TEST(ReplicaClaimsReads, AClaimOnlyTheSecondReplicaHasKeepsTheLockFromUs) {
+  // Host a's replica lacks the other process's claim; b's has it. Read from a
+  // alone, the lock would look free and be claimed.
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                   {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                    At("a", "inspect_claims", Claims("", "r1")),
+                    At("b", "inspect_claims", Claims(ClaimRow(kOtherProcessClaim, 0, 100), "r2"))},
+                   &clock);
+  // Held by another process: the acquisition shows itself as a waiter and
+  // backs off; it claims nothing.
+  ASSERT_EQ(r.last.kind, Action::Kind::kRunSql);
+  EXPECT_EQ(r.last.request.purpose, "announce_lock_waiter");
+}
+
+TEST(ReplicaClaimsReads, ASecondReadThatFindsAnotherClaimOnOneReplicaWithdrawsOurs) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                   {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                    At("a", "inspect_claims", Claims("", "r1")), At("b", "inspect_claims", Claims("", "r2")),
+                    At("a", "claim_lock", Ok()),
+                    At("a", "inspect_claims", Claims(ClaimRow(kClaimId, 0, 100), "r1")),
+                    At("b", "inspect_claims",
+                       Claims(ClaimRow(kClaimId, 0, 100) + ClaimRow(kOtherProcessClaim, 0, 100), "r2")),
+                    At("a", "end_claim", Ok())},
+                   &clock);
+  EXPECT_NE(r.last.kind, Action::Kind::kDone) << "took the lock another process holds on replica r2";
+}
+
+TEST(ReplicaClaimsReads, AnEndRowOnOneReplicaEndsTheClaimItsRowsShowOnAnother) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                   {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                    At("a", "inspect_claims", Claims(ClaimRow(kOtherProcessClaim, 1, 100), "r1")),
+                    At("b", "inspect_claims", Claims(ClaimRow(kOtherProcessClaim, 0, 100), "r2")),
+                    At("a", "claim_lock", Ok()),
+                    At("a", "inspect_claims", Claims(ClaimRow(kClaimId, 0, 100), "r1")),
+                    At("b", "inspect_claims", Claims(ClaimRow(kClaimId, 0, 100), "r2"))},
+                   &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_EQ(r.last.result.lock_id, kClaimId);
+}
+
+TEST(ReplicaClaimsReads, ADownHostIsPassedOverAndTwoHostsOfOneReplicaCountOnce) {
+  // The first read: b is refused, c answers. The second: c answers as the
+  // replica a did, so b (marked down, the only host left) is asked too.
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                   {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                    At("a", "inspect_claims", Claims("", "r1")), At("b", "inspect_claims", Refused()),
+                    At("c", "inspect_claims", Claims("", "r3")), At("a", "claim_lock", Ok()),
+                    At("a", "inspect_claims", Claims(ClaimRow(kClaimId, 0, 100), "r1")),
+                    At("c", "inspect_claims", Claims(ClaimRow(kClaimId, 0, 100), "r1")),
+                    At("b", "inspect_claims", Claims(ClaimRow(kClaimId, 0, 100), "r2"))},
+                   &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status << " " << ::testing::PrintToString(r.sent);
+  EXPECT_EQ(r.last.result.lock_id, kClaimId);
+}
+
+TEST(ReplicaClaimsReads, AQuorumOfEveryReplicaNeedsOneReplicaRead) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                   {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                    At("a", "inspect_claims", Claims("", "r1", /*replicas=*/2)), At("a", "claim_lock", Ok()),
+                    At("a", "inspect_claims", Claims(ClaimRow(kClaimId, 0, 100), "r1", 2))},
+                   &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+}
+
+TEST(ReplicaClaimsReads, OneHostThatIsAlwaysTheSameReplicaCannotTakeTheLockAndSaysWhatToDo) {
+  StoreOptions o;
+  o.lock.stale_ms = 300000;
+  o.lock.timeout_ms = 3000;
+  o.cluster.name = "prod";
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(o);
+  ASSERT_THAT(store, IsOk());
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = (*store)->AcquireLock("id");
+  int reads = 0, claims = 0;
+  Action a = RunToEnd(*t, &clock, [&](const std::string& purpose, int64_t) {
+    if (purpose == "select_version") return kVersion;
+    if (purpose == "state_table_engine") return kReplicated;
+    if (purpose == "inspect_claims") {
+      ++reads;
+      return Claims("", "r1");
+    }
+    if (purpose == "claim_lock") ++claims;
+    return Ok("");
+  });
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_EQ(claims, 0) << "claimed on what one replica showed";
+  EXPECT_GE(reads, 3);
+  EXPECT_THAT(a.status.message(), HasSubstr("read from 1 of the 2 replicas"));
+  EXPECT_THAT(a.status.message(), HasSubstr("name the replicas in the URI"));
+}
+
 }  // namespace
 }  // namespace chstate

@@ -50,6 +50,15 @@ struct SqlRequest {
   // Where to send it, chosen by the task (core/endpoints.h) when the store
   // was given its hosts; empty (port 0) otherwise: the host's one server.
   Endpoint endpoint;
+  // Hosts it goes to only when no other host is left: those that already
+  // answered a read that must reach several replicas (each_replica).
+  std::vector<Endpoint> not_to;
+  // A cluster-mode claims read (Statements::InspectClaims): its answer ends
+  // with a row naming the replica that gave it, and the store asks other
+  // replicas too until the answers must hold every confirmed claim
+  // (part::ReadClaims in core/store_lock.cc). The core's business, like
+  // send_before_ms.
+  bool each_replica = false;
 };
 
 struct SqlResponse {

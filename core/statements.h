@@ -70,6 +70,10 @@ inline constexpr const char* kLockMarkerPrefix = "chstate:";
 // of `count` ids stays small whatever ids the table holds.
 inline constexpr int64_t kMaxSampledIdBytes = 1024;
 
+// The first field of the row that ends an answer of InspectClaims, naming
+// the replica that gave it (no lock id looks like it: they are hex).
+inline constexpr const char* kClaimsReplicaRow = "#replica";
+
 // The completed_state of a tombstone row (cluster mode deletes): not JSON, so
 // no state written by chstate or Meltano can look like it.
 inline constexpr const char* kTombstone = "chstate:deleted";

@@ -232,11 +232,19 @@ SqlRequest Statements::EndClaim(absl::string_view state_id, absl::string_view lo
 SqlRequest Statements::InspectClaims(absl::string_view state_id) const {
   SqlRequest r = Read("inspect_claims");
   ReadSettings(&r);
+  // The last row names the replica that answers and how many the table has
+  // (ClaimsReadReplica): a sequentially consistent read on 18.16 only makes
+  // sure of the last quorum insert, so the store reads enough replicas that
+  // one has every confirmed claim (part::ReadClaims).
+  r.each_replica = true;
   r.sql = absl::StrCat(
       "SELECT lock_id, countIf(seq = 0), countIf(seq = 3), toInt64(max(at)), toInt64(anyIf(stale_s, seq = 0)), "
       "anyIf(over, seq = 0), materialize(toInt64(now())) FROM ",
       ClaimsTable(), " WHERE name = ", QuoteStringLiteral(LockTableName(state_id)),
-      " GROUP BY lock_id ORDER BY lock_id FORMAT TabSeparated");
+      " GROUP BY lock_id ORDER BY lock_id UNION ALL SELECT ", QuoteStringLiteral(kClaimsReplicaRow),
+      ", toUInt64(total_replicas), toUInt64(0), toInt64(0), toInt64(0), replica_name, toInt64(now()) "
+      "FROM system.replicas WHERE database = ", QuoteStringLiteral(schema_),
+      " AND table = ", QuoteStringLiteral(absl::StrCat(table_, "_claims")), " FORMAT TabSeparated");
   return r;
 }
 

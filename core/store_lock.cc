@@ -6,10 +6,15 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/endpoints.h"
+#include "core/lock_common.h"
 #include "core/lock_machine.h"
 #include "core/quoting.h"
 #include "core/response.h"
@@ -18,6 +23,90 @@
 namespace chstate {
 namespace part {
 namespace {
+
+// A claims read (SqlRequest::each_replica) asked of enough replicas that one
+// of them has every confirmed claim. On 18.16, select_sequential_consistency
+// only makes sure that the replica read has the last quorum insert of the
+// table: one that missed an earlier claim (its fetch failed, or is still
+// queued) answers without it, and the claimant would hold the lock while
+// that claim's holder does (tests/cluster/test_claims_gap.py). A claim is
+// confirmed on `quorum` replicas, so any replicas - quorum + 1 replicas
+// include one of them (ClaimsReplicasToRead). Each answer names its replica
+// (ClaimsReadReplica); the read goes to the hosts that have not answered
+// first (SqlRequest::not_to), and asks again, up to once per host and once
+// more per replica it needs, before it gives up. The answers, joined, go to
+// the lock machine as one (ParseClaimInspection joins the replicas' rows).
+// A failed answer goes to the machine as it came: it judges it as a failed
+// read (289: a lagging replica).
+class ReadClaimsOp final : public StorePart {
+ public:
+  ReadClaimsOp(StoreSteps& s, SqlRequest req, SqlResponse* out) : StorePart(s), req_(std::move(req)), out_(out) {}
+  std::string Where() const override {
+    return absl::StrCat("the claims read (", replicas_.size(), " replica", replicas_.size() == 1 ? "" : "s", ")");
+  }
+
+  Next Resume(const Reply& r) override {
+    if (r.kind == Reply::Kind::kStart) return Ask();
+    if (r.kind != Reply::Kind::kAnswer) return Next::Fail(absl::InternalError("the claims read got no answer"));
+    const SqlResponse& a = *r.answer;
+    const std::optional<ClaimsReplica> replica =
+        a.transport_ok && a.http_status == 200 && !ResponseCode(a) ? ClaimsReadReplica(a.body) : std::nullopt;
+    if (!replica) {
+      // A server that does not say which replica it is, or a failure: the
+      // machine judges it (289: a lagging replica), unless the failure is
+      // that no other host answered after some replica did.
+      *out_ = a;
+      if (!a.transport_ok && !replicas_.empty()) {
+        out_->transport_error = absl::StrCat(TooFew(), "; the other hosts: ", a.transport_error);
+      }
+      return Next::Done();
+    }
+    if (r.sent != nullptr && r.sent->endpoint.port != 0) req_.not_to.push_back(r.sent->endpoint);
+    if (std::find(replicas_.begin(), replicas_.end(), replica->name) == replicas_.end()) {
+      replicas_.push_back(replica->name);
+      absl::StrAppend(&joined_, a.body, absl::EndsWith(a.body, "\n") ? "" : "\n");
+      through_.push_back(r.sent != nullptr && r.sent->endpoint.port != 0
+                             ? absl::StrCat(replica->name, " through ", Endpoints::Describe(r.sent->endpoint))
+                             : replica->name);
+    }
+    need_ = std::max(need_, ClaimsReplicasToRead(replica->replicas, s_.st().cluster().quorum));
+    replicas_total_ = std::max(replicas_total_, replica->replicas);
+    if (static_cast<int64_t>(replicas_.size()) >= need_) {
+      *out_ = a;
+      out_->body = std::move(joined_);
+      return Next::Done();
+    }
+    const int64_t hosts = std::max<int64_t>(1, static_cast<int64_t>(s_.options().hosts.size()));
+    if (asked_ < hosts + need_) return Ask();
+    *out_ = SqlResponse{};
+    out_->transport_ok = false;
+    out_->transport_error = absl::StrCat(TooFew(), "; name the replicas in the URI (clickhouse://USER@HOST1,HOST2,HOST3/...) "
+                                         "or reach them through a load balancer");
+    return Next::Done();
+  }
+
+ private:
+  std::string TooFew() const {
+    return absl::StrCat("the lock's claims were read from ", replicas_.size(), " of the ", need_,
+                        " replicas a read must reach (", absl::StrJoin(through_, ", "),
+                        "): a claim is confirmed on a quorum of ", s_.st().cluster().quorum, " of the ",
+                        replicas_total_, " replicas, and the others may lack it");
+  }
+
+  Next Ask() {
+    ++asked_;
+    return Next::Send(req_);
+  }
+
+  SqlRequest req_;
+  SqlResponse* out_;
+  std::vector<std::string> replicas_;  // those that answered, in order
+  std::vector<std::string> through_;   // the same, with the host each answered through
+  std::string joined_;
+  int64_t need_ = 1;
+  int64_t replicas_total_ = 0;
+  int64_t asked_ = 0;
+};
 
 // Gives the lock machine its first input (`start`), then sends what it
 // sends (its waiter rows included) and waits what it says until it reports
@@ -41,9 +130,10 @@ class DriveLockOp final : public StorePart {
       o = start_ == LockStart::kAcquire   ? m_->Acquire(in)
           : start_ == LockStart::kRelease ? m_->Release(in)
                                           : m_->OnTimer(in);
-    } else if (r.kind == Reply::Kind::kAnswer) {
+    } else if (r.kind == Reply::Kind::kAnswer || r.kind == Reply::Kind::kPart) {
+      // kPart: a claims read asked of several replicas (ReadClaimsOp), joined.
       const bool waiter_row = m_->state() == LockState::kAnnouncing;
-      o = m_->OnResponse(*r.answer, in);
+      o = m_->OnResponse(r.kind == Reply::Kind::kPart ? claims_ : *r.answer, in);
       // A waiter row's answer is no read: the holder seen before stands.
       if (!waiter_row) {
         holder_ = m_->sighting().live_holder;
@@ -59,6 +149,10 @@ class DriveLockOp final : public StorePart {
     }
     switch (o.next) {
       case LockOutput::Next::kRunSql:
+        if (o.request.each_replica) {
+          claims_ = SqlResponse{};
+          return Next::Call(std::make_unique<ReadClaimsOp>(s_, std::move(o.request), &claims_));
+        }
         return Next::Send(std::move(o.request));
       case LockOutput::Next::kWait:
         // The back-off before the next attempt, or (cluster mode) a quorum
@@ -99,6 +193,7 @@ class DriveLockOp final : public StorePart {
   std::string holder_;
   int64_t holder_age_s_ = 0;
   int64_t holder_stale_s_ = 0;
+  SqlResponse claims_;  // the last claims read, joined over the replicas (ReadClaimsOp)
 };
 
 // Takes the lock on `id` until the lock timeout (from the first attempt),

@@ -1521,7 +1521,7 @@ TEST(ClusterStore, AnAcquisitionThatReadManyOverClaimsRemovesThemOnceInAWhile) {
                      Q("prune_claims", Ok(),
                        absl::StrCat("ALTER TABLE `meltano`.`state_claims` DELETE WHERE name = 'state_lock_",
                                     absl::StrFormat("%016x", Fnv1a64("id")), "' AND lock_id IN ('ended0', 'ended1', ",
-                                    "'ended2', ")),
+                                    "'ended10', ")),
                      },
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;

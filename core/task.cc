@@ -119,6 +119,21 @@ std::optional<int64_t> Task::WakeAt() const {
   return timers().At(waiting_for_, timer_id_);
 }
 
+void Task::NewRound() {
+  tried_.clear();
+  failures_.clear();
+  if (!policy_.endpoints || pending_.not_to.empty()) return;
+  // Hosts that already answered this read count as tried, unless no other
+  // host is left.
+  std::vector<size_t> answered;
+  for (size_t i = 0; i < policy_.endpoints->size(); ++i) {
+    for (const Endpoint& e : pending_.not_to) {
+      if (policy_.endpoints->at(i) == e) answered.push_back(i);
+    }
+  }
+  if (policy_.endpoints->Pick(inputs_.now_ms, answered)) tried_ = std::move(answered);
+}
+
 bool Task::ChooseHost() {
   if (!policy_.endpoints) return true;
   std::optional<size_t> i = policy_.endpoints->Pick(inputs_.now_ms, tried_);
@@ -172,8 +187,7 @@ Action Task::Advance(Next next) {
         pending_ = std::move(next.request);
         pending_.attempt = 1;
         pending_.timeout_ms = policy_.request_timeout_ms;
-        tried_.clear();
-        failures_.clear();
+        NewRound();
         if (PastSendBefore(pending_, inputs_.now_ms)) {
           // The lease of the lock it acts under ran out before it left: it
           // never goes, and its op hears so.
@@ -303,8 +317,7 @@ Action Task::OnTimer(const Inputs& in) {
     if (PastSendBefore(pending_, in.now_ms)) return Deliver(last_failure_);
     ++pending_.attempt;
     // A new round: every host may be tried again.
-    tried_.clear();
-    failures_.clear();
+    NewRound();
     ChooseHost();
     return SendPending();
   }

@@ -197,6 +197,9 @@ class Task {
   // Hands `response` to the op that sent the request (after every host of
   // a round failed, with what each one did).
   Action Deliver(const SqlResponse& response);
+  // Starts a round of sends of the pending request: no host tried yet but
+  // those of its not_to (while another host is left).
+  void NewRound();
   // With several hosts: points the pending request at the next host of this
   // round (false when every host was tried).
   bool ChooseHost();

@@ -58,9 +58,15 @@ class Cluster:
     def port(self, replica: str) -> int:
         return self.info["ports"][replica]["http_port"]
 
-    def uri(self, replica: str, schema: str, cluster: bool = True) -> str:
+    def uri(self, replica: str, schema: str, cluster: bool = True, alone: bool = False) -> str:
+        """A client that talks to `replica`: in cluster mode the host list with `replica` first,
+        the others after it (a claims read must reach a majority of the replicas, docs/cluster.md),
+        so requests go to `replica` while it answers; `alone` (or no cluster): that host only."""
         q = f"?schema={schema}" + (f"&cluster={self.name}" if cluster else "")
-        return f"clickhouse://chstate@127.0.0.1:{self.port(replica)}/default{q}"
+        if not cluster or alone:
+            return f"clickhouse://chstate@127.0.0.1:{self.port(replica)}/default{q}"
+        order = (replica, *(r for r in REPLICAS if r != replica))
+        return f"clickhouse://chstate@{self.hosts(order)}/default{q}"
 
     def hosts(self, order: tuple[str, ...] = REPLICAS) -> str:
         """The host list `127.0.0.1:P1,127.0.0.1:P2,...` of the replicas in `order`."""

@@ -72,8 +72,9 @@ def test_verbose_names_a_host_that_is_down_and_the_host_chosen_next(healthy, sch
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    r2 = f"127.0.0.1:{c.port('r2')}"
-    uri = f"clickhouse://chstate@127.0.0.1:{closed},{r2}/default?schema={schema}&cluster={c.name}"
+    r2, r3 = f"127.0.0.1:{c.port('r2')}", f"127.0.0.1:{c.port('r3')}"
+    # r3 too: the write's lock reads its claims from two replicas.
+    uri = f"clickhouse://chstate@127.0.0.1:{closed},{r2},{r3}/default?schema={schema}&cluster={c.name}"
     r = subprocess.run([str(c.chstate), "-v", "--uri", uri, "set", "dev:job", '{"singer_state": {"v": 1}}'],
                        env=c.env(), capture_output=True, timeout=120)
     err = r.stderr.decode()

@@ -1,9 +1,10 @@
 """Cluster mode against a real three-replica ClickHouse 18.16 cluster with ZooKeeper
 (writes with a quorum of 2).
 
-Every test talks to the replicas (r1, r2, r3) one at a time through the real
-`chstate` CLI (or the lock torture worker), as clients behind a load balancer
-would; tests/cluster/test_ha.py names all three in one host list. The fault
+Every test talks to the replicas (r1, r2, r3) through the real `chstate` CLI
+(or the lock torture worker), each client naming one replica first in its host
+list (Cluster.uri: the lock's claims reads reach a second replica);
+tests/cluster/test_ha.py has clients with the three in other orders. The fault
 tests stop one replica cleanly and then a second, SIGKILL one and then a second
 (a killed replica's ZooKeeper session stays alive for 30 s), and stop
 ZooKeeper, and check that each operation ends in success or an error naming the
@@ -160,8 +161,10 @@ def test_concurrent_writers_through_both_replicas_all_land(healthy, schema):
 def test_cluster_flag_works_like_the_uri_parameter(healthy, schema):
     c = healthy
     start = time.monotonic()
+    # The host list (r2 first) without ?cluster=: the flag names it.
+    hosts = f"clickhouse://chstate@{c.hosts(('r2', 'r1', 'r3'))}/default?schema={schema}"
     proc = subprocess.run([str(c.chstate), "set", "dev:flag", state(1), "--cluster", c.name,
-                           "--uri", c.uri("r2", schema, cluster=False)], env=c.env(), capture_output=True)
+                           "--uri", hosts], env=c.env(), capture_output=True)
     assert proc.returncode == 0, proc.stderr
     assert time.monotonic() - start < 30
     assert read(c, "r1", schema, "dev:flag") == 1
@@ -207,7 +210,10 @@ def test_a_plain_state_table_is_refused_in_cluster_mode(healthy, schema):
 
 def start_worker(c, torture_bin: Path, folder: Path, schema: str, name: str, replica: str, *, rounds: int,
                  stale_ms: int, timeout_ms: int, hold_ms: int, retry_ms: int = 20) -> tuple[subprocess.Popen, Path]:
-    env = dict(c.env(), CHSTATE_TEST_HOST="127.0.0.1", CHSTATE_TEST_PORT=str(c.port(replica)),
+    # The host list with `replica` first: requests go there while it answers, and the
+    # claims reads reach a second replica (docs/cluster.md).
+    order = (replica, *(r for r in REPLICAS if r != replica))
+    env = dict(c.env(), CHSTATE_TEST_HOSTS=c.hosts(order),
                CHSTATE_TEST_USER="chstate", CHSTATE_TEST_PASSWORD=c.password, CHSTATE_TEST_CLUSTER=c.name)
     err = folder / f"{name}.err"
     with open(err, "wb") as e:
@@ -366,7 +372,8 @@ def test_replica_stopped_cleanly_then_back(healthy, schema):
     assert read(c, "r1", schema, "dev:f") == "one down"
     r = c.cli("r1", schema, "set", "dev:f", state("two down"))
     assert r.code == EXIT_UNAVAILABLE, r
-    assert "fewer than 2 replicas are alive" in r.err and "nothing was written" in r.err, r
+    # The write's lock cannot read its claims from two replicas: it is not taken, nothing is written.
+    assert "read from 1 of the 2 replicas" in r.err and "the lock was not taken" in r.err, r
     assert r.seconds < 30, r
     assert read(c, "r1", schema, "dev:f") == "one down"
     c.start_all()

@@ -3,9 +3,10 @@ the host for each request and the host's own transport connects there.
 
 For each runtime (the Meltano adapter's backend and transport, Node WASI,
 wasmtime, Extism's Python SDK, Lua 5.4 and LuaJIT) one run opens a store in
-cluster mode on "127.0.0.1:<a closed port>,127.0.0.1:<r2>", writes a state
-and reads it back (the first host refuses, so that only works when the
-transport connects where each request says), then opens one on two closed
+cluster mode on "127.0.0.1:<a closed port>,127.0.0.1:<r2>,127.0.0.1:<r3>",
+writes a state and reads it back (the first host refuses, so that only works
+when the transport connects where each request says; the write's lock reads
+its claims from two replicas), then opens one on two closed
 ports and reads. The tests check the state through replica r1 with the CLI,
 and that the second store's error is UNAVAILABLE, names both host:port pairs
 and never holds the password. A third store, on the good list with the
@@ -120,7 +121,8 @@ class Setup:
         self.password = cluster.password
         c1, c2 = closed_ports(2)
         self.closed = (c1, c2)
-        self.good = host_list(c1, cluster.port("r2"))
+        # r2 and r3: a claims read (set takes the id's lock) reaches two of the three replicas.
+        self.good = host_list(c1, cluster.port("r2"), cluster.port("r3"))
         self.bad = host_list(c1, c2)
 
     def uri(self, hosts: str, quorum: int | None = None) -> str:

@@ -60,7 +60,9 @@ struct Patterns {
   RE2 inspect_claims{"SELECT lock_id, countIf\\(seq = 0\\), countIf\\(seq = 3\\), toInt64\\(max\\(at\\)\\), "
                      "toInt64\\(anyIf\\(stale_s, seq = 0\\)\\), anyIf\\(over, seq = 0\\), "
                      "materialize\\(toInt64\\(now\\(\\)\\)\\) FROM " ID "\\." ID " WHERE name = " LIT
-                     " GROUP BY lock_id ORDER BY lock_id FORMAT TabSeparated"};
+                     " GROUP BY lock_id ORDER BY lock_id UNION ALL SELECT '#replica', toUInt64\\(total_replicas\\), "
+                     "toUInt64\\(0\\), toInt64\\(0\\), toInt64\\(0\\), replica_name, toInt64\\(now\\(\\)\\) "
+                     "FROM system\\.replicas WHERE database = (?:" LIT ") AND table = (?:" LIT ") FORMAT TabSeparated"};
   RE2 prune_claims{"ALTER TABLE " ID "\\." ID " DELETE WHERE name = " LIT " AND lock_id IN \\(((?:" LIT
                    "(?:, )?)+)\\) AND \\(seq != 2 OR at < now\\(\\) - 3600\\)"};
   RE2 one_literal{LIT};
@@ -333,6 +335,9 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
       absl::StrAppend(&body, TsvEscape(id), "\t", a.claims, "\t", a.ends, "\t", a.newest, "\t", a.stale_s, "\t",
                       TsvEscape(a.over), "\t", now_s, "\n");
     }
+    // One replica that has every row as soon as it is visible: a read of it
+    // is enough (a claims read asks as many as ClaimsReplicasToRead says).
+    absl::StrAppend(&body, "#replica\t1\t0\t0\t0\tsim\t", now_s, "\n");
     return Ok(body, now_ms, absl::StrCat(by_id.size(), " claimants"));
   }
 
