@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <queue>
+#include <set>
 #include <random>
 #include <utility>
 
@@ -343,6 +344,7 @@ class Sim {
     uint64_t tried_op = 0;
     std::string tried_purpose;
     int tried_attempt = 0;
+    size_t tried_not_to = 0;
     int64_t next_host_input = -1;  // the input whose answer sends the request on to the next host
     int64_t first_host_send = -1;  // the store's first and last request to any host (its clock)
     int64_t last_host_send = -1;
@@ -442,6 +444,8 @@ class Sim {
   void Finish(int64_t end_t);
   std::unique_ptr<SimLock> MakeLock(const Contender& c);
   StoreOptions MakeStoreOptions(const Contender& c) const;
+  // The order of the hosts in contender c's list (indices into hosts_).
+  std::vector<int> HostOrder(const Contender& c) const;
   // Host lists: a contender starts a new store (its marks start empty); the
   // last one's share of the dead host's budget is counted.
   void NewStore(Contender& c);
@@ -520,10 +524,20 @@ StoreOptions Sim::MakeStoreOptions(const Contender& c) const {
   o.linger_locks = cfg_.linger;
   if (cfg_.cluster) o.cluster.name = "sim";  // as the server's statements (Setup)
   if (!hosts_.empty()) {
-    o.hosts = hosts_;
+    for (int i : HostOrder(c)) o.hosts.push_back(hosts_[i]);
     o.host_down_ms = cfg_.host_down_ms;
   }
   return o;
+}
+
+std::vector<int> Sim::HostOrder(const Contender& c) const {
+  // With replicas that miss rows, contender i puts host i mod n first (as
+  // clients of different sites do), so that claims go in through different
+  // replicas; otherwise every store has the list in one order.
+  const size_t first = cfg_.replica_fetch_max_ms > 0 ? c.index % hosts_.size() : 0;
+  std::vector<int> order;
+  for (size_t k = 0; k < hosts_.size(); ++k) order.push_back(static_cast<int>((first + k) % hosts_.size()));
+  return order;
 }
 
 void Sim::CloseStore(Contender& c) {
@@ -567,14 +581,25 @@ void Sim::CheckHostChoice(Contender& c, int64_t now, int host, const SqlRequest&
   // The same request again on the next host (its answer, in this very
   // input, was a failure to go elsewhere with), or a new one: a new
   // request, or the next round of resends, may go to any host.
+  // (A claims read asked again of another replica is a new request: it
+  // names one more host that answered it.)
   const bool next_host = c.next_host_input == c.inputs && op == c.tried_op && req.purpose == c.tried_purpose &&
-                         req.attempt == c.tried_attempt;
-  if (!next_host) c.tried.clear();
+                         req.attempt == c.tried_attempt && req.not_to.size() == c.tried_not_to;
+  if (!next_host) {
+    c.tried.clear();
+    // Hosts that already answered this read (SqlRequest::not_to) count as
+    // tried while another host is left (Task::NewRound).
+    std::set<int> answered;
+    for (const Endpoint& e : req.not_to) {
+      if (HostIndex(e) >= 0) answered.insert(HostIndex(e));
+    }
+    if (answered.size() < hosts_.size()) c.tried.assign(answered.begin(), answered.end());
+  }
   // The rule (core/endpoints.h): the first host in the list not yet tried
   // and not marked down; when every such host is marked down, the one whose
   // mark runs out first.
   std::optional<int> want, soonest;
-  for (int i = 0; i < static_cast<int>(hosts_.size()); ++i) {
+  for (int i : HostOrder(c)) {
     if (std::find(c.tried.begin(), c.tried.end(), i) != c.tried.end()) continue;
     if (c.down_until[i] <= now) {
       want = i;
@@ -608,6 +633,7 @@ void Sim::CheckHostChoice(Contender& c, int64_t now, int host, const SqlRequest&
   c.tried_op = op;
   c.tried_purpose = req.purpose;
   c.tried_attempt = req.attempt;
+  c.tried_not_to = req.not_to.size();
 }
 
 void Sim::NoteHostAnswer(Contender& c, int host, const SqlRequest& req, const SqlResponse& answer, int64_t now) {
@@ -664,6 +690,8 @@ void Sim::Setup() {
   so.lag_every_max_ms = cfg_.lag_every_max_ms;
   so.lag_max_ms = cfg_.lag_max_ms;
   so.prune_lag_max_ms = cfg_.prune_lag_max_ms;
+  so.replica_fetch_max_ms = cfg_.replica_fetch_max_ms;
+  so.replicas_understated = cfg_.replicas_understated;
   server_ = std::make_unique<SimServer>(so, &rng_);
   server_->on_claim_over = [this](const std::string& over, int64_t now) { OnClaimOver(over, now); };
   server_->on_rename = [this](const std::string& from, const std::string& to, const Table& moved, int64_t now) {
@@ -677,6 +705,7 @@ void Sim::Setup() {
     dead_host_ = static_cast<int>(Uniform(0, n - 1));
     host_refusals_.assign(n, {-1, 0});
     result_.hosts = n;
+    if (cfg_.replica_fetch_max_ms > 0) server_->SetReplicas(n, dead_host_);
   }
   int k = run_.contenders > 0 ? run_.contenders : static_cast<int>(Uniform(cfg_.min_contenders, cfg_.max_contenders));
   result_.contenders = k;
@@ -1666,6 +1695,30 @@ std::vector<SimConfig> Configs() {
     }
     c.host_refuse_every_max_ms = healthy ? 15000 : 4000;
     c.host_refuse_max_ms = healthy ? 1500 : 2000;
+    out.push_back(c);
+  }
+  // Replicas that miss claims for a while: with 4 hosts (one dead), each a
+  // replica of the claims table, a claims row is on its quorum of 2 when
+  // confirmed and reaches the third live one up to 3 s later (18.16 makes sure only that
+  // the replica read has the last confirmed row; tests/cluster/
+  // test_claims_gap.py). The stores read enough replicas: exclusion holds.
+  // Its negative control, a server that says the table has one replica (so
+  // the stores read one), must be caught.
+  for (const bool understated : {false, true}) {
+    SimConfig c = Named(out, "cluster/hosts");
+    c.name = understated ? "cluster/replica-gaps-one-read" : "cluster/replica-gaps";
+    c.min_hosts = c.max_hosts = 4;
+    c.replica_fetch_max_ms = 3000;
+    c.min_contenders = 3;
+    c.max_contenders = 5;
+    // A read needs three of the four replicas, every live one: after those
+    // answered or refused, the dead host is the one left (sends "forced").
+    c.expect_dead_host_within_budget = false;
+    if (understated) {
+      c.replicas_understated = true;
+      c.expect_violations = true;
+      c.check_progress = false;
+    }
     out.push_back(c);
   }
   // Cluster mode with a pruner removing old claims all the time (a prune

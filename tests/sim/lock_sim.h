@@ -204,6 +204,12 @@ struct SimConfig {
   int64_t host_refuse_every_max_ms = 0;
   int64_t host_refuse_max_ms = 0;
   int64_t host_down_ms = kDefaultHostDownMs;
+  // Host lists (cluster mode): host i is replica i of the claims table, a
+  // claims row reaching the replicas outside its quorum up to this much
+  // later (ServerOptions::replicas; 0: one replica with every visible row).
+  int64_t replica_fetch_max_ms = 0;
+  // Negative control: the claims read says the table has one replica.
+  bool replicas_understated = false;
   // kStore: each contender keeps one store across its rounds (linger implies
   // it), so what the store learnt about its hosts outlives a round.
   bool keep_store = false;

@@ -59,6 +59,9 @@ constexpr Budget kBudgets[] = {
     // ... through whole stores, each given a host list with one dead host and
     // others refusing connections for a while.
     {"cluster/hosts", 1000}, {"cluster/hosts-everything", 1000},
+    // ... over four replicas that each miss claims for up to 3 s (the read
+    // reaches enough of them).
+    {"cluster/replica-gaps", 1000},
 };
 
 void PrintTo(const Budget& b, std::ostream* os) { *os << b.config << " x" << b.schedules; }
@@ -285,6 +288,7 @@ ControlResult RunControl(const std::string& name, int count) {
   twin.name = name + " (defence kept)";
   twin.defects = LockDefectsForTesting{};
   twin.prune_live_claims = false;
+  twin.replicas_understated = false;
   twin.expect_violations = false;
   r.twin = RunSeeds(twin, count);
   std::cout << FormatSummaries({r.control, r.twin});
@@ -337,6 +341,14 @@ TEST(LockSimNegativeControl, ClaimWithoutASecondReadIsCaught) { RunControl("clus
 // Negative control 7 (cluster): a pruner that removes live claims as well
 // as the ones no reader counts (the twin prunes as the store does).
 TEST(LockSimNegativeControl, PruningLiveClaimsIsCaught) { RunControl("cluster/prune-live-claims", 400); }
+
+// Negative control 8 (cluster): replicas that miss claims for a while, and a
+// server that says the table has one replica, so each claims read reaches
+// one replica (which may lack a confirmed claim; tests/cluster/
+// test_claims_gap.py). The twin reads as many as the replicas need.
+TEST(LockSimNegativeControl, ReadingOneReplicaOfSeveralIsCaught) {
+  RunControl("cluster/replica-gaps-one-read", 400);
+}
 
 // Beyond the stated assumption (delays up to 3x the margin) the production
 // machine is expected to be caught: the simulation can see the hazard.

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "re2/re2.h"
 
 namespace chstate::sim {
@@ -198,6 +199,32 @@ const Table* SimServer::Find(const std::string& name) const {
   return it == tables_.end() ? nullptr : &it->second;
 }
 
+int SimServer::ReplicaOf(const SqlRequest& request) const {
+  int i = 0;
+  absl::string_view host = request.endpoint.host;
+  if (!absl::ConsumePrefix(&host, "replica-") || !absl::SimpleAtoi(host, &i) || i < 0 || i >= options_.replicas) {
+    return 0;  // no host list: one address in front of the replicas reaches the first
+  }
+  return i;
+}
+
+void SimServer::PlaceOnReplicas(ClaimRow* r, int inserted_into) {
+  r->on_replica_ms.assign(options_.replicas, INT64_MAX);
+  r->on_replica_ms[inserted_into] = r->visible_ms;
+  std::vector<int> others;
+  for (int i = 0; i < options_.replicas; ++i) {
+    if (i != inserted_into && i != options_.dead_replica) others.push_back(i);
+  }
+  std::shuffle(others.begin(), others.end(), *rng_);
+  for (size_t k = 0; k < others.size(); ++k) {
+    // The quorum has it when it is confirmed; the others fetch it later.
+    const bool in_quorum = static_cast<int>(k) + 1 < options_.replica_quorum;
+    r->on_replica_ms[others[k]] = r->visible_ms == INT64_MAX ? INT64_MAX
+                                  : in_quorum                ? r->visible_ms
+                                                             : r->visible_ms + Upto(options_.replica_fetch_max_ms);
+  }
+}
+
 Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
   const Patterns& p = P();
   const std::string& sql = request.sql;
@@ -259,6 +286,7 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     if (unknown) {
       r.visible_ms = Chance(0.3) ? INT64_MAX : now_ms + 1 + Upto(options_.quorum_unknown_max_ms);
     }
+    if (options_.replicas > 0) PlaceOnReplicas(&r, ReplicaOf(request));
     if (seq == 0 && !r.over.empty() && on_claim_over) on_claim_over(r.over, now_ms);
     claims_.push_back(r);
     if (unknown) {
@@ -311,6 +339,21 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
       return Error(289, "Replica doesn't have part all_1_1_0 which was successfully written to quorum of other "
                         "replicas.", now_ms);
     }
+    // Replicas: the one read, which must have the last confirmed row.
+    const int replica = options_.replicas > 0 ? ReplicaOf(request) : -1;
+    auto on_replica = [&](const ClaimRow& r) {
+      return replica < 0 || r.on_replica_ms.empty() || r.on_replica_ms[replica] <= now_ms;
+    };
+    if (replica >= 0) {
+      const ClaimRow* last = nullptr;
+      for (const ClaimRow& r : claims_) {
+        if (r.visible_ms <= now_ms && (last == nullptr || r.visible_ms >= last->visible_ms)) last = &r;
+      }
+      if (last != nullptr && !on_replica(*last)) {
+        return Error(289, absl::StrCat("Replica replica-", replica, " doesn't have part all_9_9_0 which was "
+                                       "successfully written to quorum of other replicas."), now_ms);
+      }
+    }
     const std::string lock_name = Unquote(lit);
     struct Agg {
       int claims = 0, ends = 0;
@@ -319,7 +362,7 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     };
     std::map<std::string, Agg> by_id;
     for (const ClaimRow& r : claims_) {
-      if (r.name != lock_name || r.visible_ms > now_ms || r.gone_ms <= now_ms) continue;
+      if (r.name != lock_name || r.visible_ms > now_ms || r.gone_ms <= now_ms || !on_replica(r)) continue;
       Agg& a = by_id[r.lock_id];
       a.newest = std::max(a.newest, r.at_s);
       if (r.seq == 0) {
@@ -335,9 +378,11 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
       absl::StrAppend(&body, TsvEscape(id), "\t", a.claims, "\t", a.ends, "\t", a.newest, "\t", a.stale_s, "\t",
                       TsvEscape(a.over), "\t", now_s, "\n");
     }
-    // One replica that has every row as soon as it is visible: a read of it
-    // is enough (a claims read asks as many as ClaimsReplicasToRead says).
-    absl::StrAppend(&body, "#replica\t1\t0\t0\t0\tsim\t", now_s, "\n");
+    // The replica read, and how many the table has (one that has every row
+    // as soon as it is visible, without ServerOptions::replicas).
+    const int replicas = replica < 0 || options_.replicas_understated ? 1 : options_.replicas;
+    absl::StrAppend(&body, "#replica\t", replicas, "\t0\t0\t0\t",
+                    replica < 0 ? std::string("sim") : absl::StrCat("replica-", replica), "\t", now_s, "\n");
     return Ok(body, now_ms, absl::StrCat(by_id.size(), " claimants"));
   }
 

@@ -91,6 +91,22 @@ struct ServerOptions {
   // rewrites one part after another; rows written before it that become
   // visible later go too).
   int64_t prune_lag_max_ms = 0;
+  // Replicas of the claims table (0: one that has every visible row). With
+  // host lists, host i ("replica-i") is replica i. A claims row is on
+  // `replica_quorum` replicas when it is confirmed (visible): the one it was
+  // inserted into and others drawn among the live ones; it reaches each
+  // other live replica up to replica_fetch_max_ms later (a fetch that failed
+  // and is retried). A claims read of replica i sees the rows replica i has,
+  // and answers 289 while it lacks the last confirmed row: what 18.16's
+  // select_sequential_consistency makes sure of, and no more
+  // (tests/cluster/test_claims_gap.py).
+  int replicas = 0;
+  int replica_quorum = 2;
+  int64_t replica_fetch_max_ms = 0;
+  int dead_replica = -1;  // never receives a row
+  // Negative control: the claims read says the table has one replica (so a
+  // client reads one, which may lack a confirmed claim).
+  bool replicas_understated = false;
 };
 
 // A row of the claims table.
@@ -104,6 +120,8 @@ struct ClaimRow {
   int64_t stamped_ms = 0;   // true time it ran
   int64_t visible_ms = 0;   // reads see it from then on (INT64_MAX: never)
   int64_t gone_ms = INT64_MAX;  // removed by a prune (Statements::PruneClaims) from then on
+  // ServerOptions::replicas: when the row is on each replica (INT64_MAX: never).
+  std::vector<int64_t> on_replica_ms;
 };
 
 struct Row {
@@ -139,6 +157,11 @@ class SimServer {
   SimServer(ServerOptions options, std::mt19937_64* rng);
 
   Execution Execute(const SqlRequest& request, int64_t now_ms);
+  // ServerOptions::replicas and dead_replica, once the host list is drawn.
+  void SetReplicas(int replicas, int dead_replica) {
+    options_.replicas = replicas;
+    options_.dead_replica = dead_replica;
+  }
 
   // A background merge of every ReplacingMergeTree table: rows of the same
   // state_id visible at `now_ms` collapse to the one with the greatest
@@ -170,6 +193,10 @@ class SimServer {
   Execution Unrecognized(const SqlRequest& request, const std::string& why, int64_t now_ms);
   bool Chance(double p);
   int64_t Upto(int64_t max);  // uniform in [0, max]
+  // ServerOptions::replicas: the replica a request reaches, and where a new
+  // claims row is when.
+  int ReplicaOf(const SqlRequest& request) const;
+  void PlaceOnReplicas(ClaimRow* r, int inserted_into);
 
   // False (with `*error` set) when `db` is not the schema or it is missing.
   bool CheckDatabase(const std::string& db, int64_t now_ms, Execution* error) const;
