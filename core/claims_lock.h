@@ -6,9 +6,14 @@
 //
 // Algorithm (why it is exclusive):
 // - Every claim is a row in the replicated `<table>_claims`, written with
-//   the insert quorum; a read with select_sequential_consistency sees every
-//   row whose insert was confirmed before the read began (any live replica
-//   that is behind answers code 289 and the read goes to another one).
+//   the insert quorum. A claims read sees every row whose insert was
+//   confirmed before the read began: it is asked of replicas - quorum + 1
+//   replicas (part::ReadClaims in core/store_lock.cc; one of them has each
+//   confirmed row), each with select_sequential_consistency (a replica
+//   behind the last quorum insert answers code 289 and another is asked).
+//   One replica alone is not enough on 18.16: sequential consistency only
+//   makes sure of the last quorum insert, and a replica that missed an
+//   earlier one answers without it (tests/cluster/test_claims_gap.py).
 // - Acquire: read the claims of the id. A claim is live when it has not
 //   ended and its newest row is no older than the stale window (judged as
 //   for the table lock). With a live claim of another process, back off.
