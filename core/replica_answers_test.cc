@@ -871,6 +871,19 @@ TEST(ReplicaClaimsReads, ADownHostIsPassedOverAndTwoHostsOfOneReplicaCountOnce) 
   EXPECT_EQ(r.last.result.lock_id, kClaimId);
 }
 
+TEST(ReplicaClaimsReads, UnlockForceEndsAClaimOnlyTheSecondReplicaHas) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->ForceUnlock("id");
+  Script r = Drive(*t,
+                   {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                    At("a", "inspect_claims", Claims("", "r1")),
+                    At("b", "inspect_claims", Claims(ClaimRow(kOtherProcessClaim, 0, 100), "r2")),
+                    At("a", "end_claim", Ok())},
+                   &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status << " " << ::testing::PrintToString(r.sent);
+}
+
 TEST(ReplicaClaimsReads, AQuorumOfEveryReplicaNeedsOneReplicaRead) {
   auto store = ClusterStore();
   int64_t clock = 0;

@@ -261,9 +261,17 @@ class ForceUnlockOp final : public StorePart {
         return Next::Call(part::Connect(s_));
       case Stage::kConnecting:
         stage_ = Stage::kInspecting;
-        return Next::Send(s_.st().cluster().enabled() ? s_.st().InspectClaims(id_) : s_.st().InspectLock(id_));
+        if (!s_.st().cluster().enabled()) return Next::Send(s_.st().InspectLock(id_));
+        // Every claim not ended, as enough replicas show them together.
+        inspect_ = s_.st().InspectClaims(id_);
+        return Next::Call(part::ReadClaims(s_, inspect_, &claims_read_));
       case Stage::kInspecting: {
-        absl::StatusOr<std::string> body = s_.Answer(r, "inspecting the lock");
+        Reply read = r;
+        if (r.kind == Reply::Kind::kPart) {
+          read.answer = &claims_read_;
+          read.sent = &inspect_;
+        }
+        absl::StatusOr<std::string> body = s_.Answer(read, "inspecting the lock");
         if (!body.ok()) {
           if (body.status().code() != absl::StatusCode::kNotFound) return Next::Fail(body.status());
           return NotLocked();
@@ -325,6 +333,8 @@ class ForceUnlockOp final : public StorePart {
   HeldLockInfo info_;
   std::vector<std::string> claims_;
   size_t ended_ = 0;
+  SqlRequest inspect_;         // cluster mode: the claims read ...
+  SqlResponse claims_read_;    // ... and its answers, joined (part::ReadClaims)
 };
 
 // clear --all: every state removed (no lock), counted first.

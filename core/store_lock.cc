@@ -151,7 +151,7 @@ class DriveLockOp final : public StorePart {
       case LockOutput::Next::kRunSql:
         if (o.request.each_replica) {
           claims_ = SqlResponse{};
-          return Next::Call(std::make_unique<ReadClaimsOp>(s_, std::move(o.request), &claims_));
+          return Next::Call(ReadClaims(s_, std::move(o.request), &claims_));
         }
         return Next::Send(std::move(o.request));
       case LockOutput::Next::kWait:
@@ -419,6 +419,10 @@ class ReleaseOp final : public StorePart {
 };
 
 }  // namespace
+
+std::unique_ptr<Op> ReadClaims(StoreSteps& s, SqlRequest req, SqlResponse* out) {
+  return std::make_unique<ReadClaimsOp>(s, std::move(req), out);
+}
 
 std::unique_ptr<Op> DriveLock(StoreSteps& s, StoreSteps::LockPtr m, LockStart start, LockOutput* out, bool* waited) {
   return std::make_unique<DriveLockOp>(s, std::move(m), start, out, waited);

@@ -224,6 +224,12 @@ std::unique_ptr<Op> Locked(StoreSteps& s, std::string id, std::unique_ptr<Op> bo
 
 // ---- store_lock.cc: an operation's lock ----
 
+// A cluster claims read (SqlRequest::each_replica, Statements::InspectClaims)
+// asked of enough replicas that one of them has every confirmed claim; the
+// answers, joined, into *out (a failure as it came, or one that says how few
+// replicas answered).
+std::unique_ptr<Op> ReadClaims(StoreSteps& s, SqlRequest req, SqlResponse* out);
+
 // The input a DriveLock gives the lock machine first.
 enum class LockStart { kAcquire, kRelease, kTimer };
 // Gives the lock machine `m` the input `start`, then sends what it sends and
