@@ -265,6 +265,9 @@ const char* ClaimsLock::EventName(Event e) {
 
 void ClaimsLock::Observe(const SqlResponse& r) {
   sighting_ = LockSighting{};
+  // The quorum confirmed our claim (a claim answered 319, or not at all, may
+  // be on one replica only: visible there, and held by nobody).
+  if (state_ == S::kClaiming && answer_ == LockAnswer::kOk) claim_confirmed_ = true;
   const bool acquiring = state_ == S::kReading;
   if ((!acquiring && state_ != S::kConfirming) || answer_ != LockAnswer::kOk) return;
   // While acquiring, only a claim of ours that may exist is ours, and this
@@ -389,7 +392,10 @@ ClaimsLock::Event ClaimsLock::ClassifyAnswer(const SqlResponse& r, const Inputs&
 ClaimsLock::Event ClaimsLock::ClassifyClaims(const Inputs& in) const {
   if (!sighting_.inspected) return E::kGarbled;
   const LockInspection& insp = sighting_.inspection;
-  if (claimed_ && insp.ours_held && insp.holder == lock_id_) return E::kOurs;
+  // Ours, only if its insert was confirmed: a claim that may be on one
+  // replica is not in every read of enough replicas, so it is ended and a
+  // new one made (kOursUnseen).
+  if (claimed_ && insp.ours_held && insp.holder == lock_id_) return claim_confirmed_ ? E::kOurs : E::kOursUnseen;
   if (release_requested_) return E::kCancelled;  // ends our claim, then cancels
   // Free. Ours, if written, is not visible (its answer was lost, or a
   // lagging replica): end it first, then claim afresh.

@@ -9,10 +9,11 @@
 //   the insert quorum. A claims read sees every row whose insert was
 //   confirmed before the read began: it is asked of replicas - quorum + 1
 //   replicas (part::ReadClaims in core/store_lock.cc; one of them has each
-//   confirmed row), each with select_sequential_consistency (a replica
-//   behind the last quorum insert answers code 289 and another is asked).
-//   One replica alone is not enough on 18.16: sequential consistency only
-//   makes sure of the last quorum insert, and a replica that missed an
+//   confirmed row), each read as it is (no select_sequential_consistency:
+//   a replica still fetching answers instead of refusing with 289; a row
+//   not yet confirmed may show, which only makes a reader wait or see an
+//   end). One replica alone is not enough on 18.16: sequential consistency
+//   only makes sure of the last quorum insert, and a replica that missed an
 //   earlier one answers without it (tests/cluster/test_claims_gap.py).
 // - Acquire: read the claims of the id. A claim is live when it has not
 //   ended and its newest row is no older than the stale window (judged as
@@ -31,7 +32,8 @@
 // - A holder's renewal is confirmed while its claim has not ended and no
 //   claim names it in `over`; a release is the end row.
 // - A claim whose answer was lost (or code 319) may land later: it is ended
-//   before the next attempt, so it cannot block anyone once it does.
+//   before the next attempt, so it cannot block anyone once it does. It is
+//   never held, even when a read shows it: it may be on one replica only.
 // - A quorum insert that met another in flight (code 286: nothing written)
 //   is sent again after a short random wait, until quorum_busy_ms (a
 //   renewal or end row: until the lease ends); an end row also after 319 or
@@ -195,6 +197,7 @@ class ClaimsLock final : public TableDrivenLock<ClaimsLock, ClaimsLockState, Cla
   // ---- the claims lock's own facts ----
   // A claim of lock_id_ may exist (so it is ended before the next attempt).
   bool claimed_ = false;
+  bool claim_confirmed_ = false;  // the quorum confirmed the claim (its insert answered OK)
   // Every claim of this acquisition is claim_prefix_ plus its number in 8
   // hex digits (32 hex digits in all, as any lock id).
   static constexpr size_t kClaimPrefixLen = 24;

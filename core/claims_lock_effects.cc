@@ -27,6 +27,7 @@ void ClaimsLock::Claim(const SqlResponse*, const Inputs& in) {
   if (claim_prefix_.empty()) claim_prefix_ = MakeLockId(in.random).substr(0, kClaimPrefixLen);
   lock_id_ = absl::StrCat(claim_prefix_, absl::Hex(++claims_made_, absl::kZeroPad8));
   claimed_ = true;
+  claim_confirmed_ = false;
   create_unresolved_ = false;
   create_sent_at_ms_ = in.now_ms;
   SetDeadline(TimerKind::kQuorumBusyEnd, in.now_ms + st_.cluster().quorum_busy_ms);

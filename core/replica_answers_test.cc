@@ -719,17 +719,19 @@ TEST(ReplicaClaims, ClaimantsThatSawALiveHolderBackOffForTimesTheirRandomBytesPi
   }
 }
 
-TEST(ReplicaClaims, AClaimWhoseAnswerWasLostIsSettledByReadingOnTheNextHost) {
+TEST(ReplicaClaims, AClaimWhoseAnswerWasLostIsReadOnTheNextHostAndEndedIfItLanded) {
+  // It landed, but the quorum may not have confirmed it: it is ended (on the
+  // next host) instead of held, and a new claim is made after a moment.
   auto store = ClusterStore();
   int64_t clock = 0;
   std::unique_ptr<Task> t = store->AcquireLock("id");
   Script r = Drive(*t,
                 {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
                  At("a", "inspect_claims", Ok("")), At("a", "claim_lock", Lost()),
-                 At("b", "inspect_claims", Claim(kClaimId, 100))},
+                 At("b", "inspect_claims", Claim(kClaimId, 100)), At("b", "end_claim", Ok())},
                 &clock);
-  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
-  EXPECT_EQ(r.last.result.lock_id, kClaimId) << "the claim landed: it is ours";
+  ASSERT_NE(r.last.kind, Action::Kind::kDone) << "held a claim whose answer was lost";
+  EXPECT_EQ(r.sent.back(), "b end_claim") << ::testing::PrintToString(r.sent);
 }
 
 TEST(ReplicaClaims, TooFewReplicasForTheClaimFailsUnavailableAfterTheWait) {
@@ -882,6 +884,24 @@ TEST(ReplicaClaimsReads, UnlockForceEndsAClaimOnlyTheSecondReplicaHas) {
                     At("a", "end_claim", Ok())},
                    &clock);
   ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status << " " << ::testing::PrintToString(r.sent);
+}
+
+TEST(ReplicaClaimsReads, AClaimTheQuorumDidNotConfirmIsNotHeldEvenWhenAReplicaShowsIt) {
+  // 319: the claim is on the replica it went to, maybe on no other. Reads
+  // without sequential consistency show it there; another claimant's read
+  // of other replicas would not: it is ended, and a new claim made.
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                   {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                    At("a", "inspect_claims", Claims("", "r1")), At("b", "inspect_claims", Claims("", "r2")),
+                    At("a", "claim_lock", Code(ch::kUnknownStatusOfInsert)),
+                    At("b", "inspect_claims", Claims("", "r2")),
+                    At("c", "inspect_claims", Claims(ClaimRow(kClaimId, 0, 100), "r3")), At("b", "end_claim", Ok())},
+                   &clock);
+  EXPECT_NE(r.last.kind, Action::Kind::kDone) << "held a claim the quorum did not confirm";
+  EXPECT_EQ(r.sent.back(), "b end_claim") << ::testing::PrintToString(r.sent);
 }
 
 TEST(ReplicaClaimsReads, AQuorumOfEveryReplicaNeedsOneReplicaRead) {

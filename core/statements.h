@@ -231,8 +231,11 @@ class Statements {
   // a claim (with the claimant's stale window and the comma-separated lock
   // ids it takes over as stale), 1 a renewal, 3 the end of a claim (its
   // release, its withdrawal after losing a race, or `unlock --force`). Every
-  // row is a quorum insert; reads are sequentially consistent, so a read sees
-  // every row whose insert was confirmed before the read began.
+  // row is a quorum insert. A claims read sees every row whose insert was
+  // confirmed before it began because it reaches replicas - quorum + 1
+  // replicas (part::ReadClaims), each read as it is: 18.16's sequential
+  // consistency would only add that a replica behind the last quorum insert
+  // answers 289 instead, which makes the lock wait while it catches up.
   std::string ClaimsTable() const;
   SqlRequest CreateClaimsTable() const;
   SqlRequest ClaimLock(absl::string_view state_id, absl::string_view lock_id, int64_t stale_s,

@@ -231,11 +231,12 @@ SqlRequest Statements::EndClaim(absl::string_view state_id, absl::string_view lo
 
 SqlRequest Statements::InspectClaims(absl::string_view state_id) const {
   SqlRequest r = Read("inspect_claims");
-  ReadSettings(&r);
   // The last row names the replica that answers and how many the table has
   // (ClaimsReadReplica): a sequentially consistent read on 18.16 only makes
   // sure of the last quorum insert, so the store reads enough replicas that
-  // one has every confirmed claim (part::ReadClaims).
+  // one has every confirmed claim (part::ReadClaims). Not sequentially
+  // consistent: each replica read as it is (a row not yet confirmed shows
+  // a claim that may hold, or a claim ended: both safe to see).
   r.each_replica = true;
   r.sql = absl::StrCat(
       "SELECT lock_id, countIf(seq = 0), countIf(seq = 3), toInt64(max(at)), toInt64(anyIf(stale_s, seq = 0)), "

@@ -247,14 +247,14 @@ TEST(Statements, ClusterModeSql) {
        "INSERT INTO `meltano`.`state_claims` SELECT 'state_lock_af63dc4c8601ec8c', 'L1', toUInt8(3), now(), "
        "toUInt32(0), ''",
        kQuorum18, true},
-      {"claims are read sequentially consistent", Dialect::kClickHouse18,
+      {"claims are read from each replica as it is, naming it", Dialect::kClickHouse18,
        [](const Statements& s) { return s.InspectClaims("a"); },
        "SELECT lock_id, countIf(seq = 0), countIf(seq = 3), toInt64(max(at)), toInt64(anyIf(stale_s, seq = 0)), "
        "anyIf(over, seq = 0), materialize(toInt64(now())) FROM `meltano`.`state_claims` WHERE name = "
        "'state_lock_af63dc4c8601ec8c' GROUP BY lock_id ORDER BY lock_id UNION ALL SELECT '#replica', "
        "toUInt64(total_replicas), toUInt64(0), toInt64(0), toInt64(0), replica_name, toInt64(now()) FROM "
        "system.replicas WHERE database = 'meltano' AND table = 'state_claims' FORMAT TabSeparated",
-       kSequential, true},
+       kRead, true},
       {"old claims are removed by a literal list, waiters' rows after an hour", Dialect::kClickHouse18,
        [](const Statements& s) { return s.PruneClaims("a", {"L1", "L'2"}); },
        "ALTER TABLE `meltano`.`state_claims` DELETE WHERE name = 'state_lock_af63dc4c8601ec8c' AND lock_id IN "

@@ -209,8 +209,9 @@ int SimServer::ReplicaOf(const SqlRequest& request) const {
 }
 
 void SimServer::PlaceOnReplicas(ClaimRow* r, int inserted_into) {
+  // The replica it was inserted into has it at once (confirmed or not).
   r->on_replica_ms.assign(options_.replicas, INT64_MAX);
-  r->on_replica_ms[inserted_into] = r->visible_ms;
+  r->on_replica_ms[inserted_into] = r->stamped_ms;
   std::vector<int> others;
   for (int i = 0; i < options_.replicas; ++i) {
     if (i != inserted_into && i != options_.dead_replica) others.push_back(i);
@@ -321,7 +322,12 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     if (!CheckDatabase(db, now_ms, &err)) return err;
     if (name != "state_claims") return Unrecognized(request, "a read of another table", now_ms);
     if (!claims_table_) return UnknownTable(name, now_ms);
-    if (options_.lag_every_max_ms > 0) {
+    // Code 289 is select_sequential_consistency's: a read without it is
+    // answered with what the replica has.
+    const bool sequential = std::find(request.url_params.begin(), request.url_params.end(),
+                                      std::pair<std::string, std::string>("select_sequential_consistency", "1")) !=
+                            request.url_params.end();
+    if (sequential && options_.lag_every_max_ms > 0) {
       if (lag_from_ms_ < 0) {
         lag_from_ms_ = now_ms + Upto(options_.lag_every_max_ms);
         lag_until_ms_ = lag_from_ms_ + 1 + Upto(options_.lag_max_ms);
@@ -335,16 +341,18 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
                           "replicas (a long lag).", now_ms);
       }
     }
-    if (Chance(options_.lagging_read_prob)) {
+    if (sequential && Chance(options_.lagging_read_prob)) {
       return Error(289, "Replica doesn't have part all_1_1_0 which was successfully written to quorum of other "
                         "replicas.", now_ms);
     }
-    // Replicas: the one read, which must have the last confirmed row.
+    // Replicas: the one read (sequentially consistent: it must have the last
+    // confirmed row, and shows no row that is not confirmed yet).
     const int replica = options_.replicas > 0 ? ReplicaOf(request) : -1;
     auto on_replica = [&](const ClaimRow& r) {
-      return replica < 0 || r.on_replica_ms.empty() || r.on_replica_ms[replica] <= now_ms;
+      if (replica < 0 || r.on_replica_ms.empty()) return r.visible_ms <= now_ms;
+      return r.on_replica_ms[replica] <= now_ms && (!sequential || r.visible_ms <= now_ms);
     };
-    if (replica >= 0) {
+    if (replica >= 0 && sequential) {
       const ClaimRow* last = nullptr;
       for (const ClaimRow& r : claims_) {
         if (r.visible_ms <= now_ms && (last == nullptr || r.visible_ms >= last->visible_ms)) last = &r;
@@ -362,7 +370,7 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     };
     std::map<std::string, Agg> by_id;
     for (const ClaimRow& r : claims_) {
-      if (r.name != lock_name || r.visible_ms > now_ms || r.gone_ms <= now_ms || !on_replica(r)) continue;
+      if (r.name != lock_name || r.gone_ms <= now_ms || !on_replica(r)) continue;
       Agg& a = by_id[r.lock_id];
       a.newest = std::max(a.newest, r.at_s);
       if (r.seq == 0) {

@@ -92,14 +92,14 @@ struct ServerOptions {
   // visible later go too).
   int64_t prune_lag_max_ms = 0;
   // Replicas of the claims table (0: one that has every visible row). With
-  // host lists, host i ("replica-i") is replica i. A claims row is on
-  // `replica_quorum` replicas when it is confirmed (visible): the one it was
-  // inserted into and others drawn among the live ones; it reaches each
-  // other live replica up to replica_fetch_max_ms later (a fetch that failed
-  // and is retried). A claims read of replica i sees the rows replica i has,
-  // and answers 289 while it lacks the last confirmed row: what 18.16's
-  // select_sequential_consistency makes sure of, and no more
-  // (tests/cluster/test_claims_gap.py).
+  // host lists, host i ("replica-i") is replica i. A claims row is on the
+  // replica it was inserted into at once, on `replica_quorum` replicas when
+  // it is confirmed (visible), and on each other live replica up to
+  // replica_fetch_max_ms later (a fetch that failed and is retried). A
+  // claims read of replica i sees the rows replica i has; with
+  // select_sequential_consistency=1 only the confirmed ones, and it answers
+  // 289 while it lacks the last confirmed row: what 18.16 makes sure of, and
+  // no more (tests/cluster/test_claims_gap.py).
   int replicas = 0;
   int replica_quorum = 2;
   int64_t replica_fetch_max_ms = 0;
