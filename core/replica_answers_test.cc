@@ -118,10 +118,12 @@ const SqlResponse kVersion = Ok("18.16.1\t1\n");
 const SqlResponse kReplicated = Ok("ReplicatedReplacingMergeTree\t1\n");
 const SqlResponse kStateRow = Ok("{}\t{\"singer_state\":{\"a\":1}}\n");
 
-// A claims answer row: lock id, claim rows, end rows, newest row, stale_s, over, now.
-SqlResponse Claim(const std::string& id, int64_t now_s) {
-  return Ok(absl::StrCat(id, "\t1\t0\t", now_s, "\t300\t\t", now_s, "\n"));
+// A claims answer row: lock id, claim rows, end rows (`ends`), newest row,
+// stale_s, over, now; Claim: the answer of that row alone, not ended.
+std::string ClaimRow(const std::string& id, int ends, int64_t now_s) {
+  return absl::StrCat(id, "\t1\t", ends, "\t", now_s, "\t300\t\t", now_s, "\n");
 }
+SqlResponse Claim(const std::string& id, int64_t now_s) { return Ok(ClaimRow(id, 0, now_s)); }
 
 MeltanoState State() {
   return MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"singer_state":{"a":1}})")};
@@ -802,10 +804,6 @@ std::string ReplicaRow(const std::string& name, int replicas = 3) {
 SqlResponse Claims(const std::string& rows, const std::string& replica, int replicas = 3) {
   return Ok(rows + ReplicaRow(replica, replicas));
 }
-std::string ClaimRow(const std::string& id, int ends, int64_t now_s) {
-  return absl::StrCat(id, "\t1\t", ends, "\t", now_s, "\t300\t\t", now_s, "\n");
-}
-
 TEST(ReplicaClaimsReads, AClaimOnlyTheSecondReplicaHasKeepsTheLockFromUs) {
   // Host a's replica lacks the other process's claim; b's has it. Read from a
   // alone, the lock would look free and be claimed.

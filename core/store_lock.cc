@@ -36,8 +36,8 @@ namespace {
 // first (SqlRequest::not_to), and asks again, up to once per host and once
 // more per replica it needs, before it gives up. The answers, joined, go to
 // the lock machine as one (ParseClaimInspection joins the replicas' rows).
-// A failed answer goes to the machine as it came: it judges it as a failed
-// read (289: a lagging replica).
+// A failed answer goes to the machine as it came: it judges it as any
+// failed read.
 class ReadClaimsOp final : public StorePart {
  public:
   ReadClaimsOp(StoreSteps& s, SqlRequest req, SqlResponse* out) : StorePart(s), req_(std::move(req)), out_(out) {}
@@ -53,8 +53,8 @@ class ReadClaimsOp final : public StorePart {
         a.transport_ok && a.http_status == 200 && !ResponseCode(a) ? ClaimsReadReplica(a.body) : std::nullopt;
     if (!replica) {
       // A server that does not say which replica it is, or a failure: the
-      // machine judges it (289: a lagging replica), unless the failure is
-      // that no other host answered after some replica did.
+      // machine judges it, and a failure of the other hosts after some
+      // replica answered says how few replicas that was.
       *out_ = a;
       if (!a.transport_ok && !replicas_.empty()) {
         out_->transport_error = absl::StrCat(TooFew(), "; the other hosts: ", a.transport_error);
