@@ -60,12 +60,6 @@ inline constexpr int64_t kDefaultTransportBackoffMs = 100;
 // not answer or gave a replica-level error is skipped this long.
 inline constexpr int64_t kDefaultHostDownMs = 5000;
 
-// With python_locks (a mixed fleet with the Python ClickHouse backend), a new
-// holder waits this long after showing itself in `<table>_lock` before it
-// looks for the Python backend's rows: longer than any of its processes takes
-// from seeing the lock free to writing its own row.
-inline constexpr int64_t kDefaultPythonLockSettleMs = 1000;
-
 // linger_locks (a host that ticks in the background, such as the Meltano
 // adapter): a released lock stays held by the store this long, renewed as
 // usual, so that the next acquisition of the same id by this store costs no
@@ -173,8 +167,6 @@ inline constexpr DefaultSetting kDefaults[] = {
      "linger_locks: a lingering holder looks for waiting processes at most this often"},
     {"lock_yield_margin_ms", kDefaultLockYieldMarginMs, "ms",
      "linger_locks: after yielding, the holder stays away lock_retry_ms plus this"},
-    {"python_lock_settle_ms", kDefaultPythonLockSettleMs, "ms",
-     "mixed fleet: a new holder waits this long before it looks for the Python backend's lock rows"},
     {"claims_prune_at", kClaimsPruneAt, "count",
      "cluster: an acquisition that read this many ended or stale claims of its id removes them"},
     {"claims_prune_every_ms", kClaimsPruneEveryMs, "ms", "cluster: a store removes one id's old claims at most this often"},

@@ -63,8 +63,13 @@ struct ClusterOptions {
 // How long the Python ClickHouse backend counts a lock row as live (its
 // STALE_LOCK_SECONDS, and the TTL of `<table>_lock`).
 inline constexpr int64_t kPythonLockWindowS = 300;
-// The prefix of chstate's marker rows in `<table>_lock`.
-inline constexpr const char* kLockMarkerPrefix = "chstate:";
+// The prefix of chstate's marker rows in `<table>_lock`. '!' sorts before
+// every character of a uuid4 (bytewise in ClickHouse, by code point in
+// Python), so a visible marker is the min() the Python backend computes.
+inline constexpr const char* kLockMarkerPrefix = "!chstate:";
+// The prefix releases before 2026-12-06 wrote ("chstate:..."); their rows
+// are still chstate's markers, never a Python process's.
+inline constexpr const char* kOldLockMarkerPrefix = "chstate:";
 
 // Export samples only ids up to this long as page boundaries, so a sample
 // of `count` ids stays small whatever ids the table holds.
@@ -187,16 +192,29 @@ class Statements {
   SqlRequest InspectLockTable(absl::string_view name) const;
   // ---- a mixed fleet with the Python ClickHouse backend (docs/lock.md) ----
   // That backend locks by rows in `<table>_lock` (state_id, lock_id,
-  // locked_at): a holder's row is live for kPythonLockWindowS. chstate's
-  // holder shows itself there with a marker row, lock_id "chstate:<its lock
-  // id>", written two seconds in the past so that the table's merges (it is
-  // a ReplacingMergeTree by state_id, keeping the newest row) never drop a
-  // Python row written at about the same time in favour of the marker.
-  SqlRequest InsertLockMarker(absl::string_view state_id, absl::string_view lock_id) const;
+  // locked_at), a ReplacingMergeTree(locked_at) ORDER BY state_id: a
+  // holder's row is live for kPythonLockWindowS. chstate's holder shows
+  // itself there with a marker row, lock_id kLockMarkerPrefix + its lock id
+  // (it wins every min() of lock ids), stamped `ahead_s` seconds in the
+  // future: a merge keeps the row with the greatest locked_at, so no Python
+  // row written while the marker stands can merge it away, and a FINAL read
+  // picks it. The holder renews it, `ahead_s` ahead again, before each
+  // renewal of its lock.
+  SqlRequest InsertLockMarker(absl::string_view state_id, absl::string_view lock_id, int64_t ahead_s) const;
   SqlRequest DeleteLockMarker(absl::string_view state_id, absl::string_view lock_id) const;
   // Rows (lock_id, 1) of live rows for `state_id` that are not chstate's
   // markers: a Python backend process holds the lock, or is trying to.
   SqlRequest ForeignLockRows(absl::string_view state_id) const;
+  // One row (n, 2): the greatest block number of `<table>_lock`'s active
+  // parts. A MergeTree numbers a part's block as it commits it, so every
+  // insert committed after this read is in a part whose greatest block
+  // number is greater.
+  SqlRequest PythonLockBlocks() const;
+  // ForeignLockRows and, after them, one row (n, 2): the active parts of
+  // `<table>_lock` with a block after `after_block`, a merged one (several
+  // blocks) counted twice. 1: the marker's own insert is the only part
+  // committed since PythonLockBlocks read `after_block`.
+  SqlRequest ForeignLockRowsAndParts(absl::string_view state_id, int64_t after_block) const;
 
   // The names of the live lock tables (one column, plus the constant), sorted:
   // not the Python backend's `<table>_lock`, not tombstones.

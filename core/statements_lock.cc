@@ -68,12 +68,12 @@ SqlRequest Statements::InspectLockTable(absl::string_view name) const {
 
 std::string Statements::LockRowsTable() const { return absl::StrCat("`", schema_, "`.`", table_, "_lock`"); }
 
-SqlRequest Statements::InsertLockMarker(absl::string_view state_id, absl::string_view lock_id) const {
+SqlRequest Statements::InsertLockMarker(absl::string_view state_id, absl::string_view lock_id, int64_t ahead_s) const {
   SqlRequest r = Request("insert_lock_marker", false);
   WriteSettings(&r);
   r.sql = absl::StrCat("INSERT INTO ", LockRowsTable(), " (state_id, lock_id, locked_at) SELECT ",
                        QuoteStringLiteral(state_id), ", ", QuoteStringLiteral(absl::StrCat(kLockMarkerPrefix, lock_id)),
-                       ", now() - 2");
+                       ", now() + ", ahead_s);
   return r;
 }
 
@@ -88,15 +88,42 @@ SqlRequest Statements::DeleteLockMarker(absl::string_view state_id, absl::string
   return r;
 }
 
+namespace {
+
+// Every row, not FINAL: a candidate that lost but is not withdrawn yet
+// counts too (it may be about to win on a retry). Markers of either prefix
+// are chstate's.
+std::string ForeignRowsSql(const std::string& table, const std::string& where) {
+  return absl::StrCat("SELECT lock_id, 1 FROM ", table, " WHERE ", where, " AND locked_at >= now() - ",
+                      kPythonLockWindowS, " AND NOT startsWith(lock_id, ", QuoteStringLiteral(kLockMarkerPrefix),
+                      ") AND NOT startsWith(lock_id, ", QuoteStringLiteral(kOldLockMarkerPrefix), ")");
+}
+
+}  // namespace
+
 SqlRequest Statements::ForeignLockRows(absl::string_view state_id) const {
   SqlRequest r = Read("foreign_lock_rows");
   ReadSettings(&r);
-  // Every row, not FINAL: a candidate that lost but is not withdrawn yet
-  // counts too (it may be about to win on a retry).
-  std::string where = StateIdEquals(&r, state_id);
-  r.sql = absl::StrCat("SELECT lock_id, 1 FROM ", LockRowsTable(), " WHERE ", where, " AND locked_at >= now() - ",
-                       kPythonLockWindowS, " AND NOT startsWith(lock_id, ", QuoteStringLiteral(kLockMarkerPrefix),
-                       ") FORMAT TabSeparated");
+  r.sql = absl::StrCat(ForeignRowsSql(LockRowsTable(), StateIdEquals(&r, state_id)), " FORMAT TabSeparated");
+  return r;
+}
+
+SqlRequest Statements::PythonLockBlocks() const {
+  SqlRequest r = Read("python_lock_blocks");
+  r.sql = absl::StrCat("SELECT toString(max(max_block_number)), 2 FROM system.parts WHERE database = ",
+                       QuoteStringLiteral(schema_), " AND table = ", QuoteStringLiteral(absl::StrCat(table_, "_lock")),
+                       " AND active FORMAT TabSeparated");
+  return r;
+}
+
+SqlRequest Statements::ForeignLockRowsAndParts(absl::string_view state_id, int64_t after_block) const {
+  SqlRequest r = Read("foreign_lock_rows_and_parts");
+  ReadSettings(&r);
+  r.sql = absl::StrCat(ForeignRowsSql(LockRowsTable(), StateIdEquals(&r, state_id)),
+                       " UNION ALL SELECT toString(count() + countIf(min_block_number != max_block_number)), 2 FROM "
+                       "system.parts WHERE database = ",
+                       QuoteStringLiteral(schema_), " AND table = ", QuoteStringLiteral(absl::StrCat(table_, "_lock")),
+                       " AND active AND max_block_number > ", after_block, " FORMAT TabSeparated");
   return r;
 }
 

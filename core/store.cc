@@ -36,6 +36,12 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
         " s, and renewals come every third of the window. Lower the stale-lock setting "
         "(Meltano: state_backend.lock_timeout_seconds)"));
   }
+  if (options.python_locks && options.cluster.enabled()) {
+    return absl::InvalidArgumentError(
+        "python_locks needs one server, not cluster mode: the Python ClickHouse backend knows no clusters, and the "
+        "mixed fleet's look reads block numbers that only one server's MergeTree gives in commit order. Turn "
+        "python_locks off (Meltano: state_backend.clickhouse.python_locks) or leave cluster mode");
+  }
   if (options.hosts.size() > 1 && !options.cluster.enabled()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "several hosts (", Endpoints(options.hosts).Describe(),

@@ -247,7 +247,7 @@ class AcquireOp final : public StorePart {
         if (outcome_.outcome != LockOutput::Outcome::kAcquired) return Next::Fail(s_.ExplainCluster(outcome_.status));
         if (o.python_locks) {
           stage_ = Stage::kClaimingFromPython;
-          return Next::Try(ClaimFromPython(s_, m_, &python_holder_));
+          return Next::Try(ClaimFromPython(s_, m_, &python_holder_, &python_busy_));
         }
         return Prune();
       case Stage::kClaimingFromPython:
@@ -257,11 +257,11 @@ class AcquireOp final : public StorePart {
           stage_ = Stage::kAbandoning;
           return Next::Try(Release(s_, m_));
         }
-        if (python_holder_.empty()) return Acquired();
+        if (python_holder_.empty() && !python_busy_) return Acquired();
         stage_ = Stage::kYielding;
         return Next::Call(Release(s_, m_));
       case Stage::kYielding:
-        return WaitForPython(python_holder_);
+        return WaitForPython(python_holder_);  // empty: a write between the looks
       case Stage::kAbandoning:
         return Next::Fail(failure_);
       case Stage::kPruning:
@@ -373,6 +373,7 @@ class AcquireOp final : public StorePart {
   LockOutput outcome_;
   int64_t* renew_in_ms_;
   std::string python_holder_;  // python_locks: the Python process found holding the id
+  bool python_busy_ = false;   // python_locks: its table was written between the looks
   absl::Status failure_;       // what failed while the lock was held (kAbandoning)
 };
 

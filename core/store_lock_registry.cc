@@ -67,9 +67,10 @@ namespace {
 // Renews the lock this store holds on `id` now. Fails with the reason when
 // it is not renewed; *lost says whether that is because the lock turned out
 // not ours any more (or not held at all). With python_locks the marker is
-// renewed with the lock: the Python backend counts a row live for
-// kPythonLockWindowS, and a failure there is tried again at the next
-// renewal, well inside that window.
+// renewed first, MarkerAheadS ahead of the server's clock, and the lock only
+// after it was confirmed: so no lease outlasts the marker that keeps the
+// Python backend out (docs/lock.md). A marker that failed leaves the lease
+// as it was and tries again after the retry wait.
 class RenewOp final : public StorePart {
  public:
   RenewOp(StoreSteps& s, std::string id, bool* lost) : StorePart(s), id_(std::move(id)), lost_(lost) {}
@@ -85,18 +86,33 @@ class RenewOp final : public StorePart {
         auto it = s_.held().find(id_);
         if (it == s_.held().end() || it->second.machine->state() != LockState::kHeld) return Lost(StoreSteps::LostLock(id_));
         m_ = it->second.machine;
-        stage_ = Stage::kRenewing;
-        return Next::Call(part::DriveLock(s_, m_, part::LockStart::kTimer, &outcome_));
+        if (s_.options().python_locks) {
+          stage_ = Stage::kMarker;
+          return Next::Try(s_.SqlPart(s_.st().InsertLockMarker(id_, m_->lock_id(), MarkerAheadS(s_.options())),
+                                      "renewing the lock marker"));
+        }
+        return Renew();
       }
+      case Stage::kMarker:
+        if (!r.status.ok()) {
+          auto it = s_.held().find(id_);
+          if (it != s_.held().end() && it->second.machine == m_) {
+            s_.SetTimer(TimerKind::kRenewal, id_, s_.inputs().now_ms + s_.options().lock.retry_ms);
+          }
+          return Next::Done();  // the lease stays as the last marker allows
+        }
+        return Renew();
       case Stage::kRenewing:
         return Renewed();
-      case Stage::kMarker:
-        return Next::Done();  // the marker's outcome does not matter (see above)
     }
     return Next::Fail(absl::InternalError("renew: no such stage"));
   }
 
  private:
+  Next Renew() {
+    stage_ = Stage::kRenewing;
+    return Next::Call(part::DriveLock(s_, m_, part::LockStart::kTimer, &outcome_));
+  }
   Next Renewed() {
     const Inputs& in = s_.inputs();
     if (outcome_.renewed()) {
@@ -110,9 +126,7 @@ class RenewOp final : public StorePart {
               absl::StrCat("the lock on \"", PrintableId(id_), "\" was renewed; its lease runs ",
                            m_->lease_deadline_ms() - in.now_ms, " ms more, next renewal in ", outcome_.wait_ms, " ms"),
               {{"lease_left_ms", m_->lease_deadline_ms() - in.now_ms}, {"next_renewal_ms", outcome_.wait_ms}});
-      if (!s_.options().python_locks || m_->state() != LockState::kHeld) return Next::Done();
-      stage_ = Stage::kMarker;
-      return Next::Try(s_.SqlPart(s_.st().InsertLockMarker(id_, m_->lock_id()), "renewing the lock marker"));
+      return Next::Done();
     }
     if (m_->state() == LockState::kLost) {
       absl::Status why = outcome_.status.ok() ? StoreSteps::LostLock(id_) : outcome_.status;

@@ -265,9 +265,12 @@ std::unique_ptr<Op> LookForWaiters(StoreSteps& s, std::string id, bool* waiter);
 // ---- store_python_lock.cc: the Python backend's lock ----
 
 // python_locks, the table lock just taken: claims the id from the Python
-// backend (look, marker, settle, look again); *holder names a Python
-// process found holding it (empty: the id is ours).
-std::unique_ptr<Op> ClaimFromPython(StoreSteps& s, StoreSteps::LockPtr m, std::string* holder);
+// backend (block number, look, marker, look again with the block number);
+// *holder names a Python process found holding it, *busy says a block was
+// committed to its table between the looks (neither: the id is ours).
+std::unique_ptr<Op> ClaimFromPython(StoreSteps& s, StoreSteps::LockPtr m, std::string* holder, bool* busy);
+// How far in the future (s) a marker row is stamped (docs/lock.md).
+int64_t MarkerAheadS(const StoreOptions& o);
 // The failure when a Python backend's process kept the id past the timeout.
 absl::Status PythonHolds(const StoreOptions& o, const std::string& id, const std::string& python_lock_id);
 }  // namespace part

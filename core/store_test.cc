@@ -277,46 +277,88 @@ std::unique_ptr<Store> MakePythonLocksStore() {
   return std::move(*s);
 }
 
-TEST(Store, PythonLocksShowTheHoldSettleAndLookAgainBeforeWriting) {
+TEST(Store, PythonLocksReadTheBlocksLookMarkAndLookAgainBeforeWriting) {
   auto store = MakePythonLocksStore();
   int64_t clock = 0;
   MeltanoState incoming{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"singer_state":{}})")};
   auto t = store->Set(incoming);
+  // No wait anywhere: the block number read first, then the marker's own
+  // part the only one after it.
   Outcome o = Drive(*t,
                     {kVersion18, Q("create_lock", Ok()),
-                     Q("foreign_lock_rows", Ok(""), "NOT startsWith(lock_id, 'chstate:')"),
-                     Q("insert_lock_marker", Ok(), "'chstate:" + kLockId + "', now() - 2"),
-                     W(kDefaultPythonLockSettleMs), Q("foreign_lock_rows", Ok("")), Q("insert_state", Ok()),
+                     Q("python_lock_blocks", Ok("41\t2\n"), "max(max_block_number)"),
+                     Q("foreign_lock_rows", Ok(""), "NOT startsWith(lock_id, '!chstate:') AND NOT startsWith(lock_id, 'chstate:')"),
+                     // Twice the 300 s window ahead: no Python row written meanwhile outlives it in a merge.
+                     Q("insert_lock_marker", Ok(), "'!chstate:" + kLockId + "', now() + 600"),
+                     Q("foreign_lock_rows_and_parts", Ok("1\t2\n"), "AND active AND max_block_number > 41"),
+                     Q("insert_state", Ok()),
                      // The marker goes before the lock table: Python processes wait while it stands.
-                     Q("delete_lock_marker", Ok(), "lock_id = 'chstate:" + kLockId + "'"), Q("inspect_lock", Mine()),
+                     Q("delete_lock_marker", Ok(), "lock_id = '!chstate:" + kLockId + "'"), Q("inspect_lock", Mine()),
                      Q("drop_lock", Ok())},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+  EXPECT_LT(clock, 1000) << "the claim waited for time to pass";
 }
 
-TEST(Store, PythonLocksYieldToAPythonHolderAndGiveUpNamingIt) {
+TEST(Store, PythonLocksYieldWhenAnyBlockCameBetweenTheLooks) {
   LockOptions lock = ScriptLock();
-  lock.timeout_ms = 2500;  // room for one retry after the first settle (1 s) and its wait (1 s)
+  lock.timeout_ms = 900;  // shorter than one retry wait (1 s): the first yield gives up
   StoreOptions opts;
-  opts.lock = ScriptLock();
   opts.lock = lock;
   opts.python_locks = true;
   auto store = *Store::Create(opts);
   int64_t clock = 0;
   auto t = store->AcquireLock("id");
-  // A Python row appears during the settle: withdraw, release, wait, try again;
-  // the second time a Python holder is there at once and the timeout has come.
+  // No Python row in either look, but two parts came after block 41 (the
+  // marker's and another): a Python candidate the marker may have merged
+  // away. Yield, and give up saying so once the timeout has come.
   Outcome o = Drive(*t,
-                    {kVersion18, Q("create_lock", Ok()), Q("foreign_lock_rows", Ok("")), Q("insert_lock_marker", Ok()),
-                     W(kDefaultPythonLockSettleMs), Q("foreign_lock_rows", Ok("6f1c-python\t1\n")),
+                    {kVersion18, Q("create_lock", Ok()), Q("python_lock_blocks", Ok("41\t2\n")),
+                     Q("foreign_lock_rows", Ok("")), Q("insert_lock_marker", Ok()),
+                     Q("foreign_lock_rows_and_parts", Ok("2\t2\n")), Q("delete_lock_marker", Ok()),
+                     Q("inspect_lock", Mine()), Q("drop_lock", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
+  EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("written to between chstate's two looks")));
+  EXPECT_FALSE(store->LeaseValid("id", clock));
+}
+
+TEST(Store, PythonLocksYieldToAPythonHolderAndGiveUpNamingIt) {
+  LockOptions lock = ScriptLock();
+  lock.timeout_ms = 1500;  // room for one retry after the first attempt's wait (1 s)
+  StoreOptions opts;
+  opts.lock = lock;
+  opts.python_locks = true;
+  auto store = *Store::Create(opts);
+  int64_t clock = 0;
+  auto t = store->AcquireLock("id");
+  // A Python row shows in the look after the marker: withdraw, release, wait,
+  // try again; the second time a Python holder is there at once and the
+  // timeout has come.
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Ok()), Q("python_lock_blocks", Ok("7\t2\n")),
+                     Q("foreign_lock_rows", Ok("")), Q("insert_lock_marker", Ok()),
+                     Q("foreign_lock_rows_and_parts", Ok("6f1c-python\t1\n1\t2\n")),
                      Q("delete_lock_marker", Ok()), Q("inspect_lock", Mine()), Q("drop_lock", Ok()),
-                     W(kDefaultLockRetryMs), Q("create_lock", Ok()), Q("foreign_lock_rows", Ok("6f1c-python\t1\n")),
+                     W(kDefaultLockRetryMs), Q("create_lock", Ok()), Q("python_lock_blocks", Ok("9\t2\n")),
+                     Q("foreign_lock_rows", Ok("6f1c-python\t1\n")),
                      Q("delete_lock_marker", Ok()), Q("inspect_lock", Mine()), Q("drop_lock", Ok())},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
   EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kAborted,
                                       AllOf(HasSubstr("Python ClickHouse backend"), HasSubstr("6f1c-python"))));
   EXPECT_FALSE(store->LeaseValid("id", clock));
+}
+
+TEST(Store, PythonLocksAreRefusedInClusterMode) {
+  StoreOptions o;
+  o.lock = ScriptLock();
+  o.python_locks = true;
+  o.cluster.name = "c";
+  EXPECT_THAT(Store::Create(o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("python_locks needs one server")));
+  o.python_locks = false;
+  EXPECT_THAT(Store::Create(o).status(), IsOk());
 }
 
 TEST(Store, PythonLocksNeedAWindowTheirRowCanBeRenewedIn) {
@@ -2165,6 +2207,38 @@ TEST(StoreTimers, TickRenewsWhenDueAndNamesTheNextRenewal) {
   ASSERT_TRUE(o.last.result.next_timeout_ms.has_value());
   EXPECT_EQ(*o.last.result.next_timeout_ms, clock + 10000);
   EXPECT_TRUE(store->LeaseValid("id", clock + 20000));
+}
+
+// python_locks: the marker is renewed before the lock, and the lease is
+// extended only after it was confirmed (docs/lock.md): a failed marker
+// leaves the lease where it was and tries again after the retry wait.
+TEST(StoreTimers, PythonLocksRenewTheMarkerFirstAndOnlyThenTheLease) {
+  int64_t clock = 0;
+  StoreOptions o;
+  o.lock = ScriptLock();
+  o.lock.stale_ms = 30000;
+  o.python_locks = true;
+  auto store = *Store::Create(o);
+  auto acquire = store->AcquireLock("id");
+  Outcome got = Drive(*acquire,
+                      {kVersion18, Q("create_lock", Ok()), Q("python_lock_blocks", Ok("3\t2\n")),
+                       Q("foreign_lock_rows", Ok("")), Q("insert_lock_marker", Ok(), "now() + 60"),
+                       Q("foreign_lock_rows_and_parts", Ok("1\t2\n"))},
+                      &clock);
+  ASSERT_EQ(got.last.kind, Action::Kind::kDone) << got.last.status;
+  const int64_t lease = store->LeaseDeadlineMs("id");
+  clock = *store->NextTimeoutMs();
+  auto tick = store->Tick();
+  Outcome failed = Drive(*tick, {Q("insert_lock_marker", Err(500, 252, "Too many parts"))}, &clock);
+  EXPECT_EQ(failed.purposes, (std::vector<std::string>{"insert_lock_marker"})) << "the lock renewed without its marker";
+  EXPECT_EQ(store->LeaseDeadlineMs("id"), lease);
+  clock = *store->NextTimeoutMs();
+  auto again = store->Tick();
+  Outcome renewed = Drive(*again, {Q("insert_lock_marker", Ok(), "now() + 60"), Q("renew_lock", Ok()),
+                                   Q("inspect_lock", MineRenewed(110))},
+                          &clock);
+  ASSERT_EQ(renewed.last.kind, Action::Kind::kDone) << renewed.last.status;
+  EXPECT_GT(store->LeaseDeadlineMs("id"), lease);
 }
 
 TEST(StoreTimers, UsingAHeldIdRenewsItFirstWhenDue) {

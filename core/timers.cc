@@ -13,7 +13,6 @@ const char* TimerKindName(TimerKind kind) {
     case TimerKind::kLockRetry: return "lock-retry";
     case TimerKind::kQuorumBusy: return "quorum-busy";
     case TimerKind::kMutationPoll: return "mutation-poll";
-    case TimerKind::kPythonSettle: return "python-settle";
     case TimerKind::kOpWait: return "op-wait";
     case TimerKind::kLockDeadline: return "lock-deadline";
     case TimerKind::kQuorumBusyEnd: return "quorum-busy-end";

@@ -33,7 +33,6 @@ enum class TimerKind {
   kLockRetry,     // an acquisition's wait before its next attempt
   kQuorumBusy,    // a quorum write (or a claim) sent again after code 286 or 252
   kMutationPoll,  // 18.x: a delete's mutation looked at again
-  kPythonSettle,  // python_locks: the settle wait before looking at the Python backend's rows again
   kOpWait,        // any other wait of an operation
   // Deadlines an operation compares the time with (nothing is woken).
   kLockDeadline,  // an acquisition gives up (the lock timeout)
@@ -65,7 +64,7 @@ class TimerKinds {
 
 // The kinds a running task is woken for.
 inline constexpr TimerKinds kTaskTimers{TimerKind::kResend, TimerKind::kLockRetry, TimerKind::kQuorumBusy,
-                                        TimerKind::kMutationPoll, TimerKind::kPythonSettle, TimerKind::kOpWait};
+                                        TimerKind::kMutationPoll, TimerKind::kOpWait};
 // The kinds an idle store is woken for (Store::Tick).
 inline constexpr TimerKinds kIdleTimers{TimerKind::kRenewal, TimerKind::kLinger, TimerKind::kWaiterLook};
 

@@ -253,6 +253,19 @@ struct SimConfig {
   // Negative controls: the machine with one defence removed (test-only hook).
   LockDefectsForTesting defects;
 
+  // A mixed fleet (kStore only): the odd contenders are processes of the
+  // Python ClickHouse backend (tests/sim/python_backend_lock.h, this
+  // version), the even ones chstate stores with python_locks, on one id of
+  // one server. Exclusion is then judged by the holders' state writes alone
+  // (a chstate table lock that yields to a Python holder held nothing).
+  // Each Python step is held back with python_pause_prob for up to
+  // python_pause_max_ms (a slow client, a server answering late).
+  int python = 0;  // PythonLockVersion: 0 none, 1 published, 2 old
+  double python_pause_prob = 0;
+  int64_t python_pause_max_ms = 0;
+  // Negative control: chstate's marker as before 2026-12-06 (ServerOptions::old_marker).
+  bool old_marker = false;
+
   // Expectations.
   bool expect_violations = false;    // a negative control or the stress config
   bool expect_no_failures = false;   // no kFailed, kLost, or takeover at all
@@ -296,6 +309,15 @@ struct ScheduleResult {
   int writes_sent = 0;         // the user's state writes sent under the lock
   int writes_landed = 0;       // writes under the lock (state, renewal, DROP) that ran on the server
   int overlaps = 0;            // exclusion violations (also in violations)
+  // A mixed fleet: overlaps not blamed on chstate. Two Python processes
+  // holding at once (the backend's own race), and chstate holding while a
+  // Python process held whose row a merge had already dropped in favour of
+  // another Python row (the race's aftermath: that holder leaves no row).
+  int python_overlaps = 0;
+  int orphan_overlaps = 0;
+  // ... and chstate holding while a Python process held whose row chstate's
+  // own marker had merged away during a yield (docs/lock.md, the gap left).
+  int marker_merge_overlaps = 0;
   int taken_back = 0;          // linger: acquisitions that took a lingering lock back
   int pauses = 0;              // linger: contenders paused between rounds
   int renewal_row_overlaps = 0;  // of which the late write was a renewal INSERT (a lock row, not state)
@@ -356,6 +378,9 @@ struct Summary {
   int64_t writes_landed = 0;
   int64_t overlaps = 0;
   int64_t renewal_row_overlaps = 0;
+  int64_t python_overlaps = 0;
+  int64_t orphan_overlaps = 0;
+  int64_t marker_merge_overlaps = 0;
   int64_t prunes = 0;
   int64_t host_sends = 0;
   int64_t dead_host_sends = 0;

@@ -94,7 +94,13 @@ int main(int argc, char** argv) {
       }
     }
     rows.push_back(s);
-    std::cout << FormatSummaries({s}) << s.HostsLine() << std::flush;
+    std::cout << FormatSummaries({s}) << s.HostsLine();
+    if (c.python != 0) {
+      std::cout << "  mixed fleet: " << s.python_overlaps << " Python-Python overlaps, " << s.orphan_overlaps
+                << " with a Python holder whose row a Python row merged away, " << s.marker_merge_overlaps
+                << " with a Python holder whose row chstate's marker merged away\n";
+    }
+    std::cout << std::flush;
   }
   std::cout << "\n" << FormatSummaries(rows);
   bool bad = false;

@@ -90,10 +90,26 @@ struct Patterns {
                        " FINAL WHERE state_id = " LIT " FORMAT TabSeparated"};
   RE2 rmt_delete{"ALTER TABLE " ID "\\." ID " DELETE WHERE state_id = " LIT " AND lock_id = " LIT};
   // A chstate acquirer looking for the Python backend's live rows (always,
-  // since a mixed fleet is safe by default; core/statements.h ForeignLockRows).
+  // since a mixed fleet is safe by default; core/statements.h ForeignLockRows),
+  // alone or with the parts' block number after it.
   RE2 foreign_rows{"SELECT lock_id, 1 FROM " ID "\\." ID " WHERE state_id = (?:" LIT "|\\{state_id:String\\}) AND "
                    "locked_at >= now\\(\\) - (\\d+) "
-                   "AND NOT startsWith\\(lock_id, 'chstate:'\\) FORMAT TabSeparated"};
+                   "AND NOT startsWith\\(lock_id, '!chstate:'\\) AND NOT startsWith\\(lock_id, 'chstate:'\\)"
+                   "( UNION ALL SELECT toString\\(count\\(\\) \\+ countIf\\(min_block_number != max_block_number\\)\\), 2 "
+                   "FROM system\\.parts WHERE database = " LIT " AND table = " LIT " AND active AND max_block_number > "
+                   "(\\d+))? FORMAT TabSeparated"};
+  // python_locks (core/statements.h): the parts' block number, the marker,
+  // its removal on a modern server (18.x: rmt_delete).
+  RE2 lock_blocks{"SELECT toString\\(max\\(max_block_number\\)\\), 2 FROM system\\.parts WHERE database = " LIT
+                  " AND table = " LIT " AND active FORMAT TabSeparated"};
+  RE2 marker_insert{"INSERT INTO " ID "\\." ID " \\(state_id, lock_id, locked_at\\) SELECT " LIT ", " LIT
+                    ", now\\(\\) \\+ (\\d+)"};
+  RE2 modern_delete{"DELETE FROM " ID "\\." ID " WHERE state_id = (?:" LIT "|\\{state_id:String\\}) AND lock_id = " LIT};
+  // The Python backend's own statements (tests/sim/python_backend_lock.h).
+  RE2 python_first_read{"SELECT lock_id FROM " ID "\\." ID " FINAL WHERE state_id = " LIT
+                        " ORDER BY lock_id LIMIT 1 FORMAT TabSeparated"};
+  RE2 python_every_row{"SELECT lock_id FROM " ID "\\." ID " WHERE state_id = " LIT " FORMAT TabSeparated"};
+  RE2 python_delete_stale{"ALTER TABLE " ID "\\." ID " DELETE WHERE locked_at < now\\(\\) - (\\d+)"};
 };
 
 const Patterns& P() {
@@ -559,6 +575,7 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     r.stamped_ms = now_ms;
     r.visible_ms = now_ms + Upto(options_.insert_visibility_max_ms);
     r.insert_order = next_insert_++;
+    r.part_min_block = r.part_max_block = ++it->second.last_block;
     int64_t vis = r.visible_ms - now_ms;
     it->second.rows.push_back(std::move(r));
     return Ok("", now_ms, vis ? absl::StrCat("inserted; visible +", vis, "ms") : std::string("inserted"));
@@ -587,12 +604,17 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
   }
 
   int64_t window_s = 0;
-  if (RE2::FullMatch(sql, p.foreign_rows, &db, &name, &lit, &window_s)) {
+  std::string with_blocks, blocks_db, blocks_table, after_block;
+  if (RE2::FullMatch(sql, p.foreign_rows, &db, &name, &lit, &window_s, &with_blocks, &blocks_db, &blocks_table,
+                     &after_block)) {
     if (!CheckDatabase(db, now_ms, &err)) return err;
     auto it = tables_.find(name);
     if (it == tables_.end()) return UnknownTable(name, now_ms);
     if (it->second.engine != Table::Engine::kReplacingMergeTree) {
       return Unrecognized(request, "a look for lock rows in a Log table", now_ms);
+    }
+    if (!with_blocks.empty() && (Unquote(blocks_db) != db || Unquote(blocks_table) != name)) {
+      return Unrecognized(request, "the parts of another table than the rows'", now_ms);
     }
     // 18.x: a literal; modern servers: the id as a query parameter.
     std::string state_id = Unquote(lit);
@@ -602,33 +624,156 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     std::string out;
     for (const Row& r : it->second.rows) {
       if (r.visible_ms > now_ms || r.state_id != state_id || r.locked_at_s < now_s - window_s) continue;
-      if (absl::StartsWith(r.lock_id, "chstate:")) continue;
+      if (absl::StartsWith(r.lock_id, "chstate:") || absl::StartsWith(r.lock_id, "!chstate:")) continue;
       absl::StrAppend(&out, TsvEscape(r.lock_id), "\t1\n");
     }
-    return Ok(out, now_ms, out.empty() ? "no Python row" : "a Python row");
+    const std::string summary = out.empty() ? "no Python row" : "a Python row";
+    // The negative control: only its own part, whatever happened.
+    if (!with_blocks.empty()) {
+      int64_t after = 0;
+      (void)absl::SimpleAtoi(after_block, &after);
+      absl::StrAppend(&out, options_.old_marker ? 1 : PartsAfter(it->second, after), "\t2\n");
+    }
+    return Ok(out, now_ms, summary);
   }
 
-  if (RE2::FullMatch(sql, p.rmt_delete, &db, &name, &lit, &lit2)) {
+  if (RE2::FullMatch(sql, p.lock_blocks, &lit, &lit2)) {
+    if (!CheckDatabase(Unquote(lit), now_ms, &err)) return err;
+    auto it = tables_.find(Unquote(lit2));
+    // system.parts of a missing table: no rows, and max() of none is 0.
+    int64_t n = it == tables_.end() ? 0 : BlocksRead(it->second);
+    if (options_.old_marker) n = 1;  // the negative control reads no block number
+    return Ok(absl::StrCat(n, "\t2\n"), now_ms, absl::StrCat("block ", n));
+  }
+
+  int64_t ahead_s = 0;
+  if (RE2::FullMatch(sql, p.marker_insert, &db, &name, &lit, &lit2, &ahead_s)) {
     if (!CheckDatabase(db, now_ms, &err)) return err;
     auto it = tables_.find(name);
     if (it == tables_.end()) return UnknownTable(name, now_ms);
     if (it->second.engine != Table::Engine::kReplacingMergeTree) {
-      return Unrecognized(request, "ALTER DELETE of a Log table", now_ms);
+      return Unrecognized(request, "a marker INSERT into a Log lock table", now_ms);
     }
-    // A mutation rewrites the parts that exist when it runs; inserts not yet
-    // visible are later parts and keep their rows.
-    const std::string state_id = Unquote(lit), lock_id = Unquote(lit2);
+    Row r;
+    r.state_id = Unquote(lit);
+    r.lock_id = MarkerId(Unquote(lit2));
+    // The negative control stamps it as before: two seconds in the past.
+    r.locked_at_s = options_.old_marker ? now_s - 2 : now_s + ahead_s;
+    r.stamped_ms = now_ms;
+    r.visible_ms = now_ms;  // async_insert=0: visible once answered
+    r.insert_order = next_insert_++;
+    r.part_min_block = r.part_max_block = ++it->second.last_block;
+    it->second.rows.push_back(std::move(r));
+    return Ok("", now_ms, "marker inserted");
+  }
+
+  if (RE2::FullMatch(sql, p.python_first_read, &db, &name, &lit)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto it = tables_.find(name);
+    if (it == tables_.end()) return UnknownTable(name, now_ms);
+    // FINAL collapses the id's visible rows to the greatest locked_at (the
+    // later insert among equals); ORDER BY ... LIMIT 1 of one row is it.
+    const std::string state_id = Unquote(lit);
+    const Row* best = nullptr;
+    for (const Row& r : it->second.rows) {
+      if (r.visible_ms > now_ms || r.state_id != state_id) continue;
+      if (!best || r.locked_at_s > best->locked_at_s ||
+          (r.locked_at_s == best->locked_at_s && r.insert_order > best->insert_order)) {
+        best = &r;
+      }
+    }
+    if (!best) return Ok("", now_ms, "0 rows");
+    return Ok(absl::StrCat(TsvEscape(best->lock_id), "\n"), now_ms, absl::StrCat("FINAL row ", best->lock_id));
+  }
+
+  if (RE2::FullMatch(sql, p.python_every_row, &db, &name, &lit)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto it = tables_.find(name);
+    if (it == tables_.end()) return UnknownTable(name, now_ms);
+    const std::string state_id = Unquote(lit);
+    std::string out;
+    int n = 0;
+    for (const Row& r : it->second.rows) {
+      if (r.visible_ms > now_ms || r.state_id != state_id) continue;
+      absl::StrAppend(&out, TsvEscape(r.lock_id), "\n");
+      ++n;
+    }
+    return Ok(out, now_ms, absl::StrCat(n, " rows"));
+  }
+
+  if (RE2::FullMatch(sql, p.python_delete_stale, &db, &name, &window_s)) {
+    if (!CheckDatabase(db, now_ms, &err)) return err;
+    auto it = tables_.find(name);
+    if (it == tables_.end()) return UnknownTable(name, now_ms);
     std::vector<Row>& rows = it->second.rows;
-    size_t before = rows.size();
+    const size_t before = rows.size();
     rows.erase(std::remove_if(rows.begin(), rows.end(),
-                              [&](const Row& r) {
-                                return r.visible_ms <= now_ms && r.state_id == state_id && r.lock_id == lock_id;
-                              }),
+                              [&](const Row& r) { return r.visible_ms <= now_ms && r.locked_at_s < now_s - window_s; }),
                rows.end());
-    return Ok("", now_ms, absl::StrCat("deleted ", before - rows.size(), " rows"));
+    ++it->second.last_block;  // the mutation's number
+    return Ok("", now_ms, absl::StrCat("deleted ", before - rows.size(), " stale rows"));
+  }
+
+  if (RE2::FullMatch(sql, p.modern_delete, &db, &name, &lit, &lit2)) {
+    std::string state_id = Unquote(lit);
+    for (const auto& [k, v] : request.url_params) {
+      if (k == "param_state_id") state_id = Unquote(v);
+    }
+    return DeleteRows(request, db, name, state_id, Unquote(lit2), now_ms);
+  }
+
+  if (RE2::FullMatch(sql, p.rmt_delete, &db, &name, &lit, &lit2)) {
+    return DeleteRows(request, db, name, Unquote(lit), Unquote(lit2), now_ms);
   }
 
   return Unrecognized(request, "unrecognised statement", now_ms);
+}
+
+Execution SimServer::DeleteRows(const SqlRequest& request, const std::string& db, const std::string& name,
+                                const std::string& state_id, const std::string& given_lock_id, int64_t now_ms) {
+  Execution err;
+  if (!CheckDatabase(db, now_ms, &err)) return err;
+  auto it = tables_.find(name);
+  if (it == tables_.end()) return UnknownTable(name, now_ms);
+  if (it->second.engine != Table::Engine::kReplacingMergeTree) {
+    return Unrecognized(request, "ALTER DELETE of a Log table", now_ms);
+  }
+  // A mutation rewrites the parts that exist when it runs; inserts not yet
+  // visible are later parts and keep their rows. It takes a block number.
+  const std::string lock_id = MarkerId(given_lock_id);
+  std::vector<Row>& rows = it->second.rows;
+  size_t before = rows.size();
+  rows.erase(std::remove_if(rows.begin(), rows.end(),
+                            [&](const Row& r) {
+                              return r.visible_ms <= now_ms && r.state_id == state_id && r.lock_id == lock_id;
+                            }),
+             rows.end());
+  ++it->second.last_block;
+  return Ok("", now_ms, absl::StrCat("deleted ", before - rows.size(), " rows"));
+}
+
+std::string SimServer::MarkerId(const std::string& lock_id) const {
+  if (options_.old_marker && absl::StartsWith(lock_id, "!chstate:")) return lock_id.substr(1);
+  return lock_id;
+}
+
+int64_t SimServer::BlocksRead(const Table& t) const {
+  // system.parts' greatest max_block_number of the active parts: the parts
+  // that still hold rows (an emptied part counts as gone, the least
+  // favourable choice for the reader).
+  int64_t n = 0;
+  for (const Row& r : t.rows) n = std::max(n, r.part_max_block);
+  return n;
+}
+
+int64_t SimServer::PartsAfter(const Table& t, int64_t after) const {
+  std::set<std::pair<int64_t, int64_t>> parts;
+  for (const Row& r : t.rows) {
+    if (r.part_max_block > after) parts.emplace(r.part_min_block, r.part_max_block);
+  }
+  int64_t n = 0;
+  for (const auto& [lo, hi] : parts) n += lo == hi ? 1 : 2;
+  return n;
 }
 
 void SimServer::Merge(int64_t now_ms) {
@@ -645,10 +790,25 @@ void SimServer::Merge(int64_t now_ms) {
         it->second = i;
       }
     }
+    // The visible rows become one part: its range is theirs.
+    int64_t part_min = INT64_MAX, part_max = 0;
+    for (const Row& r : t.rows) {
+      if (r.visible_ms > now_ms) continue;
+      part_min = std::min(part_min, r.part_min_block);
+      part_max = std::max(part_max, r.part_max_block);
+    }
     std::vector<Row> merged;
     for (size_t i = 0; i < t.rows.size(); ++i) {
       const Row& r = t.rows[i];
-      if (r.visible_ms > now_ms || keep[r.state_id] == i) merged.push_back(r);
+      if (r.visible_ms > now_ms) {
+        merged.push_back(r);
+      } else if (keep[r.state_id] != i) {
+        merged_away_.emplace(r.lock_id, MergedAway{now_ms, t.rows[keep[r.state_id]].lock_id});
+      } else {
+        merged.push_back(r);
+        merged.back().part_min_block = part_min;
+        merged.back().part_max_block = part_max;
+      }
     }
     t.rows = std::move(merged);
   }

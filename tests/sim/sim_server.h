@@ -107,6 +107,11 @@ struct ServerOptions {
   // Negative control: the claims read says the table has one replica (so a
   // client reads one, which may lack a confirmed claim).
   bool replicas_understated = false;
+  // Negative control for the mixed fleet: chstate's marker as releases
+  // before 2026-12-06 wrote it (lock_id "chstate:...", locked_at now() - 2)
+  // and no block check (the parts' block number read as the same every
+  // time, so the look after the marker never sees a write between).
+  bool old_marker = false;
 };
 
 // A row of the claims table.
@@ -133,6 +138,10 @@ struct Row {
   int64_t stamped_ms = 0;     // true time the statement ran (for checkers)
   int64_t visible_ms = 0;     // reads see the row from this true time on
   uint64_t insert_order = 0;  // ties in ReplacingMergeTree: the later insert wins
+  // ReplacingMergeTree: the least and greatest block numbers of the part the
+  // row is in (its insert's block, or a merge's range).
+  int64_t part_min_block = 0;
+  int64_t part_max_block = 0;
 };
 
 struct Table {
@@ -142,6 +151,9 @@ struct Table {
   int64_t created_s = 0;    // metadata_modification_time
   int64_t created_ms = 0;
   std::vector<Row> rows;
+  // ReplacingMergeTree: the last block number given. A MergeTree numbers an
+  // insert's part as it commits it, and a mutation takes a number too.
+  int64_t last_block = 0;
 };
 
 // The outcome of one statement.
@@ -169,6 +181,14 @@ class SimServer {
   // separate parts and take no part.
   void Merge(int64_t now_ms);
 
+  // ReplacingMergeTree: a row a merge collapsed into another of its id,
+  // by its lock id: when, and the survivor's lock id.
+  struct MergedAway {
+    int64_t at_ms = 0;
+    std::string survivor;
+  };
+  const std::map<std::string, MergedAway>& merged_away() const { return merged_away_; }
+
   const Table* Find(const std::string& name) const;
   const std::map<std::string, Table>& tables() const { return tables_; }
   // Statements the server did not recognise (each also got a syntax error).
@@ -193,6 +213,15 @@ class SimServer {
   Execution Unrecognized(const SqlRequest& request, const std::string& why, int64_t now_ms);
   bool Chance(double p);
   int64_t Upto(int64_t max);  // uniform in [0, max]
+  // ReplacingMergeTree: removes the visible rows of (state_id, lock_id).
+  Execution DeleteRows(const SqlRequest& request, const std::string& db, const std::string& name,
+                       const std::string& state_id, const std::string& lock_id, int64_t now_ms);
+  // old_marker: the marker's lock id as releases before 2026-12-06 wrote it.
+  std::string MarkerId(const std::string& lock_id) const;
+  // What a read of system.parts' greatest block number of `t` answers.
+  int64_t BlocksRead(const Table& t) const;
+  // The active parts of `t` with a block after `after`, merged ones twice.
+  int64_t PartsAfter(const Table& t, int64_t after) const;
   // ServerOptions::replicas: the replica a request reaches, and where a new
   // claims row is when.
   int ReplicaOf(const SqlRequest& request) const;
@@ -212,6 +241,7 @@ class SimServer {
   int64_t lag_from_ms_ = -1;  // the current or next lag period (lag_every_max_ms)
   int64_t lag_until_ms_ = 0;
   bool claims_table_ = false;
+  std::map<std::string, MergedAway> merged_away_;
   std::vector<ClaimRow> claims_;
 };
 
