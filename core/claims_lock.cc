@@ -6,10 +6,12 @@
 // claims_lock_effects.cc, the ones both machines share in lock_machine.cc.
 #include "core/claims_lock.h"
 
+#include "core/task.h"
 #include <utility>
 
 #include "core/clickhouse_errors.h"
 #include "core/response.h"
+#include "core/task.h"
 
 namespace chstate {
 
@@ -383,7 +385,13 @@ ClaimsLock::Event ClaimsLock::ClassifyAnswer(const SqlResponse& r, const Inputs&
       if (a == LockAnswer::kExists) return E::kError;
       if (SentAgainWhenBusy(r, in)) return E::kBusy;
       if (ReleaseFailedTooLate(in)) return E::kRanOut;
-      return E::kError;  // the core already resent it after transport failures (idempotent)
+      // No host answered, or every one refused as a replica does while it
+      // catches up (164, 242, 225, ...): the task already went round the
+      // hosts; an end row is harmless to write again, so it is sent again
+      // after a short wait until the lease ends (one replica of three down
+      // must not fail a release).
+      if (!outstanding_.sql.empty() && (!r.transport_ok || ReplicaLevelError(outstanding_, r))) return E::kBusy;
+      return E::kError;
     default:
       return E::kError;  // no request in flight: Takes() refused the answer
   }

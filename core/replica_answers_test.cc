@@ -30,6 +30,7 @@ using ::chstate::testing::Ok;
 using ::chstate::testing::Refused;
 using ::chstate::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kRandom(32, '\x11');
 const std::string kLockId = MakeLockId(kRandom);
@@ -772,6 +773,49 @@ TEST(ReplicaClaims, AnEndRowWith319IsWrittenAgain) {
   Script r = Drive(*t, {At("a", "end_claim", Code(ch::kUnknownStatusOfInsert)), Wait(), At("b", "end_claim", Ok())},
                 &clock);
   EXPECT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+}
+
+// One replica of three killed while the others catch up (164 "not active"):
+// every host of three rounds fails the end row. The task gives up its
+// rounds, and the lock machine writes the end row again after a short wait,
+// within the lease, instead of failing the release.
+TEST(ReplicaClaims, AnEndRowNoHostTookIsWrittenAgainWithinTheLease) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> t = store->ReleaseLock("id", kClaimId);
+  int ends = 0;
+  Action a = RunToEnd(*t, &clock, [&](const std::string& purpose, int64_t) {
+    if (purpose != "end_claim") return Ok("");
+    ++ends;
+    if (ends > 12) return Ok();
+    return ends % 3 == 0 ? Refused() : NotActive();
+  });
+  EXPECT_EQ(a.kind, Action::Kind::kDone) << a.status;
+  EXPECT_EQ(ends, 13);
+}
+
+// ... and when no host takes it until the lease ends, the release fails as
+// one left to expire, not as a server that never answered.
+TEST(ReplicaClaims, AnEndRowNoHostTakesUntilTheLeaseEndsIsLeftToExpire) {
+  StoreOptions o;
+  o.lock.stale_ms = 2000;
+  o.lock.timeout_ms = 10000;
+  o.cluster.name = "prod";
+  o.hosts = {{"a", 8123}, {"b", 8123}, {"c", 8123}};
+  auto store = *Store::Create(o);
+  int64_t clock = 0;
+  HoldLock(*store, &clock);
+  std::unique_ptr<Task> t = store->ReleaseLock("id", kClaimId);
+  int ends = 0;
+  Action a = RunToEnd(*t, &clock, [&](const std::string& purpose, int64_t) {
+    if (purpose == "end_claim") ++ends;
+    return NotActive();
+  });
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_GT(ends, 3) << "the end row was not written again after the task's rounds";
+  EXPECT_THAT(a.status.message(), HasSubstr("expire"));
+  EXPECT_THAT(std::string(a.status.message()), Not(HasSubstr("no answer from ClickHouse while releasing")));
 }
 
 TEST(ReplicaClaims, AClaimsTableDdlTimingOutOnSomeHost159StillTakesTheLock) {
