@@ -141,7 +141,7 @@ class Busy:
     def _run(self) -> None:
         lock = PythonBackendLock(self.front, "system")
         while not self.stop.is_set():
-            lock._post("SELECT count() FROM numbers(30000000) WHERE sipHash64(number) % 7 = 3 FORMAT TabSeparated")
+            lock._post("SELECT count() FROM numbers(3000000) WHERE sipHash64(number) % 7 = 3 FORMAT TabSeparated")
             self.queries += 1
 
     def __enter__(self):
@@ -184,8 +184,11 @@ def test_chstate_and_the_python_backend_never_hold_one_id_at_once(fleet, chstate
         section = (f"python3 -c 'import time; print(time.time())' >> {marks}; sleep {HOLD_S}; "
                    f"python3 -c 'import time; print(time.time())' >> {marks}")
         for _ in range(ROUNDS):
-            out = subprocess.run([str(chstate_bin), "--uri", uri, "--python-locks", "--lock-retry", "0.3", "lock",
-                                  state_id, "--lock-timeout", "120", "--", "sh", "-c", section],
+            # A validity of 30 s: every request waits its turn behind the
+            # long queries, and a renewal is three of them.
+            out = subprocess.run([str(chstate_bin), "--uri", uri, "--python-locks", "--lock-retry", "0.3",
+                                  "--stale-lock", "30", "lock", state_id, "--lock-timeout", "120", "--", "sh", "-c",
+                                  section],
                                  env=env, capture_output=True, text=True, timeout=240)
             if out.returncode != 0:
                 errors.append(f"{name}: exit {out.returncode}: {out.stderr[-500:]}")
