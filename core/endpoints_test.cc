@@ -150,6 +150,30 @@ TEST(FailoverTest, ARefusedHostIsFollowedAtOnceByTheNextAndTheNextRequestStartsT
   EXPECT_EQ(next->Start({7, ""}).request.endpoint, (Endpoint{"b", 2}));
 }
 
+// An answer from a host clears its down mark, the first host's too: a
+// request that found b and c refusing went to a (marked down), a answered,
+// and the next request starts at a again.
+TEST(FailoverTest, AnAnswerFromAHostClearsItsMarkTheFirstHostsToo) {
+  OneRequest t;
+  std::unique_ptr<Task> task = t.Make(/*idempotent=*/true);
+  task->Start({0, ""});
+  Action a = task->OnResponse(Refused("a:1"), {10, ""});
+  ASSERT_EQ(a.request.endpoint, (Endpoint{"b", 2}));
+  ASSERT_EQ(task->OnResponse(Ok(), {11, ""}).kind, Action::Kind::kDone);
+  EXPECT_TRUE(t.hosts->Down(0, 12));
+  std::unique_ptr<Task> next = t.Make(true);
+  a = next->Start({20, ""});
+  ASSERT_EQ(a.request.endpoint, (Endpoint{"b", 2}));
+  a = next->OnResponse(Refused("b:2"), {21, ""});
+  ASSERT_EQ(a.request.endpoint, (Endpoint{"c", 3}));
+  a = next->OnResponse(Refused("c:3"), {22, ""});
+  ASSERT_EQ(a.request.endpoint, (Endpoint{"a", 1}));
+  ASSERT_EQ(next->OnResponse(Ok(), {23, ""}).kind, Action::Kind::kDone);
+  EXPECT_FALSE(t.hosts->Down(0, 24));
+  EXPECT_TRUE(t.hosts->Down(1, 24));
+  EXPECT_EQ(t.Make(true)->Start({25, ""}).request.endpoint, (Endpoint{"a", 1}));
+}
+
 // Through the task driver: once a's mark runs out (host_down_ms after it
 // failed), requests go to a again, though b answered in between.
 TEST(FailoverTest, TheFirstHostIsUsedAgainOnceItsMarkRunsOut) {

@@ -579,6 +579,17 @@ TEST(ReplicaWrites, AReplicaNotActiveOnEveryHostIsUnavailableAndSaysSo) {
   EXPECT_EQ(ClickHouseCode(a.status), ch::kReadonly);
 }
 
+// 164 that is not a replica restoring its session (a read-only profile):
+// the same on every replica, so the write fails at once, not after going
+// round them.
+TEST(ReplicaWrites, A164ReadOnlyProfileFailsAtOnceAndIsNotSentElsewhere) {
+  int sends = 0;
+  Action a = WriteAnsweredEverywhere(Err(500, ch::kReadonly, "Cannot execute query in readonly mode"), &sends);
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_EQ(sends, 1);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("read")));
+}
+
 // Nothing was written, so even a claim (not idempotent) goes to the next
 // replica at once.
 TEST(ReplicaClaims, AClaimRefusedByAReplicaNotActiveGoesToTheNextReplica) {
@@ -642,6 +653,21 @@ TEST(ReplicaClaims, AClaimRefusedWith286IsSentAgainAfterAPause) {
                 {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
                  At("a", "inspect_claims", Ok("")), At("a", "claim_lock", Code(ch::kUnsatisfiedQuorumForPreviousWrite)),
                  Wait(), At("a", "claim_lock", Ok()), At("a", "inspect_claims", Claim(kClaimId, 100))},
+                &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
+  EXPECT_EQ(r.last.result.lock_id, kClaimId);
+}
+
+// 252 (too many parts) wrote nothing, as 286: the claim goes again after a
+// pause instead of the acquisition backing off a whole retry.
+TEST(ReplicaClaims, AClaimRefusedWith252IsSentAgainAfterAPause) {
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                 At("a", "inspect_claims", Ok("")), At("a", "claim_lock", Code(ch::kTooManyParts)), Wait(),
+                 At("a", "claim_lock", Ok()), At("a", "inspect_claims", Claim(kClaimId, 100))},
                 &clock);
   ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status;
   EXPECT_EQ(r.last.result.lock_id, kClaimId);

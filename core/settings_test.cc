@@ -1,9 +1,9 @@
 #include "core/settings.h"
 
 #include <algorithm>
-
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -189,6 +189,40 @@ TEST(SettingsTest, NoMessageHoldsThePassword) {
   s = ResolveSettings(Api({{"password", "Sup3rSecret"}, {"uri", kUri}, {"lock_retry_seconds", "x"}}));
   ASSERT_THAT(s, Not(IsOk()));
   EXPECT_THAT(std::string(s.status().message()), Not(HasSubstr("Sup3rSecret")));
+}
+
+// A password echoed in an error (a value typed into the wrong setting) is
+// hidden however the message escapes it, and whole when one password holds
+// another.
+TEST(SettingsTest, APasswordIsHiddenEscapedAndWholeWhenOneHoldsAnother) {
+  const std::string tricky = "pa\"ss\\w\tord";
+  absl::StatusOr<Settings> s = ResolveSettings(Api({{"password", tricky}, {"uri", kUri}, {"port", tricky}}));
+  ASSERT_THAT(s, Not(IsOk()));
+  const std::string message(s.status().message());
+  EXPECT_THAT(message, Not(HasSubstr(tricky)));
+  EXPECT_THAT(message, Not(HasSubstr(absl::CHexEscape(tricky))));
+  EXPECT_THAT(message, HasSubstr("***"));
+  s = ResolveSettings(Api({{"password", "xsecretx"}, {"uri", kUri}, {"port", "xsecretx"}},
+                          {{"CLICKHOUSE_PASSWORD", "secret"}}));
+  ASSERT_THAT(s, Not(IsOk()));
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("\"***\""));
+  EXPECT_THAT(std::string(s.status().message()), Not(HasSubstr("x***x")));
+}
+
+// Counts are whole numbers within their bounds; durations keep fractions.
+TEST(SettingsTest, CountsRefuseFractionsAndTooLargeValuesDurationsKeepFractions) {
+  for (const char* bad : {"2.5", "3e1", "-1", "1000001", " 2"}) {
+    absl::StatusOr<Settings> s = ResolveSettings(Api({{"uri", kUri}, {"history_versions", bad}}));
+    EXPECT_THAT(s, Not(IsOk())) << bad;
+    if (!s.ok()) EXPECT_THAT(std::string(s.status().message()), HasSubstr("not a whole number")) << bad;
+  }
+  absl::StatusOr<Settings> s = ResolveSettings(Api({{"uri", kUri}, {"history_versions", "1000000"}}));
+  ASSERT_THAT(s, IsOk());
+  EXPECT_EQ(s->store.history_versions, 1000000);
+  s = ResolveSettings(Api({{"uri", kUri}, {"lock_retry_seconds", "1.5"}, {"lock_timeout_seconds", "10.25"}}));
+  ASSERT_THAT(s, IsOk());
+  EXPECT_EQ(s->store.lock.retry_ms, 1500);
+  EXPECT_EQ(s->store.lock.stale_ms, 10250);
 }
 
 TEST(SettingsTest, SecretsGivenAreEveryPasswordWhereverGiven) {
