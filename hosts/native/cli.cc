@@ -438,17 +438,19 @@ SettingsSources SourcesOf(const Invocation& inv, const Env& env) {
                              : inv.verbose == 1 ? DiagnosticLevel::kInfo
                                                 : DiagnosticLevel::kNone;
   sources.host.show_states = inv.On("show-states");
+  // For `lock`, --timeout is how long to wait for the lock (flock -w), and
+  // only that: its requests keep their own timeout.
+  const bool lock = inv.command != nullptr && std::string(inv.command->name) == "lock";
   for (const OptionSpec& o : Options()) {
     if (o.setting == nullptr) continue;
+    if (lock && std::string(o.name) == "timeout") continue;
     if (o.metavar != nullptr) {
       if (const std::string* v = inv.Value(o.name)) sources.values[o.setting->key] = *v;
     } else if (auto it = inv.switches.find(o.name); it != inv.switches.end()) {
       sources.values[o.setting->key] = it->second ? "true" : "false";
     }
   }
-  // For `lock`, --timeout is also how long to wait for the lock (flock -w).
-  if (inv.command != nullptr && std::string(inv.command->name) == "lock" && inv.Value("timeout") != nullptr &&
-      inv.Value("lock-timeout") == nullptr) {
+  if (lock && inv.Value("timeout") != nullptr && inv.Value("lock-timeout") == nullptr) {
     sources.values["lock_wait_seconds"] = *inv.Value("timeout");
   }
   return sources;

@@ -35,6 +35,13 @@ def test_exit_code_passes_through(cli):
     cli.run("lock", "job", "--timeout", "1", "--", "true")  # and the lock was released
 
 
+def test_lock_timeout_is_the_wait_only(cli):
+    # --timeout 0: try once (it used to set every request's timeout too, and
+    # 0 is below a request's minimum: exit 2).
+    r = cli.run("lock", "once", "--timeout", "0", "--", "sh", "-c", "echo ran")
+    assert r.stdout.strip() == b"ran"
+
+
 def test_busy_lock_exits_4_without_running_the_command(cli, tmp_path):
     started, release, marker = tmp_path / "started", tmp_path / "release", tmp_path / "ran"
     holder = spawn(cli, "lock", "busy", "--", "sh", "-c", held_until(started, release))
