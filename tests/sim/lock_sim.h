@@ -43,6 +43,7 @@
 #define CHSTATE_TESTS_SIM_LOCK_SIM_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -91,6 +92,31 @@ class SimLock {
   virtual void OnResponseToOp(const SqlResponse& response, uint64_t /*op*/, const Inputs& in) {
     OnResponse(response, in);
   }
+};
+
+// A SimLock that queues its actions for Poll(): the plumbing of the
+// stand-ins (tests/sim/naive_lock.h, tests/sim/python_backend_lock.h).
+class QueuedSimLock : public SimLock {
+ public:
+  std::optional<SimAction> Poll() override {
+    if (out_.empty()) return std::nullopt;
+    SimAction a = std::move(out_.front());
+    out_.pop_front();
+    return a;
+  }
+
+ protected:
+  void EmitSql(SqlRequest r) {
+    SimAction a{SimAction::Kind::kRunSql};
+    a.request = std::move(r);
+    out_.push_back(std::move(a));
+  }
+  void EmitTimer(int64_t ms) { out_.push_back(SimAction{SimAction::Kind::kArmTimer, {}, ms}); }
+  void EmitFailed(absl::Status why) { out_.push_back(SimAction{SimAction::Kind::kFailed, {}, 0, std::move(why)}); }
+  void Emit(SimAction::Kind kind) { out_.push_back(SimAction{kind}); }
+
+ private:
+  std::deque<SimAction> out_;
 };
 
 enum class LockKind {

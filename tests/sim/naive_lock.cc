@@ -48,19 +48,17 @@ SqlRequest NaiveLock::DeleteOwn() const {
 
 void NaiveLock::Send(SqlRequest r, State next) {
   state_ = next;
-  SimAction a{SimAction::Kind::kRunSql};
-  a.request = std::move(r);
-  out_.push_back(std::move(a));
+  EmitSql(std::move(r));
 }
 
 void NaiveLock::Timer(int64_t ms, State next) {
   state_ = next;
-  out_.push_back(SimAction{SimAction::Kind::kArmTimer, {}, ms});
+  EmitTimer(ms);
 }
 
 void NaiveLock::Fail(const std::string& why) {
   state_ = kDone;
-  out_.push_back(SimAction{SimAction::Kind::kFailed, {}, 0, absl::AbortedError(why)});
+  EmitFailed(absl::AbortedError(why));
 }
 
 void NaiveLock::Acquire(const Inputs& in) {
@@ -115,7 +113,7 @@ void NaiveLock::OnResponse(const SqlResponse& response, const Inputs& in) {
       if (winner == lock_id_) {
         state_ = kHeld;
         lease_deadline_ms_ = insert_sent_ms_ + options_.stale_ms - LeaseMarginMs(options_);
-        out_.push_back(SimAction{SimAction::Kind::kAcquired});
+        Emit(SimAction::Kind::kAcquired);
         return;
       }
       return Timer(options_.retry_ms, kBackingOff);
@@ -124,18 +122,11 @@ void NaiveLock::OnResponse(const SqlResponse& response, const Inputs& in) {
       return Timer(settle_ms_, kSettling);
     case kReleasing:
       state_ = kDone;
-      out_.push_back(SimAction{SimAction::Kind::kReleased});
+      Emit(SimAction::Kind::kReleased);
       return;
     default:
       return Fail(absl::StrCat("unexpected answer in state ", StateName()));
   }
-}
-
-std::optional<SimAction> NaiveLock::Poll() {
-  if (out_.empty()) return std::nullopt;
-  SimAction a = std::move(out_.front());
-  out_.pop_front();
-  return a;
 }
 
 }  // namespace chstate::sim

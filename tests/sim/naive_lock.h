@@ -24,7 +24,7 @@
 
 namespace chstate::sim {
 
-class NaiveLock : public SimLock {
+class NaiveLock : public QueuedSimLock {
  public:
   NaiveLock(const Statements& statements, std::string state_id, LockOptions options, int64_t settle_ms);
 
@@ -32,7 +32,6 @@ class NaiveLock : public SimLock {
   void Release(const Inputs& in) override;
   void OnResponse(const SqlResponse& response, const Inputs& in) override;
   void OnTimer(const Inputs& in) override;
-  std::optional<SimAction> Poll() override;
   bool LeaseValid(int64_t now_ms) const override { return state_ == kHeld && now_ms < lease_deadline_ms_; }
   int64_t lease_deadline_ms() const override { return lease_deadline_ms_; }
   std::string lock_id() const override { return lock_id_; }
@@ -57,7 +56,6 @@ class NaiveLock : public SimLock {
   LockOptions options_;
   int64_t settle_ms_;
   State state_ = kIdle;
-  std::deque<SimAction> out_;
   std::string lock_id_;
   int64_t deadline_ms_ = 0;
   int64_t insert_sent_ms_ = 0;

@@ -91,9 +91,7 @@ SqlRequest PythonBackendLock::DeleteOwn() const {
 
 void PythonBackendLock::Send(SqlRequest r, State next) {
   state_ = next;
-  SimAction a{SimAction::Kind::kRunSql};
-  a.request = std::move(r);
-  out_.push_back(std::move(a));
+  EmitSql(std::move(r));
 }
 
 void PythonBackendLock::Step(SqlRequest r, State next) {
@@ -108,12 +106,12 @@ void PythonBackendLock::Step(SqlRequest r, State next) {
 
 void PythonBackendLock::Timer(int64_t ms, State next) {
   state_ = next;
-  out_.push_back(SimAction{SimAction::Kind::kArmTimer, {}, ms});
+  EmitTimer(ms);
 }
 
 void PythonBackendLock::Fail(const std::string& why) {
   state_ = kDone;
-  out_.push_back(SimAction{SimAction::Kind::kFailed, {}, 0, absl::AbortedError(why)});
+  EmitFailed(absl::AbortedError(why));
 }
 
 void PythonBackendLock::Acquire(const Inputs& in) {
@@ -131,7 +129,7 @@ void PythonBackendLock::Attempt(const Inputs& in) {
 void PythonBackendLock::Won(const Inputs& in) {
   state_ = kHeld;
   held_until_ms_ = in.now_ms + 1000LL * 1000 * 1000;  // no lease: held until released
-  out_.push_back(SimAction{SimAction::Kind::kAcquired});
+  Emit(SimAction::Kind::kAcquired);
 }
 
 void PythonBackendLock::Release(const Inputs&) {
@@ -183,18 +181,11 @@ void PythonBackendLock::OnResponse(const SqlResponse& response, const Inputs& in
       return Timer(options_.retry_ms, kBackingOff);
     case kReleasing:
       state_ = kDone;
-      out_.push_back(SimAction{SimAction::Kind::kReleased});
+      Emit(SimAction::Kind::kReleased);
       return;
     default:
       return Fail(absl::StrCat("unexpected answer in state ", StateName()));
   }
-}
-
-std::optional<SimAction> PythonBackendLock::Poll() {
-  if (out_.empty()) return std::nullopt;
-  SimAction a = std::move(out_.front());
-  out_.pop_front();
-  return a;
 }
 
 }  // namespace chstate::sim

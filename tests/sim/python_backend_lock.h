@@ -31,7 +31,7 @@ namespace chstate::sim {
 
 enum class PythonLockVersion { kNone, kPublished, kOld };
 
-class PythonBackendLock : public SimLock {
+class PythonBackendLock : public QueuedSimLock {
  public:
   PythonBackendLock(const Statements& statements, std::string state_id, PythonLockVersion version,
                     LockOptions options, double pause_prob, int64_t pause_max_ms, uint64_t seed);
@@ -40,7 +40,6 @@ class PythonBackendLock : public SimLock {
   void Release(const Inputs& in) override;
   void OnResponse(const SqlResponse& response, const Inputs& in) override;
   void OnTimer(const Inputs& in) override;
-  std::optional<SimAction> Poll() override;
   bool LeaseValid(int64_t now_ms) const override { return state_ == kHeld && now_ms < held_until_ms_; }
   int64_t lease_deadline_ms() const override { return state_ == kHeld ? held_until_ms_ : 0; }
   std::string lock_id() const override { return lock_id_; }
@@ -74,7 +73,6 @@ class PythonBackendLock : public SimLock {
   int64_t pause_max_ms_;
   std::mt19937_64 rng_;
   State state_ = kIdle;
-  std::deque<SimAction> out_;
   std::string lock_id_;
   int64_t deadline_ms_ = 0;
   int64_t held_until_ms_ = 0;

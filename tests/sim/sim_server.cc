@@ -588,17 +588,8 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     if (it->second.engine != Table::Engine::kReplacingMergeTree) {
       return Unrecognized(request, "SELECT FINAL of a Log table", now_ms);
     }
-    // FINAL: the visible rows of the key collapse to the greatest locked_at,
-    // the later insert among equals.
     const std::string state_id = Unquote(lit);
-    const Row* best = nullptr;
-    for (const Row& r : it->second.rows) {
-      if (r.visible_ms > now_ms || r.state_id != state_id) continue;
-      if (!best || r.locked_at_s > best->locked_at_s ||
-          (r.locked_at_s == best->locked_at_s && r.insert_order > best->insert_order)) {
-        best = &r;
-      }
-    }
+    const Row* best = FinalRow(it->second, state_id, now_ms);
     if (!best) return Ok("", now_ms, "0 rows");
     return Ok(absl::StrCat(TsvEscape(best->lock_id), "\t", best->locked_at_s, "\t", now_s, "\n"), now_ms, "1 row");
   }
@@ -671,17 +662,9 @@ Execution SimServer::Execute(const SqlRequest& request, int64_t now_ms) {
     if (!CheckDatabase(db, now_ms, &err)) return err;
     auto it = tables_.find(name);
     if (it == tables_.end()) return UnknownTable(name, now_ms);
-    // FINAL collapses the id's visible rows to the greatest locked_at (the
-    // later insert among equals); ORDER BY ... LIMIT 1 of one row is it.
+    // ORDER BY ... LIMIT 1 of FINAL's one row is it.
     const std::string state_id = Unquote(lit);
-    const Row* best = nullptr;
-    for (const Row& r : it->second.rows) {
-      if (r.visible_ms > now_ms || r.state_id != state_id) continue;
-      if (!best || r.locked_at_s > best->locked_at_s ||
-          (r.locked_at_s == best->locked_at_s && r.insert_order > best->insert_order)) {
-        best = &r;
-      }
-    }
+    const Row* best = FinalRow(it->second, state_id, now_ms);
     if (!best) return Ok("", now_ms, "0 rows");
     return Ok(absl::StrCat(TsvEscape(best->lock_id), "\n"), now_ms, absl::StrCat("FINAL row ", best->lock_id));
   }
@@ -764,6 +747,20 @@ int64_t SimServer::BlocksRead(const Table& t) const {
   int64_t n = 0;
   for (const Row& r : t.rows) n = std::max(n, r.part_max_block);
   return n;
+}
+
+const Row* SimServer::FinalRow(const Table& t, const std::string& state_id, int64_t now_ms) {
+  // FINAL: the visible rows of the key collapse to the greatest locked_at,
+  // the later insert among equals.
+  const Row* best = nullptr;
+  for (const Row& r : t.rows) {
+    if (r.visible_ms > now_ms || r.state_id != state_id) continue;
+    if (!best || r.locked_at_s > best->locked_at_s ||
+        (r.locked_at_s == best->locked_at_s && r.insert_order > best->insert_order)) {
+      best = &r;
+    }
+  }
+  return best;
 }
 
 int64_t SimServer::PartsAfter(const Table& t, int64_t after) const {

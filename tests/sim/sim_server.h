@@ -220,6 +220,8 @@ class SimServer {
   std::string MarkerId(const std::string& lock_id) const;
   // What a read of system.parts' greatest block number of `t` answers.
   int64_t BlocksRead(const Table& t) const;
+  // The row a FINAL read of `state_id` gives at `now_ms` (null: none).
+  static const Row* FinalRow(const Table& t, const std::string& state_id, int64_t now_ms);
   // The active parts of `t` with a block after `after`, merged ones twice.
   int64_t PartsAfter(const Table& t, int64_t after) const;
   // ServerOptions::replicas: the replica a request reaches, and where a new
