@@ -6,7 +6,6 @@
 // claims_lock_effects.cc, the ones both machines share in lock_machine.cc.
 #include "core/claims_lock.h"
 
-#include "core/task.h"
 #include <utility>
 
 #include "core/clickhouse_errors.h"

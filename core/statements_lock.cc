@@ -99,6 +99,12 @@ std::string ForeignRowsSql(const std::string& table, const std::string& where) {
                       ") AND NOT startsWith(lock_id, ", QuoteStringLiteral(kOldLockMarkerPrefix), ")");
 }
 
+// The active parts of `<table>_lock` in system.parts.
+std::string LockRowsTableParts(const std::string& schema, const std::string& table) {
+  return absl::StrCat("database = ", QuoteStringLiteral(schema), " AND table = ",
+                      QuoteStringLiteral(absl::StrCat(table, "_lock")), " AND active");
+}
+
 }  // namespace
 
 SqlRequest Statements::ForeignLockRows(absl::string_view state_id) const {
@@ -110,9 +116,8 @@ SqlRequest Statements::ForeignLockRows(absl::string_view state_id) const {
 
 SqlRequest Statements::PythonLockBlocks() const {
   SqlRequest r = Read("python_lock_blocks");
-  r.sql = absl::StrCat("SELECT toString(max(max_block_number)), 2 FROM system.parts WHERE database = ",
-                       QuoteStringLiteral(schema_), " AND table = ", QuoteStringLiteral(absl::StrCat(table_, "_lock")),
-                       " AND active FORMAT TabSeparated");
+  r.sql = absl::StrCat("SELECT toString(max(max_block_number)), 2 FROM system.parts WHERE ",
+                       LockRowsTableParts(schema_, table_), " FORMAT TabSeparated");
   return r;
 }
 
@@ -121,9 +126,9 @@ SqlRequest Statements::ForeignLockRowsAndParts(absl::string_view state_id, int64
   ReadSettings(&r);
   r.sql = absl::StrCat(ForeignRowsSql(LockRowsTable(), StateIdEquals(&r, state_id)),
                        " UNION ALL SELECT toString(count() + countIf(min_block_number != max_block_number)), 2 FROM "
-                       "system.parts WHERE database = ",
-                       QuoteStringLiteral(schema_), " AND table = ", QuoteStringLiteral(absl::StrCat(table_, "_lock")),
-                       " AND active AND max_block_number > ", after_block, " FORMAT TabSeparated");
+                       "system.parts WHERE ",
+                       LockRowsTableParts(schema_, table_), " AND max_block_number > ", after_block,
+                       " FORMAT TabSeparated");
   return r;
 }
 

@@ -19,13 +19,12 @@ namespace {
 // python_locks: the table lock `m` is ours; now the Python backend's rows
 // (docs/lock.md, "A mixed fleet"). Read the greatest block number of their
 // table; look for a Python row (one: yield); write the marker; look again,
-// with the block number. A Python row then, or any block committed between
-// the first read and the marker's own, or the marker's part merged with
-// another (a Python candidate the marker may have merged away), yields too. Nothing here waits: what the reads
-// show decides, not how long anything took. Ends with *holder naming the
-// Python row seen, or *busy set for a block between the looks (neither:
-// the id is ours); fails when a read or the marker fails (the caller
-// releases the lock, marker first).
+// with the parts committed since. A Python row then, or any part but the
+// marker's own unmerged one (a Python candidate the marker may have merged
+// away), yields too. Nothing here waits: what the reads show decides, not
+// how long anything took. Ends with *holder naming the Python row seen, or
+// *busy set for such a part (neither: the id is ours); fails when a read or
+// the marker fails (the caller releases the lock, marker first).
 class ClaimFromPythonOp final : public StorePart {
  public:
   ClaimFromPythonOp(StoreSteps& s, StoreSteps::LockPtr m, std::string* holder, bool* busy)
