@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -151,8 +152,37 @@ def least_privilege_xml(password: str) -> dict[str, str]:
 # ---- instances recorded in DIR/instance.json: free ports, pid checks, waiting,
 # stopping, the start/stop/ensure/run command line. tools/chdb_http.py uses them too.
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections (32768 unless configured)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A loopback port nothing listens on, below the kernel's ephemeral range. A port from that
+    range (what binding port 0 gives) can be taken by any outgoing connection between the pick
+    and the server's bind, or while a replica is down and restarted on the same port: a cluster
+    start on a busy machine then failed with "Address already in use". Below the range only a
+    listener can hold it, and binding it here checks that. Never the same port twice in one process."""
+    low, high = 10000, _ephemeral_low() - 1
+    rng = random.SystemRandom()
+    for _ in range(200 if high - low > 1000 else 0):
+        port = rng.randint(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # an unusual port range
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -49,7 +49,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,8 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+from clickhouse_server import free_port  # noqa: E402  (below the ephemeral range)
 FENCE = re.compile(r"^(`{3,})([A-Za-z0-9_+-]*)[^\n]*$")
 DIRECTIVE = re.compile(r"^<!--\s*(not runnable|doc-test)\s*:\s*(.*?)\s*-->$")
 SHELL = {"sh", "bash", "shell"}
@@ -175,11 +176,6 @@ class Server:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.read().decode()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def replacements(server: Server, web_port: int) -> list[tuple[str, str]]:

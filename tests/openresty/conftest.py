@@ -13,8 +13,8 @@ and `error_log()`.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from chserver import REPO
+sys.path.insert(0, str(REPO / "tools"))
+from clickhouse_server import free_port  # noqa: E402  (below the ephemeral range)
 
 MODULES = Path("/usr/lib/nginx/modules")
 
@@ -231,11 +233,6 @@ class Nginx:
         path = self.folder / "error.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
