@@ -57,20 +57,24 @@ RESTORE_AT = UPDATES // 2
 RESTORE_LATEST_S = 60.0
 
 # The longest one update may take, from its first attempt to its success.
-# Why 10 s: with one replica of three down the quorum of 2 is still there, so
+# Why: with one replica of three down the quorum of 2 is still there, so
 # nothing has to wait for the replica to come back. A connection to a dead or
 # stopped host is refused at once on this machine, and the core sends the
 # request to the next host within the same attempt (a transport failure costs
 # at most its resends: 100 + 200 ms of backoff). The longest legitimate wait
 # is a quorum write that was in flight when its replica died: the quorum
 # timeout (insert_quorum_timeout, 10 s, docs/settings.md) bounds it, and the
-# retry then goes to a live replica: so the quorum timeout plus 5 s. (A
+# retry then goes to a live replica: so the quorum timeout plus a retry. (A
 # replica stopped cleanly in the middle of a write no longer serves the part
 # to the others, so that write does wait the whole quorum timeout: 10.4 s was
 # measured.) A lock claim whose writer process exited cannot block the retry
 # for its stale window either (the claim of a failed attempt is ended, or
-# never confirmed).
-UPDATE_BOUND_S = 15.0
+# never confirmed). A claim that waited out its quorum leaves its attempt
+# without lease: the attempt fails before it writes ("ran out before the
+# write", exit 4) and the writer's next attempt, a new process, succeeds.
+# That retry's own time on a loaded 2-core machine (CI runs this suite beside
+# the others) is what the 8 s are for: 15.2 s in all was seen there with 5.
+UPDATE_BOUND_S = 18.0
 
 STATE_ID = "dev:ha"
 
@@ -278,8 +282,11 @@ def test_writer_loses_nothing_while_a_replica_is_down(healthy, schema, tmp_path,
     # alone; 18.16 then refuses every later quorum write to the table (code 286) until the
     # replica is back (docs/cluster.md): such an update may wait out the outage.
     bound = UPDATE_BOUND_S + ((back_at - down_at) if mid_write else 0)
-    assert longest <= bound, (f"update {max(took, key=took.get)} took {longest:.1f} s "
-                              f"(bound {bound:.1f} s)")
+    slowest = max(took, key=took.get)
+    assert longest <= bound, (f"update {slowest} took {longest:.1f} s (bound {bound:.1f} s), {victim} down "
+                              f"{down_at - start:.1f}-{back_at - start:.1f} s into the run; its attempts: "
+                              + "; ".join(f"{a['t0'] - start:.1f}-{a['t1'] - start:.1f} s exit {a['code']} "
+                                          f"{a['err'][-300:]!r}" for a in tries if a["n"] == slowest))
 
 
 # ---- lock torture across the replicas, one replica killed mid-run ----------------------------
@@ -384,7 +391,12 @@ def test_meltano_run_survives_the_first_host_killed(healthy, schema, tmp_path, m
     total, kill_at, victim = 60, 15, "r1"
     venv, library = meltano_env
     p = harness.MeltanoProject(tmp_path / "project", venv, library, state_backend_uri=c.hosts_uri(schema, ORDER),
-                               env={"MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD": c.password})
+                               env={"MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD": c.password,
+                                    # The 286 wait outlasts the restart: on a loaded 2-core machine
+                                    # (this suite runs beside the others) a restarted 18.16 replica
+                                    # may take longer than the default 30 s to serve again, and the
+                                    # test is about the run surviving a restart, not its speed.
+                                    "MELTANO_STATE_BACKEND_CLICKHOUSE_QUORUM_BUSY_SECONDS": "120"})
     p.secrets = [c.password]
     out, err = tmp_path / "run.out", tmp_path / "run.err"
     start = time.monotonic()
