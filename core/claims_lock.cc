@@ -408,7 +408,6 @@ ClaimsLock::Event ClaimsLock::ClassifyClaims(const Inputs& in) const {
   // lagging replica): end it first, then claim afresh.
   if (!insp.exists || insp.holder == lock_id_) return claimed_ ? E::kOursUnseen : E::kFree;
   switch (JudgeHolder(insp, in)) {
-    case LockVerdict::kRetryNow:
     case LockVerdict::kTakeOver:
       return claimed_ ? E::kOursUnseen : E::kStale;
     case LockVerdict::kWait:

@@ -38,11 +38,4 @@ absl::StatusOr<Dialect> DialectFor(const ServerVersion& v) {
 
 const char* DialectName(Dialect d) { return d == Dialect::kModern ? "modern" : "clickhouse18"; }
 
-absl::StatusOr<Dialect> DialectFromName(absl::string_view name) {
-  if (name == "modern") return Dialect::kModern;
-  if (name == "clickhouse18") return Dialect::kClickHouse18;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown dialect \"", name, "\": use \"clickhouse18\" or \"modern\""));
-}
-
 }  // namespace chstate

@@ -38,7 +38,6 @@ absl::StatusOr<Dialect> DialectFor(const ServerVersion& version);
 
 // "clickhouse18" / "modern": used in output and test vectors.
 const char* DialectName(Dialect d);
-absl::StatusOr<Dialect> DialectFromName(absl::string_view name);
 
 }  // namespace chstate
 

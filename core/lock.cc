@@ -5,9 +5,7 @@
 
 namespace chstate {
 
-LockVerdict DecideOnHeldLock(bool exists, int64_t age_s, int64_t now_ms, int64_t deadline_ms,
-                             const LockOptions& options) {
-  if (!exists) return LockVerdict::kRetryNow;
+LockVerdict DecideOnHeldLock(int64_t age_s, int64_t now_ms, int64_t deadline_ms, const LockOptions& options) {
   // Whole seconds from the server: a lock is stale only once it is older
   // than the window by a full second, never early.
   if (age_s * 1000 > options.stale_ms) return LockVerdict::kTakeOver;

@@ -35,15 +35,13 @@ struct LockOptions {
 
 // What a contender does after its CREATE failed because the lock exists.
 enum class LockVerdict {
-  kRetryNow,   // the lock vanished between CREATE and inspection
   kTakeOver,   // the holder is stale
   kWait,       // held; wait retry_ms (or until the deadline)
   kGiveUp,     // held and the deadline has passed
 };
 
-// `exists`: the lock table was found; `age_s`: its age by the server clock.
-LockVerdict DecideOnHeldLock(bool exists, int64_t age_s, int64_t now_ms, int64_t deadline_ms,
-                             const LockOptions& options);
+// A lock another process holds, `age_s` old by the server clock.
+LockVerdict DecideOnHeldLock(int64_t age_s, int64_t now_ms, int64_t deadline_ms, const LockOptions& options);
 
 // A lock id from host-supplied random bytes: 32 hex digits.
 std::string MakeLockId(absl::string_view random);

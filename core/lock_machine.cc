@@ -128,7 +128,7 @@ LockVerdict LockMachine::JudgeHolder(const LockInspection& insp, const Inputs& i
   // of a live CREATE would have become visible. (A claim always has a
   // holder.)
   if (insp.holder.empty()) judged.stale_ms *= 2;
-  return DecideOnHeldLock(true, insp.age_s, in.now_ms, deadline_ms(), judged);
+  return DecideOnHeldLock(insp.age_s, in.now_ms, deadline_ms(), judged);
 }
 
 LockMachine::Renewal LockMachine::JudgeRenewal(bool ours, const Inputs& in) const {

@@ -337,7 +337,6 @@ TableLock::Event TableLock::ClassifyInspection(const Inputs& in) const {
   // Another holder, or none visible yet: ours may still be the one whose
   // creation row is not visible, so only a known other holder settles it.
   switch (JudgeHolder(insp, in)) {
-    case LockVerdict::kRetryNow:  // unreachable: the lock exists
     case LockVerdict::kTakeOver:
       return insp.holder.empty() ? E::kStaleNoHolder : E::kStale;
     case LockVerdict::kWait:

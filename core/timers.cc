@@ -39,11 +39,6 @@ std::optional<int64_t> TimerTable::At(TimerKind kind, const std::string& id) con
   return it->second;
 }
 
-bool TimerTable::Expired(TimerKind kind, const std::string& id, int64_t now_ms) const {
-  std::optional<int64_t> at = At(kind, id);
-  return at && now_ms >= *at;
-}
-
 std::optional<int64_t> TimerTable::Earliest(TimerKinds kinds) const {
   std::optional<int64_t> out;
   for (const auto& [key, at] : timers_) {

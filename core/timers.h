@@ -78,8 +78,6 @@ class TimerTable {
   // Clears every timer of `id` (a lock forgotten, a task ended).
   void ClearId(const std::string& id);
   std::optional<int64_t> At(TimerKind kind, const std::string& id) const;
-  // True when (kind, id) is set and its time has come at `now_ms`.
-  bool Expired(TimerKind kind, const std::string& id, int64_t now_ms) const;
   // The earliest deadline among `kinds`.
   std::optional<int64_t> Earliest(TimerKinds kinds) const;
   // The entries of `kinds` whose time has come at `now_ms`, earliest first

@@ -41,9 +41,9 @@ TEST(TimerTable, SetMovesClearRemovesAndEarliestIsTheMinimumOfTheKindsAsked) {
   t.Clear(TimerKind::kRenewal, "a");
   EXPECT_EQ(t.Earliest(kIdleTimers), 400);
   EXPECT_EQ(t.At(TimerKind::kRenewal, "a"), std::nullopt);
-  EXPECT_TRUE(t.Expired(TimerKind::kHostDown, "#0 h:1", 100));
-  EXPECT_FALSE(t.Expired(TimerKind::kHostDown, "#0 h:1", 99));
-  EXPECT_FALSE(t.Expired(TimerKind::kRenewal, "a", 1000));  // not set: never expired
+  EXPECT_EQ(t.Due(100, TimerKinds{TimerKind::kHostDown}).size(), 1u);
+  EXPECT_TRUE(t.Due(99, TimerKinds{TimerKind::kHostDown}).empty());
+  EXPECT_TRUE(t.Due(1000, TimerKinds{TimerKind::kRenewal}).empty());  // not set: never due
 }
 
 TEST(TimerTable, DueListsTheEntriesWhoseTimeCameEarliestFirst) {
