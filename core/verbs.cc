@@ -41,7 +41,7 @@ const std::vector<VerbSpec>& Verbs() {
         {"state", ArgType::kObject, true, "the state to write: the completed side", true},
         Named("partial", ArgType::kObject, "the partial side to write (default: none)"),
         Named("force", ArgType::kFlag, "accept a state without a top-level singer_state key")},
-       LockRule::kId, "the id's", "a state without a top-level \"singer_state\" key needs force, as meltano state set",
+       LockRule::kId, "the id's", "a state without a top-level \"singer_state\" key needs force (meltano state set refuses it too; its bypass is --no-validate)",
        Returns::kState, "replace the state of an id (both sides)"},
       {"merge",
        {Id("state_id", "the state id to merge into"),

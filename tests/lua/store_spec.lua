@@ -69,7 +69,7 @@ describe("a store", function()
     assert.are.same({singer_state = {a = 1, b = 2}}, (store:get("dev:both")))  -- the source is unchanged
   end)
 
-  it("refuses a state without singer_state unless forced (as meltano state set)", function()
+  it("refuses a state without singer_state unless forced (meltano state set refuses it too)", function()
     for _, call in ipairs{
       function() return store:set("dev:plain", {v = 1}) end,
       function() return store:merge("dev:plain", {v = 1}) end,
