@@ -88,7 +88,7 @@ class DocError(Exception):
 
 def pages(root: Path = REPO) -> list[Path]:
     """Every page the doc test runs (EXCLUDED aside)."""
-    every = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    every = [root / "README.md", *sorted((root / "docs").glob("*.md")), *sorted((root / "hosts").glob("*/README.md"))]
     return [p for p in every if str(p.relative_to(root)) not in EXCLUDED]
 
 
