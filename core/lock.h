@@ -5,7 +5,8 @@
 //   lock.timeout_ms = 10000;   // Meltano's lock_timeout_seconds
 //   lock.retry_ms = 1000;      // Meltano's lock_retry_seconds
 //
-// Algorithm (both dialects): the lock for an id is a table whose name derives
+// The table lock (core/table_lock.h; one server, either dialect; cluster mode
+// uses the claims lock of core/claims_lock.h instead): the lock for an id is a table whose name derives
 // from the id. CREATE TABLE without IF NOT EXISTS is an atomic test-and-set on
 // one server: exactly one of any number of concurrent creators succeeds and
 // the rest get code 57. The table records the holder's random lock id and is

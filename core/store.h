@@ -303,8 +303,6 @@ class Store {
     for (TimerKind k : {TimerKind::kRenewal, TimerKind::kWaiterLook, TimerKind::kLinger}) timers_.Clear(k, it->first);
     return held_.erase(it);
   }
-  // Ids whose lingering lock was given up to a waiting process: this store
-  // acquires them again only after their kYield deadline (see linger_locks).
   // Cluster mode: when this store last removed each id's old claims (on the
   // host's clock; see kClaimsPruneAt).
   std::map<std::string, int64_t> claims_pruned_ms_;

@@ -83,7 +83,6 @@ std::unique_ptr<Op> StoreSteps::HistoryUpkeepPart(const std::string& id) {
   return std::make_unique<part::HistoryUpkeepOp>(*this, id);
 }
 
-// Rows of ListHistory / GetHistoryVersion as versions.
 absl::StatusOr<std::vector<StateVersion>> StoreSteps::Versions(const std::string& id, const Rows& rows) {
   std::vector<StateVersion> out;
   for (const Row& row : rows) {

@@ -31,9 +31,6 @@ absl::Status StoreSteps::LostLock(const std::string& id) {
       absl::StrCat("the lock on state id \"", PrintableId(id), "\" was lost: stop acting under it and release it"));
 }
 
-// A lingering lock whose lease ran out (the process was paused) or that
-// was found lost is forgotten when a task starts: not ours to drop, and
-// the next acquisition starts afresh.
 void StoreSteps::ForgetStaleLingering() {
   for (auto it = s_->held_.begin(); it != s_->held_.end();) {
     if (it->second.lingering && (!it->second.Live() || !it->second.machine->LeaseValid(in_->now_ms))) {
@@ -44,11 +41,6 @@ void StoreSteps::ForgetStaleLingering() {
   }
 }
 
-// Tasks of one store run one at a time, so when one starts, a held lock
-// still waiting for a renewal's answer belongs to a task that was
-// abandoned (a host that lost interest): that answer will never come.
-// Such a renewal counts as inconclusive, as a lost answer would: the lease
-// stands as last confirmed, and the lock is renewed again when due.
 void StoreSteps::SettleAbandonedRenewals() {
   for (auto& [id, held] : s_->held_) {
     if (!held.AbandonedRenewal()) continue;

@@ -77,8 +77,8 @@ class StoreSteps {
   // A new message for `st`, keeping its payloads (the ClickHouse code).
   static absl::Status Reworded(const absl::Status& st, absl::StatusCode code, absl::string_view message);
 
-  // The lock a write to `id` acts under: the one this task took
-  // (WithLock), or one this store holds on `id`; null when none.
+  // The lock a write to `id` acts under: the one this task is taking or took
+  // (current_lock_), or one this store holds on `id`; null when none.
   const LockMachine* LockOf(const std::string& id) const;
 
   // `req` writes to `id`: under its lock, the task sends it (first, again,
@@ -91,7 +91,7 @@ class StoreSteps {
   absl::Status LeaseRanOut(const std::string& what, const std::string& cause, bool maybe_landed) const;
 
   // Writes under a lock are sent only while its lease is valid: the lock
-  // this task took (WithLock), or one this store holds on `id`.
+  // LockOf(id) finds.
   absl::Status LeaseCheck(const std::string& id) const;
 
   // Tells that the lock `m` was taken after `waited_ms` (lock_acquired).

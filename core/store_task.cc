@@ -143,8 +143,6 @@ absl::Status StoreSteps::ExplainQuorumError(absl::Status st, int code) const {
                   absl::StrCat(why, ". ClickHouse said: ", st.message()));
 }
 
-// Cluster mode: errors that mean "ZooKeeper is unreachable" say so, and
-// are kUnavailable (retry later) whatever ClickHouse called them.
 absl::Status StoreSteps::ExplainCluster(absl::Status st) const {
   std::optional<int> code = ClickHouseCode(st);
   if (s_->options_.cluster.enabled() && code == ch::kBadArguments && absl::StrContains(st.message(), "Requested cluster")) {
@@ -163,15 +161,12 @@ absl::Status StoreSteps::ExplainCluster(absl::Status st) const {
                                st.message()));
 }
 
-// A new message for `st`, keeping its payloads (the ClickHouse code).
 absl::Status StoreSteps::Reworded(const absl::Status& st, absl::StatusCode code, absl::string_view message) {
   absl::Status out(code, message);
   st.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   return out;
 }
 
-// The lock a write to `id` acts under: the one this task took
-// (WithLock), or one this store holds on `id`; null when none.
 const LockMachine* StoreSteps::LockOf(const std::string& id) const {
   const LockMachine* lock = current_lock_.get();
   if (lock == nullptr || lock->state_id() != id) {
@@ -181,9 +176,6 @@ const LockMachine* StoreSteps::LockOf(const std::string& id) const {
   return lock;
 }
 
-// `req` writes to `id`: under its lock, the task sends it (first, again,
-// anywhere) only before the lease ends (SqlRequest::send_before_ms; with
-// several ids, the earliest lease).
 SqlRequest StoreSteps::UnderLease(SqlRequest req, const std::string& id) {
   const LockMachine* lock = LockOf(id);
   if (lock == nullptr) return req;
@@ -195,8 +187,6 @@ SqlRequest StoreSteps::UnderLease(SqlRequest req, const std::string& id) {
   return req;
 }
 
-// A write under the lock of lease_id_ met `cause` and the lease ran out
-// before it could go again: nothing more is sent.
 absl::Status StoreSteps::LeaseRanOut(const std::string& what, const std::string& cause, bool maybe_landed) const {
   return absl::AbortedError(absl::StrCat(
       "the lock on state id \"", PrintableId(lease_id_), "\" ran out while ", what, " waited out ", cause,
@@ -205,8 +195,6 @@ absl::Status StoreSteps::LeaseRanOut(const std::string& what, const std::string&
       "). Release the lock and start again"));
 }
 
-// Writes under a lock are sent only while its lease is valid: the lock
-// this task took (WithLock), or one this store holds on `id`.
 absl::Status StoreSteps::LeaseCheck(const std::string& id) const {
   const LockMachine* lock = LockOf(id);
   if (lock == nullptr || lock->LeaseValid(in_->now_ms)) return absl::OkStatus();
