@@ -1011,5 +1011,131 @@ TEST(ReplicaClaimsReads, OneHostThatIsAlwaysTheSameReplicaCannotTakeTheLockAndSa
   EXPECT_THAT(a.status.message(), HasSubstr("name the replicas in the URI"));
 }
 
+
+// A claims answer row of another process's live claim whose newest row (its
+// last renewal) is `newest_s`, as a replica whose clock says `now_s` shows it.
+std::string RenewedClaimRow(const std::string& id, int64_t newest_s, int64_t now_s) {
+  return absl::StrCat(id, "\t2\t0\t", newest_s, "\t300\t\t", now_s, "\n");
+}
+
+TEST(ReplicaClaimsReads, AClaimsAgeComesFromTheReplicaThatShowsItsNewestRenewal) {
+  // One replica lags: it shows the other process's claim as last renewed 400 s
+  // ago (past the 300 s window); the other shows the renewal of 10 s ago.
+  // Judged from the lagging one, a live holder would be taken over: two
+  // holders. Either order of the answers.
+  for (bool lagging_first : {true, false}) {
+    SCOPED_TRACE(lagging_first ? "the lagging replica answers first" : "the lagging replica answers second");
+    const SqlResponse lagging = Claims(RenewedClaimRow(kOtherProcessClaim, 100, 500), "r1");
+    const SqlResponse current = Claims(RenewedClaimRow(kOtherProcessClaim, 490, 500), "r2");
+    auto store = ClusterStore();
+    int64_t clock = 0;
+    std::unique_ptr<Task> t = store->AcquireLock("id");
+    Script r = Drive(*t,
+                     {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                      At("a", "inspect_claims", lagging_first ? lagging : current),
+                      At("b", "inspect_claims", lagging_first ? current : lagging)},
+                     &clock);
+    ASSERT_EQ(r.last.kind, Action::Kind::kRunSql) << r.last.status;
+    EXPECT_EQ(r.last.request.purpose, "announce_lock_waiter") << "took over a claim renewed 10 s ago";
+  }
+  // The control: both replicas showing the old renewal, the claim is stale and taken over.
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  Script r = Drive(*t,
+                   {At("a", "select_version", kVersion), At("a", "state_table_engine", kReplicated),
+                    At("a", "inspect_claims", Claims(RenewedClaimRow(kOtherProcessClaim, 100, 500), "r1")),
+                    At("b", "inspect_claims", Claims(RenewedClaimRow(kOtherProcessClaim, 100, 500), "r2"))},
+                   &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kRunSql) << r.last.status;
+  EXPECT_EQ(r.last.request.purpose, "claim_lock");
+}
+
+TEST(ReplicaClaimsReads, OneAddressInFrontOfTheReplicasIsAskedAgainUntilEnoughReplicasAnswered) {
+  // A load balancer: one host, each answer from whichever replica it picked.
+  // The first two asks reach r1; the third reaches r2: two replicas, enough.
+  StoreOptions o;
+  o.lock.stale_ms = 300000;
+  o.lock.timeout_ms = 10000;
+  o.cluster.name = "prod";
+  o.hosts = {{"lb", 8123}};
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Create(o);
+  ASSERT_THAT(store, IsOk());
+  const std::string host = "lb";
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = (*store)->AcquireLock("id");
+  Script r = Drive(*t,
+                   {At(host, "select_version", kVersion), At(host, "state_table_engine", kReplicated),
+                    At(host, "inspect_claims", Claims("", "r1")), At(host, "inspect_claims", Claims("", "r1")),
+                    At(host, "inspect_claims", Claims("", "r2")), At(host, "claim_lock", Ok()),
+                    At(host, "inspect_claims", Claims(ClaimRow(kClaimId, 0, 100), "r1")),
+                    At(host, "inspect_claims", Claims(ClaimRow(kClaimId, 0, 100), "r1")),
+                    At(host, "inspect_claims", Claims(ClaimRow(kClaimId, 0, 100), "r3"))},
+                   &clock);
+  ASSERT_EQ(r.last.kind, Action::Kind::kDone) << r.last.status << " " << ::testing::PrintToString(r.sent);
+  EXPECT_EQ(r.last.result.lock_id, kClaimId);
+}
+
+TEST(ReplicaClaimsReads, AFailedReadAfterOurClaimEndsTheClaimBeforeTheAcquisitionFails) {
+  // Our claim landed; the read that would confirm it fails (a server error
+  // on every host). The claim is ended, so that no one waits out its stale
+  // window for a process that has already failed.
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  bool claimed = false;
+  int reads = 0;
+  std::vector<std::string> after_claim;
+  Action a = RunToEnd(*t, &clock, [&](const std::string& purpose, int64_t) {
+    if (purpose == "select_version") return kVersion;
+    if (purpose == "state_table_engine") return kReplicated;
+    if (claimed) after_claim.push_back(purpose);
+    if (purpose == "claim_lock") {
+      claimed = true;
+      return Ok();
+    }
+    if (purpose == "inspect_claims") return claimed ? Code(241) : Claims("", ++reads % 2 ? "r1" : "r2");
+    return Ok();
+  });
+  ASSERT_TRUE(claimed);
+  EXPECT_EQ(a.kind, Action::Kind::kFailed) << a.status;
+  EXPECT_THAT(after_claim, ::testing::Contains("end_claim")) << ::testing::PrintToString(after_claim);
+  EXPECT_NE(after_claim.front(), "end_claim") << "ended before the read failed";
+}
+
+TEST(ReplicaClaimsReads, TheClaimsTableMissingAfterOurClaimIsNeverTakenForAHeldLock) {
+  // The claim was answered; the read after it finds no claims table (code 60:
+  // dropped meanwhile, by `chstate init --drop` or an operator). Our claim is
+  // gone with it: the acquisition does not hold on it, and claims afresh
+  // (a new lock id) once the table is there again.
+  auto store = ClusterStore();
+  int64_t clock = 0;
+  std::unique_ptr<Task> t = store->AcquireLock("id");
+  std::vector<std::string> sent;
+  int claims = 0, missing_reads = 0, reads = 0;
+  Action a = RunToEnd(*t, &clock, [&](const std::string& purpose, int64_t) {
+    sent.push_back(purpose);
+    if (purpose == "select_version") return kVersion;
+    if (purpose == "state_table_engine") return kReplicated;
+    if (purpose == "claim_lock") {
+      ++claims;
+      return Ok();
+    }
+    if (purpose == "inspect_claims") {
+      if (claims == 1 && missing_reads < 3) {
+        ++missing_reads;
+        return Code(ch::kUnknownTable);
+      }
+      const std::string& id = claims == 0 ? std::string() : (claims == 1 ? kClaimId : kClaimId2);
+      return Claims(id.empty() ? "" : ClaimRow(id, 0, 100), ++reads % 2 ? "r1" : "r2");
+    }
+    return Ok();
+  });
+  ASSERT_GE(missing_reads, 1) << ::testing::PrintToString(sent);
+  ASSERT_EQ(a.kind, Action::Kind::kDone) << a.status << " " << ::testing::PrintToString(sent);
+  EXPECT_EQ(claims, 2) << "held the lock on a claim whose table was gone: " << ::testing::PrintToString(sent);
+  EXPECT_EQ(a.result.lock_id, kClaimId2);
+}
+
 }  // namespace
 }  // namespace chstate
