@@ -266,7 +266,7 @@ def test_the_checker_rejects_a_lost_merge_a_stale_read_and_incomparable_reads():
 # ---- the suite --------------------------------------------------------------------------------
 
 def test_histories_through_every_runtime_under_faults_are_linearizable(
-        clickhouse, proxy, cli_factory, artifacts, wasmtime_module, tmp_path, capsys):  # noqa: F811
+        clickhouse, proxy, cli_factory, artifacts, python_library, wasmtime_module, tmp_path, capsys):  # noqa: F811
     assert wasmtime_module is not None, "the wasmtime package is needed (tools/setup installs it)"
     cli = cli_factory()
     assert cli.direct("init").returncode == 0
@@ -300,7 +300,8 @@ def test_histories_through_every_runtime_under_faults_are_linearizable(
         assert any(k.startswith(f"{name}-") for k in merges_ok), f"no merge of {name} was acknowledged"
 
 
-def test_the_negative_control_a_read_then_write_without_a_lock_is_caught(clickhouse, cli_factory, capsys):
+def test_the_negative_control_a_read_then_write_without_a_lock_is_caught(clickhouse, cli_factory, python_library,  # noqa: F811
+                                                                        capsys):
     """Three threads read the id and write back what they read plus their key, with no lock
     around the pair (each write takes the lock alone): merges are lost, and the checker
     must say so."""
