@@ -279,7 +279,9 @@ def test_histories_through_every_runtime_under_faults_are_linearizable(
     ops = run_concurrently({name: (lambda name=name: getattr(rt, f"run_{name}")(plans[name])) for name in RUNTIMES})
     took = time.time() - start
     proxy.random_faults(0.0, FAULTS, SEED)
-    time.sleep(1.5)  # answers the proxy held ("slow") are sent; nothing in flight
+    # Nothing in flight: the proxy is done with the server for every request it took.
+    for r in list(proxy.requests):
+        assert r.upstream_done.wait(30), f"the proxy never finished with {r.sql[:80]!r}"
     end = time.time()
     final = final_keys(cli)
     anomalies = check(seed_op() + ops, final, end)
