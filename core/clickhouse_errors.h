@@ -32,6 +32,7 @@ inline constexpr int kSystemError = 425;
 inline constexpr int kReadonly = 164;               // the user's profile is read-only
 inline constexpr int kDatabaseAccessDenied = 291;   // 18.x: the database is not in the user's allow_databases
 inline constexpr int kQueryIsProhibited = 392;      // 18.x: DDL with allow_ddl = 0
+inline constexpr int kThrowIfValueIsNonZero = 395;  // a fenced state write whose lock is not the writer's
 inline constexpr int kAccessDenied = 497;
 inline constexpr int kAuthenticationFailed = 516;
 inline constexpr int kKeeperException = 999;        // ZooKeeper/Keeper session or connection error
@@ -70,6 +71,8 @@ inline constexpr ErrorCode kInterpreted[] = {
     {kUnknownStatusOfInsert, "UNKNOWN_STATUS_OF_INSERT", "cluster mode: a write that replaces itself is sent once more, elsewhere; then kUnavailable, outcome explained"},
     {kSystemError, "SYSTEM_ERROR", "kUnavailable: retry later"},
     {kQueryIsProhibited, "QUERY_IS_PROHIBITED", "kPermissionDenied, naming allow_ddl (docs/operations.md)"},
+    {kThrowIfValueIsNonZero, "FUNCTION_THROW_IF_VALUE_IS_NON_ZERO",
+     "a fenced state write: the lock is not the writer's any more, kAborted, nothing was written"},
     {kAccessDenied, "ACCESS_DENIED", "kPermissionDenied"},
     {kAuthenticationFailed, "AUTHENTICATION_FAILED", "kUnauthenticated"},
     {kKeeperException, "KEEPER_EXCEPTION", "cluster mode: kUnavailable, as NO_ZOOKEEPER"},

@@ -289,9 +289,27 @@ SqlRequest Statements::GetState(absl::string_view state_id) const {
 
 SqlRequest Statements::InsertState(absl::string_view state_id, const std::optional<std::string>& partial_json,
                                    const std::optional<std::string>& completed_json,
-                                   absl::string_view dedup_token) const {
-  SqlRequest r = InsertStates({{std::string(state_id), partial_json, completed_json}}, dedup_token);
+                                   absl::string_view dedup_token, absl::string_view fence_lock_id) const {
+  const StateRow row{std::string(state_id), partial_json, completed_json};
+  SqlRequest r = InsertStates({row}, dedup_token);
   r.purpose = "insert_state";
+  if (fence_lock_id.empty() || cluster_.enabled()) return r;
+  // The row as a SELECT from the lock table: on 18.x the INSERT holds that
+  // table's structure lock until its part is written, so a DROP or RENAME of
+  // the lock (a release or a takeover) runs before the check or after the
+  // write, never between (docs/lock.md, "Fenced writes"). throwIf takes one
+  // argument on 18.16, so the refusal is known by its code.
+  const std::string values = StateRowSql(row);  // "(id, partial, completed)"
+  r.sql = absl::StrCat("INSERT INTO ", StateTable(), " (state_id, partial_state, completed_state) SELECT ",
+                       absl::string_view(values).substr(1, values.size() - 2),
+                       " FROM (SELECT countIf(seq = 0 AND lock_id = ",
+                       QuoteStringLiteral(fence_lock_id), ") AS ours FROM `", schema_, "`.`",
+                       LockTableName(state_id), "`) WHERE throwIf(ours = 0) = 0");
+  // Literals in a SELECT are parsed as the query, which max_query_size bounds
+  // (256 KiB by default); the rows after VALUES were not.
+  if (r.sql.size() >= kDefaultMaxQuerySize) {
+    r.url_params.emplace_back("max_query_size", std::to_string(r.sql.size() + 1));
+  }
   return r;
 }
 

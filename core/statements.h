@@ -75,6 +75,10 @@ inline constexpr const char* kOldLockMarkerPrefix = "chstate:";
 // of `count` ids stays small whatever ids the table holds.
 inline constexpr int64_t kMaxSampledIdBytes = 1024;
 
+// ClickHouse's default max_query_size: the bytes of a query the SQL parser
+// takes (rows after VALUES are data, not bound by it).
+inline constexpr size_t kDefaultMaxQuerySize = 262144;
+
 // The first field of the row that ends an answer of InspectClaims, naming
 // the replica that gave it (no lock id looks like it: they are hex).
 inline constexpr const char* kClaimsReplicaRow = "#replica";
@@ -136,8 +140,15 @@ class Statements {
   SqlRequest GetState(absl::string_view state_id) const;
   // Writes a whole state row. NULL for an empty side. `dedup_token` must be
   // unique per write: modern servers deduplicate identical insert blocks.
+  // With `fence_lock_id` (the id's table lock, held by the writer) the row is
+  // fenced: the server writes it only if that lock is the one its lock table
+  // holds when the INSERT runs, and answers code 395 (FUNCTION_THROW_IF_VALUE_
+  // IS_NON_ZERO), or 60 naming the lock table, when it is not. A request run
+  // late (after a takeover, or after the release) then writes nothing.
+  // Cluster mode has no lock table (the claims lock): never fenced.
   SqlRequest InsertState(absl::string_view state_id, const std::optional<std::string>& partial_json,
-                         const std::optional<std::string>& completed_json, absl::string_view dedup_token) const;
+                         const std::optional<std::string>& completed_json, absl::string_view dedup_token,
+                         absl::string_view fence_lock_id = "") const;
   // Many whole state rows in one INSERT (import), NULL for an empty side.
   using StateRow = StoredState;
   SqlRequest InsertStates(const std::vector<StateRow>& rows, absl::string_view dedup_token) const;

@@ -2,6 +2,7 @@
 // servers, so every statement is spelled out.
 #include "core/statements.h"
 
+#include "absl/strings/str_cat.h"
 #include "core/dialect.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -190,6 +191,31 @@ TEST(Statements, LockNamesAreIdentifiersForAnyId) {
               ::testing::MatchesRegex("RENAME TABLE `meltano`.`state_lock_af63dc4c8601ec8c` TO "
                                       "`meltano`.`state_lock_af63dc4c8601ec8c_dead_[0-9a-f]{16}`"));
   EXPECT_NE(st->TombstoneName("a", "h@1"), st->TombstoneName("a", "h@2"));
+}
+
+TEST(Statements, AWriteUnderATableLockIsFencedOnThatLock) {
+  absl::StatusOr<Statements> st = Statements::Create(Dialect::kClickHouse18, "meltano", "state");
+  ASSERT_THAT(st, IsOk());
+  EXPECT_EQ(st->InsertState("a", std::nullopt, std::string("{}"), "t", "l1").sql,
+            "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) SELECT 'a', NULL, '{}' FROM "
+            "(SELECT countIf(seq = 0 AND lock_id = 'l1') AS ours FROM `meltano`.`state_lock_af63dc4c8601ec8c`) "
+            "WHERE throwIf(ours = 0) = 0");
+  // No lock: the plain row.
+  EXPECT_THAT(st->InsertState("a", std::nullopt, std::string("{}"), "t").sql, HasSubstr("VALUES ('a', NULL, '{}')"));
+  // A state larger than the parser's default bound raises the bound for this query alone.
+  const std::string big = absl::StrCat("{\"k\":\"", std::string(kDefaultMaxQuerySize, 'x'), "\"}");
+  SqlRequest r = st->InsertState("a", std::nullopt, big, "t", "l1");
+  EXPECT_THAT(r.url_params, ::testing::Contains(std::make_pair(std::string("max_query_size"),
+                                                                std::to_string(r.sql.size() + 1))));
+  for (const auto& [k, v] : st->InsertState("a", std::nullopt, std::string("{}"), "t", "l1").url_params) {
+    EXPECT_NE(k, "max_query_size");
+  }
+  // Cluster mode holds claims, not a lock table: nothing to fence on.
+  ClusterOptions c;
+  c.name = "prod";
+  absl::StatusOr<Statements> cl = Statements::Create(Dialect::kClickHouse18, "meltano", "state", c);
+  ASSERT_THAT(cl, IsOk());
+  EXPECT_THAT(cl->InsertState("a", std::nullopt, std::string("{}"), "t", "l1").sql, HasSubstr("VALUES ('a', NULL"));
 }
 
 const Params kDdl = {{"wait_end_of_query", "1"}, {"distributed_ddl_task_timeout", "10"}};

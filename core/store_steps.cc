@@ -286,6 +286,7 @@ class WriteStateOp final : public StorePart {
     switch (stage_) {
       case Stage::kSchema: return "making the schema for the first write";
       case Stage::kUpkeep: return "keeping the history in bounds";
+      case Stage::kFencedOut: return "finding out the lock a refused write was fenced on";
       default: return absl::StrCat("writing state \"", PrintableId(state_.state_id), "\"");
     }
   }
@@ -296,9 +297,11 @@ class WriteStateOp final : public StorePart {
         if (absl::Status lease = s_.LeaseCheck(state_.state_id); !lease.ok()) return Next::Fail(lease);
         absl::StatusOr<std::string> token = s_.Token();
         if (!token.ok()) return Next::Fail(token.status());
-        SqlRequest req = s_.UnderLease(
-            s_.st().InsertState(state_.state_id, ToColumn(state_.partial), ToColumn(state_.completed), *token),
-            state_.state_id);
+        const LockMachine* lock = s_.LockOf(state_.state_id);
+        fence_ = lock != nullptr ? lock->lock_id() : "";
+        SqlRequest req = s_.UnderLease(s_.st().InsertState(state_.state_id, ToColumn(state_.partial),
+                                                           ToColumn(state_.completed), *token, fence_),
+                                       state_.state_id);
         stage_ = Stage::kWritten;
         return Next::Try(std::make_unique<QuorumWriteOp>(
             s_, std::move(req), "writing state", s_.inputs().now_ms + s_.options().cluster.quorum_busy_ms, 5));
@@ -307,6 +310,19 @@ class WriteStateOp final : public StorePart {
         if (r.status.ok()) {
           stage_ = Stage::kUpkeep;
           return Next::Call(s_.HistoryUpkeepPart(state_.state_id));
+        }
+        if (FencedOut(r.status)) {
+          // The lock is not ours: a renewal finds that out for the lock
+          // machine (taken over, or its table missing), so that the id's
+          // later writes are refused before they are sent, a lingering
+          // lock is not reused, and the scope's release says it was lost.
+          stage_ = Stage::kFencedOut;
+          fenced_ = absl::AbortedError(absl::StrCat(
+              "the lock on state id \"", PrintableId(state_.state_id),
+              "\" was not this process's any more when its write ran on the server (the write arrived after the "
+              "lock's release or a takeover, or the lock was removed by hand): nothing was written. Release the "
+              "lock and start again"));
+          return Next::Try(s_.RenewForWaitPart(state_.state_id));
         }
         if (r.status.code() != absl::StatusCode::kNotFound || schema_made_) return Next::Fail(r.status);
         stage_ = Stage::kSchema;
@@ -317,14 +333,28 @@ class WriteStateOp final : public StorePart {
         return Resume(r);
       case Stage::kUpkeep:
         return Next::Done();
+      case Stage::kFencedOut:
+        return Next::Fail(fenced_);
     }
     return Next::Fail(absl::InternalError("write state: no such stage"));
   }
 
  private:
-  enum class Stage { kWrite, kWritten, kSchema, kUpkeep };
+  // A fenced write the server refused: its lock table held another lock
+  // (code 395 from throwIf) or none (code 60 naming the lock table; the
+  // state table's own name is a prefix of it, so the lock's is looked for).
+  bool FencedOut(const absl::Status& st) const {
+    if (fence_.empty() || s_.st().cluster().enabled()) return false;
+    const std::optional<int> code = ClickHouseCode(st);
+    if (code == ch::kThrowIfValueIsNonZero) return true;
+    return code == ch::kUnknownTable && absl::StrContains(st.message(), s_.st().LockTableName(state_.state_id));
+  }
+
+  enum class Stage { kWrite, kWritten, kSchema, kUpkeep, kFencedOut };
   Stage stage_ = Stage::kWrite;
   MeltanoState state_;
+  std::string fence_;  // the lock id the write was fenced on, if any
+  absl::Status fenced_;
   bool schema_made_ = false;
 };
 

@@ -212,7 +212,7 @@ TEST(Store, WriteCreatesTheSchemaOnceWhenMissing) {
                      Q("create_lock_table", Ok(), "TTL"),
                      Q("create_history_table", Ok(), "TTL toDateTime(updated_at) + INTERVAL 30 DAY"),
                      Q("create_history_view", Ok(), "TO `meltano`.`state_history` AS SELECT"),
-                     Q("insert_state", Ok(), "VALUES ('id', NULL, '{\"singer_state\":{}}')")},
+                     Q("insert_state", Ok(), "SELECT 'id', NULL, '{\"singer_state\":{}}' FROM")},
                     &clock);
   EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 
@@ -259,11 +259,64 @@ TEST(Store, UpdateMergesPartialUnderTheLock) {
                     {kVersion18, Q("create_lock", Ok(), "'" + kLockId + "' AS lock_id, toUInt8(0) AS seq"),
                      Q("get_state", Ok("{\"singer_state\":{\"a\":1,\"b\":{\"y\":3}}}\t{\"c\":true}\n")),
                      Q("insert_state", Ok(),
-                       R"(VALUES ('id', '{"singer_state":{"a":1,"b":{"x":2,"y":3}}}', '{"c":true}'))"),
+                       R"(SELECT 'id', '{"singer_state":{"a":1,"b":{"x":2,"y":3}}}', '{"c":true}' FROM)"),
                      Q("inspect_lock", Mine()), Q("drop_lock", Ok())},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
   EXPECT_EQ(o.last.result.state->completed, nlohmann::json::parse(R"({"c":true})"));
+}
+
+// A write under a held lock is fenced on that lock's id (statements_test
+// pins the SQL); a server that finds the lock table holding another lock, or
+// none, refuses it, and the write fails as nothing written: no schema made,
+// nothing sent again.
+TEST(Store, AFencedWriteRefusedByTheServerFailsAsNothingWritten) {
+  const std::string lock_table = "meltano.state_lock_08b72e07b55c3ac0";
+  struct Case {
+    const char* name;
+    SqlResponse answer;
+    std::vector<Exchange> renewal;  // what finds the lock lost for the machine
+  };
+  const SqlResponse missing = Err(404, 60, "Table " + lock_table + " doesn't exist.");
+  const Case kCases[] = {
+      {"another lock", Err(500, 395, "Value passed to 'throwIf' function is non zero"),
+       {Q("renew_lock", Ok()), Q("inspect_lock", Held("other", 100, 101))}},
+      {"no lock table", missing, {Q("renew_lock", missing)}},
+  };
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    auto store = MakeStore();
+    int64_t clock = 0;
+    MeltanoState s{"id", nlohmann::json::object(), nlohmann::json::parse("{\"a\":1}")};
+    HoldLock(*store, "id", &clock, kVersion18);
+    auto t = store->Set(s);
+    std::vector<Exchange> script = {
+        Q("insert_state", c.answer, "lock_id = '" + kLockId + "') AS ours FROM `meltano`.`state_lock_08b72e07b55c3ac0`")};
+    script.insert(script.end(), c.renewal.begin(), c.renewal.end());
+    Outcome o = Drive(*t, script, &clock);
+    EXPECT_EQ(o.last.kind, Action::Kind::kFailed);
+    EXPECT_THAT(o.last.status, StatusIs(absl::StatusCode::kAborted,
+                                        AllOf(HasSubstr("was not this process's any more"),
+                                              HasSubstr("nothing was written"))));
+    // The lock is known lost now: the next write is refused before anything is sent.
+    auto again = store->Set(s);
+    Action a = again->Start({clock, kRandom});
+    EXPECT_EQ(a.kind, Action::Kind::kFailed);
+    EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted, HasSubstr("state id \"id\"")));
+  }
+  // The state table itself missing is still the first write's schema to make.
+  auto store = MakeStore();
+  int64_t clock = 0;
+  MeltanoState s{"id", nlohmann::json::object(), nlohmann::json::parse("{\"a\":1}")};
+  HoldLock(*store, "id", &clock, kVersion18);
+  auto t = store->Set(s);
+  Outcome o = Drive(*t,
+                    {Q("insert_state", Err(404, 60, "Table meltano.state doesn't exist.")), Q("create_database", Ok()),
+                     Q("create_state_table", Ok()), Q("create_lock_table", Ok()), Q("create_history_table", Ok()),
+                     Q("create_history_view", Ok()), Q("insert_state", Ok())},
+                    &clock);
+  EXPECT_EQ(o.last.kind, Action::Kind::kDone);
+  EXPECT_THAT(o.last.status, IsOk());
 }
 
 // ---- python_locks: a mixed fleet with the Python ClickHouse backend ----
@@ -1990,7 +2043,7 @@ TEST(Store, MoveWritesTheCopyBeforeDeletingTheSource) {
   auto t = store->Move("src", "dst");
   Outcome o = Drive(*t,
                     {kVersionModern, Q("get_state", Ok("\\N\t{\"a\":1}\n")), Q("create_lock", Ok()),
-                     Q("insert_state", Ok(), "('dst', NULL, '{\"a\":1}')"), Q("inspect_lock", Mine()),
+                     Q("insert_state", Ok(), "SELECT 'dst', NULL, '{\"a\":1}' FROM"), Q("inspect_lock", Mine()),
                      Q("drop_lock", Ok()), Q("create_lock", Ok()), Q("delete_state", Ok()),
                      Q("inspect_lock", Mine()), Q("drop_lock", Ok())},
                     &clock);
