@@ -66,3 +66,24 @@ def test_the_generated_tables_are_what_the_code_holds():
     check = subprocess.run([sys.executable, str(REPO / "tools" / "gendocs"), "--check"], cwd=REPO,
                            capture_output=True, text=True, timeout=900)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+# What every Linux program links, not named by docs/cli.md's list.
+RUNTIME = {"linux-vdso.so.1", "libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1"}
+
+
+def test_the_libraries_docs_cli_names_are_what_the_binary_links():
+    """docs/cli.md names the shared libraries a machine needs besides the C
+    and C++ runtime; `ldd` of the built binary must list exactly those."""
+    binary = REPO / "bazel-bin" / "hosts" / "native" / "chstate"
+    if not binary.exists():
+        subprocess.run(["bazel", "build", "//hosts/native:chstate"], cwd=REPO, check=True)
+    text = (REPO / "docs" / "cli.md").read_text()
+    para = text[text.index("The binary is not standalone"):]
+    para = para[:para.index("\n\n")]
+    documented = set(re.findall(r"`(lib[\w+.-]+\.so\.[\d.]+)`", para))
+    out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
+    linked = {line.split()[0] for line in out.splitlines() if line.strip() and "ld-linux" not in line}
+    assert documented, "docs/cli.md lists no libraries"
+    assert linked - RUNTIME == documented, (
+        f"docs/cli.md names {sorted(documented)}; ldd shows {sorted(linked - RUNTIME)}")
