@@ -1,6 +1,6 @@
 """Histories of merges and reads through every runtime at once, under injected faults, checked.
 
-Five runtimes run a seeded plan of operations on two shared state ids at the
+Six runtimes run a seeded plan of operations on two shared state ids at the
 same time, all through one seeded fault proxy in front of the real ClickHouse
 18.16:
 
@@ -9,6 +9,9 @@ same time, all through one seeded fault proxy in front of the real ClickHouse
   wasmtime  the Wasm module under wasmtime (hosts/wasi/chstate_wasmtime.py)
   node      the Wasm module in Node (history_node.mjs over chstate_wasi.mjs)
   lua       the Lua 5.4 module (chstate.so)
+  openresty the LuaJIT module in a real nginx (the rock made into a tree
+            outside the checkout, as tests/openresty runs it; cosockets), its
+            whole plan one request to the /history location below
 
 A merge adds a key no other merge adds; a read returns the id's keys. The
 proxy breaks a share of all requests: dropped before the server sees them,
@@ -22,20 +25,16 @@ The negative control: Python threads that read, then write the read state
 plus their key, with no lock around the pair. The same checker must find
 the merges they lose.
 
-Found by this suite and open: a request the server runs after the client
+Found by this suite and closed: a request the server runs after the client
 gave up on it (`slow_before`: held past the request timeout, then
-forwarded). `CHSTATE_HISTORY_FAULTS=...,slow_before` adds it: of 6 runs
-with it (seeds 1 to 4), two of seed 2 lost acknowledged merges (2, then 1,
-of 120 operations); in the second, the requests run late were reads, an
-acquisition's CREATE and two releases' `DROP TABLE IF EXISTS <lock table>`,
-which removes whoever holds that lock when it runs (the table lock names
-its table after the id). Fencing the writes (the state INSERT checked
-against the lock it was made under) is what would close it. The default
-faults leave it out, so that this suite guards what holds today.
+forwarded). Before state writes were fenced on their lock, 2 of 6 runs with
+it (seeds 1 to 4) lost acknowledged merges: the requests run late included
+releases' `DROP TABLE IF EXISTS <lock table>` (which removes whoever holds
+that lock when it runs) and state INSERTs. It is in the default faults now
+(docs/lock.md, "Fenced writes").
 
-Not here: OpenResty (tests/openresty runs the same module in nginx), and a
-replica killed under this load (tests/cluster/test_ha.py kills one under a
-writer and the lock torture, checked by their own counts).
+Not here: a replica killed under this load (tests/cluster/test_ha.py kills
+one under a writer and the lock torture, checked by their own counts).
 """
 
 from __future__ import annotations
@@ -58,8 +57,10 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO / "hosts" / "python"))
 sys.path.insert(0, str(REPO / "hosts" / "wasi"))
+sys.path.insert(0, str(REPO / "tests" / "openresty"))
 
 from chstate_meltano import _native, binding  # noqa: E402
+from nginx_server import Nginx, NginxMissing, check_installed, running_nginx  # noqa: E402
 from test_same_policy import artifacts, python_library, wasmtime_module  # noqa: E402,F401  (fixtures)
 
 pytestmark = pytest.mark.requires_clickhouse
@@ -68,8 +69,9 @@ SEED = int(os.environ.get("CHSTATE_HISTORY_SEED", "38"))
 OPS = int(os.environ.get("CHSTATE_HISTORY_OPS", "24"))  # per runtime
 IDS = ["dev:shared-a", "dev:shared-b"]
 FAULT_SHARE = 0.08
-FAULTS = os.environ.get("CHSTATE_HISTORY_FAULTS", "reset_request,close,reset_response,reset_mid_body,slow").split(",")
-RUNTIMES = ["cli", "python", "wasmtime", "node", "lua"]
+FAULTS = os.environ.get("CHSTATE_HISTORY_FAULTS",
+                        "reset_request,close,reset_response,reset_mid_body,slow,slow_before").split(",")
+RUNTIMES = ["cli", "python", "wasmtime", "node", "lua", "openresty"]
 # Short enough that a lock whose release was lost blocks the others for seconds, not ten.
 LOCK = {"lock_timeout_seconds": 3, "lock_wait_seconds": 30, "connect_timeout_seconds": 1,
         "request_timeout_seconds": 1}
@@ -100,6 +102,46 @@ end
 store:close()
 """
 
+# OpenResty's runtime: nginx (one worker, master_process off) with this location; the
+# store's URI (the fault proxy's port) and password come from nginx's environment. The
+# plan is the request body, the schema an argument; one store runs the steps in order,
+# each error recorded (pcall) and the plan going on, and the answer is one JSON line per
+# step. ngx.now() (after ngx.update_time()) is the wall clock in whole milliseconds,
+# rounded down: t1 gets 1 ms more, so the recorded interval holds the real one.
+HISTORY_LOCATION = r"""
+    location = /history {
+      client_max_body_size 1m;
+      client_body_buffer_size 1m;
+      content_by_lua_block {
+        local chstate = require "chstate"
+        ngx.req.read_body()
+        local steps = chstate.from_json(ngx.req.get_body_data() or "null")
+        local store = chstate.open{schema = ngx.var.arg_schema, request_timeout_seconds = 1,
+                                   connect_timeout_seconds = 1, lock_timeout_seconds = 3, lock_wait_seconds = 30}
+        for _, step in ipairs(steps) do
+          local op, id, key = step[1], step[2], step[3]
+          ngx.update_time()
+          local t0 = ngx.now()
+          local ok, r = pcall(function()
+            if op == "merge" then return store:merge(id, {singer_state = {[key] = 1}}) end
+            return store:get(id)
+          end)
+          ngx.update_time()
+          local line = {t0 = t0, t1 = ngx.now() + 0.001, code = "OK"}
+          if ok then
+            if op == "read" then line.value = r end
+          else
+            line.code = chstate.is_error(r) and r.code or "THROWN"
+            line.message = tostring(r):sub(1, 300)
+          end
+          ngx.say(chstate.to_json(line))
+        end
+        local closed, err = pcall(store.close, store)
+        if not closed then ngx.log(ngx.ERR, "history: close failed: ", tostring(err)) end
+      }
+    }
+"""
+
 
 def keys_of(value) -> frozenset:
     if isinstance(value, dict) and "merged" in value:
@@ -125,9 +167,9 @@ def record(runtime: str, step: list, t0: float, t1: float, ok: bool, value=None,
 
 
 class Runtimes:
-    def __init__(self, server, cli, artifacts, wasm_compiled, port: int, tmp: Path):
-        self.server, self.cli, self.artifacts, self.compiled, self.port, self.tmp = (
-            server, cli, artifacts, wasm_compiled, port, tmp)
+    def __init__(self, server, cli, artifacts, wasm_compiled, port: int, tmp: Path, nginx: Nginx | None = None):
+        self.server, self.cli, self.artifacts, self.compiled, self.port, self.tmp, self.nginx = (
+            server, cli, artifacts, wasm_compiled, port, tmp, nginx)
 
     def settings(self) -> dict:
         s = self.server
@@ -181,8 +223,11 @@ class Runtimes:
 
     def _lines(self, runtime: str, argv: list[str], env: dict, steps: list) -> list[Op]:
         p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
-        lines = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-        assert len(lines) == len(steps), f"{runtime} ran {len(lines)} of {len(steps)} (exit {p.returncode}):\n{p.stderr[-2000:]}"
+        return self._records(runtime, p.stdout, steps, f"(exit {p.returncode}):\n{p.stderr[-2000:]}")
+
+    def _records(self, runtime: str, text: str, steps: list, why: str) -> list[Op]:
+        lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        assert len(lines) == len(steps), f"{runtime} ran {len(lines)} of {len(steps)} {why}"
         return [record(runtime, step, d["t0"], d["t1"], d["code"] == "OK", d.get("value"), d.get("message", ""))
                 for step, d in zip(steps, lines)]
 
@@ -200,6 +245,13 @@ class Runtimes:
         s = self.server
         argv = ["lua5.4", str(script), s.host, str(self.port), s.user, self.cli.schema, json.dumps(steps)]
         return self._lines("lua", argv, env, steps)
+
+    def run_openresty(self, steps: list) -> list[Op]:
+        # The whole plan is one request: nginx's one worker runs it while serving nothing else.
+        status, text, _ = self.nginx.post("/history", json.dumps(steps).encode(), timeout=300,
+                                          schema=self.cli.schema)
+        return self._records("openresty", text, steps,
+                             f"(HTTP {status}):\n{text[-1000:]}\nerror log:\n{self.nginx.error_log()[-2000:]}")
 
 
 def final_keys(cli) -> dict[str, frozenset]:
@@ -265,13 +317,31 @@ def test_the_checker_rejects_a_lost_merge_a_stale_read_and_incomparable_reads():
 
 # ---- the suite --------------------------------------------------------------------------------
 
+@pytest.fixture
+def openresty(clickhouse, proxy):
+    """nginx running the LuaJIT rock with HISTORY_LOCATION, its store's URI this test's
+    fault proxy (started after the proxy, stopped before it); or, when nginx or its Lua
+    module is not installed, the message saying so, for the test to fail with."""
+    try:
+        check_installed()
+    except NginxMissing as e:
+        yield str(e)
+        return
+    s = clickhouse
+    with running_nginx(f"clickhouse://{s.user}@{s.host}:{proxy.port}/default", s.password,
+                       HISTORY_LOCATION) as server:
+        yield server
+
+
 def test_histories_through_every_runtime_under_faults_are_linearizable(
-        clickhouse, proxy, cli_factory, artifacts, python_library, wasmtime_module, tmp_path, capsys):  # noqa: F811
+        clickhouse, proxy, cli_factory, artifacts, python_library, wasmtime_module, openresty,  # noqa: F811
+        tmp_path, capsys):
     assert wasmtime_module is not None, "the wasmtime package is needed (tools/setup installs it)"
+    assert isinstance(openresty, Nginx), openresty
     cli = cli_factory()
     assert cli.direct("init").returncode == 0
     seed_ids(cli)
-    rt = Runtimes(clickhouse, cli, artifacts, wasmtime_module, proxy.port, tmp_path)
+    rt = Runtimes(clickhouse, cli, artifacts, wasmtime_module, proxy.port, tmp_path, openresty)
     rng = random.Random(SEED)
     plans = {name: plan(name, rng, OPS) for name in RUNTIMES}
     proxy.random_faults(FAULT_SHARE, FAULTS, SEED, delay=1.3)

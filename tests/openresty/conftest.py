@@ -4,7 +4,8 @@ the rock (hosts/luajit/chstate-luajit-scm-1.rockspec) made into a LuaRocks tree
 outside the checkout, and nginx's lua_package_path/cpath pointing at that tree
 alone (no CHSTATE_LIBRARY). One nginx process serves every request
 (`master_process off`), so a request that blocked it would hold up all others:
-test_nginx.py measures exactly that.
+test_nginx.py measures exactly that. Starting and stopping it is
+nginx_server.py's (tests/faults/test_histories.py starts one too).
 
 `nginx`: the running server, with `get(path, **args)` -> (status, text, seconds)
 and `error_log()`.
@@ -12,23 +13,13 @@ and `error_log()`.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.parse
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from chserver import REPO
-sys.path.insert(0, str(REPO / "tools"))
-from clickhouse_server import free_port  # noqa: E402  (below the ephemeral range)
-
-MODULES = Path("/usr/lib/nginx/modules")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nginx_server import Nginx, running_nginx  # noqa: E402,F401  (Nginx: for type hints)
 
 # The locations: each opens a store per request (no I/O until the first
 # call), answers, and closes it. Errors answer 500 with the error's text.
@@ -186,90 +177,8 @@ LOCATIONS = r"""
     }
 """
 
-CONFIG = """
-daemon off;
-master_process off;
-worker_processes 1;
-error_log {dir}/error.log info;
-pid {dir}/nginx.pid;
-load_module {modules}/ndk_http_module.so;
-load_module {modules}/ngx_http_lua_module.so;
-env MELTANO_STATE_BACKEND_URI;
-env MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD;
-events {{ worker_connections 256; }}
-http {{
-  access_log off;
-  client_body_temp_path {dir}/body;
-  proxy_temp_path {dir}/proxy;
-  fastcgi_temp_path {dir}/fastcgi;
-  uwsgi_temp_path {dir}/uwsgi;
-  scgi_temp_path {dir}/scgi;
-  lua_package_path "{tree}/share/lua/5.1/?.lua;;";
-  lua_package_cpath "{tree}/lib/lua/5.1/?.so;;";
-  server {{
-    listen 127.0.0.1:{port};
-{locations}
-  }}
-}}
-"""
-
-
-@dataclass
-class Nginx:
-    port: int
-    folder: Path
-    tree: Path
-
-    def get(self, path: str, timeout: float = 60, **args) -> tuple[int, str, float]:
-        url = f"http://127.0.0.1:{self.port}{path}?" + urllib.parse.urlencode({k: str(v) for k, v in args.items()})
-        start = time.monotonic()
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:
-                return r.status, r.read().decode(), time.monotonic() - start
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode(), time.monotonic() - start
-
-    def error_log(self) -> str:
-        path = self.folder / "error.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-
 
 @pytest.fixture(scope="session")
 def nginx(clickhouse):
-    for tool in ("nginx", "luarocks", "bazel"):
-        assert shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists(), f"{tool} is missing: run tools/setup"
-    assert (MODULES / "ngx_http_lua_module.so").exists(), "libnginx-mod-http-lua is missing: run tools/setup"
-    folder = Path(tempfile.mkdtemp(prefix="chstate-nginx-"))
-    tree = folder / "rocks"
-    made = subprocess.run(["luarocks", "--lua-version=5.1", f"--tree={tree}", "make",
-                           "hosts/luajit/chstate-luajit-scm-1.rockspec"], cwd=REPO, capture_output=True, text=True)
-    assert made.returncode == 0, f"luarocks make failed:\n{made.stdout}\n{made.stderr}"
-    port = free_port()
-    conf = folder / "nginx.conf"
-    conf.write_text(CONFIG.format(dir=folder, modules=MODULES, tree=tree, port=port, locations=LOCATIONS))
-    env = {"PATH": "/usr/sbin:/usr/bin:/bin",
-           "MELTANO_STATE_BACKEND_URI": clickhouse.uri(),
-           "MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD": clickhouse.password}
-    proc = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(folder)], env=env, cwd=folder,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = Nginx(port, folder, tree)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if server.get("/pong", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert proc.poll() is None, f"nginx exited with {proc.returncode}:\n{server.error_log()}"
-            assert time.monotonic() < deadline, f"nginx did not answer:\n{server.error_log()}"
-            time.sleep(0.1)
+    with running_nginx(clickhouse.uri(), clickhouse.password, LOCATIONS) as server:
         yield server
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        shutil.rmtree(folder, ignore_errors=True)
