@@ -11,9 +11,13 @@ persisted STATE message; the last column is that cost minus systemdb's.
 
 Backends: `systemdb` (Meltano's default, SQLite in .meltano/meltano.db),
 `clickhouse` (chstate over HTTP to a throwaway ClickHouse 18.16 on loopback,
-or the one CHSTATE_TEST_* point at) and `chdb` (chstate embedded in Meltano's
-process). Uses the cached Meltano venv of tests/meltano (pinned versions) and
-builds //hosts/python:libchstate.so with -c opt unless CHSTATE_LIBRARY is set.
+or the one CHSTATE_TEST_* point at), `clickhouse-wasm` (the same, from the
+pure wheel: the core as chstate.wasm on wasmtime, no native library) and
+`chdb` (chstate embedded in Meltano's process). Uses the cached Meltano venv
+of tests/meltano (pinned versions) and builds //hosts/python:libchstate.so
+with -c opt unless CHSTATE_LIBRARY is set; the pure wheel's venv is
+tests/meltano's too (harness.pure_venv). The backends take turns within each
+repetition (A B A B), so a slow moment of the machine falls on all of them.
 Prints a Markdown table; times are medians over --repeat runs.
 """
 
@@ -65,12 +69,12 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--backends", default="systemdb,clickhouse,chdb",
-                    help="comma-separated subset of systemdb, clickhouse, chdb (systemdb is always measured: "
-                         "it is the baseline)")
+                    help="comma-separated subset of systemdb, clickhouse, clickhouse-wasm, chdb (systemdb is "
+                         "always measured: it is the baseline)")
     args = ap.parse_args()
     n = args.messages
     wanted = {"systemdb", *args.backends.split(",")}
-    unknown = wanted - {"systemdb", "clickhouse", "chdb"}
+    unknown = wanted - {"systemdb", "clickhouse", "clickhouse-wasm", "chdb"}
     if unknown:
         ap.error(f"unknown backend(s) {', '.join(sorted(unknown))}")
 
@@ -78,28 +82,41 @@ def main() -> int:
     harness.install_adapter(venv)
     library = opt_library()
     tmp = Path(tempfile.mkdtemp(prefix="chstate-meltano-bench-"))
-    server = from_env() if "clickhouse" in wanted else None
-    started = "clickhouse" in wanted and server is None
+    pure = harness.pure_venv(harness.wasm_module()) if "clickhouse-wasm" in wanted else None
+    need_server = bool(wanted & {"clickhouse", "clickhouse-wasm"})
+    server = from_env() if need_server else None
+    started = need_server and server is None
     try:
         if started:
             server = start_server(tmp / "clickhouse")
-        backends = {"systemdb": ("systemdb", {})}
+        backends = {"systemdb": ("systemdb", {}, venv)}
         if server is not None:
-            backends["chstate → ClickHouse 18.16 (HTTP, loopback)"] = (
-                server.uri(), {"MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD": server.password,
-                               "MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA": "chstate_meltano_bench"})
+            ch_env = {"MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD": server.password,
+                      "MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA": "chstate_meltano_bench"}
+            if "clickhouse" in wanted:
+                backends["chstate → ClickHouse 18.16 (HTTP, loopback)"] = (server.uri(), ch_env, venv)
+            if pure is not None:
+                backends["chstate, pure wheel (Wasm core) → ClickHouse 18.16"] = (
+                    server.uri(), dict(ch_env, MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA="chstate_meltano_bench_wasm"),
+                    pure)
         if "chdb" in wanted:
-            backends["chstate → chDB 26.9 (embedded)"] = (f"chdb://{tmp / 'chdb'}", {})
-        results = {}
-        for name, (uri, env) in backends.items():
-            project = harness.MeltanoProject(tmp / f"project-{len(results)}", venv, library,
+            backends["chstate → chDB 26.9 (embedded)"] = (f"chdb://{tmp / 'chdb'}", {}, venv)
+        state_id = "dev:tap-counter-to-target-echo"
+        projects = {}
+        for name, (uri, env, where) in backends.items():
+            project = harness.MeltanoProject(tmp / f"project-{len(projects)}", where, library,
                                              state_backend_uri=uri, env=env)
-            state_id = "dev:tap-counter-to-target-echo"
+            if where is pure:
+                del project.base_env["CHSTATE_LIBRARY"]  # the pure wheel's core alone
+            projects[name] = project
             timed_run(project, state_id, 5, 1)  # warm-up: systemdb migrations, the schema, caches
-            many, one = [], []
-            for _ in range(args.repeat):
-                many.append(timed_run(project, state_id, n, 1))
-                one.append(timed_run(project, state_id, n, n))
+        times = {name: ([], []) for name in projects}
+        for _ in range(args.repeat):
+            for name, project in projects.items():  # A B A B: each backend once per round
+                times[name][0].append(timed_run(project, state_id, n, 1))
+                times[name][1].append(timed_run(project, state_id, n, n))
+        results = {}
+        for name, (many, one) in times.items():
             results[name] = (statistics.median(many), statistics.median(one))
             print(f"  {name}: {n} STATE messages {results[name][0]:.2f} s, 1 STATE message {results[name][1]:.2f} s",
                   file=sys.stderr, flush=True)
@@ -112,11 +129,18 @@ def main() -> int:
     base_per = (base_many - base_one) / (n - 1) * 1000
     print(f"\n`meltano run` of {n} records, medians of {args.repeat} runs (Meltano 4.4.1, "
           f"{os.cpu_count()} cores):\n")
-    print(f"| state backend | {n} STATE messages | 1 STATE message | per STATE message | vs systemdb per message |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print(f"| state backend | {n} STATE messages | 1 STATE message | per STATE message | vs systemdb per message "
+          "| ratio to systemdb |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    per_of = {}
     for name, (many, one) in results.items():
-        per = (many - one) / (n - 1) * 1000
-        print(f"| {name} | {many:.2f} s | {one:.2f} s | {per:.2f} ms | {per - base_per:+.2f} ms |")
+        per = per_of[name] = (many - one) / (n - 1) * 1000
+        ratio = f"{per / base_per:.2f}x" if base_per > 0 else "n/a (systemdb's difference was not positive)"
+        print(f"| {name} | {many:.2f} s | {one:.2f} s | {per:.2f} ms | {per - base_per:+.2f} ms | {ratio} |")
+    native = next((v for k, v in per_of.items() if k.startswith("chstate → ClickHouse")), None)
+    wasm = next((v for k, v in per_of.items() if "pure wheel" in k), None)
+    if native and wasm and native > 0:
+        print(f"\nThe pure wheel's Wasm core per STATE message: {wasm / native:.2f}x the native wheel's.")
     print(f"\n(total difference / {n}, as the simple measure: "
           + ", ".join(f"{name.split(' ')[0] if name == 'systemdb' else name}: "
                       f"{(many - base_many) / n * 1000:+.2f} ms" for name, (many, _) in results.items()

@@ -59,7 +59,9 @@ namespace {
 
 // Version of this module's export list and calling convention (the JSON
 // documents are versioned by CHSTATE_ABI_VERSION, reported alongside).
-constexpr int32_t kWasmAbiVersion = 2;  // 2: settings documents, the verb table, store_new says how to connect
+// 2: settings documents, the verb table, store_new says how to connect;
+// 3: the settings table (the Meltano adapter's settings where it runs this module).
+constexpr int32_t kWasmAbiVersion = 3;
 
 // Largest block chstate_alloc hands out and largest document accepted.
 // A state of 16 MiB parses into a few hundred MiB of tree at worst, well
@@ -300,6 +302,11 @@ int32_t wasm_resolve_settings(uint32_t in_ptr, uint32_t in_len, uint32_t out_ptr
 // The verb table (chstate_verbs of chstate.h).
 CHSTATE_EXPORT("chstate_verbs") int32_t wasm_verbs(uint32_t out_ptr, uint32_t out_cap) {
   return Deliver(Take(chstate_verbs()), out_ptr, out_cap);
+}
+
+// The settings table (chstate_settings_table of chstate.h).
+CHSTATE_EXPORT("chstate_settings_table") int32_t wasm_settings_table(uint32_t out_ptr, uint32_t out_cap) {
+  return Deliver(Take(chstate_settings_table()), out_ptr, out_cap);
 }
 
 // A settings document (chstate.h chstate_store_new) ->

@@ -43,6 +43,9 @@ def drivers(clickhouse_env, tmp_path_factory) -> dict:
                    timeout=300)
     venv = harness.ensure_venv()
     harness.install_adapter(venv)
+    # The adapter from the pure wheel (the core as chstate.wasm on wasmtime), in a venv with no
+    # native library, run by the same driver as `meltano`.
+    pure = harness.pure_venv(wasi / "hosts/wasi/chstate.wasm")
     env = dict(harness.clean_env(), **clickhouse_env,
                CHSTATE_CLI=str(native / "hosts/native/chstate"),
                CHSTATE_LIBRARY=str(native / "hosts/python/libchstate.so"),
@@ -56,6 +59,8 @@ def drivers(clickhouse_env, tmp_path_factory) -> dict:
     return {
         "cli": (python, env),
         "meltano": ([str(venv / "bin" / "python"), str(HERE / "driver.py")], env),
+        "meltano-wasm": ([str(pure / "bin" / "python"), str(HERE / "driver.py")],
+                         {k: v for k, v in env.items() if k != "CHSTATE_LIBRARY"}),
         "wasmtime": (python, env),
         "extism": (python, env),
         "node": (["node", "--no-warnings", str(HERE / "driver.mjs")], env),

@@ -4,7 +4,9 @@ prints the transcript (one normalised result per step) as JSON.
     python3 driver.py HOST SCHEMA_PREFIX     # HOST: meltano | wasmtime | extism | cli
 
 meltano runs in Meltano's venv (the adapter as Meltano loads it:
-chstate_meltano.backend.ClickhouseStateStoreManager); wasmtime and extism are
+chstate_meltano.backend.ClickhouseStateStoreManager); meltano-wasm is the same
+adapter installed from the pure wheel, running the core as chstate.wasm on
+wasmtime (the driver checks which core it chose); wasmtime and extism are
 hosts/wasi/chstate_wasmtime.py and chstate_extism.py (their open()); cli is
 the chstate command (one process per step, --json). Settings come from the
 environment the test sets: CHSTATE_API_URI (no password), CHSTATE_API_PASSWORD,
@@ -372,7 +374,13 @@ def main() -> int:
     host_name, prefix = sys.argv[1], sys.argv[2]
     CONTENDER_URI = URI
     WASM = None
-    if host_name == "meltano":
+    if host_name in ("meltano", "meltano-wasm"):
+        # meltano-wasm: the pure wheel's adapter, which must be running the module.
+        from chstate_meltano import _core
+
+        kind = _core.chosen().kind
+        if kind != ("wasm" if host_name == "meltano-wasm" else "native"):
+            raise SystemExit(f"{host_name}: the adapter chose the {kind} core")
         host = MeltanoHost()
     elif host_name in ("wasmtime", "extism"):
         sys.path.insert(0, str(REPO / "hosts" / "wasi"))

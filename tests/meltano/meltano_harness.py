@@ -104,6 +104,57 @@ def native_library() -> Path:
     return path.resolve()
 
 
+def wasm_module() -> Path:
+    """$CHSTATE_WASM, else hosts/wasi's chstate.wasm (built; bazel-bin left alone)."""
+    env = os.environ.get("CHSTATE_WASM")
+    if env:
+        return Path(env).resolve()
+    built = subprocess.run(["bazel", "build", "--config=wasi", "--symlink_prefix=/", "//hosts/wasi:chstate.wasm"],
+                           cwd=REPO, capture_output=True, text=True)
+    assert built.returncode == 0, f"bazel build --config=wasi //hosts/wasi:chstate.wasm failed:\n{built.stderr[-5000:]}"
+    out = subprocess.run(["bazel", "info", "--config=wasi", "bazel-bin"], cwd=REPO, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    return Path(out, "hosts", "wasi", "chstate.wasm").resolve()
+
+
+def pure_wheel(out: Path, wasm: Path) -> Path:
+    """The pure wheel (py3-none-any) as hosts/python/build_pure_wheel.sh makes
+    it from a given chstate.wasm: no Bazel, nothing but python3 and pip."""
+    env = dict(clean_env(), CHSTATE_WASM=str(wasm))
+    built = subprocess.run([str(ADAPTER_SRC / "build_pure_wheel.sh"), str(out)], env=env, cwd=out,
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, f"build_pure_wheel.sh exited {built.returncode}\n{built.stderr[-5000:]}"
+    wheel = Path(built.stdout.split()[-1])
+    assert wheel.parent == out and wheel.exists(), built.stdout
+    return wheel
+
+
+def pure_venv(wasm: Path) -> Path:
+    """A venv holding the pinned Meltano and the pure wheel made from `wasm`
+    (its wasmtime from PyPI, as the wheel's dependency), installed with pip the
+    way users add a plugin to Meltano's environment: no native library in it.
+    Cached by the module's and the package's contents, so the suites that use
+    it in one run make it once."""
+    digest = hashlib.sha256()
+    for path in [wasm, ADAPTER_SRC / "pyproject.toml", *sorted((ADAPTER_SRC / "chstate_meltano").glob("*.py"))]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update(json.dumps([MELTANO, sys.version_info[:2]]).encode())
+    venv = cache_dir() / f"meltano-pure-{digest.hexdigest()[:12]}"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / (venv.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / ".complete").exists():
+            return venv
+        shutil.rmtree(venv, ignore_errors=True)
+        with tempfile.TemporaryDirectory(prefix="chstate-pure-wheel-") as tmp:
+            wheel = pure_wheel(Path(tmp), wasm)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            _pip(venv, MELTANO, str(wheel))
+        assert not list(venv.rglob("libchstate*")), "the pure venv holds a native library"
+        (venv / ".complete").write_text(f"{MELTANO}\n{wheel.name}\n")
+    return venv
+
+
 def plugin_script(name: str, venv: Path, folder: Path) -> Path:
     """A copy of plugins/<name> in `folder` whose interpreter is the venv's."""
     src = (PLUGINS / name).read_text()

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from meltano.core.error import MeltanoError
 from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager
 
-from . import _native
+from . import _core
 from .binding import ChstateError, Store, bind_verbs
 
 if t.TYPE_CHECKING:
@@ -91,13 +91,16 @@ class ChstateStateStoreManager(StateStoreManager):
                                        for k, v in kwargs.items() if v is not None and v != ""}}
         self._store: Store | None = None
         try:
-            _native.library()  # fail early, and without I/O, when the library is missing
+            # The native library, else the same core as a WebAssembly module
+            # ($CHSTATE_CORE chooses; _core.py). Fails early, and without I/O,
+            # when neither is there.
+            self._core = _core.chosen()
         except ChstateError as e:
-            raise ChstateStateBackendError("loading the native library", e) from None
+            raise ChstateStateBackendError("loading the chstate core", e) from None
         try:
             # The core resolves them now, without I/O: a bad setting fails
             # when the backend is made, not at the first STATE message.
-            self._settings = _native.resolve_settings({"from": "meltano", "values": self._values, "env": {},
+            self._settings = self._core.resolve_settings({"from": "meltano", "values": self._values, "env": {},
                                                        "host": {"timers": True, "exit_release": True}})
         except ChstateError as e:
             raise ChstateSettingsError("reading the state backend settings", e) from None
@@ -117,7 +120,10 @@ class ChstateStateStoreManager(StateStoreManager):
         if self._store is None:
             try:
                 # The level asked of the core is the one the logger is enabled for now.
-                self._store = Store(_native.NativeCore(), self._values, env={}, source="meltano",
+                # Which core runs: at info when it is the slower WebAssembly one.
+                events_logger.log(logging.INFO if self._core.kind == "wasm" else logging.DEBUG,
+                                  "chstate runs %s", self._core.describe())
+                self._store = Store(self._core.make(), self._values, env={}, source="meltano",
                                     transport=self._make_transport(), logger=events_logger)
             except ChstateError as e:
                 raise ChstateStateBackendError("opening the state store", e) from None
@@ -136,7 +142,7 @@ class ChstateStateStoreManager(StateStoreManager):
         """The verbs Meltano has no name for, as the binding's methods."""
         if name.startswith("_") or name in _MELTANO_NAMES:
             raise AttributeError(name)
-        bind_verbs(_native.NativeCore())
+        bind_verbs(self._core.make())
         if not hasattr(Store, name):
             raise AttributeError(name)
         method = getattr(Store, name)

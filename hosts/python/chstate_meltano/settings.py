@@ -14,14 +14,14 @@ state_backend.uri, lock_timeout_seconds and lock_retry_seconds are Meltano's.
     # password: MELTANO_STATE_BACKEND_CLICKHOUSE_PASSWORD
 
 pyproject.toml names one entry point per definition (Meltano loads each);
-tests/meltano/test_settings_table.py checks both against the core's table.
+tests/meltano/test_core_choice.py checks the list against the core's table.
 """
 
 from __future__ import annotations
 
 from meltano.core.setting_definition import SettingDefinition, SettingKind
 
-from . import _native
+from . import _core
 from ._conflicts import warn_once
 
 # Meltano loads these settings whichever package it then picks for the
@@ -47,7 +47,7 @@ def _definition(namespace: str, row: dict) -> SettingDefinition:
 def definitions() -> dict:
     """Attribute name -> SettingDefinition, from the core's table."""
     out = {}
-    for row in _native.settings_table()["settings"]:
+    for row in _core.settings_table()["settings"]:
         if row["meltano"] != f"state_backend.clickhouse.{row['key']}":
             continue  # Meltano's own (uri, lock_timeout_seconds, lock_retry_seconds)
         out[f"CLICKHOUSE_{row['key'].upper()}"] = _definition("clickhouse", row)
