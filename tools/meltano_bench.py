@@ -11,7 +11,8 @@ persisted STATE message; the last column is that cost minus systemdb's.
 
 Backends: `systemdb` (Meltano's default, SQLite in .meltano/meltano.db),
 `clickhouse` (chstate over HTTP to a throwaway ClickHouse 18.16 on loopback,
-or the one CHSTATE_TEST_* point at), `clickhouse-wasm` (the same, from the
+or the one CHSTATE_TEST_* point at), `clickhouse-nohistory` (the same with
+history_days = 0: no history table or view), `clickhouse-wasm` (the same, from the
 pure wheel: the core as chstate.wasm on wasmtime, no native library) and
 `chdb` (chstate embedded in Meltano's process). Uses the cached Meltano venv
 of tests/meltano (pinned versions) and builds //hosts/python:libchstate.so
@@ -69,12 +70,13 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--backends", default="systemdb,clickhouse,chdb",
-                    help="comma-separated subset of systemdb, clickhouse, clickhouse-wasm, chdb (systemdb is "
+                    help="comma-separated subset of systemdb, clickhouse, clickhouse-nohistory, clickhouse-wasm, chdb "
+                         "(systemdb is "
                          "always measured: it is the baseline)")
     args = ap.parse_args()
     n = args.messages
     wanted = {"systemdb", *args.backends.split(",")}
-    unknown = wanted - {"systemdb", "clickhouse", "clickhouse-wasm", "chdb"}
+    unknown = wanted - {"systemdb", "clickhouse", "clickhouse-nohistory", "clickhouse-wasm", "chdb"}
     if unknown:
         ap.error(f"unknown backend(s) {', '.join(sorted(unknown))}")
 
@@ -83,7 +85,7 @@ def main() -> int:
     library = opt_library()
     tmp = Path(tempfile.mkdtemp(prefix="chstate-meltano-bench-"))
     pure = harness.pure_venv(harness.wasm_module()) if "clickhouse-wasm" in wanted else None
-    need_server = bool(wanted & {"clickhouse", "clickhouse-wasm"})
+    need_server = bool(wanted & {"clickhouse", "clickhouse-nohistory", "clickhouse-wasm"})
     server = from_env() if need_server else None
     started = need_server and server is None
     try:
@@ -95,6 +97,10 @@ def main() -> int:
                       "MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA": "chstate_meltano_bench"}
             if "clickhouse" in wanted:
                 backends["chstate → ClickHouse 18.16 (HTTP, loopback)"] = (server.uri(), ch_env, venv)
+            if "clickhouse-nohistory" in wanted:
+                backends["chstate, history off (history_days = 0) → ClickHouse 18.16"] = (
+                    server.uri(), dict(ch_env, MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA="chstate_meltano_bench_nohist",
+                                       MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS="0"), venv)
             if pure is not None:
                 backends["chstate, pure wheel (Wasm core) → ClickHouse 18.16"] = (
                     server.uri(), dict(ch_env, MELTANO_STATE_BACKEND_CLICKHOUSE_SCHEMA="chstate_meltano_bench_wasm"),
