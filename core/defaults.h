@@ -113,6 +113,15 @@ inline constexpr int64_t kDefaultHistoryVersions = 1000;
 // look is one read of the id's versions, so it costs a write 1/64 of a read
 // on average, and an id holds at most about history_versions + 64 versions.
 inline constexpr int64_t kHistoryUpkeepEvery = 64;
+// One server: the history view writes into a Buffer table in front of the
+// history table, which the server flushes this long after its first row (or
+// at the rows or bytes below), so a burst of writes makes one history part,
+// not one per write. A server that stops without flushing (killed, power
+// lost) loses at most this long of versions; the states themselves are
+// written directly. Reads of the history flush it first.
+inline constexpr int64_t kHistoryFlushSeconds = 10;
+inline constexpr int64_t kHistoryBufferRows = 10000;
+inline constexpr int64_t kHistoryBufferBytes = int64_t{64} << 20;
 // `chstate history` lists at most this many versions unless told otherwise.
 inline constexpr int64_t kDefaultHistoryLimit = 20;
 
@@ -175,6 +184,10 @@ inline constexpr DefaultSetting kDefaults[] = {
     {"history_versions", kDefaultHistoryVersions, "count", "state history: versions kept per id (0: no limit)"},
     {"history_upkeep_every", kHistoryUpkeepEvery, "count",
      "state history: one write in this many removes its id's versions beyond both limits"},
+    {"history_flush_s", kHistoryFlushSeconds, "s",
+     "state history, one server: versions wait in a Buffer table at most this long before their part is written"},
+    {"history_buffer_rows", kHistoryBufferRows, "count", "state history, one server: the buffer is flushed at this many rows"},
+    {"history_buffer_bytes", kHistoryBufferBytes, "bytes", "state history, one server: the buffer is flushed at this many bytes"},
     {"history_limit", kDefaultHistoryLimit, "count", "`chstate history`: versions listed"},
     {"export_page_states", kDefaultExportPageStates, "count", "export: states per page at most (one SELECT of a range of ids)"},
     {"export_page_bytes", kDefaultExportPageBytes, "bytes", "export: a page's states, by the size of those read before, about"},

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/defaults.h"
 #include "core/quoting.h"
 #include "re2/re2.h"
 
@@ -180,13 +181,51 @@ SqlRequest Statements::CreateHistoryTable(int64_t days) const {
   return r;
 }
 
+bool Statements::HistoryBuffered() const { return !cluster_.enabled(); }
+
+std::string Statements::HistoryBuffer() const {
+  return absl::StrCat("`", schema_, "`.`", table_, "_history_buffer`");
+}
+
+SqlRequest Statements::CreateHistoryBuffer() const {
+  SqlRequest r = Ddl("create_history_buffer", true);
+  // One layer; flushed kHistoryFlushSeconds after its first row, or at
+  // kHistoryBufferRows rows or kHistoryBufferBytes bytes, whichever comes
+  // first (Buffer flushes when every min or any max is reached: here they
+  // are equal); a block larger than those goes to the table at once.
+  r.sql = absl::StrCat("CREATE TABLE IF NOT EXISTS ", HistoryBuffer(), " AS ", HistoryTable(), " ENGINE = Buffer(",
+                       QuoteStringLiteral(schema_), ", ", QuoteStringLiteral(absl::StrCat(table_, "_history")),
+                       ", 1, ", kHistoryFlushSeconds, ", ", kHistoryFlushSeconds, ", ", kHistoryBufferRows, ", ",
+                       kHistoryBufferRows, ", ", kHistoryBufferBytes, ", ", kHistoryBufferBytes, ")");
+  return r;
+}
+
 SqlRequest Statements::CreateHistoryView() const {
   SqlRequest r = Ddl("create_history_view", true);
-  // Every replica runs the view on the inserts it receives; the rows it
-  // writes replicate like any other (a fetched part runs no view twice).
-  r.sql = absl::StrCat("CREATE MATERIALIZED VIEW IF NOT EXISTS `", schema_, "`.`", table_, "_history_mv`",
-                       OnCluster(), " TO ", HistoryTable(),
+  // One server: into the buffer, so that a write of the state costs one
+  // part, not two. Cluster mode: every replica runs the view on the inserts
+  // it receives, into the replicated table; the rows it writes replicate
+  // like any other (a fetched part runs no view twice).
+  const bool buffered = HistoryBuffered();
+  r.sql = absl::StrCat("CREATE MATERIALIZED VIEW IF NOT EXISTS `", schema_, "`.`", table_,
+                       buffered ? "_history_buffer_mv`" : "_history_mv`", OnCluster(), " TO ",
+                       buffered ? HistoryBuffer() : HistoryTable(),
                        " AS SELECT state_id, partial_state, completed_state, updated_at FROM ", StateTable());
+  return r;
+}
+
+SqlRequest Statements::DropUnbufferedHistoryView() const {
+  // Made after the buffered view, so that no write between the two goes
+  // unrecorded (one in that moment is recorded twice, as one version).
+  SqlRequest r = Ddl("drop_unbuffered_history_view", true);
+  r.sql = absl::StrCat("DROP TABLE IF EXISTS `", schema_, "`.`", table_, "_history_mv`");
+  return r;
+}
+
+SqlRequest Statements::FlushHistory() const {
+  // OPTIMIZE of a Buffer table writes its rows to the table under it.
+  SqlRequest r = Request("flush_history", true);
+  r.sql = absl::StrCat("OPTIMIZE TABLE ", HistoryBuffer());
   return r;
 }
 

@@ -114,8 +114,25 @@ class Statements {
   // TTL of `days`. Fed by CreateHistoryView on every insert into the state
   // table, by chstate or the Python backend alike: no request of its own.
   SqlRequest CreateHistoryTable(int64_t days) const;
-  // `<table>_history_mv`: the materialized view from the state table.
+  // One server: `<table>_history_buffer`, a Buffer in front of the history
+  // table, so that the view's rows collect in the server's memory and reach
+  // the table as one part per flush instead of one per write (a write of
+  // the state then costs about one plain INSERT; docs/operations.md). Not in
+  // cluster mode (HistoryBuffered): a read through another replica would
+  // not see a buffer's rows.
+  bool HistoryBuffered() const;
+  SqlRequest CreateHistoryBuffer() const;
+  // The materialized view from the state table: `<table>_history_buffer_mv`
+  // into the buffer on one server, `<table>_history_mv` into the table in
+  // cluster mode.
   SqlRequest CreateHistoryView() const;
+  // One server: drops `<table>_history_mv`, the view that schemas made
+  // before the buffer have (after the buffered one exists).
+  SqlRequest DropUnbufferedHistoryView() const;
+  // One server: writes the buffer's rows into the history table (OPTIMIZE
+  // TABLE of the buffer), so that the reads below see every version; a
+  // schema without a buffer answers code 60, harmless.
+  SqlRequest FlushHistory() const;
   // Removes versions older than `days` (an ALTER ... DELETE: 18.x has no TTL).
   SqlRequest ExpireHistory(int64_t days) const;
   // Removes all but the newest `keep` versions of each state id (several
@@ -290,6 +307,7 @@ class Statements {
       : dialect_(d), schema_(std::move(schema)), table_(std::move(table)), cluster_(std::move(cluster)) {}
   std::string StateTable() const;
   std::string HistoryTable() const;
+  std::string HistoryBuffer() const;
   std::string LockRowsTable() const;  // `<table>_lock`, the Python backend's
   // The SELECT and FROM that ListHistory and GetHistoryVersion share.
   std::string HistoryRows() const;

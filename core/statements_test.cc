@@ -86,6 +86,23 @@ TEST(Statements, ExactSqlPerDialect) {
        "arrayReverseSort(groupArray(updated_at)), 6)) FROM `meltano`.`state_history` WHERE state_id = "
        "{state_id:String} FORMAT TabSeparated",
        {{"wait_end_of_query", "1"}, {"param_state_id", "a"}}, true},
+      {"history buffer: the history table's columns, flushed within 10 s", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.CreateHistoryBuffer(); },
+       "CREATE TABLE IF NOT EXISTS `meltano`.`state_history_buffer` AS `meltano`.`state_history` ENGINE = "
+       "Buffer('meltano', 'state_history', 1, 10, 10, 10000, 10000, 67108864, 67108864)",
+       {}, true},
+      {"history view, one server: into the buffer", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.CreateHistoryView(); },
+       "CREATE MATERIALIZED VIEW IF NOT EXISTS `meltano`.`state_history_buffer_mv` TO "
+       "`meltano`.`state_history_buffer` AS SELECT state_id, partial_state, completed_state, updated_at FROM "
+       "`meltano`.`state`",
+       {}, true},
+      {"the view of a schema from before the buffer goes", Dialect::kClickHouse18,
+       [](const Statements& s) { return s.DropUnbufferedHistoryView(); },
+       "DROP TABLE IF EXISTS `meltano`.`state_history_mv`", {}, true},
+      {"flush the history buffer before reading the history", Dialect::kModern,
+       [](const Statements& s) { return s.FlushHistory(); }, "OPTIMIZE TABLE `meltano`.`state_history_buffer`", {},
+       true},
       {"trim one id's history, modern: a mutation with a literal", Dialect::kModern,
        [](const Statements& s) { return s.TrimHistoryOf("a'", 1796155031123, 30); },
        "ALTER TABLE `meltano`.`state_history` DELETE WHERE state_id = 'a\\'' AND (updated_at <= "
@@ -325,6 +342,12 @@ TEST(Statements, ClusterModeSql) {
        kQuorum18, false},
       {"drop lock", Dialect::kClickHouse18, [](const Statements& s) { return s.DropLock("a"); },
        "DROP TABLE IF EXISTS `meltano`.`state_lock_af63dc4c8601ec8c` ON CLUSTER `prod`", kDdl, false},
+      {"history view, cluster mode: into the replicated table (no buffer: another replica would not see it)",
+       Dialect::kClickHouse18, [](const Statements& s) { return s.CreateHistoryView(); },
+       "CREATE MATERIALIZED VIEW IF NOT EXISTS `meltano`.`state_history_mv` ON CLUSTER `prod` TO "
+       "`meltano`.`state_history` AS SELECT state_id, partial_state, completed_state, updated_at FROM "
+       "`meltano`.`state`",
+       kDdl, true},
       {"engine check, and whether the servers know the cluster", Dialect::kClickHouse18,
        [](const Statements& s) { return s.StateTableEngine(); },
        "SELECT engine, (SELECT count() > 0 FROM system.clusters WHERE cluster = 'prod') FROM system.tables WHERE "

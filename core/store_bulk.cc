@@ -83,6 +83,14 @@ std::unique_ptr<Op> StoreSteps::HistoryUpkeepPart(const std::string& id) {
   return std::make_unique<part::HistoryUpkeepOp>(*this, id);
 }
 
+// Before a read of the history on one server: the buffer's rows into the
+// table. Tried: a schema from before the buffer (code 60) or a user who may
+// not OPTIMIZE (readonly) reads the table as it is, without the versions of
+// the last few seconds at most.
+std::unique_ptr<Op> StoreSteps::FlushHistoryPart() {
+  return SqlPart(st().FlushHistory(), "writing the state history buffer into its table");
+}
+
 absl::StatusOr<std::vector<StateVersion>> StoreSteps::Versions(const std::string& id, const Rows& rows) {
   std::vector<StateVersion> out;
   for (const Row& row : rows) {
@@ -119,6 +127,10 @@ class HistoryOp final : public StorePart {
         stage_ = Stage::kConnecting;
         return Next::Call(part::Connect(s_));
       case Stage::kConnecting:
+        stage_ = Stage::kFlushing;
+        if (s_.st().HistoryBuffered()) return Next::Try(s_.FlushHistoryPart());
+        return Resume(r);
+      case Stage::kFlushing:
         stage_ = Stage::kListing;
         return Next::Send(s_.st().ListHistory(id_, limit_));
       case Stage::kListing: {
@@ -151,7 +163,7 @@ class HistoryOp final : public StorePart {
   }
 
  private:
-  enum class Stage { kStart, kConnecting, kListing, kReading };
+  enum class Stage { kStart, kConnecting, kFlushing, kListing, kReading };
   Stage stage_ = Stage::kStart;
   std::string id_;
   int64_t limit_;
@@ -172,6 +184,10 @@ class RestoreVersionOp final : public StorePart {
   Next Resume(const Reply& r) override {
     switch (stage_) {
       case Stage::kStart:
+        stage_ = Stage::kFlushing;
+        if (s_.st().HistoryBuffered()) return Next::Try(s_.FlushHistoryPart());
+        return Resume(r);
+      case Stage::kFlushing:
         stage_ = Stage::kReading;
         return Next::Send(s_.st().GetHistoryVersion(id_, unix_ms_, hash8_));
       case Stage::kReading: {
@@ -196,7 +212,7 @@ class RestoreVersionOp final : public StorePart {
                                             " in its history; `chstate history ID` lists the versions kept"));
   }
 
-  enum class Stage { kStart, kReading, kWriting };
+  enum class Stage { kStart, kFlushing, kReading, kWriting };
   Stage stage_ = Stage::kStart;
   std::string id_;
   std::string version_;

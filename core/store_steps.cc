@@ -105,7 +105,13 @@ class EnsureSchemaOp final : public StorePart {
     if (st.cluster().enabled()) ddl_.emplace_back(st.CreateClaimsTable(), "creating the lock claims table");
     if (s.options().history_days > 0) {
       ddl_.emplace_back(st.CreateHistoryTable(s.options().history_days), "creating the state history table");
+      if (st.HistoryBuffered()) ddl_.emplace_back(st.CreateHistoryBuffer(), "creating the state history buffer");
       ddl_.emplace_back(st.CreateHistoryView(), "creating the state history view");
+      // A schema made before the buffer: its view into the table goes, once
+      // the buffered one records the writes.
+      if (st.HistoryBuffered()) {
+        ddl_.emplace_back(st.DropUnbufferedHistoryView(), "dropping the unbuffered state history view");
+      }
     }
   }
   std::string Where() const override { return next_ == 0 ? "making the schema" : ddl_[next_ - 1].second; }

@@ -49,7 +49,7 @@ class StoreSteps {
             std::vector<std::pair<std::string, std::string>> texts = {});
 
   // ---- store_task.cc: answers and their wording, leases, diagnostics
-  // (SqlPart is in store_steps.cc, HistoryUpkeepPart in store_bulk.cc) ----
+  // (SqlPart is in store_steps.cc, HistoryUpkeepPart and FlushHistoryPart in store_bulk.cc) ----
 
   // The body of the answer to `r` (a Reply::kAnswer), or its failure
   // worded for `what`: a request acting under a lock (UnderLease) whose
@@ -63,6 +63,9 @@ class StoreSteps {
   std::unique_ptr<Op> SqlPart(SqlRequest req, std::string what);
 
   std::unique_ptr<Op> HistoryUpkeepPart(const std::string& id);
+  // One server: the history buffer written into its table (Statements::
+  // FlushHistory) before a read of the history; meant for Next::Try.
+  std::unique_ptr<Op> FlushHistoryPart();
 
   // A token naming one write (insert deduplication), from the fresh random
   // bytes: kInvalidArgument when the host gave fewer than 16.

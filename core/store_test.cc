@@ -211,7 +211,9 @@ TEST(Store, WriteCreatesTheSchemaOnceWhenMissing) {
                      Q("create_database", Ok()), Q("create_state_table", Ok(), "DateTime64(3)"),
                      Q("create_lock_table", Ok(), "TTL"),
                      Q("create_history_table", Ok(), "TTL toDateTime(updated_at) + INTERVAL 30 DAY"),
-                     Q("create_history_view", Ok(), "TO `meltano`.`state_history` AS SELECT"),
+                     Q("create_history_buffer", Ok(), "AS `meltano`.`state_history` ENGINE = Buffer('meltano', 'state_history', 1, 10, 10, "),
+                     Q("create_history_view", Ok(), "`meltano`.`state_history_buffer_mv` TO `meltano`.`state_history_buffer` AS SELECT"),
+                     Q("drop_unbuffered_history_view", Ok(), "DROP TABLE IF EXISTS `meltano`.`state_history_mv`"),
                      Q("insert_state", Ok(), "SELECT 'id', NULL, '{\"singer_state\":{}}' FROM")},
                     &clock);
   EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
@@ -220,7 +222,8 @@ TEST(Store, WriteCreatesTheSchemaOnceWhenMissing) {
   auto t2 = store->Set(s);
   Outcome o2 = Drive(*t2,
                      {Q("insert_state", Err(404, 81, "x")), Q("create_database", Ok()), Q("create_state_table", Ok()),
-                      Q("create_lock_table", Ok()), Q("create_history_table", Ok()), Q("create_history_view", Ok()),
+                      Q("create_lock_table", Ok()), Q("create_history_table", Ok()), Q("create_history_buffer", Ok()), Q("create_history_view", Ok()),
+                     Q("drop_unbuffered_history_view", Ok()),
                       Q("insert_state", Err(404, 81, "still missing"))},
                      &clock);
   EXPECT_THAT(o2.last.status, StatusIs(absl::StatusCode::kNotFound, HasSubstr("still missing")));
@@ -313,7 +316,8 @@ TEST(Store, AFencedWriteRefusedByTheServerFailsAsNothingWritten) {
   Outcome o = Drive(*t,
                     {Q("insert_state", Err(404, 60, "Table meltano.state doesn't exist.")), Q("create_database", Ok()),
                      Q("create_state_table", Ok()), Q("create_lock_table", Ok()), Q("create_history_table", Ok()),
-                     Q("create_history_view", Ok()), Q("insert_state", Ok())},
+                     Q("create_history_buffer", Ok()), Q("create_history_view", Ok()),
+                     Q("drop_unbuffered_history_view", Ok()), Q("insert_state", Ok())},
                     &clock);
   EXPECT_EQ(o.last.kind, Action::Kind::kDone);
   EXPECT_THAT(o.last.status, IsOk());
@@ -855,7 +859,8 @@ TEST(Store, InitCreatesTheSchemaAndDropsOldTombstones) {
   auto t = store->Init();
   Outcome o = Drive(*t,
                     {kVersion18, Q("create_database", Ok()), Q("create_state_table", Ok()), Q("create_lock_table", Ok()),
-                     Q("create_history_table", Ok()), Q("create_history_view", Ok()),
+                     Q("create_history_table", Ok()), Q("create_history_buffer", Ok()), Q("create_history_view", Ok()),
+                     Q("drop_unbuffered_history_view", Ok()),
                      Q("expire_history", Ok(), "DELETE WHERE updated_at < now() - INTERVAL 30 DAY"),
                      Q("trim_history", Ok(), "arraySlice(arrayReverseSort(groupArray(updated_at)), 1001)"),
                      Q("list_tombstones", Ok("state_lock_0000000000000001_dead_0000000000000002\t1\n"), "now() - 600"),
@@ -938,6 +943,42 @@ TEST(Store, OneWriteInSoManyTrimsItsIdsVersionsBeyondTheLimits) {
   o = Drive(*t, {Q("insert_state", Ok()), Q("history_over_limits", Err(404, 60, "Table doesn't exist."))}, &clock,
             UpkeepRandom());
   EXPECT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+}
+
+// One server: the history view writes into a Buffer, so a read of the
+// history first writes the buffer into its table; a schema from before the
+// buffer (code 60) or a user who may not OPTIMIZE reads the table as it is.
+TEST(Store, AHistoryReadFlushesTheBufferFirstAndGoesOnWithoutIt) {
+  for (const Exchange& flush : {Q("flush_history", Ok(), "OPTIMIZE TABLE `meltano`.`state_history_buffer`"),
+                                Q("flush_history", Err(404, 60, "Table meltano.state_history_buffer doesn't exist.")),
+                                Q("flush_history", Err(500, 164, "Cannot execute query in readonly mode"))}) {
+    auto store = MakeStore();
+    int64_t clock = 0;
+    auto t = store->History("dev:a", 5);
+    Outcome o = Drive(*t,
+                      {kVersion18, flush,
+                       Q("list_history", Ok("1796155031000\teaab4add\t2026-12-01 19:57:11\t\\N\t{\"n\":1}\n"),
+                         "FROM `meltano`.`state_history` WHERE"),
+                       Q("get_state", Ok("\\N\t{\"n\":1}\n"))},
+                      &clock);
+    ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
+    ASSERT_TRUE(o.last.result.versions.has_value());
+    ASSERT_EQ(o.last.result.versions->size(), 1u);
+    EXPECT_TRUE((*o.last.result.versions)[0].current);
+  }
+}
+
+TEST(Store, ARollbackFlushesTheHistoryBufferBeforeReadingTheVersion) {
+  auto store = MakeStore();
+  int64_t clock = 0;
+  auto t = store->Rollback("dev:a", "1796155031000-eaab4add");
+  Outcome o = Drive(*t,
+                    {kVersion18, Q("create_lock", Ok()), Q("flush_history", Err(404, 60, "Table meltano.state_history_buffer doesn't exist.")),
+                     Q("get_history_version", Ok("1796155031000\teaab4add\t2026-12-01 19:57:11\t\\N\t{\\\"n\\\":1}\n")),
+                     Q("insert_state", Ok(), "'{\"n\":1}'"), Q("inspect_lock", Held(MakeLockId(kRandom), 100, 100)),
+                     Q("drop_lock", Ok())},
+                    &clock);
+  ASSERT_EQ(o.last.kind, Action::Kind::kDone) << o.last.status;
 }
 
 TEST(Store, HistoryUpkeepFollowsTheSettings) {
@@ -1272,7 +1313,8 @@ TEST(Store, ImportCreatesTheSchemaAndNamesWhereAFailureStopped) {
   Outcome o = Drive(*t,
                     {kVersion18, Q("insert_states", Err(404, 81, "Database meltano doesn't exist")),
                      Q("create_database", Ok()), Q("create_state_table", Ok()), Q("create_lock_table", Ok()),
-                     Q("create_history_table", Ok()), Q("create_history_view", Ok()),
+                     Q("create_history_table", Ok()), Q("create_history_buffer", Ok()), Q("create_history_view", Ok()),
+                     Q("drop_unbuffered_history_view", Ok()),
                      Q("insert_states", Ok()), Q("insert_states", Err(500, 241, "Memory limit exceeded"))},
                     &clock);
   ASSERT_EQ(o.last.kind, Action::Kind::kFailed);
@@ -1331,7 +1373,8 @@ TEST(Store, InitTrimsTheHistoryToTheVersionsKept) {
   auto t = store->Init();
   Outcome o = Drive(*t,
                     {kVersion18, Q("create_database", Ok()), Q("create_state_table", Ok()), Q("create_lock_table", Ok()),
-                     Q("create_history_table", Ok()), Q("create_history_view", Ok()), Q("expire_history", Ok()),
+                     Q("create_history_table", Ok()), Q("create_history_buffer", Ok()), Q("create_history_view", Ok()),
+                     Q("drop_unbuffered_history_view", Ok()), Q("expire_history", Ok()),
                      Q("trim_history", Ok(), "arraySlice(arrayReverseSort(groupArray(updated_at)), 6)"),
                      Q("list_tombstones", Ok(""))},
                     &clock);

@@ -80,7 +80,8 @@ def test_history_off_creates_no_table_and_lists_nothing(cli):
     assert "MELTANO_STATE_BACKEND_CLICKHOUSE_HISTORY_DAYS" in r.err
     # `chstate init` with history on adds it to an existing schema.
     cli.run("init")
-    assert {"state_history", "state_history_mv"} <= set(cli.sql(f"SHOW TABLES FROM `{cli.schema}`").split())
+    assert {"state_history", "state_history_buffer", "state_history_buffer_mv"} <= set(
+        cli.sql(f"SHOW TABLES FROM `{cli.schema}`").split())
 
 
 def test_compact_removes_versions_older_than_the_retention(cli):

@@ -19,7 +19,7 @@ def test_meltano_writes_are_versions_and_rollback_restores_one(project):
     for n in (1, 2):
         p.run("state", "set", "--force", "dev:a", json.dumps({"singer_state": {"n": n}}))
         time.sleep(1.05)  # whole seconds on 18.16: one version per second keeps the order known
-    assert {"state_history", "state_history_mv"} <= tables(p)
+    assert {"state_history", "state_history_buffer", "state_history_buffer_mv"} <= tables(p)
     lines = run(p, """
         m = make()
         versions = m.history("dev:a")
@@ -58,7 +58,7 @@ def test_a_run_leaves_a_version_per_state_message(project):
     out = p.run("run", "tap-counter", "target-echo", env=p.env(TAP_COUNTER_TOTAL="4", TAP_COUNTER_STATE_EVERY="1"))
     updates = out.stderr.count("Incremental state has been updated")
     assert updates == 4
-    count = p.server.sql(f"SELECT count() FROM `{p.schema}`.state_history "
+    count = p.server.sql(f"SELECT count() FROM `{p.schema}`.state_history_buffer "
                          "WHERE state_id = 'dev:tap-counter-to-target-echo'").strip()
     assert int(count) == updates
 

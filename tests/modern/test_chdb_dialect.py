@@ -47,7 +47,10 @@ MODERN_PURPOSES = {
     "create_state_table",
     "create_lock_table",
     "create_history_table",
+    "create_history_buffer",
     "create_history_view",
+    "drop_unbuffered_history_view",
+    "flush_history",
     "expire_history",
     "get_state",
     "insert_state",
@@ -222,12 +225,14 @@ def test_init_creates_database_and_tables(host, session, executor):
     out = host.init()  # again: IF NOT EXISTS makes it a no-op
     assert out.ok, out.message
     assert out.purposes() == ["create_database", "create_state_table", "create_lock_table", "create_history_table",
-                              "create_history_view", "expire_history", "trim_history", "list_tombstones"]
+                              "create_history_buffer", "create_history_view", "drop_unbuffered_history_view",
+                              "expire_history", "trim_history", "list_tombstones"]
     assert all(e.ok for e in executor.log[since:])
 
     assert scalar(session, "SELECT count() FROM system.databases WHERE name = {db:String}", db=SCHEMA) == "1"
     assert tables(session, SCHEMA) == {TABLE: "ReplacingMergeTree", f"{TABLE}_lock": "ReplacingMergeTree",
-                                       f"{TABLE}_history": "MergeTree", f"{TABLE}_history_mv": "MaterializedView"}
+                                       f"{TABLE}_history": "MergeTree", f"{TABLE}_history_buffer": "Buffer",
+                                       f"{TABLE}_history_buffer_mv": "MaterializedView"}
 
     def columns(table):
         return rows(
@@ -291,7 +296,9 @@ def test_fresh_schema_reads_as_empty_and_first_write_creates_it(make_host, sessi
         "create_state_table",
         "create_lock_table",
         "create_history_table",
+        "create_history_buffer",
         "create_history_view",
+        "drop_unbuffered_history_view",
         "insert_state",
         "inspect_lock",
         "drop_lock",
@@ -854,8 +861,8 @@ def test_interop_with_python_backend(make_host, session):
     # The Python backend's tables are left as they were; init adds the history beside them.
     assert [r for r in ddl() if r[0] in ("meltano_state", "meltano_state_lock")] == before
     assert [r[0] for r in before] == ["meltano_state", "meltano_state_lock"]
-    assert [r[0] for r in ddl()] == ["meltano_state", "meltano_state_history", "meltano_state_history_mv",
-                                     "meltano_state_lock"]
+    assert [r[0] for r in ddl()] == ["meltano_state", "meltano_state_history", "meltano_state_history_buffer",
+                                     "meltano_state_history_buffer_mv", "meltano_state_lock"]
 
     # chstate reads what Python wrote.
     a = h.get("dev:tap-a-to-target-b").state
@@ -890,8 +897,15 @@ def test_interop_with_python_backend(make_host, session):
     assert h.delete("prod:tap-e-to-target-f").ok
     assert py.get("prod:tap-e-to-target-f") is None
     assert [r for r in ddl() if "_lock_" in r[0]] == []  # no lock tables left behind
-    # Python's writes are versions in the history too (the view sees every insert).
-    assert json.loads([r[0] for r in rows(session, "SELECT completed_state FROM chs_py.meltano_state_history "
+    # chstate's history lists Python's write at once: the read writes the buffer into the table first.
+    hist = h.run({"op": "history", "state_id_hex": b"chs:1".hex(), "limit": 5})
+    assert hist.ok, hist.message
+    assert hist.purposes()[:2] == ["flush_history", "list_history"], hist.purposes()
+    newest = hist.done["versions"][0]
+    assert newest["current"] and newest["state"]["completed"] == {"v": "python"}, hist.done["versions"]
+    # Python's writes are versions in the history too (the view sees every insert); read through
+    # the buffer, which holds the versions of the last seconds and reads the table under it too.
+    assert json.loads([r[0] for r in rows(session, "SELECT completed_state FROM chs_py.meltano_state_history_buffer "
                                                    "WHERE state_id = 'chs:1' ORDER BY updated_at")][-1]) == {"v": "python"}
 
     # A live lock row of the Python backend keeps chstate's writes out (every

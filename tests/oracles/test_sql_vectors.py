@@ -107,7 +107,10 @@ def prepare(engine, case: dict, schema: str, *, tables: bool = True) -> None:
     table = store_table(case)
     dialect = dialect_of(case)
     for ex in exchanges(init_case(dialect)):
-        wanted = ("create_state_table", "create_lock_table", "create_history_table") if tables else ()
+        # The history buffer too (a history read flushes it first), not its view: the
+        # seeds below write the history rows they need themselves.
+        wanted = ("create_state_table", "create_lock_table", "create_history_table",
+                  "create_history_buffer") if tables else ()
         if ex.purpose == "create_database" or ex.purpose in wanted:
             sql = ex.request["sql"].replace("`meltano`.`state`", f"`meltano`.`{table}`") \
                 .replace("`meltano`.`state_lock`", f"`meltano`.`{table}_lock`")
@@ -255,7 +258,8 @@ def test_replay_on_the_real_engine(request, name, schema):
             f"SELECT name, engine FROM system.tables WHERE database = '{schema}' FORMAT TabSeparated"))
         want = {b"state": b"ReplacingMergeTree", b"state_lock": b"ReplacingMergeTree"}
         if kind == "init":
-            want.update({b"state_history": b"MergeTree", b"state_history_mv": b"MaterializedView"})
+            want.update({b"state_history": b"MergeTree", b"state_history_buffer": b"Buffer",
+                         b"state_history_buffer_mv": b"MaterializedView"})
         assert engines == want, engines
         cols = engine.rows(f"SELECT name, type FROM system.columns WHERE database = '{schema}' AND table = 'state' "
                            "FORMAT TabSeparated")
@@ -380,6 +384,23 @@ def test_hostile_ids_round_trip(request, dialect, schema):
     listing = next(ex for ex in exchanges(CASES[f"{dialect}_list_all"]) if ex.purpose == "list_state_ids")
     listed = [r[0] for r in engine.execute(listing.request, "meltano", schema).rows()]
     assert listed == sorted(HOSTILE), f"listed {listed!r}"
+
+
+@pytest.mark.parametrize("dialect", ["clickhouse18", "modern"])
+def test_a_write_reaches_the_history_through_its_buffer(request, dialect, schema):
+    """init's schema: a write of the state leaves its version in the buffer
+    (no history part yet), and the history read's flush puts it in the table."""
+    init = CASES[f"{dialect}_init"]
+    engine = engine_for(request, init)
+    replay(engine, init, schema)
+    seed(engine, schema, "state", [(b"dev:tap-users", None, b'{"singer_state":{}}')])
+    count = f"SELECT count() FROM `{schema}`.`state_history` FORMAT TabSeparated"
+    buffered = f"SELECT count() FROM `{schema}`.`state_history_buffer` FORMAT TabSeparated"
+    assert engine.rows(count) == [[b"0"]] and engine.rows(buffered) == [[b"1"]]
+    flush = next(ex for ex in exchanges(CASES[f"{dialect}_history"]) if ex.purpose == "flush_history")
+    answer = engine.execute(flush.request, "meltano", schema)
+    assert answer.ok, answer.body[:400]
+    assert engine.rows(count) == [[b"1"]]
 
 
 @pytest.mark.parametrize("dialect", ["clickhouse18", "modern"])
