@@ -4,7 +4,8 @@ the raw INSERT of one state row (chstate's statement, without its lock
 fence) into a plain ReplacingMergeTree (no history), into a state table whose
 materialized view writes straight into the history table (chstate up to
 22ec9cb), and into one whose view writes into a Buffer table in front of the
-history table (chstate now, docs/operations.md "State history").
+history table (chstate now, docs/operations.md "State history"); and a view
+that keeps complete states only, written a complete and a partial state.
 
   python3 tools/history_engines_bench.py [--rounds 8] [--inserts 100]
 
@@ -31,6 +32,8 @@ COLS = "(state_id String, partial_state Nullable(String), completed_state Nullab
 HCOLS = "(state_id String, partial_state Nullable(String), completed_state Nullable(String), updated_at DateTime)"
 NAMES = {"plain": "plain ReplacingMergeTree, no history",
          "direct": "state table, view into the history table (before)",
+         "complete": "state table, view of complete states only (WHERE partial_state IS NULL), a complete state",
+         "partial": "the same view, a partial state (filtered out: no history row)",
          "buffered": "state table, view into a Buffer in front of the history table (now)"}
 STATE = '{"singer_state":{"bookmarks":{"users":{"updated_at":"2024-01-02T03:04:05Z"}}}}'
 
@@ -46,6 +49,8 @@ def make(q, t: str) -> None:
     select = f"SELECT state_id, partial_state, completed_state, updated_at FROM hb.{t}"
     if t == "direct":
         q(f"CREATE MATERIALIZED VIEW hb.{t}_mv TO hb.{t}_history AS {select}")
+    elif t in ("complete", "partial"):
+        q(f"CREATE MATERIALIZED VIEW hb.{t}_mv TO hb.{t}_history AS {select} WHERE partial_state IS NULL")
     else:
         # chstate's buffer (core/statements.cc CreateHistoryBuffer).
         q(f"CREATE TABLE hb.{t}_history_buffer AS hb.{t}_history ENGINE = Buffer('hb', '{t}_history', 1, 10, 10, "
@@ -73,7 +78,9 @@ def main() -> int:
             for t in times:
                 for _ in range(args.inserts):
                     t0 = time.perf_counter()
-                    q(f"INSERT INTO hb.{t} (state_id, partial_state, completed_state) VALUES ('dev:a', NULL, '{STATE}')")
+                    partial = f"'{STATE}'" if t == "partial" else "NULL"
+                    q(f"INSERT INTO hb.{t} (state_id, partial_state, completed_state) VALUES ('dev:a', {partial}, "
+                      f"'{STATE}')")
                     times[t].append(time.perf_counter() - t0)
         base = statistics.median(times["plain"])
         print(f"| INSERT of one state (18.16, loopback, {args.rounds} alternating rounds of {args.inserts}) "

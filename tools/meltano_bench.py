@@ -19,6 +19,10 @@ of tests/meltano (pinned versions) and builds //hosts/python:libchstate.so
 with -c opt unless CHSTATE_LIBRARY is set; the pure wheel's venv is
 tests/meltano's too (harness.pure_venv). The backends take turns within each
 repetition (A B A B), so a slow moment of the machine falls on all of them.
+With a server it also times the raw INSERT floor: --messages INSERTs of one
+state into a plain ReplacingMergeTree (no view, no lock) over one keep-alive
+connection, --repeat times after all the runs (the floor's own parts, one
+per INSERT, would load the server the runs share), shown per INSERT.
 Prints a Markdown table; times are medians over --repeat runs.
 """
 
@@ -63,6 +67,36 @@ def timed_run(project: harness.MeltanoProject, state_id: str, messages: int, sta
     expected = messages // state_every + (1 if messages % state_every else 0)
     assert updates == expected, f"expected {expected} state updates, Meltano logged {updates}"
     return elapsed
+
+
+def raw_insert_ms(server, n: int) -> float:
+    """Median ms of n INSERTs of one state into a plain ReplacingMergeTree, one connection."""
+    import http.client
+    import urllib.parse
+
+    server.sql("CREATE DATABASE IF NOT EXISTS chstate_meltano_bench_floor")
+    server.sql("CREATE TABLE IF NOT EXISTS chstate_meltano_bench_floor.state (state_id String, partial_state "
+               "Nullable(String), completed_state Nullable(String), updated_at DateTime DEFAULT now()) "
+               "ENGINE = ReplacingMergeTree(updated_at) ORDER BY state_id")
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    headers = {"X-ClickHouse-User": server.user, "X-ClickHouse-Key": server.password}
+    state = '{"singer_state":{"bookmarks":{"numbers":{"id":1}}}}'
+    sql = ("INSERT INTO chstate_meltano_bench_floor.state (state_id, partial_state, completed_state) VALUES "
+           f"('dev:tap-counter-to-target-echo', NULL, '{state}')")
+    out = []
+    try:
+        for _ in range(n):
+            started = time.perf_counter()
+            conn.request("POST", "/?" + urllib.parse.urlencode({"database": "default"}), body=sql.encode(),
+                         headers=headers)
+            response = conn.getresponse()
+            body = response.read()
+            out.append((time.perf_counter() - started) * 1000)
+            if response.status != 200:
+                raise SystemExit(f"the raw INSERT failed: HTTP {response.status}: {body[:300]!r}")
+    finally:
+        conn.close()
+    return statistics.median(out)
 
 
 def main() -> int:
@@ -117,10 +151,14 @@ def main() -> int:
             projects[name] = project
             timed_run(project, state_id, 5, 1)  # warm-up: systemdb migrations, the schema, caches
         times = {name: ([], []) for name in projects}
+        floor = []
         for _ in range(args.repeat):
             for name, project in projects.items():  # A B A B: each backend once per round
                 times[name][0].append(timed_run(project, state_id, n, 1))
                 times[name][1].append(timed_run(project, state_id, n, n))
+        # After every run: its parts (one per INSERT) would load the server the runs share.
+        if server is not None:
+            floor = [raw_insert_ms(server, n) for _ in range(args.repeat)]
         results = {}
         for name, (many, one) in times.items():
             results[name] = (statistics.median(many), statistics.median(one))
@@ -143,6 +181,9 @@ def main() -> int:
         per = per_of[name] = (many - one) / (n - 1) * 1000
         ratio = f"{per / base_per:.2f}x" if base_per > 0 else "n/a (systemdb's difference was not positive)"
         print(f"| {name} | {many:.2f} s | {one:.2f} s | {per:.2f} ms | {per - base_per:+.2f} ms | {ratio} |")
+    if floor:
+        print(f"| the raw INSERT floor: one INSERT of a state into a plain table, no Meltano | | | "
+              f"{statistics.median(floor):.2f} ms | | |")
     native = next((v for k, v in per_of.items() if k.startswith("chstate → ClickHouse")), None)
     wasm = next((v for k, v in per_of.items() if "pure wheel" in k), None)
     if native and wasm and native > 0:

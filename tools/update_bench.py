@@ -119,6 +119,7 @@ systemdb = DBStateStoreManager(session=Session())
 # Warm up each (schema, connection, dialect, systemdb tables).
 for k, m in (("a", lingering), ("b", plain), ("c", floor), ("d", systemdb)):
     m.update(state(f"dev:bench-{k}", 0)) if m is not floor else (m.get("dev:bench-c"), m.set_all([state("dev:bench-c", 0)]))
+logs_all = [req for log in logs.values() for req in log]
 for log in logs.values():
     log.clear()
 
@@ -126,7 +127,16 @@ for log in logs.values():
 REPLAYED = {"insert_state", "get_state", "lock_waiters", "select_version", "history_over_limits"}
 raw_transport = HttpTransport(_native.resolve_settings({"from": "api", "values": {"uri": uri, "password": password},
                                                         "env": {}})["connection"])
-times = {k: [] for k in ("chstate", "chstate_no_linger", "raw", "floor", "systemdb")}
+times = {k: [] for k in ("chstate", "chstate_no_linger", "raw", "plain_insert", "floor", "systemdb")}
+# One raw INSERT of the state into a plain ReplacingMergeTree (no view, no fence): the request
+# of chstate's first insert as the template (its host and port), the SQL replaced.
+template = dict(next(r for r in logs_all if r["purpose"] == "insert_state"), url_params=[])
+def plain_request(sql):
+    return dict(template, sql=sql)
+out = raw_transport(plain_request(f"CREATE TABLE IF NOT EXISTS `{schema}`.`plain_state` (state_id String, partial_state "
+                                  "Nullable(String), completed_state Nullable(String), updated_at DateTime DEFAULT now()) "
+                                  "ENGINE = ReplacingMergeTree(updated_at) ORDER BY state_id"))
+assert out.get("transport_ok") and out.get("http_status") == 200, out
 per_update_sql = []  # the requests of each chstate update, for the raw replay
 n, rounds = cfg["updates"], cfg["rounds"]
 i = 0
@@ -136,9 +146,7 @@ for r in range(rounds):
         before = len(logs["chstate"])
         t = time.perf_counter(); lingering.update(state("dev:bench-a", i)); times["chstate"].append(time.perf_counter() - t)
         per_update_sql.append(logs["chstate"][before:])
-    for _ in range(n // rounds):
-        i += 1
-        t = time.perf_counter(); plain.update(state("dev:bench-b", i)); times["chstate_no_linger"].append(time.perf_counter() - t)
+    # Replayed at once, while the lock those updates took still lingers: the insert is fenced on it.
     for k in range(n // rounds):
         reqs = per_update_sql[r * (n // rounds) + k]
         t = time.perf_counter()
@@ -149,6 +157,15 @@ for r in range(rounds):
             # A waiter look at a lock table dropped since answers 404: an answer all the same.
             assert out.get("transport_ok") and (out.get("http_status") == 200 or req["purpose"] == "lock_waiters"), out
         times["raw"].append(time.perf_counter() - t)
+    for _ in range(n // rounds):
+        i += 1
+        t = time.perf_counter(); plain.update(state("dev:bench-b", i)); times["chstate_no_linger"].append(time.perf_counter() - t)
+    for _ in range(n // rounds):
+        i += 1
+        sql = (f"INSERT INTO `{schema}`.`plain_state` (state_id, partial_state, completed_state) VALUES "
+               f"('dev:bench-e', NULL, '{{\"singer_state\":{{\"bookmarks\":{{\"n\":{i}}}}}}}')")
+        t = time.perf_counter(); out = raw_transport(plain_request(sql)); times["plain_insert"].append(time.perf_counter() - t)
+        assert out.get("transport_ok") and out.get("http_status") == 200, out
     for _ in range(n // rounds):
         i += 1
         t = time.perf_counter(); floor.get("dev:bench-c"); floor.set_all([state("dev:bench-c", i)]); times["floor"].append(time.perf_counter() - t)
@@ -241,6 +258,7 @@ def main() -> int:
             ("chstate update() (the lock lingers)", "chstate", f"{per('chstate'):.2f}"),
             ("chstate update(), linger_locks off (before)", "chstate_no_linger", f"{per('chstate_no_linger'):.2f}"),
             ("the same statements raw (one connection)", "raw", f"{per('chstate'):.2f}"),
+            ("one raw INSERT of the state into a plain table (no history view, no fence)", "plain_insert", "1.00"),
             ("lock-free floor: get() + set_all() of the one state", "floor", f"{per('floor'):.2f}"),
             ("Meltano's systemdb (SQLite)", "systemdb", "-"),
         ]
