@@ -18,25 +18,32 @@
 // where it goes on once the read is done, and Where() can say what it is
 // doing:
 //
-//   class GetOp final : public StorePart {
+//   class QuorumWriteOp final : public StorePart {
 //     Next Resume(const Reply& r) override {
 //       switch (stage_) {
-//         case Stage::kStart:
-//           stage_ = Stage::kConnecting;
-//           return Next::Call(part::Connect(s_));
-//         case Stage::kConnecting:
-//           stage_ = Stage::kReading;
-//           return Next::Call(part::ReadState(s_, id_, &state_));
-//         case Stage::kReading: ...  // state_ holds what was read
+//         case Stage::kSending: ...   // the write's answer: done, or a code to wait out
+//         case Stage::kWaiting: ...   // the wait is over: send again
 //       }
 //     }
 //   };
+//
+// Most operations do not branch: they are a fixed list of steps (connect,
+// renew if due, read, write), written once as a Sequence, each step with
+// its words for Where:
+//
+//   return Sequence::Make(absl::StrCat("get \"", id, "\""), {
+//       {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
+//       {[&s, id, out](const Reply&) { return Next::Call(part::ReadState(s, id, out)); }, "reading"},
+//   });
 #ifndef CHSTATE_CORE_OP_H_
 #define CHSTATE_CORE_OP_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "core/sql_request.h"
@@ -65,7 +72,7 @@ class Op;
 
 // What an op needs next. Exactly one of these per Resume.
 struct Next {
-  enum class Kind { kSend, kWait, kCall, kTry, kDone, kFail };
+  enum class Kind { kSend, kWait, kCall, kTry, kGoOn, kDone, kFail };
   Kind kind = Kind::kFail;
   SqlRequest request;           // kSend
   TimerKind timer = TimerKind::kOpWait;  // kWait
@@ -81,6 +88,9 @@ struct Next {
   static Next Call(std::unique_ptr<Op> part);
   // Runs `part` first and resumes this op however it ended (Reply::status).
   static Next Try(std::unique_ptr<Op> part);
+  // Nothing to wait for: the op is resumed at once (Reply::kPart, ok), as
+  // a Sequence's step with nothing to do goes on to the next.
+  static Next GoOn();
   static Next Done();
   static Next Done(Result result);
   static Next Fail(absl::Status status);
@@ -94,6 +104,28 @@ class Op {
   // Where the op is, in words ("reading state \"dev:a\""), for traces and
   // for a user wondering why a run waits.
   virtual std::string Where() const = 0;
+};
+
+// An op that is a fixed list of steps, run in order: each step says what
+// the op needs next, and the op is resumed with the step after it. A step
+// may end the op early (Next::Done, Next::Fail); after the last step's need
+// the op is done. What the steps share lives in what their lambdas capture.
+class Sequence final : public Op {
+ public:
+  struct Step {
+    std::function<Next(const Reply&)> run;
+    // While this step's need is outstanding, Where says this ("" = the op's words).
+    std::string where;
+  };
+  static std::unique_ptr<Op> Make(std::string where, std::vector<Step> steps);
+  Sequence(std::string where, std::vector<Step> steps) : where_(std::move(where)), steps_(std::move(steps)) {}
+  Next Resume(const Reply& reply) override;
+  std::string Where() const override;
+
+ private:
+  std::string where_;
+  std::vector<Step> steps_;
+  size_t next_ = 0;
 };
 
 }  // namespace chstate

@@ -72,289 +72,162 @@ namespace {
 // renewed when due and lease-checked at the write, or one taken for `body`
 // alone (Locked). Which it is, is looked at when the part starts (tasks
 // queue).
-class UnderIdLockOp final : public StorePart {
- public:
-  UnderIdLockOp(StoreSteps& s, std::string id, std::unique_ptr<Op> body)
-      : StorePart(s), id_(std::move(id)), body_(std::move(body)) {}
-  std::string Where() const override {
-    return stage_ == Stage::kRenewing ? absl::StrCat("renewing the held lock on \"", PrintableId(id_), "\"")
-                                   : "under the id's lock";
+std::unique_ptr<Op> UnderIdLock(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
+  auto held = std::make_shared<std::unique_ptr<Op>>(std::move(body));
+  if (!s.HoldsLock(id)) {
+    return Sequence::Make("under the id's lock",
+                          {{[&s, id, held](const Reply&) { return Next::Call(part::Locked(s, id, std::move(*held))); }}});
   }
-
-  Next Resume(const Reply&) override {
-    switch (stage_) {
-      case Stage::kStart:
-        if (!s_.HoldsLock(id_)) {
-          stage_ = Stage::kInBody;
-          return Next::Call(part::Locked(s_, id_, std::move(body_)));
-        }
-        stage_ = Stage::kRenewing;
-        return Next::Call(s_.RenewIfDuePart(id_));
-      case Stage::kRenewing:
-        stage_ = Stage::kInBody;
-        return Next::Call(std::move(body_));
-      case Stage::kInBody:
-        return Next::Done();
-    }
-    return Next::Fail(absl::InternalError("under the id's lock: no such stage"));
-  }
-
- private:
-  // What the op waits for; Resume goes on from there.
-  enum class Stage { kStart, kRenewing, kInBody };
-  Stage stage_ = Stage::kStart;
-  std::string id_;
-  std::unique_ptr<Op> body_;
-};
+  return Sequence::Make("under the id's lock", {
+      {[&s, id](const Reply&) { return Next::Call(s.RenewIfDuePart(id)); },
+       absl::StrCat("renewing the held lock on \"", PrintableId(id), "\"")},
+      {[held](const Reply&) { return Next::Call(std::move(*held)); }},
+  });
+}
 
 // Meltano's update() under a lock the caller holds: reads the id's state,
 // merges `incoming` into it (ApplyUpdate) and writes the result to
 // *written.
-class ReadMergeWriteOp final : public StorePart {
- public:
-  ReadMergeWriteOp(StoreSteps& s, MeltanoState incoming, MeltanoState* written)
-      : StorePart(s), incoming_(std::move(incoming)), written_(written) {}
-  std::string Where() const override { return stage_ == Stage::kWriting ? "writing the merged state" : "merging"; }
+std::unique_ptr<Op> ReadMergeWrite(StoreSteps& s, MeltanoState incoming, MeltanoState* written) {
+  auto current = std::make_shared<std::optional<MeltanoState>>();
+  auto in = std::make_shared<MeltanoState>(std::move(incoming));
+  return Sequence::Make("merging", {
+      {[&s, in, current](const Reply&) { return Next::Call(part::ReadState(s, in->state_id, current.get())); }},
+      {[&s, in, current, written](const Reply&) {
+         *written = ApplyUpdate(*current, *in);
+         return Next::Call(part::WriteState(s, *written));
+       }, "writing the merged state"},
+  });
+}
 
-  Next Resume(const Reply&) override {
-    switch (stage_) {
-      case Stage::kStart:
-        stage_ = Stage::kReading;
-        return Next::Call(part::ReadState(s_, incoming_.state_id, &current_));
-      case Stage::kReading:
-        *written_ = ApplyUpdate(current_, incoming_);
-        stage_ = Stage::kWriting;
-        return Next::Call(part::WriteState(s_, *written_));
-      case Stage::kWriting:
-        return Next::Done();
-    }
-    return Next::Fail(absl::InternalError("merge: no such stage"));
-  }
-
- private:
-  enum class Stage { kStart, kReading, kWriting };
-  Stage stage_ = Stage::kStart;
-  MeltanoState incoming_;
-  MeltanoState* written_;
-  std::optional<MeltanoState> current_;
-};
-
-std::unique_ptr<Op> UnderIdLock(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
-  return std::make_unique<UnderIdLockOp>(s, std::move(id), std::move(body));
+// What an operation on one state ends with: the state it wrote or read.
+Result WithState(const StoreSteps& s, std::optional<MeltanoState> state) {
+  Result r = s.Base();
+  r.state = std::move(state);
+  return r;
 }
 
 // get: the id's state, renewing this store's held lock on it first when due.
-class GetOp final : public StorePart {
- public:
-  GetOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
-  std::string Where() const override { return absl::StrCat("get \"", PrintableId(id_), "\""); }
-
-  Next Resume(const Reply&) override {
-    switch (stage_) {
-      case Stage::kStart:
-        stage_ = Stage::kConnecting;
-        return Next::Call(part::Connect(s_));
-      case Stage::kConnecting:
-        stage_ = Stage::kRenewing;
-        return Next::Call(s_.RenewIfDuePart(id_));
-      case Stage::kRenewing:
-        stage_ = Stage::kReading;
-        return Next::Call(part::ReadState(s_, id_, &state_));
-      case Stage::kReading: {
-        Result r = s_.Base();
-        r.state = std::move(state_);
-        return Next::Done(std::move(r));
-      }
-    }
-    return Next::Fail(absl::InternalError("get: no such stage"));
-  }
-
- private:
-  enum class Stage { kStart, kConnecting, kRenewing, kReading };
-  Stage stage_ = Stage::kStart;
-  std::string id_;
-  std::optional<MeltanoState> state_;
-};
+std::unique_ptr<Op> GetOp(StoreSteps& s, std::string id) {
+  auto state = std::make_shared<std::optional<MeltanoState>>();
+  return Sequence::Make(absl::StrCat("get \"", PrintableId(id), "\""), {
+      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
+      {[&s, id](const Reply&) { return Next::Call(s.RenewIfDuePart(id)); }},
+      {[&s, id, state](const Reply&) { return Next::Call(part::ReadState(s, id, state.get())); }},
+      {[&s, state](const Reply&) { return Next::Done(WithState(s, std::move(*state))); }},
+  });
+}
 
 // set, update, merge and delete: one change to one id under its lock.
-class ChangeOp final : public StorePart {
- public:
-  enum class Kind { kSet, kUpdate, kDelete };
-  ChangeOp(StoreSteps& s, Kind kind, MeltanoState state) : StorePart(s), kind_(kind), state_(std::move(state)) {}
-  std::string Where() const override {
-    const char* verb = kind_ == Kind::kSet ? "set" : kind_ == Kind::kUpdate ? "update" : "delete";
-    return absl::StrCat(verb, " \"", PrintableId(state_.state_id), "\"");
-  }
+enum class Change { kSet, kUpdate, kDelete };
+std::unique_ptr<Op> ChangeOp(StoreSteps& s, Change kind, MeltanoState state) {
+  const char* verb = kind == Change::kSet ? "set" : kind == Change::kUpdate ? "update" : "delete";
+  auto written = std::make_shared<MeltanoState>();
+  auto in = std::make_shared<MeltanoState>(std::move(state));
+  return Sequence::Make(absl::StrCat(verb, " \"", PrintableId(in->state_id), "\""), {
+      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
+      {[&s, kind, in, written](const Reply&) {
+         std::unique_ptr<Op> change;
+         switch (kind) {
+           case Change::kSet: change = part::WriteState(s, *in); break;
+           case Change::kUpdate: change = ReadMergeWrite(s, *in, written.get()); break;
+           case Change::kDelete: change = part::DeleteState(s, in->state_id); break;
+         }
+         return Next::Call(UnderIdLock(s, in->state_id, std::move(change)));
+       }},
+      {[&s, kind, in, written](const Reply&) {
+         if (kind == Change::kDelete) return Next::Done(s.Base());
+         return Next::Done(WithState(s, kind == Change::kSet ? *in : *written));
+       }},
+  });
+}
 
-  Next Resume(const Reply&) override {
-    switch (stage_) {
-      case Stage::kStart:
-        stage_ = Stage::kConnecting;
-        return Next::Call(part::Connect(s_));
-      case Stage::kConnecting: {
-        stage_ = Stage::kChanging;
-        std::unique_ptr<Op> change;
-        switch (kind_) {
-          case Kind::kSet: change = part::WriteState(s_, state_); break;
-          case Kind::kUpdate: change = std::make_unique<ReadMergeWriteOp>(s_, state_, &written_); break;
-          case Kind::kDelete: change = part::DeleteState(s_, state_.state_id); break;
-        }
-        return Next::Call(UnderIdLock(s_, state_.state_id, std::move(change)));
-      }
-      case Stage::kChanging: {
-        Result r = s_.Base();
-        if (kind_ == Kind::kSet) r.state = state_;
-        if (kind_ == Kind::kUpdate) r.state = written_;
-        return Next::Done(std::move(r));
-      }
-    }
-    return Next::Fail(absl::InternalError("change: no such stage"));
+// The source's merged view as dst's incoming partial state; nothing is
+// written when there is nothing to merge or it is not Meltano's shape.
+absl::StatusOr<MeltanoState> MergeInput(const std::optional<MeltanoState>& source, const std::string& src,
+                                        const std::string& dst, bool force) {
+  if (!source) return absl::NotFoundError(absl::StrCat("state id \"", PrintableId(src), "\" has no state to merge"));
+  MeltanoState incoming;
+  incoming.state_id = dst;
+  incoming.partial = source->Merged();
+  if (incoming.partial.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("merge: the state of \"", PrintableId(src),
+                                                   "\" is empty, so there is nothing to merge; nothing was written"));
   }
-
- private:
-  enum class Stage { kStart, kConnecting, kChanging };
-  Stage stage_ = Stage::kStart;
-  Kind kind_;
-  MeltanoState state_;
-  MeltanoState written_;
-};
+  if (!force && !incoming.partial.contains("singer_state")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "merge: the state of \"", PrintableId(src), "\" has no top-level \"singer_state\" "
+        "key, which Meltano's states have; nothing was written. Pass force to merge it as it is"));
+  }
+  return incoming;
+}
 
 // merge --from-state-id: the merged view of `src`'s state, read without its
 // lock, merged into `dst` as update() does.
-class MergeFromOp final : public StorePart {
- public:
-  MergeFromOp(StoreSteps& s, std::string src, std::string dst, bool force)
-      : StorePart(s), src_(std::move(src)), dst_(std::move(dst)), force_(force) {}
-  std::string Where() const override {
-    return absl::StrCat("merge \"", PrintableId(src_), "\" into \"", PrintableId(dst_), "\"");
-  }
-
-  Next Resume(const Reply&) override {
-    switch (stage_) {
-      case Stage::kStart:
-        stage_ = Stage::kConnecting;
-        return Next::Call(part::Connect(s_));
-      case Stage::kConnecting:
-        stage_ = Stage::kReading;
-        return Next::Call(part::ReadState(s_, src_, &source_));
-      case Stage::kReading: {
-        absl::StatusOr<MeltanoState> incoming = Incoming();
-        if (!incoming.ok()) return Next::Fail(incoming.status());
-        stage_ = Stage::kMerging;
-        return Next::Call(
-            UnderIdLock(s_, dst_, std::make_unique<ReadMergeWriteOp>(s_, *std::move(incoming), &written_)));
-      }
-      case Stage::kMerging: {
-        Result r = s_.Base();
-        r.state = written_;
-        return Next::Done(std::move(r));
-      }
-    }
-    return Next::Fail(absl::InternalError("merge: no such stage"));
-  }
-
- private:
-  // The source's merged view as dst's incoming partial state; nothing is
-  // written when there is nothing to merge or it is not Meltano's shape.
-  absl::StatusOr<MeltanoState> Incoming() const {
-    if (!source_) {
-      return absl::NotFoundError(absl::StrCat("state id \"", PrintableId(src_), "\" has no state to merge"));
-    }
-    MeltanoState incoming;
-    incoming.state_id = dst_;
-    incoming.partial = source_->Merged();
-    if (incoming.partial.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("merge: the state of \"", PrintableId(src_),
-                                                     "\" is empty, so there is nothing to merge; nothing was written"));
-    }
-    if (!force_ && !incoming.partial.contains("singer_state")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "merge: the state of \"", PrintableId(src_), "\" has no top-level \"singer_state\" "
-          "key, which Meltano's states have; nothing was written. Pass force to merge it as it is"));
-    }
-    return incoming;
-  }
-
-  enum class Stage { kStart, kConnecting, kReading, kMerging };
-  Stage stage_ = Stage::kStart;
-  std::string src_;
-  std::string dst_;
-  bool force_;
-  std::optional<MeltanoState> source_;
-  MeltanoState written_;
-};
+std::unique_ptr<Op> MergeFromOp(StoreSteps& s, std::string src, std::string dst, bool force) {
+  auto source = std::make_shared<std::optional<MeltanoState>>();
+  auto written = std::make_shared<MeltanoState>();
+  return Sequence::Make(absl::StrCat("merge \"", PrintableId(src), "\" into \"", PrintableId(dst), "\""), {
+      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
+      {[&s, src, source](const Reply&) { return Next::Call(part::ReadState(s, src, source.get())); }},
+      {[&s, src, dst, force, source, written](const Reply&) {
+         absl::StatusOr<MeltanoState> incoming = MergeInput(*source, src, dst, force);
+         if (!incoming.ok()) return Next::Fail(incoming.status());
+         return Next::Call(UnderIdLock(s, dst, ReadMergeWrite(s, *std::move(incoming), written.get())));
+       }},
+      {[&s, written](const Reply&) { return Next::Done(WithState(s, *written)); }},
+  });
+}
 
 // copy and move: dst := src under dst's lock; a move then deletes src under
 // its own lock. The copy is written (and its lock released) before the
 // source is deleted: a failure in between leaves both states, never neither.
-class CopyOp final : public StorePart {
- public:
-  CopyOp(StoreSteps& s, std::string src, std::string dst, bool move)
-      : StorePart(s), src_(std::move(src)), dst_(std::move(dst)), move_(move) {}
-  std::string Where() const override {
-    return absl::StrCat(move_ ? "move" : "copy", " \"", PrintableId(src_), "\" to \"", PrintableId(dst_), "\"");
-  }
-
-  Next Resume(const Reply&) override {
-    switch (stage_) {
-      case Stage::kStart:
-        stage_ = Stage::kConnecting;
-        return Next::Call(part::Connect(s_));
-      case Stage::kConnecting:
-        stage_ = Stage::kReading;
-        return Next::Call(part::ReadState(s_, src_, &state_));
-      case Stage::kReading: {
-        if (!state_) {
-          return Next::Fail(absl::NotFoundError(
-              absl::StrCat("state id \"", PrintableId(src_), "\" has no state to ", move_ ? "move" : "copy")));
-        }
-        MeltanoState copy = *state_;
-        copy.state_id = dst_;
-        stage_ = Stage::kCopying;
-        return Next::Call(part::Locked(s_, dst_, part::WriteState(s_, std::move(copy))));
-      }
-      case Stage::kCopying:
-        if (!move_) return Next::Done(s_.Base());
-        stage_ = Stage::kDeletingSource;
-        return Next::Call(part::Locked(s_, src_, part::DeleteState(s_, src_)));
-      case Stage::kDeletingSource:
-        return Next::Done(s_.Base());
-    }
-    return Next::Fail(absl::InternalError("copy: no such stage"));
-  }
-
- private:
-  enum class Stage { kStart, kConnecting, kReading, kCopying, kDeletingSource };
-  Stage stage_ = Stage::kStart;
-  std::string src_;
-  std::string dst_;
-  bool move_;
-  std::optional<MeltanoState> state_;
-};
+std::unique_ptr<Op> CopyOp(StoreSteps& s, std::string src, std::string dst, bool move) {
+  auto state = std::make_shared<std::optional<MeltanoState>>();
+  return Sequence::Make(
+      absl::StrCat(move ? "move" : "copy", " \"", PrintableId(src), "\" to \"", PrintableId(dst), "\""), {
+          {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
+          {[&s, src, state](const Reply&) { return Next::Call(part::ReadState(s, src, state.get())); }},
+          {[&s, src, dst, move, state](const Reply&) {
+             if (!*state) {
+               return Next::Fail(absl::NotFoundError(
+                   absl::StrCat("state id \"", PrintableId(src), "\" has no state to ", move ? "move" : "copy")));
+             }
+             MeltanoState copy = **state;
+             copy.state_id = dst;
+             return Next::Call(part::Locked(s, dst, part::WriteState(s, std::move(copy))));
+           }},
+          {[&s, src, move](const Reply&) {
+             if (!move) return Next::Done(s.Base());
+             return Next::Call(part::Locked(s, src, part::DeleteState(s, src)));
+           }},
+          {[&s](const Reply&) { return Next::Done(s.Base()); }},
+      });
+}
 
 }  // namespace
 
 std::unique_ptr<Task> Store::Get(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [state_id](StoreSteps& s) { return std::make_unique<GetOp>(s, state_id); });
+  return MakeOpTask(this, [state_id](StoreSteps& s) { return GetOp(s, state_id); });
 }
 
 std::unique_ptr<Task> Store::Set(MeltanoState state) {
   if (absl::Status st = ValidateStateId(state.state_id); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [state](StoreSteps& s) { return std::make_unique<ChangeOp>(s, ChangeOp::Kind::kSet, state); });
+  return MakeOpTask(this, [state](StoreSteps& s) { return ChangeOp(s, Change::kSet, state); });
 }
 
 std::unique_ptr<Task> Store::Update(MeltanoState incoming) {
   if (absl::Status st = ValidateStateId(incoming.state_id); !st.ok()) return Invalid(st);
   return MakeOpTask(this, [incoming](StoreSteps& s) {
-    return std::make_unique<ChangeOp>(s, ChangeOp::Kind::kUpdate, incoming);
+    return ChangeOp(s, Change::kUpdate, incoming);
   });
 }
 
 std::unique_ptr<Task> Store::MergeFrom(std::string src, std::string dst, bool force) {
   if (absl::Status st = ValidateStateId(src); !st.ok()) return Invalid(st);
   if (absl::Status st = ValidateStateId(dst); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [src, dst, force](StoreSteps& s) { return std::make_unique<MergeFromOp>(s, src, dst, force); });
+  return MakeOpTask(this, [src, dst, force](StoreSteps& s) { return MergeFromOp(s, src, dst, force); });
 }
 
 std::unique_ptr<Task> Store::Delete(std::string state_id) {
@@ -362,14 +235,14 @@ std::unique_ptr<Task> Store::Delete(std::string state_id) {
   MeltanoState id_only;
   id_only.state_id = std::move(state_id);
   return MakeOpTask(this, [id_only](StoreSteps& s) {
-    return std::make_unique<ChangeOp>(s, ChangeOp::Kind::kDelete, id_only);
+    return ChangeOp(s, Change::kDelete, id_only);
   });
 }
 
 std::unique_ptr<Task> Store::Copy(std::string src, std::string dst) {
   if (absl::Status st = ValidateStateId(src); !st.ok()) return Invalid(st);
   if (absl::Status st = ValidateStateId(dst); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [src, dst](StoreSteps& s) { return std::make_unique<CopyOp>(s, src, dst, false); });
+  return MakeOpTask(this, [src, dst](StoreSteps& s) { return CopyOp(s, src, dst, false); });
 }
 
 std::unique_ptr<Task> Store::Move(std::string src, std::string dst) {
@@ -378,7 +251,7 @@ std::unique_ptr<Task> Store::Move(std::string src, std::string dst) {
   if (src == dst) {
     return Invalid(absl::InvalidArgumentError("move needs two different state ids: source and destination are equal"));
   }
-  return MakeOpTask(this, [src, dst](StoreSteps& s) { return std::make_unique<CopyOp>(s, src, dst, true); });
+  return MakeOpTask(this, [src, dst](StoreSteps& s) { return CopyOp(s, src, dst, true); });
 }
 
 }  // namespace chstate

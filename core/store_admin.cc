@@ -31,94 +31,57 @@ HeldLockInfo LockInfo(const LockInspection& insp, std::string table, std::option
 }
 
 // ping: the server's version, always asked.
-class PingOp final : public StorePart {
- public:
-  explicit PingOp(StoreSteps& s) : StorePart(s) {}
-  std::string Where() const override { return "ping"; }
-  Next Resume(const Reply& r) override {
-    if (r.kind == Reply::Kind::kStart) return Next::Call(part::Connect(s_, /*force=*/true));
-    return Next::Done(s_.Base());
-  }
-};
+std::unique_ptr<Op> PingOp(StoreSteps& s) {
+  return Sequence::Make("ping", {
+      {[&s](const Reply&) { return Next::Call(part::Connect(s, /*force=*/true)); }},
+      {[&s](const Reply&) { return Next::Done(s.Base()); }},
+  });
+}
+
+// A count as an operation's result.
+Result Counted(const StoreSteps& s, int64_t count) {
+  Result out = s.Base();
+  out.count = count;
+  return out;
+}
 
 // init (and compact): the schema; with history, versions past their days
 // and beyond the count kept removed (18.x has no TTL: retention is applied
 // here; modern tables also have one); then tombstones of taken-over locks
 // dropped once older than twice the stale window, when no taker can still
 // be acting on what it saw.
-class InitOp final : public StorePart {
- public:
-  explicit InitOp(StoreSteps& s) : StorePart(s) {}
-  std::string Where() const override {
-    switch (stage_) {
-      case Stage::kExpiring: return "removing old state history";
-      case Stage::kTrimming: return "removing state versions beyond the count kept";
-      case Stage::kListing: return "listing old lock tombstones";
-      case Stage::kDropping: return "removing old lock tombstones";
-      default: return "init";
-    }
-  }
-
-  Next Resume(const Reply& r) override {
-    const StoreOptions& o = s_.options();
-    switch (stage_) {
-      case Stage::kStart:
-        stage_ = Stage::kConnecting;
-        return Next::Call(part::Connect(s_));
-      case Stage::kConnecting:
-        stage_ = Stage::kMakingSchema;
-        return Next::Call(part::EnsureSchema(s_));
-      case Stage::kMakingSchema:
-        if (o.history_days <= 0) return ListTombstones();
-        stage_ = Stage::kExpiring;
-        return Next::Send(s_.st().ExpireHistory(o.history_days));
-      case Stage::kExpiring:
-        if (absl::StatusOr<std::string> a = s_.Answer(r, "removing old state history"); !a.ok()) {
-          return Next::Fail(a.status());
-        }
-        if (o.history_versions <= 0) return ListTombstones();
-        stage_ = Stage::kTrimming;
-        return Next::Send(s_.st().TrimHistory(o.history_versions));
-      case Stage::kTrimming:
-        if (absl::StatusOr<std::string> a = s_.Answer(r, "removing state versions beyond the count kept"); !a.ok()) {
-          return Next::Fail(a.status());
-        }
-        return ListTombstones();
-      case Stage::kListing: {
-        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "listing old lock tombstones", 2);
-        if (!rows.ok()) return Next::Fail(rows.status());
-        for (const Row& row : *rows) tombstones_.push_back(row[0].value_or(""));
-        stage_ = Stage::kDropping;
-        return DropNext();
-      }
-      case Stage::kDropping:
-        if (absl::StatusOr<std::string> a = s_.Answer(r, "removing an old lock tombstone"); !a.ok()) {
-          return Next::Fail(a.status());
-        }
-        ++dropped_;
-        return DropNext();
-    }
-    return Next::Fail(absl::InternalError("init: no such stage"));
-  }
-
- private:
-  Next ListTombstones() {
-    stage_ = Stage::kListing;
-    return Next::Send(s_.st().ListOldTombstones(2 * ((s_.options().lock.stale_ms + 999) / 1000)));
-  }
-  Next DropNext() {
-    if (dropped_ < tombstones_.size()) return Next::Send(s_.st().DropTable(tombstones_[dropped_]));
-    Result r = s_.Base();
-    r.count = static_cast<int64_t>(dropped_);
-    return Next::Done(std::move(r));
-  }
-
-  // What the op waits for; Resume goes on from there.
-  enum class Stage { kStart, kConnecting, kMakingSchema, kExpiring, kTrimming, kListing, kDropping };
-  Stage stage_ = Stage::kStart;
-  std::vector<std::string> tombstones_;
-  size_t dropped_ = 0;
-};
+std::unique_ptr<Op> InitOp(StoreSteps& s) {
+  const StoreOptions& o = s.options();
+  auto dropped = std::make_shared<int64_t>(0);
+  return Sequence::Make("init", {
+      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
+      {[&s](const Reply&) { return Next::Call(part::EnsureSchema(s)); }},
+      {[&s, &o](const Reply&) {
+         if (o.history_days <= 0) return Next::GoOn();
+         return Next::Call(s.SqlPart(s.st().ExpireHistory(o.history_days), "removing old state history"));
+       }},
+      {[&s, &o](const Reply&) {
+         if (o.history_days <= 0 || o.history_versions <= 0) return Next::GoOn();
+         return Next::Call(
+             s.SqlPart(s.st().TrimHistory(o.history_versions), "removing state versions beyond the count kept"));
+       }},
+      {[&s, &o](const Reply&) {
+         return Next::Send(s.st().ListOldTombstones(2 * ((o.lock.stale_ms + 999) / 1000)));
+       }, "listing old lock tombstones"},
+      {[&s, dropped](const Reply& r) {
+         absl::StatusOr<Rows> rows = s.AnswerRows(r, "listing old lock tombstones", 2);
+         if (!rows.ok()) return Next::Fail(rows.status());
+         std::vector<Sequence::Step> drops;
+         for (const Row& row : *rows) {
+           SqlRequest drop = s.st().DropTable(row[0].value_or(""));
+           drops.push_back({[&s, drop](const Reply&) { return Next::Call(s.SqlPart(drop, "removing an old lock tombstone")); }});
+         }
+         *dropped = static_cast<int64_t>(drops.size());
+         return Next::Call(Sequence::Make("removing old lock tombstones", std::move(drops)));
+       }},
+      {[&s, dropped](const Reply&) { return Next::Done(Counted(s, *dropped)); }},
+  });
+}
 
 // locks: every lock held now. Lock tables are named by a hash of their id,
 // so ids come from the state table; a lock can exist before any state or
@@ -338,56 +301,35 @@ class ForceUnlockOp final : public StorePart {
 };
 
 // clear --all: every state removed (no lock), counted first.
-class ClearAllOp final : public StorePart {
- public:
-  explicit ClearAllOp(StoreSteps& s) : StorePart(s) {}
-  std::string Where() const override { return "clear all"; }
-
-  Next Resume(const Reply& r) override {
-    switch (stage_) {
-      case Stage::kStart:
-        stage_ = Stage::kConnecting;
-        return Next::Call(part::Connect(s_));
-      case Stage::kConnecting:
-        stage_ = Stage::kCounting;
-        return Next::Send(s_.st().CountStates());
-      case Stage::kCounting: {
-        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "counting states", 2);
-        if (!rows.ok()) {
-          if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s_.Base());
-          return Next::Fail(rows.status());
-        }
-        if (rows->empty() || !(*rows)[0][0] || !absl::SimpleAtoi(*(*rows)[0][0], &count_)) {
-          return Next::Fail(absl::DataLossError("unexpected answer counting states"));
-        }
-        stage_ = Stage::kClearing;
-        return Next::Call(part::QuorumWrite(s_, s_.st().ClearStates(), "clearing all states",
-                                            s_.inputs().now_ms + s_.st().cluster().quorum_busy_ms, 5));
-      }
-      case Stage::kClearing: {
-        Result out = s_.Base();
-        out.count = count_;
-        return Next::Done(std::move(out));
-      }
-    }
-    return Next::Fail(absl::InternalError("clear all: no such stage"));
-  }
-
- private:
-  // What the op waits for; Resume goes on from there.
-  enum class Stage { kStart, kConnecting, kCounting, kClearing };
-  Stage stage_ = Stage::kStart;
-  int64_t count_ = 0;
-};
+std::unique_ptr<Op> ClearAllOp(StoreSteps& s) {
+  auto count = std::make_shared<int64_t>(0);
+  return Sequence::Make("clear all", {
+      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
+      {[&s](const Reply&) { return Next::Send(s.st().CountStates()); }},
+      {[&s, count](const Reply& r) {
+         absl::StatusOr<Rows> rows = s.AnswerRows(r, "counting states", 2);
+         if (!rows.ok()) {
+           if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s.Base());
+           return Next::Fail(rows.status());
+         }
+         if (rows->empty() || !(*rows)[0][0] || !absl::SimpleAtoi(*(*rows)[0][0], count.get())) {
+           return Next::Fail(absl::DataLossError("unexpected answer counting states"));
+         }
+         return Next::Call(part::QuorumWrite(s, s.st().ClearStates(), "clearing all states",
+                                             s.inputs().now_ms + s.st().cluster().quorum_busy_ms, 5));
+       }},
+      {[&s, count](const Reply&) { return Next::Done(Counted(s, *count)); }},
+  });
+}
 
 }  // namespace
 
 std::unique_ptr<Task> Store::Ping() {
-  return MakeOpTask(this, [](StoreSteps& s) { return std::make_unique<PingOp>(s); });
+  return MakeOpTask(this, [](StoreSteps& s) { return PingOp(s); });
 }
 
 std::unique_ptr<Task> Store::Init() {
-  return MakeOpTask(this, [](StoreSteps& s) { return std::make_unique<InitOp>(s); });
+  return MakeOpTask(this, [](StoreSteps& s) { return InitOp(s); });
 }
 
 std::unique_ptr<Task> Store::Locks(std::optional<std::string> glob) {
@@ -400,7 +342,7 @@ std::unique_ptr<Task> Store::ForceUnlock(std::string state_id) {
 }
 
 std::unique_ptr<Task> Store::ClearAll() {
-  return MakeOpTask(this, [](StoreSteps& s) { return std::make_unique<ClearAllOp>(s); });
+  return MakeOpTask(this, [](StoreSteps& s) { return ClearAllOp(s); });
 }
 
 }  // namespace chstate

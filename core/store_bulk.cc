@@ -22,65 +22,53 @@ namespace {
 // random bytes of the write's answer): the id's versions beyond
 // history_versions or older than history_days are removed. The write is
 // done either way; a failure here is left to a later write.
-class HistoryUpkeepOp final : public StorePart {
- public:
-  HistoryUpkeepOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
-  std::string Where() const override {
-    return absl::StrCat("keeping the history of \"", PrintableId(id_), "\" in bounds");
-  }
-
-  Next Resume(const Reply& r) override {
-    const StoreOptions& o = s_.options();
-    switch (stage_) {
-      case Stage::kStart: {
-        const Inputs& in = s_.inputs();
-        if (o.history_days <= 0 || in.random.size() < 16 ||
-            static_cast<unsigned char>(in.random[15]) % kHistoryUpkeepEvery != 0) {
-          return Next::Done();
-        }
-        stage_ = Stage::kCounting;
-        return Next::Send(s_.st().HistoryOverLimits(id_, o.history_versions, o.history_days));
-      }
-      case Stage::kCounting: {
-        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "counting the state's versions", 3);
-        int64_t cutoff_ms = 0;
-        if (!rows.ok() || rows->empty() || !absl::SimpleAtoi((*rows)[0][0].value_or(""), &count_) ||
-            !absl::SimpleAtoi((*rows)[0][1].value_or(""), &expired_) ||
-            !absl::SimpleAtoi((*rows)[0][2].value_or(""), &cutoff_ms)) {
-          return Next::Done();
-        }
-        const bool over_count = o.history_versions > 0 && count_ > o.history_versions && cutoff_ms > 0;
-        if (!over_count && expired_ == 0) return Next::Done();
-        stage_ = Stage::kTrimming;
-        return Next::Try(s_.SqlPart(s_.st().TrimHistoryOf(id_, over_count ? cutoff_ms : 0, o.history_days),
+std::unique_ptr<Op> HistoryUpkeep(StoreSteps& s, std::string id) {
+  struct Counts {
+    int64_t count = 0;
+    int64_t expired = 0;
+  };
+  auto n = std::make_shared<Counts>();
+  const StoreOptions& o = s.options();
+  return Sequence::Make(absl::StrCat("keeping the history of \"", PrintableId(id), "\" in bounds"), {
+      {[&s, &o, id](const Reply&) {
+         const Inputs& in = s.inputs();
+         if (o.history_days <= 0 || in.random.size() < 16 ||
+             static_cast<unsigned char>(in.random[15]) % kHistoryUpkeepEvery != 0) {
+           return Next::Done();
+         }
+         return Next::Send(s.st().HistoryOverLimits(id, o.history_versions, o.history_days));
+       }},
+      {[&s, &o, id, n](const Reply& r) {
+         absl::StatusOr<Rows> rows = s.AnswerRows(r, "counting the state's versions", 3);
+         int64_t cutoff_ms = 0;
+         if (!rows.ok() || rows->empty() || !absl::SimpleAtoi((*rows)[0][0].value_or(""), &n->count) ||
+             !absl::SimpleAtoi((*rows)[0][1].value_or(""), &n->expired) ||
+             !absl::SimpleAtoi((*rows)[0][2].value_or(""), &cutoff_ms)) {
+           return Next::Done();
+         }
+         const bool over_count = o.history_versions > 0 && n->count > o.history_versions && cutoff_ms > 0;
+         if (!over_count && n->expired == 0) return Next::Done();
+         return Next::Try(s.SqlPart(s.st().TrimHistoryOf(id, over_count ? cutoff_ms : 0, o.history_days),
                                     "removing the state's old versions"));
-      }
-      case Stage::kTrimming:
-        if (r.status.ok()) {
-          s_.Tell(DiagnosticKind::kHistoryPruned, DiagnosticLevel::kDebug, id_,
-                  absl::StrCat("the history of \"", PrintableId(id_), "\" was kept in bounds: it held ", count_,
-                               " versions (", expired_, " past ", o.history_days, " days; at most ",
+       }},
+      {[&s, &o, id, n](const Reply& r) {
+         if (r.status.ok()) {
+           s.Tell(DiagnosticKind::kHistoryPruned, DiagnosticLevel::kDebug, id,
+                  absl::StrCat("the history of \"", PrintableId(id), "\" was kept in bounds: it held ", n->count,
+                               " versions (", n->expired, " past ", o.history_days, " days; at most ",
                                o.history_versions, " are kept)"),
-                  {{"versions", count_}, {"expired", expired_}, {"cap", o.history_versions}});
-        }
-        return Next::Done();
-    }
-    return Next::Fail(absl::InternalError("history upkeep: no such stage"));
-  }
-
- private:
-  enum class Stage { kStart, kCounting, kTrimming };
-  Stage stage_ = Stage::kStart;
-  std::string id_;
-  int64_t count_ = 0;
-  int64_t expired_ = 0;
-};
+                  {{"versions", n->count}, {"expired", n->expired}, {"cap", o.history_versions}});
+         }
+         return Next::Done();
+       }},
+  });
+}
 
 }  // namespace
 }  // namespace part
 
 std::unique_ptr<Op> StoreSteps::HistoryUpkeepPart(const std::string& id) {
-  return std::make_unique<part::HistoryUpkeepOp>(*this, id);
+  return part::HistoryUpkeep(*this, id);
 }
 
 // Before a read of the history on one server: the buffer's rows into the
@@ -114,181 +102,103 @@ absl::StatusOr<std::vector<StateVersion>> StoreSteps::Versions(const std::string
 
 namespace {
 
+// Before a read of the history: its buffer flushed, when there is one.
+Next FlushIfBuffered(StoreSteps& s) {
+  return s.st().HistoryBuffered() ? Next::Try(s.FlushHistoryPart()) : Next::GoOn();
+}
+
 // history: the id's versions, newest first; the one the state table holds
 // now is marked current. A missing history reads as no versions.
-class HistoryOp final : public StorePart {
- public:
-  HistoryOp(StoreSteps& s, std::string id, int64_t limit) : StorePart(s), id_(std::move(id)), limit_(limit) {}
-  std::string Where() const override { return absl::StrCat("history \"", PrintableId(id_), "\""); }
+std::unique_ptr<Op> HistoryOp(StoreSteps& s, std::string id, int64_t limit) {
+  struct Read {
+    std::vector<StateVersion> versions;
+    std::optional<MeltanoState> now;
+  };
+  auto read = std::make_shared<Read>();
+  return Sequence::Make(absl::StrCat("history \"", PrintableId(id), "\""), {
+      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
+      {[&s](const Reply&) { return FlushIfBuffered(s); }},
+      {[&s, id, limit](const Reply&) { return Next::Send(s.st().ListHistory(id, limit)); }},
+      {[&s, id, read](const Reply& r) {
+         absl::StatusOr<Rows> rows = s.AnswerRows(r, "reading the state history", 5);
+         if (!rows.ok() && rows.status().code() != absl::StatusCode::kNotFound) return Next::Fail(rows.status());
+         if (rows.ok()) {
+           absl::StatusOr<std::vector<StateVersion>> versions = StoreSteps::Versions(id, *rows);
+           if (!versions.ok()) return Next::Fail(versions.status());
+           read->versions = *std::move(versions);
+         }
+         return Next::Call(part::ReadState(s, id, &read->now));
+       }},
+      {[&s, read](const Reply&) {
+         // 18.x keeps whole seconds: among the newest second's versions, the
+         // one the state table holds is the newest.
+         std::vector<StateVersion>& v = read->versions;
+         const std::optional<MeltanoState>& now = read->now;
+         for (size_t i = 0; now && i < v.size() && v[i].unix_ms == v[0].unix_ms; ++i) {
+           if (v[i].state.partial == now->partial && v[i].state.completed == now->completed) {
+             v[i].current = true;
+             std::rotate(v.begin(), v.begin() + i, v.begin() + i + 1);
+             break;
+           }
+         }
+         Result out = s.Base();
+         out.versions = std::move(v);
+         return Next::Done(std::move(out));
+       }},
+  });
+}
 
-  Next Resume(const Reply& r) override {
-    switch (stage_) {
-      case Stage::kStart:
-        stage_ = Stage::kConnecting;
-        return Next::Call(part::Connect(s_));
-      case Stage::kConnecting:
-        stage_ = Stage::kFlushing;
-        if (s_.st().HistoryBuffered()) return Next::Try(s_.FlushHistoryPart());
-        return Resume(r);
-      case Stage::kFlushing:
-        stage_ = Stage::kListing;
-        return Next::Send(s_.st().ListHistory(id_, limit_));
-      case Stage::kListing: {
-        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "reading the state history", 5);
-        if (!rows.ok() && rows.status().code() != absl::StatusCode::kNotFound) return Next::Fail(rows.status());
-        if (rows.ok()) {
-          absl::StatusOr<std::vector<StateVersion>> versions = StoreSteps::Versions(id_, *rows);
-          if (!versions.ok()) return Next::Fail(versions.status());
-          versions_ = *std::move(versions);
-        }
-        stage_ = Stage::kReading;
-        return Next::Call(part::ReadState(s_, id_, &now_));
-      }
-      case Stage::kReading: {
-        // 18.x keeps whole seconds: among the newest second's versions, the
-        // one the state table holds is the newest.
-        for (size_t i = 0; now_ && i < versions_.size() && versions_[i].unix_ms == versions_[0].unix_ms; ++i) {
-          if (versions_[i].state.partial == now_->partial && versions_[i].state.completed == now_->completed) {
-            versions_[i].current = true;
-            std::rotate(versions_.begin(), versions_.begin() + i, versions_.begin() + i + 1);
-            break;
-          }
-        }
-        Result out = s_.Base();
-        out.versions = std::move(versions_);
-        return Next::Done(std::move(out));
-      }
-    }
-    return Next::Fail(absl::InternalError("history: no such stage"));
-  }
-
- private:
-  enum class Stage { kStart, kConnecting, kFlushing, kListing, kReading };
-  Stage stage_ = Stage::kStart;
-  std::string id_;
-  int64_t limit_;
-  std::vector<StateVersion> versions_;
-  std::optional<MeltanoState> now_;
-};
-
-// Under the id's lock: reads `version` from the history and writes it as
-// the state (a new version), into *restored.
-class RestoreVersionOp final : public StorePart {
- public:
-  RestoreVersionOp(StoreSteps& s, std::string id, std::string version, int64_t unix_ms, std::string hash8,
-                   MeltanoState* restored)
-      : StorePart(s), id_(std::move(id)), version_(std::move(version)), unix_ms_(unix_ms), hash8_(std::move(hash8)),
-        restored_(restored) {}
-  std::string Where() const override { return absl::StrCat("restoring version ", version_); }
-
-  Next Resume(const Reply& r) override {
-    switch (stage_) {
-      case Stage::kStart:
-        stage_ = Stage::kFlushing;
-        if (s_.st().HistoryBuffered()) return Next::Try(s_.FlushHistoryPart());
-        return Resume(r);
-      case Stage::kFlushing:
-        stage_ = Stage::kReading;
-        return Next::Send(s_.st().GetHistoryVersion(id_, unix_ms_, hash8_));
-      case Stage::kReading: {
-        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "reading a version from the state history", 5);
-        if (!rows.ok()) return Next::Fail(rows.status().code() == absl::StatusCode::kNotFound ? Missing() : rows.status());
-        absl::StatusOr<std::vector<StateVersion>> found = StoreSteps::Versions(id_, *rows);
-        if (!found.ok()) return Next::Fail(found.status());
-        if (found->empty()) return Next::Fail(Missing());
-        *restored_ = std::move(found->front().state);
-        stage_ = Stage::kWriting;
-        return Next::Call(part::WriteState(s_, *restored_));
-      }
-      case Stage::kWriting:
-        return Next::Done();
-    }
-    return Next::Fail(absl::InternalError("rollback: no such stage"));
-  }
-
- private:
-  absl::Status Missing() const {
-    return absl::NotFoundError(absl::StrCat("state id \"", PrintableId(id_), "\" has no version ", version_,
+// rollback: a version restored under the id's lock: read from the history
+// and written as the state (a new version).
+std::unique_ptr<Op> RollbackOp(StoreSteps& s, std::string id, std::string version, int64_t unix_ms,
+                               std::string hash8) {
+  auto restored = std::make_shared<MeltanoState>();
+  auto missing = [id, version] {
+    return absl::NotFoundError(absl::StrCat("state id \"", PrintableId(id), "\" has no version ", version,
                                             " in its history; `chstate history ID` lists the versions kept"));
-  }
-
-  enum class Stage { kStart, kFlushing, kReading, kWriting };
-  Stage stage_ = Stage::kStart;
-  std::string id_;
-  std::string version_;
-  int64_t unix_ms_;
-  std::string hash8_;
-  MeltanoState* restored_;
-};
-
-// rollback: a version restored under the id's lock.
-class RollbackOp final : public StorePart {
- public:
-  RollbackOp(StoreSteps& s, std::string id, std::string version, int64_t unix_ms, std::string hash8)
-      : StorePart(s), id_(std::move(id)), version_(std::move(version)), unix_ms_(unix_ms), hash8_(std::move(hash8)) {}
-  std::string Where() const override { return absl::StrCat("rollback \"", PrintableId(id_), "\" to ", version_); }
-
-  Next Resume(const Reply&) override {
-    switch (stage_) {
-      case Stage::kStart:
-        stage_ = Stage::kConnecting;
-        return Next::Call(part::Connect(s_));
-      case Stage::kConnecting:
-        stage_ = Stage::kRestoring;
-        return Next::Call(part::Locked(
-            s_, id_, std::make_unique<RestoreVersionOp>(s_, id_, version_, unix_ms_, hash8_, &restored_)));
-      case Stage::kRestoring: {
-        Result out = s_.Base();
-        out.state = restored_;
-        return Next::Done(std::move(out));
-      }
-    }
-    return Next::Fail(absl::InternalError("rollback: no such stage"));
-  }
-
- private:
-  enum class Stage { kStart, kConnecting, kRestoring };
-  Stage stage_ = Stage::kStart;
-  std::string id_;
-  std::string version_;
-  int64_t unix_ms_;
-  std::string hash8_;
-  MeltanoState restored_;
-};
+  };
+  std::unique_ptr<Op> restore = Sequence::Make(absl::StrCat("restoring version ", version), {
+      {[&s](const Reply&) { return FlushIfBuffered(s); }},
+      {[&s, id, unix_ms, hash8](const Reply&) { return Next::Send(s.st().GetHistoryVersion(id, unix_ms, hash8)); }},
+      {[&s, id, restored, missing](const Reply& r) {
+         absl::StatusOr<Rows> rows = s.AnswerRows(r, "reading a version from the state history", 5);
+         if (!rows.ok()) return Next::Fail(rows.status().code() == absl::StatusCode::kNotFound ? missing() : rows.status());
+         absl::StatusOr<std::vector<StateVersion>> found = StoreSteps::Versions(id, *rows);
+         if (!found.ok()) return Next::Fail(found.status());
+         if (found->empty()) return Next::Fail(missing());
+         *restored = std::move(found->front().state);
+         return Next::Call(part::WriteState(s, *restored));
+       }},
+  });
+  auto body = std::make_shared<std::unique_ptr<Op>>(std::move(restore));
+  return Sequence::Make(absl::StrCat("rollback \"", PrintableId(id), "\" to ", version), {
+      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
+      {[&s, id, body](const Reply&) { return Next::Call(part::Locked(s, id, std::move(*body))); }},
+      {[&s, restored](const Reply&) {
+         Result out = s.Base();
+         out.state = *restored;
+         return Next::Done(std::move(out));
+       }},
+  });
+}
 
 // list: the ids matching a glob, sorted; a missing table is no ids.
-class ListOp final : public StorePart {
- public:
-  ListOp(StoreSteps& s, std::optional<std::string> glob) : StorePart(s), glob_(std::move(glob)) {}
-  std::string Where() const override { return "list"; }
-
-  Next Resume(const Reply& r) override {
-    switch (stage_) {
-      case Stage::kStart:
-        stage_ = Stage::kConnecting;
-        return Next::Call(part::Connect(s_));
-      case Stage::kConnecting:
-        stage_ = Stage::kListing;
-        return Next::Send(s_.st().ListStateIds(glob_));
-      case Stage::kListing: {
-        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "listing state ids", 2);
-        if (!rows.ok()) {
-          if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s_.Base());
-          return Next::Fail(rows.status());
-        }
-        Result out = s_.Base();
-        for (const Row& row : *rows) out.state_ids.push_back(row[0].value_or(""));
-        return Next::Done(std::move(out));
-      }
-    }
-    return Next::Fail(absl::InternalError("list: no such stage"));
-  }
-
- private:
-  enum class Stage { kStart, kConnecting, kListing };
-  Stage stage_ = Stage::kStart;
-  std::optional<std::string> glob_;
-};
+std::unique_ptr<Op> ListOp(StoreSteps& s, std::optional<std::string> glob) {
+  return Sequence::Make("list", {
+      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
+      {[&s, glob](const Reply&) { return Next::Send(s.st().ListStateIds(glob)); }},
+      {[&s](const Reply& r) {
+         absl::StatusOr<Rows> rows = s.AnswerRows(r, "listing state ids", 2);
+         if (!rows.ok()) {
+           if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s.Base());
+           return Next::Fail(rows.status());
+         }
+         Result out = s.Base();
+         for (const Row& row : *rows) out.state_ids.push_back(row[0].value_or(""));
+         return Next::Done(std::move(out));
+       }},
+  });
+}
 
 // export: one page (Store::ExportPage). Its ranges' upper ends come from a
 // sample of the ids kept in the store's export cursor between pages; a
@@ -540,7 +450,7 @@ class ImportOp final : public StorePart {
 std::unique_ptr<Task> Store::History(std::string state_id, int64_t limit) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
   if (limit < 1) return Invalid(absl::InvalidArgumentError("a history lists at least one version"));
-  return MakeOpTask(this, [state_id, limit](StoreSteps& s) { return std::make_unique<HistoryOp>(s, state_id, limit); });
+  return MakeOpTask(this, [state_id, limit](StoreSteps& s) { return HistoryOp(s, state_id, limit); });
 }
 
 std::unique_ptr<Task> Store::Rollback(std::string state_id, std::string version) {
@@ -555,12 +465,12 @@ std::unique_ptr<Task> Store::Rollback(std::string state_id, std::string version)
         "\" is not a version: versions look like 1796155032000-9f3a2b1c (`chstate history ID` lists them)")));
   }
   return MakeOpTask(this, [state_id, version, unix_ms, hash8](StoreSteps& s) {
-    return std::make_unique<RollbackOp>(s, state_id, version, unix_ms, hash8);
+    return RollbackOp(s, state_id, version, unix_ms, hash8);
   });
 }
 
 std::unique_ptr<Task> Store::List(std::optional<std::string> glob) {
-  return MakeOpTask(this, [glob](StoreSteps& s) { return std::make_unique<ListOp>(s, glob); });
+  return MakeOpTask(this, [glob](StoreSteps& s) { return ListOp(s, glob); });
 }
 
 std::unique_ptr<Task> Store::ExportPage(std::optional<std::string> glob, std::optional<std::string> after,

@@ -380,44 +380,22 @@ class AcquireOp final : public StorePart {
 // Releases `m`: with python_locks, the marker first (while it stands,
 // Python processes wait; a failure leaves it to end with the Python
 // backend's window), then the lock itself.
-class ReleaseOp final : public StorePart {
- public:
-  ReleaseOp(StoreSteps& s, StoreSteps::LockPtr m) : StorePart(s), m_(std::move(m)) {}
-  std::string Where() const override {
-    return absl::StrCat(stage_ == Stage::kWithdrawing ? "withdrawing the lock marker of \"" : "releasing the lock on \"",
-                        PrintableId(m_->state_id()), "\"");
-  }
-
-  Next Resume(const Reply&) override {
-    switch (stage_) {
-      case Stage::kStart:
-        if (s_.options().python_locks && m_->state() == LockState::kHeld) {
-          stage_ = Stage::kWithdrawing;
-          return Next::Try(s_.SqlPart(s_.st().DeleteLockMarker(m_->state_id(), m_->lock_id()),
-                                      "withdrawing the lock marker"));
-        }
-        return Drop();
-      case Stage::kWithdrawing:
-        return Drop();  // dropped anyway, whatever became of the marker
-      case Stage::kReleasing:
-        if (outcome_.outcome == LockOutput::Outcome::kReleased) return Next::Done();
-        return Next::Fail(s_.ExplainCluster(outcome_.status));
-    }
-    return Next::Fail(absl::InternalError("release: no such stage"));
-  }
-
- private:
-  enum class Stage { kStart, kWithdrawing, kReleasing };
-
-  Next Drop() {
-    stage_ = Stage::kReleasing;
-    return Next::Call(DriveLock(s_, m_, LockStart::kRelease, &outcome_));
-  }
-
-  Stage stage_ = Stage::kStart;
-  StoreSteps::LockPtr m_;
-  LockOutput outcome_;
-};
+std::unique_ptr<Op> ReleaseOp(StoreSteps& s, StoreSteps::LockPtr m) {
+  auto outcome = std::make_shared<LockOutput>();
+  const std::string printable = PrintableId(m->state_id());
+  return Sequence::Make(absl::StrCat("releasing the lock on \"", printable, "\""), {
+      {[&s, m](const Reply&) {
+         if (!s.options().python_locks || m->state() != LockState::kHeld) return Next::GoOn();
+         return Next::Try(s.SqlPart(s.st().DeleteLockMarker(m->state_id(), m->lock_id()), "withdrawing the lock marker"));
+       }, absl::StrCat("withdrawing the lock marker of \"", printable, "\"")},
+      // Dropped anyway, whatever became of the marker.
+      {[&s, m, outcome](const Reply&) { return Next::Call(DriveLock(s, m, LockStart::kRelease, outcome.get())); }},
+      {[&s, outcome](const Reply&) {
+         if (outcome->outcome == LockOutput::Outcome::kReleased) return Next::Done();
+         return Next::Fail(s.ExplainCluster(outcome->status));
+       }},
+  });
+}
 
 }  // namespace
 
@@ -434,7 +412,7 @@ std::unique_ptr<Op> Acquire(StoreSteps& s, std::string id, StoreSteps::LockPtr* 
   return std::make_unique<AcquireOp>(s, std::move(id), out, waited, renew_in_ms);
 }
 
-std::unique_ptr<Op> Release(StoreSteps& s, StoreSteps::LockPtr m) { return std::make_unique<ReleaseOp>(s, std::move(m)); }
+std::unique_ptr<Op> Release(StoreSteps& s, StoreSteps::LockPtr m) { return ReleaseOp(s, std::move(m)); }
 
 }  // namespace part
 }  // namespace chstate

@@ -63,82 +63,64 @@ namespace {
 // after it was confirmed: so no lease outlasts the marker that keeps the
 // Python backend out (docs/lock.md). A marker that failed leaves the lease
 // as it was and tries again after the retry wait.
-class RenewOp final : public StorePart {
- public:
-  RenewOp(StoreSteps& s, std::string id, bool* lost) : StorePart(s), id_(std::move(id)), lost_(lost) {}
-  std::string Where() const override {
-    return stage_ == Stage::kMarker ? "renewing the lock marker"
-                                    : absl::StrCat("renewing the lock on \"", PrintableId(id_), "\"");
-  }
-
-  Next Resume(const Reply& r) override {
-    switch (stage_) {
-      case Stage::kStart: {
-        *lost_ = false;
-        auto it = s_.held().find(id_);
-        if (it == s_.held().end() || it->second.machine->state() != LockState::kHeld) return Lost(StoreSteps::LostLock(id_));
-        m_ = it->second.machine;
-        if (s_.options().python_locks) {
-          stage_ = Stage::kMarker;
-          return Next::Try(s_.SqlPart(s_.st().InsertLockMarker(id_, m_->lock_id(), MarkerAheadS(s_.options())),
-                                      "renewing the lock marker"));
-        }
-        return Renew();
-      }
-      case Stage::kMarker:
-        if (!r.status.ok()) {
-          auto it = s_.held().find(id_);
-          if (it != s_.held().end() && it->second.machine == m_) {
-            s_.SetTimer(TimerKind::kRenewal, id_, s_.inputs().now_ms + s_.options().lock.retry_ms);
-          }
-          return Next::Done();  // the lease stays as the last marker allows
-        }
-        return Renew();
-      case Stage::kRenewing:
-        return Renewed();
-    }
-    return Next::Fail(absl::InternalError("renew: no such stage"));
-  }
-
- private:
-  Next Renew() {
-    stage_ = Stage::kRenewing;
-    return Next::Call(part::DriveLock(s_, m_, part::LockStart::kTimer, &outcome_));
-  }
-  Next Renewed() {
-    const Inputs& in = s_.inputs();
-    if (outcome_.renewed()) {
-      // Confirmed (or inconclusive, to be tried again soon): the machine
-      // names when the next renewal is due.
-      auto it = s_.held().find(id_);
-      if (it != s_.held().end() && it->second.machine == m_) {
-        s_.SetTimer(TimerKind::kRenewal, id_, in.now_ms + outcome_.wait_ms);
-      }
-      s_.Tell(DiagnosticKind::kLeaseRenewed, DiagnosticLevel::kDebug, id_,
-              absl::StrCat("the lock on \"", PrintableId(id_), "\" was renewed; its lease runs ",
-                           m_->lease_deadline_ms() - in.now_ms, " ms more, next renewal in ", outcome_.wait_ms, " ms"),
-              {{"lease_left_ms", m_->lease_deadline_ms() - in.now_ms}, {"next_renewal_ms", outcome_.wait_ms}});
-      return Next::Done();
-    }
-    if (m_->state() == LockState::kLost) {
-      absl::Status why = outcome_.status.ok() ? StoreSteps::LostLock(id_) : outcome_.status;
-      s_.Tell(DiagnosticKind::kLeaseLost, DiagnosticLevel::kWarning, id_, std::string(why.message()));
-      return Lost(std::move(why));
-    }
-    return Next::Fail(outcome_.status);
-  }
-  Next Lost(absl::Status why) {
-    *lost_ = true;
+std::unique_ptr<Op> RenewOp(StoreSteps& s, std::string id, bool* lost) {
+  struct Renewal {
+    StoreSteps::LockPtr m;
+    LockOutput outcome;
+  };
+  auto n = std::make_shared<Renewal>();
+  auto fail_lost = [lost](absl::Status why) {
+    *lost = true;
     return Next::Fail(std::move(why));
-  }
-
-  enum class Stage { kStart, kRenewing, kMarker };
-  Stage stage_ = Stage::kStart;
-  std::string id_;
-  bool* lost_;
-  StoreSteps::LockPtr m_;
-  LockOutput outcome_;
-};
+  };
+  return Sequence::Make(absl::StrCat("renewing the lock on \"", PrintableId(id), "\""), {
+      {[&s, id, lost, n, fail_lost](const Reply&) {
+         *lost = false;
+         auto it = s.held().find(id);
+         if (it == s.held().end() || it->second.machine->state() != LockState::kHeld) {
+           return fail_lost(StoreSteps::LostLock(id));
+         }
+         n->m = it->second.machine;
+         if (!s.options().python_locks) return Next::GoOn();
+         return Next::Try(s.SqlPart(s.st().InsertLockMarker(id, n->m->lock_id(), MarkerAheadS(s.options())),
+                                    "renewing the lock marker"));
+       }, "renewing the lock marker"},
+      {[&s, id, n](const Reply& r) {
+         if (!r.status.ok()) {
+           auto it = s.held().find(id);
+           if (it != s.held().end() && it->second.machine == n->m) {
+             s.SetTimer(TimerKind::kRenewal, id, s.inputs().now_ms + s.options().lock.retry_ms);
+           }
+           return Next::Done();  // the lease stays as the last marker allows
+         }
+         return Next::Call(part::DriveLock(s, n->m, part::LockStart::kTimer, &n->outcome));
+       }},
+      {[&s, id, n, fail_lost](const Reply&) {
+         const Inputs& in = s.inputs();
+         const LockOutput& outcome = n->outcome;
+         const StoreSteps::LockPtr& m = n->m;
+         if (outcome.renewed()) {
+           // Confirmed (or inconclusive, to be tried again soon): the machine
+           // names when the next renewal is due.
+           auto it = s.held().find(id);
+           if (it != s.held().end() && it->second.machine == m) {
+             s.SetTimer(TimerKind::kRenewal, id, in.now_ms + outcome.wait_ms);
+           }
+           s.Tell(DiagnosticKind::kLeaseRenewed, DiagnosticLevel::kDebug, id,
+                  absl::StrCat("the lock on \"", PrintableId(id), "\" was renewed; its lease runs ",
+                               m->lease_deadline_ms() - in.now_ms, " ms more, next renewal in ", outcome.wait_ms, " ms"),
+                  {{"lease_left_ms", m->lease_deadline_ms() - in.now_ms}, {"next_renewal_ms", outcome.wait_ms}});
+           return Next::Done();
+         }
+         if (m->state() == LockState::kLost) {
+           absl::Status why = outcome.status.ok() ? StoreSteps::LostLock(id) : outcome.status;
+           s.Tell(DiagnosticKind::kLeaseLost, DiagnosticLevel::kWarning, id, std::string(why.message()));
+           return fail_lost(std::move(why));
+         }
+         return Next::Fail(outcome.status);
+       }},
+  });
+}
 
 // Renews the lock this store holds on `id` when its renewal is due. A lock
 // found lost stays known (writes to the id are refused by LeaseCheck until
@@ -154,7 +136,7 @@ class RenewIfDueOp final : public StorePart {
       if (it == s_.held().end() || !it->second.Live() || s_.inputs().now_ms < s_.TimerAt(TimerKind::kRenewal, id_)) {
         return Next::Done();
       }
-      return Next::Try(std::make_unique<RenewOp>(s_, id_, &lost_));
+      return Next::Try(RenewOp(s_, id_, &lost_));
     }
     if (r.status.ok() || lost_) return Next::Done();
     return Next::Fail(r.status);
@@ -170,42 +152,30 @@ class RenewIfDueOp final : public StorePart {
 // (QuorumWrite). Done once the renewal is confirmed or inconclusive (the
 // caller checks the lease again); fails when the lock is not held or was
 // found lost.
-class RenewForWaitOp final : public StorePart {
- public:
-  RenewForWaitOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
-  std::string Where() const override { return absl::StrCat("renewing the lock on \"", PrintableId(id_), "\" to wait"); }
-
-  Next Resume(const Reply& r) override {
-    switch (stage_) {
-      case Stage::kStart: {
-        if (s_.held().count(id_) != 0) {
-          stage_ = Stage::kHeldRenewed;
-          return Next::Call(std::make_unique<RenewOp>(s_, id_, &lost_));
-        }
-        m_ = s_.current_lock();
-        if (!m_ || m_->state_id() != id_ || m_->state() != LockState::kHeld) {
-          return Next::Fail(StoreSteps::LostLock(id_));
-        }
-        stage_ = Stage::kOwnRenewed;
-        return Next::Call(part::DriveLock(s_, m_, part::LockStart::kTimer, &outcome_));
-      }
-      case Stage::kHeldRenewed:
-        return Next::Done();
-      case Stage::kOwnRenewed:
-        if (outcome_.renewed() && m_->state() == LockState::kHeld) return Next::Done();
-        return Next::Fail(outcome_.status.ok() ? StoreSteps::LostLock(id_) : outcome_.status);
-    }
-    return Next::Fail(absl::InternalError("renew for a wait: no such stage"));
-  }
-
- private:
-  enum class Stage { kStart, kHeldRenewed, kOwnRenewed };
-  Stage stage_ = Stage::kStart;
-  std::string id_;
-  bool lost_ = false;
-  StoreSteps::LockPtr m_;
-  LockOutput outcome_;
-};
+std::unique_ptr<Op> RenewForWaitOp(StoreSteps& s, std::string id) {
+  struct Renewal {
+    bool held = false;  // the store's held lock, renewed by RenewOp
+    bool lost = false;
+    StoreSteps::LockPtr m;
+    LockOutput outcome;
+  };
+  auto n = std::make_shared<Renewal>();
+  return Sequence::Make(absl::StrCat("renewing the lock on \"", PrintableId(id), "\" to wait"), {
+      {[&s, id, n](const Reply&) {
+         n->held = s.held().count(id) != 0;
+         if (n->held) return Next::Call(RenewOp(s, id, &n->lost));
+         n->m = s.current_lock();
+         if (!n->m || n->m->state_id() != id || n->m->state() != LockState::kHeld) {
+           return Next::Fail(StoreSteps::LostLock(id));
+         }
+         return Next::Call(part::DriveLock(s, n->m, part::LockStart::kTimer, &n->outcome));
+       }},
+      {[id, n](const Reply&) {
+         if (n->held || (n->outcome.renewed() && n->m->state() == LockState::kHeld)) return Next::Done();
+         return Next::Fail(n->outcome.status.ok() ? StoreSteps::LostLock(id) : n->outcome.status);
+       }},
+  });
+}
 
 // Releases the held lock `m` on `id` (inspection and DROP) and then forgets
 // it, whether the release went well or not. It stays known until the
@@ -333,7 +303,7 @@ class RenewAllDueOp final : public StorePart {
   Next Resume(const Reply&) override {
     for (const auto& [id, held] : s_.held()) {
       if (held.Live() && s_.inputs().now_ms >= s_.TimerAt(TimerKind::kRenewal, id)) {
-        return Next::Call(std::make_unique<RenewOp>(s_, id, &lost_));
+        return Next::Call(RenewOp(s_, id, &lost_));
       }
     }
     return Next::Done();
@@ -346,7 +316,7 @@ class RenewAllDueOp final : public StorePart {
 }  // namespace
 
 std::unique_ptr<Op> Renew(StoreSteps& s, std::string id, bool* lost) {
-  return std::make_unique<RenewOp>(s, std::move(id), lost);
+  return RenewOp(s, std::move(id), lost);
 }
 std::unique_ptr<Op> RenewAllDue(StoreSteps& s) { return std::make_unique<RenewAllDueOp>(s); }
 std::unique_ptr<Op> ReleaseIdleLingering(StoreSteps& s) { return std::make_unique<ReleaseIdleLingeringOp>(s); }
@@ -367,7 +337,7 @@ std::unique_ptr<Op> StoreSteps::RenewIfDuePart(const std::string& id) {
 }
 
 std::unique_ptr<Op> StoreSteps::RenewForWaitPart(const std::string& id) {
-  return std::make_unique<part::RenewForWaitOp>(*this, id);
+  return part::RenewForWaitOp(*this, id);
 }
 
 }  // namespace chstate

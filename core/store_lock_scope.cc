@@ -21,118 +21,82 @@ namespace {
 // acquire: the id's lock, kept by the store until ReleaseLock (a lock
 // scope). A lock lingering since its last release (and within its lease:
 // the task's start forgot it otherwise) is taken back with no request.
-class AcquireLockOp final : public StorePart {
- public:
-  AcquireLockOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
-  std::string Where() const override { return absl::StrCat("acquire \"", PrintableId(id_), "\""); }
-
-  Next Resume(const Reply&) override {
-    switch (stage_) {
-      case Stage::kStart: {
-        started_ms_ = s_.inputs().now_ms;
-        auto it = s_.held().find(id_);
-        if (it != s_.held().end() && !it->second.lingering && it->second.Live()) {
-          // Waiting for a lock this store holds would wait for itself.
-          return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
-              "this store already holds the lock on state id \"", PrintableId(id_),
-              "\": lock scopes on one id do not nest (writes inside the scope already run under it)")));
-        }
-        if (it != s_.held().end() && it->second.lingering) {
-          it->second.lingering = false;
-          s_.ClearTimer(TimerKind::kLinger, id_);
-          Result r = s_.Base();
-          r.lock_id = it->second.machine->lock_id();
-          r.waited_ms = 0;
-          return Next::Done(std::move(r));
-        }
-        stage_ = Stage::kConnecting;
-        return Next::Call(part::Connect(s_));
-      }
-      case Stage::kConnecting:
-        stage_ = Stage::kAcquiring;
-        return Next::Call(part::Acquire(s_, id_, &m_, &waited_, &renew_in_ms_));
-      case Stage::kAcquiring:
-        return Acquired();
-    }
-    return Next::Fail(absl::InternalError("acquire: no such stage"));
-  }
-
- private:
-  Next Acquired() {
-    const Inputs& in = s_.inputs();
-    // The machine's renewal timer, armed as it became the holder.
-    s_.Hold(id_, m_, in.now_ms + renew_in_ms_);
-    Result r = s_.Base();
-    r.lock_id = m_->lock_id();
-    r.waited_ms = in.now_ms - started_ms_;
-    s_.TellAcquired(*m_, r.waited_ms, waited_);
-    return Next::Done(std::move(r));
-  }
-
-  enum class Stage { kStart, kConnecting, kAcquiring };
-  Stage stage_ = Stage::kStart;
-  std::string id_;
-  int64_t started_ms_ = 0;
-  int64_t renew_in_ms_ = 0;
-  StoreSteps::LockPtr m_;
-  bool waited_ = false;  // for another process
-};
+std::unique_ptr<Op> AcquireLockOp(StoreSteps& s, std::string id) {
+  struct Taking {
+    int64_t started_ms = 0;
+    int64_t renew_in_ms = 0;
+    StoreSteps::LockPtr m;
+    bool waited = false;  // for another process
+  };
+  auto t = std::make_shared<Taking>();
+  return Sequence::Make(absl::StrCat("acquire \"", PrintableId(id), "\""), {
+      {[&s, id, t](const Reply&) {
+         t->started_ms = s.inputs().now_ms;
+         auto it = s.held().find(id);
+         if (it != s.held().end() && !it->second.lingering && it->second.Live()) {
+           // Waiting for a lock this store holds would wait for itself.
+           return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
+               "this store already holds the lock on state id \"", PrintableId(id),
+               "\": lock scopes on one id do not nest (writes inside the scope already run under it)")));
+         }
+         if (it != s.held().end() && it->second.lingering) {
+           it->second.lingering = false;
+           s.ClearTimer(TimerKind::kLinger, id);
+           Result r = s.Base();
+           r.lock_id = it->second.machine->lock_id();
+           r.waited_ms = 0;
+           return Next::Done(std::move(r));
+         }
+         return Next::Call(part::Connect(s));
+       }},
+      {[&s, id, t](const Reply&) { return Next::Call(part::Acquire(s, id, &t->m, &t->waited, &t->renew_in_ms)); }},
+      {[&s, id, t](const Reply&) {
+         const Inputs& in = s.inputs();
+         // The machine's renewal timer, armed as it became the holder.
+         s.Hold(id, t->m, in.now_ms + t->renew_in_ms);
+         Result r = s.Base();
+         r.lock_id = t->m->lock_id();
+         r.waited_ms = in.now_ms - t->started_ms;
+         s.TellAcquired(*t->m, r.waited_ms, t->waited);
+         return Next::Done(std::move(r));
+       }},
+  });
+}
 
 // renew: the lease of a lock this store holds, now. What the store holds is
 // looked at when the task starts, not when it is built: a host may queue
 // tasks (core/connection.h) and the ones before this may take or release
 // locks.
-class RenewLockOp final : public StorePart {
- public:
-  RenewLockOp(StoreSteps& s, std::string id) : StorePart(s), id_(std::move(id)) {}
-  std::string Where() const override { return absl::StrCat("renew \"", PrintableId(id_), "\""); }
-
-  Next Resume(const Reply& r) override {
-    if (r.kind == Reply::Kind::kStart) {
-      auto it = s_.held().find(id_);
-      if (it == s_.held().end()) {
-        return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
-            "cannot renew the lock on state id \"", PrintableId(id_), "\": this store does not hold it")));
-      }
-      lock_id_ = it->second.machine->lock_id();
-      return Next::Call(part::Renew(s_, id_, &lost_));
-    }
-    Result out = s_.Base();
-    out.lock_id = lock_id_;
-    return Next::Done(std::move(out));
-  }
-
- private:
-  std::string id_;
-  std::string lock_id_;
-  bool lost_ = false;
-};
+std::unique_ptr<Op> RenewLockOp(StoreSteps& s, std::string id) {
+  auto lock_id = std::make_shared<std::string>();
+  auto lost = std::make_shared<bool>(false);
+  return Sequence::Make(absl::StrCat("renew \"", PrintableId(id), "\""), {
+      {[&s, id, lock_id, lost](const Reply&) {
+         auto it = s.held().find(id);
+         if (it == s.held().end()) {
+           return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
+               "cannot renew the lock on state id \"", PrintableId(id), "\": this store does not hold it")));
+         }
+         *lock_id = it->second.machine->lock_id();
+         return Next::Call(part::Renew(s, id, lost.get()));
+       }},
+      {[&s, lock_id](const Reply&) {
+         Result out = s.Base();
+         out.lock_id = *lock_id;
+         return Next::Done(std::move(out));
+       }},
+  });
+}
 
 // The store's timers while no operation runs: renewals that are due, then
 // lingering locks that idled out or that another process waits for.
-class TickOp final : public StorePart {
- public:
-  explicit TickOp(StoreSteps& s) : StorePart(s) {}
-  std::string Where() const override { return "tick"; }
-
-  Next Resume(const Reply&) override {
-    switch (stage_) {
-      case Stage::kStart:
-        stage_ = Stage::kRenewing;
-        return Next::Call(part::RenewAllDue(s_));
-      case Stage::kRenewing:
-        stage_ = Stage::kReleasing;
-        return Next::Call(part::ReleaseIdleLingering(s_));
-      case Stage::kReleasing:
-        return Next::Done(s_.Base());
-    }
-    return Next::Fail(absl::InternalError("tick: no such stage"));
-  }
-
- private:
-  enum class Stage { kStart, kRenewing, kReleasing };
-  Stage stage_ = Stage::kStart;
-};
+std::unique_ptr<Op> TickOp(StoreSteps& s) {
+  return Sequence::Make("tick", {
+      {[&s](const Reply&) { return Next::Call(part::RenewAllDue(s)); }},
+      {[&s](const Reply&) { return Next::Call(part::ReleaseIdleLingering(s)); }},
+      {[&s](const Reply&) { return Next::Done(s.Base()); }},
+  });
+}
 
 // Releases for real every lingering lock (ReleaseLingering), or every lock
 // this store holds or keeps lingering (Close: best effort, a failed release
@@ -252,15 +216,15 @@ class ReleaseLockOp final : public StorePart {
 
 std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [state_id](StoreSteps& s) { return std::make_unique<AcquireLockOp>(s, state_id); });
+  return MakeOpTask(this, [state_id](StoreSteps& s) { return AcquireLockOp(s, state_id); });
 }
 
 std::unique_ptr<Task> Store::RenewLock(std::string state_id) {
-  return MakeOpTask(this, [state_id](StoreSteps& s) { return std::make_unique<RenewLockOp>(s, state_id); });
+  return MakeOpTask(this, [state_id](StoreSteps& s) { return RenewLockOp(s, state_id); });
 }
 
 std::unique_ptr<Task> Store::Tick() {
-  return MakeOpTask(this, [](StoreSteps& s) { return std::make_unique<TickOp>(s); });
+  return MakeOpTask(this, [](StoreSteps& s) { return TickOp(s); });
 }
 
 std::unique_ptr<Task> Store::ReleaseLingering() {

@@ -24,70 +24,56 @@ namespace {
 
 // Asks the server's version once per store and picks the dialect; in
 // cluster mode, checks that the state table is replicated.
-class ConnectOp final : public StorePart {
- public:
-  ConnectOp(StoreSteps& s, bool force) : StorePart(s), force_(force) {}
-  std::string Where() const override { return stage_ == Stage::kEngine ? "checking the state table" : "connecting"; }
-
-  Next Resume(const Reply& r) override {
-    switch (stage_) {
-      case Stage::kStart:
-        if (s_.statements_slot() && !force_) return Next::Done();
-        stage_ = Stage::kVersion;
-        return Next::Send(Statements::SelectVersion());
-      case Stage::kVersion: {
-        absl::StatusOr<Rows> rows = s_.AnswerRows(r, "connecting", 2);
-        if (!rows.ok()) return Next::Fail(rows.status());
-        if (rows->empty() || !(*rows)[0][0]) {
-          return Next::Fail(absl::DataLossError("ClickHouse sent no version for SELECT version()"));
-        }
-        absl::StatusOr<ServerVersion> v = ParseServerVersion(*(*rows)[0][0]);
-        if (!v.ok()) return Next::Fail(v.status());
-        absl::StatusOr<Dialect> d = DialectFor(*v);
-        if (!d.ok()) return Next::Fail(d.status());
-        const StoreOptions& o = s_.options();
-        absl::StatusOr<Statements> st = Statements::Create(*d, o.schema, o.table, o.cluster);
-        if (!st.ok()) return Next::Fail(st.status());
-        s_.statements_slot() = std::move(*st);
-        s_.set_server_version(v->text);
-        if (!o.cluster.enabled()) return Next::Done();
-        stage_ = Stage::kEngine;
-        return Next::Send(s_.st().StateTableEngine());
-      }
-      case Stage::kEngine:
-        return CheckReplicated(r);
-    }
-    return Next::Fail(absl::InternalError("connect: no such stage"));
+// Cluster mode: a state table made earlier without cluster mode is a plain
+// table on one server; writing to it would silently skip replication.
+Next CheckReplicated(StoreSteps& s, const Reply& r) {
+  absl::StatusOr<Rows> rows = s.AnswerRows(r, "checking the state table's engine", 2);
+  if (!rows.ok()) return Next::Fail(rows.status());
+  const StoreOptions& o = s.options();
+  std::string engine = rows->empty() ? "" : (*rows)[0][0].value_or("");
+  if (!rows->empty() && (*rows)[0][1].value_or("") == "0") {
+    s.statements_slot().reset();  // ask again next time
+    return Next::Fail(absl::InvalidArgumentError(absl::StrCat(
+        "the servers know no cluster \"", o.cluster.name,
+        "\": set the cluster setting to a name from their remote_servers (SELECT DISTINCT cluster FROM "
+        "system.clusters)")));
   }
+  if (engine.empty() || engine.rfind("Replicated", 0) == 0) return Next::Done();
+  s.statements_slot().reset();  // ask again next time
+  return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
+      "cluster mode is on (cluster \"", o.cluster.name, "\") but the state table ", o.schema, ".", o.table,
+      " on this server is a ", engine,
+      ", not replicated: writes would stay on this server. Use another schema for cluster mode, or move "
+      "the states into a replicated table (docs/cluster.md)")));
+}
 
- private:
-  // Cluster mode: a state table made earlier without cluster mode is a plain
-  // table on one server; writing to it would silently skip replication.
-  Next CheckReplicated(const Reply& r) {
-    absl::StatusOr<Rows> rows = s_.AnswerRows(r, "checking the state table's engine", 2);
-    if (!rows.ok()) return Next::Fail(rows.status());
-    const StoreOptions& o = s_.options();
-    std::string engine = rows->empty() ? "" : (*rows)[0][0].value_or("");
-    if (!rows->empty() && (*rows)[0][1].value_or("") == "0") {
-      s_.statements_slot().reset();  // ask again next time
-      return Next::Fail(absl::InvalidArgumentError(absl::StrCat(
-          "the servers know no cluster \"", o.cluster.name,
-          "\": set the cluster setting to a name from their remote_servers (SELECT DISTINCT cluster FROM "
-          "system.clusters)")));
-    }
-    if (engine.empty() || engine.rfind("Replicated", 0) == 0) return Next::Done();
-    s_.statements_slot().reset();  // ask again next time
-    return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
-        "cluster mode is on (cluster \"", o.cluster.name, "\") but the state table ", o.schema, ".", o.table,
-        " on this server is a ", engine,
-        ", not replicated: writes would stay on this server. Use another schema for cluster mode, or move "
-        "the states into a replicated table (docs/cluster.md)")));
-  }
-
-  enum class Stage { kStart, kVersion, kEngine };
-  Stage stage_ = Stage::kStart;
-  bool force_;
-};
+std::unique_ptr<Op> ConnectOp(StoreSteps& s, bool force) {
+  return Sequence::Make("connecting", {
+      {[&s, force](const Reply&) {
+         if (s.statements_slot() && !force) return Next::Done();
+         return Next::Send(Statements::SelectVersion());
+       }},
+      {[&s](const Reply& r) {
+         absl::StatusOr<Rows> rows = s.AnswerRows(r, "connecting", 2);
+         if (!rows.ok()) return Next::Fail(rows.status());
+         if (rows->empty() || !(*rows)[0][0]) {
+           return Next::Fail(absl::DataLossError("ClickHouse sent no version for SELECT version()"));
+         }
+         absl::StatusOr<ServerVersion> v = ParseServerVersion(*(*rows)[0][0]);
+         if (!v.ok()) return Next::Fail(v.status());
+         absl::StatusOr<Dialect> d = DialectFor(*v);
+         if (!d.ok()) return Next::Fail(d.status());
+         const StoreOptions& o = s.options();
+         absl::StatusOr<Statements> st = Statements::Create(*d, o.schema, o.table, o.cluster);
+         if (!st.ok()) return Next::Fail(st.status());
+         s.statements_slot() = std::move(*st);
+         s.set_server_version(v->text);
+         if (!o.cluster.enabled()) return Next::Done();
+         return Next::Send(s.st().StateTableEngine());
+       }, "checking the state table"},
+      {[&s](const Reply& r) { return CheckReplicated(s, r); }},
+  });
+}
 
 // The schema, each statement in turn: the database, the state, lock (and in
 // cluster mode claims) tables, and with history on the history table and
@@ -454,58 +440,41 @@ class DeleteStateOp final : public StorePart {
 // Runs `body` under the lock for `id`, taken for it and released on every
 // exit path. Ends with the body's result; the body's error matters more
 // than a failed release.
-class LockedOp final : public StorePart {
- public:
-  LockedOp(StoreSteps& s, std::string id, std::unique_ptr<Op> body)
-      : StorePart(s), id_(std::move(id)), body_(std::move(body)) {}
-  std::string Where() const override {
-    switch (stage_) {
-      case Stage::kStart:
-      case Stage::kAcquiring: return absl::StrCat("taking the lock on \"", PrintableId(id_), "\"");
-      case Stage::kInBody: return absl::StrCat("under the lock on \"", PrintableId(id_), "\"");
-      case Stage::kReleasing: return absl::StrCat("releasing the lock on \"", PrintableId(id_), "\"");
-    }
-    return "";
-  }
-
-  Next Resume(const Reply& r) override {
-    switch (stage_) {
-      case Stage::kStart:
-        started_ms_ = s_.inputs().now_ms;
-        stage_ = Stage::kAcquiring;
-        return Next::Call(part::Acquire(s_, id_, &lock_, &waited_));
-      case Stage::kAcquiring: {
-        s_.TellAcquired(*lock_, s_.inputs().now_ms - started_ms_, waited_);
-        s_.set_current_lock(lock_);
-        stage_ = Stage::kInBody;
-        return Next::Try(std::move(body_));
-      }
-      case Stage::kInBody:
-        s_.set_current_lock(nullptr);
-        outcome_ = r.status;
-        result_ = r.result;
-        stage_ = Stage::kReleasing;
-        return Next::Try(part::Release(s_, lock_));
-      case Stage::kReleasing:
-        if (!outcome_.ok()) return Next::Fail(outcome_);
-        if (!r.status.ok()) return Next::Fail(r.status);
-        return result_ ? Next::Done(*result_) : Next::Done();
-    }
-    return Next::Fail(absl::InternalError("locked: no such stage"));
-  }
-
- private:
-  // What the op is doing (waiting for); Resume goes on from there.
-  enum class Stage { kStart, kAcquiring, kInBody, kReleasing };
-  Stage stage_ = Stage::kStart;
-  std::string id_;
-  std::unique_ptr<Op> body_;
-  int64_t started_ms_ = 0;
-  StoreSteps::LockPtr lock_;
-  bool waited_ = false;  // for another process
-  absl::Status outcome_;
-  std::shared_ptr<Result> result_;
-};
+std::unique_ptr<Op> LockedOp(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
+  struct Held {
+    std::unique_ptr<Op> body;
+    int64_t started_ms = 0;
+    StoreSteps::LockPtr lock;
+    bool waited = false;  // for another process
+    absl::Status outcome;
+    std::shared_ptr<Result> result;
+  };
+  auto h = std::make_shared<Held>();
+  h->body = std::move(body);
+  const std::string printable = PrintableId(id);
+  return Sequence::Make("", {
+      {[&s, id, h](const Reply&) {
+         h->started_ms = s.inputs().now_ms;
+         return Next::Call(part::Acquire(s, id, &h->lock, &h->waited));
+       }, absl::StrCat("taking the lock on \"", printable, "\"")},
+      {[&s, h](const Reply&) {
+         s.TellAcquired(*h->lock, s.inputs().now_ms - h->started_ms, h->waited);
+         s.set_current_lock(h->lock);
+         return Next::Try(std::move(h->body));
+       }, absl::StrCat("under the lock on \"", printable, "\"")},
+      {[&s, h](const Reply& r) {
+         s.set_current_lock(nullptr);
+         h->outcome = r.status;
+         h->result = r.result;
+         return Next::Try(part::Release(s, h->lock));
+       }, absl::StrCat("releasing the lock on \"", printable, "\"")},
+      {[h](const Reply& r) {
+         if (!h->outcome.ok()) return Next::Fail(h->outcome);
+         if (!r.status.ok()) return Next::Fail(r.status);
+         return h->result ? Next::Done(*h->result) : Next::Done();
+       }},
+  });
+}
 
 // Runs one statement for its success alone.
 class SqlOp final : public StorePart {
@@ -525,7 +494,7 @@ class SqlOp final : public StorePart {
 
 }  // namespace
 
-std::unique_ptr<Op> Connect(StoreSteps& s, bool force) { return std::make_unique<ConnectOp>(s, force); }
+std::unique_ptr<Op> Connect(StoreSteps& s, bool force) { return ConnectOp(s, force); }
 std::unique_ptr<Op> EnsureSchema(StoreSteps& s) { return std::make_unique<EnsureSchemaOp>(s); }
 std::unique_ptr<Op> ReadState(StoreSteps& s, std::string id, std::optional<MeltanoState>* out) {
   return std::make_unique<ReadStateOp>(s, std::move(id), out);
@@ -538,7 +507,7 @@ std::unique_ptr<Op> QuorumWrite(StoreSteps& s, SqlRequest req, std::string what,
 }
 std::unique_ptr<Op> DeleteState(StoreSteps& s, std::string id) { return std::make_unique<DeleteStateOp>(s, std::move(id)); }
 std::unique_ptr<Op> Locked(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
-  return std::make_unique<LockedOp>(s, std::move(id), std::move(body));
+  return LockedOp(s, std::move(id), std::move(body));
 }
 }  // namespace part
 

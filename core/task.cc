@@ -13,6 +13,25 @@
 
 namespace chstate {
 
+std::unique_ptr<Op> Sequence::Make(std::string where, std::vector<Step> steps) {
+  return std::make_unique<Sequence>(std::move(where), std::move(steps));
+}
+
+Next Sequence::Resume(const Reply& reply) {
+  if (next_ == steps_.size()) return Next::Done();
+  return steps_[next_++].run(reply);
+}
+
+std::string Sequence::Where() const {
+  return next_ > 0 && !steps_[next_ - 1].where.empty() ? steps_[next_ - 1].where : where_;
+}
+
+Next Next::GoOn() {
+  Next n;
+  n.kind = Kind::kGoOn;
+  return n;
+}
+
 Next Next::Send(SqlRequest request) {
   Next n;
   n.kind = Kind::kSend;
@@ -160,6 +179,12 @@ Action Task::Advance(Next next) {
         stack_.push_back(Frame{std::move(next.part), next.kind == Next::Kind::kTry});
         next = stack_.back().op->Resume(Reply{});
         continue;
+      case Next::Kind::kGoOn: {
+        Reply r;
+        r.kind = Reply::Kind::kPart;
+        next = stack_.back().op->Resume(r);
+        continue;
+      }
       case Next::Kind::kDone:
       case Next::Kind::kFail: {
         const bool ok = next.kind == Next::Kind::kDone;
