@@ -30,172 +30,12 @@ VerbArg Id(const char* name, const char* meaning) { return {name, ArgType::kStat
 // An argument bindings take by name.
 VerbArg Named(const char* name, ArgType type, const char* meaning) { return {name, type, false, meaning, false}; }
 
-}  // namespace
-
-const std::vector<VerbSpec>& Verbs() {
-  static const std::vector<VerbSpec>* const kVerbs = new std::vector<VerbSpec>{
-      {"get", {Id("state_id", "the state id")}, LockRule::kNone, "", "", Returns::kMaybeState,
-       "the state of an id: both sides and the merged view a tap gets; null when the id has none"},
-      {"set",
-       {Id("state_id", "the state id"),
-        {"state", ArgType::kObject, true, "the state to write: the completed side", true},
-        Named("partial", ArgType::kObject, "the partial side to write (default: none)"),
-        Named("force", ArgType::kFlag, "accept a state without a top-level singer_state key")},
-       LockRule::kId, "the id's", "a state without a top-level \"singer_state\" key needs force (meltano state set refuses it too; its bypass is --no-validate)",
-       Returns::kState, "replace the state of an id (both sides)"},
-      {"merge",
-       {Id("state_id", "the state id to merge into"),
-        {"partial", ArgType::kObject, false, "the partial state to merge", true},
-        Named("from", ArgType::kStateId, "merge the merged view of this id's state instead"),
-        Named("force", ArgType::kFlag, "accept input without a top-level singer_state key")},
-       LockRule::kId, "the id's (state_id)",
-       "exactly one of partial and from; an empty partial is refused (merging nothing would look like a success "
-       "and change nothing); input without a top-level \"singer_state\" key needs force",
-       Returns::kState,
-       "merge a partial state into an id as Meltano does for each STATE message: objects merge recursively, lists "
-       "and scalars from the input replace"},
-      {"delete", {Id("state_id", "the state id")}, LockRule::kId, "the id's", "", Returns::kNothing,
-       "remove the state of an id (an id with no state is fine)"},
-      {"list", {{"pattern", ArgType::kPattern, false, "only ids matching this glob", true}}, LockRule::kNone, "", "",
-       Returns::kStateIds, "the state ids, sorted"},
-      {"clear_all", {}, LockRule::kNone, "", "", Returns::kCount,
-       "remove every state (no locks, as Meltano's clear_all); returns how many"},
-      {"copy", {Id("src", "the state id to copy"), Id("dst", "the state id to write")}, LockRule::kId, "dst's",
-       "src must have a state (NOT_FOUND)", Returns::kNothing, "copy the state of one id to another"},
-      {"move", {Id("src", "the state id to move"), Id("dst", "the state id to write")}, LockRule::kId,
-       "dst's, then src's", "src and dst differ; src must have a state (NOT_FOUND)", Returns::kNothing,
-       "copy, then remove the source: a failure in between leaves both, never neither"},
-      {"export",
-       {{"pattern", ArgType::kPattern, false, "only ids matching this glob", true},
-        Named("after", ArgType::kStateId, "the last id of the previous page"),
-        Named("limit", ArgType::kCount, "states per page (default 10000)"),
-        Named("document", ArgType::kFlag,
-              "the page as text instead of states: its entries of Meltano's export document, ids in state_ids")},
-       LockRule::kNone, "", "", Returns::kPage,
-       "one page of every state (meltano state export), sorted by id; ask again after the page's last id while "
-       "more is true"},
-      {"import", {{"states", ArgType::kStates, true, "the states to write, each with both sides", true}}, LockRule::kNone,
-       "", "every entry is checked before anything is written (one bad entry: nothing written); ids unique",
-       Returns::kCount, "write many states at once (meltano state import), in a few multi-row INSERTs"},
-      {"import_document",
-       {{"document", ArgType::kText, true,
-         "the text of an export document, {\"<state id>\": {\"completed\": {...}, \"partial\": {...}}, ...}", true}},
-       LockRule::kNone, "",
-       "the whole document is checked before anything is written (one bad entry: nothing written, the entry named)",
-       Returns::kCount,
-       "import as chstate import does: the document read in one pass, without the tree of it import's states make"},
-      {"history",
-       {Id("state_id", "the state id"), Named("limit", ArgType::kCount, "versions to list (default 20)")},
-       LockRule::kNone, "", "", Returns::kVersions, "the versions of a state kept in its history, newest first"},
-      {"rollback",
-       {Id("state_id", "the state id"), {"version", ArgType::kText, true, "a version as history names it", true}},
-       LockRule::kId, "the id's", "the version looks like <unix ms>-<8 hex digits>; NOT_FOUND when not kept",
-       Returns::kState, "restore a version of a state (itself written as a new version)"},
-      {"locks", {{"pattern", ArgType::kPattern, false, "only locks of ids matching this glob", true}}, LockRule::kNone, "",
-       "", Returns::kLocks, "the locks held now: by whom, since when, until when"},
-      {"unlock", {Id("state_id", "the state id")}, LockRule::kNone, "",
-       "NOT_FOUND when the id is not locked", Returns::kLocks,
-       "remove an id's lock whoever holds it (its holder loses it at its next renewal)"},
-      {"init", {}, LockRule::kNone, "", "", Returns::kServer,
-       "create the database and tables when missing, then apply retention"},
-      {"compact", {}, LockRule::kNone, "", "", Returns::kServer,
-       "apply retention: drop history past its days and count, and old lock tombstones"},
-      {"ping", {}, LockRule::kNone, "", "", Returns::kServer, "the server's version and the SQL dialect chosen"},
-      {"acquire", {Id("state_id", "the state id")}, LockRule::kScope, "the id's",
-       "ABORTED when another holder keeps it past lock_wait_seconds", Returns::kLock,
-       "start a lock scope: take the id's lock (held, and renewed, until release)"},
-      {"renew", {Id("state_id", "the state id")}, LockRule::kScope, "the id's",
-       "FAILED_PRECONDITION when this store does not hold it; ABORTED when it was lost", Returns::kLock,
-       "renew the lease of a lock this store holds now"},
-      {"release",
-       {Id("state_id", "the state id"), {"lock_id", ArgType::kText, true, "what acquire returned", true}}, LockRule::kScope,
-       "the id's",
-       "FAILED_PRECONDITION when this store does not hold it; ABORTED when it was lost or its lease ran out while "
-       "held (what the scope did was not exclusive)",
-       Returns::kNothing, "end a lock scope"},
-  };
-  return *kVerbs;
-}
-
-const VerbSpec* FindVerb(absl::string_view name) {
-  for (const VerbSpec& v : Verbs()) {
-    if (name == v.name) return &v;
-  }
-  return nullptr;
-}
-
-const char* ArgTypeName(ArgType type) {
-  switch (type) {
-    case ArgType::kStateId: return "state_id";
-    case ArgType::kPattern: return "pattern";
-    case ArgType::kObject: return "object";
-    case ArgType::kStates: return "states";
-    case ArgType::kText: return "text";
-    case ArgType::kCount: return "count";
-    case ArgType::kFlag: return "flag";
-  }
-  return "?";
-}
-
-const char* LockRuleName(LockRule rule) {
-  switch (rule) {
-    case LockRule::kNone: return "none";
-    case LockRule::kId: return "id";
-    case LockRule::kScope: return "scope";
-  }
-  return "?";
-}
-
-const char* ReturnsName(Returns returns) {
-  switch (returns) {
-    case Returns::kNothing: return "nothing";
-    case Returns::kServer: return "server";
-    case Returns::kState: return "state";
-    case Returns::kMaybeState: return "maybe_state";
-    case Returns::kStateIds: return "state_ids";
-    case Returns::kCount: return "count";
-    case Returns::kPage: return "page";
-    case Returns::kVersions: return "versions";
-    case Returns::kLocks: return "locks";
-    case Returns::kLock: return "lock";
-  }
-  return "?";
-}
-
-namespace {
 
 // The member an argument travels in.
 std::string Field(const VerbArg& arg) {
   if (arg.type == ArgType::kStateId) return absl::StrCat(arg.name, "_hex");
   return arg.name;
 }
-
-}  // namespace
-
-json VerbTableJson() {
-  json verbs = json::array();
-  for (const VerbSpec& v : Verbs()) {
-    json args = json::array();
-    for (const VerbArg& a : v.args) {
-      args.push_back({{"name", a.name},
-                      {"type", ArgTypeName(a.type)},
-                      {"required", a.required},
-                      {"positional", a.positional},
-                      {"meaning", a.meaning},
-                      {"field", Field(a)}});
-    }
-    verbs.push_back({{"name", v.name},
-                     {"args", std::move(args)},
-                     {"lock", LockRuleName(v.lock)},
-                     {"lock_note", v.lock_note},
-                     {"checks", v.checks},
-                     {"returns", ReturnsName(v.returns)},
-                     {"summary", v.summary}});
-  }
-  return json{{"verbs", std::move(verbs)}};
-}
-
-namespace {
 
 int HexDigit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -221,10 +61,14 @@ absl::StatusOr<std::string> FromHex(absl::string_view hex, absl::string_view fie
   return out;
 }
 
+}  // namespace
+
 // The arguments of one verb document, read by the verb's row.
-class Args {
+class VerbArgs {
  public:
-  Args(const VerbSpec& verb, const json& doc) : verb_(verb), doc_(doc) {}
+  VerbArgs(const VerbSpec& verb, const json& doc) : verb_(verb), doc_(doc) {}
+
+  const VerbSpec& verb() const { return verb_; }
 
   // Every member is an argument of the verb (or "op"/"merged", which the
   // protocol reads), and every required one is there.
@@ -362,6 +206,8 @@ class Args {
   const json& doc_;
 };
 
+namespace {
+
 // Meltano's check of state input (meltano state set, merge): a top-level
 // "singer_state" key, unless forced.
 absl::Status CheckSingerState(const VerbSpec& verb, const json& state, bool force, const char* what) {
@@ -408,7 +254,308 @@ absl::StatusOr<std::vector<MeltanoState>> ImportStates(const json& entries) {
   return states;
 }
 
+
+using MadeTask = absl::StatusOr<std::unique_ptr<Task>>;
+
 }  // namespace
+
+const std::vector<VerbSpec>& Verbs() {
+  static const std::vector<VerbSpec>* const kVerbs = new std::vector<VerbSpec>{
+      {"get", {Id("state_id", "the state id")}, LockRule::kNone, "", "", Returns::kMaybeState,
+       "the state of an id: both sides and the merged view a tap gets; null when the id has none",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::string> id = a.Id("state_id");
+         if (!id.ok()) return id.status();
+         return s.Get(*std::move(id));
+       }},
+      {"set",
+       {Id("state_id", "the state id"),
+        {"state", ArgType::kObject, true, "the state to write: the completed side", true},
+        Named("partial", ArgType::kObject, "the partial side to write (default: none)"),
+        Named("force", ArgType::kFlag, "accept a state without a top-level singer_state key")},
+       LockRule::kId, "the id's", "a state without a top-level \"singer_state\" key needs force (meltano state set refuses it too; its bypass is --no-validate)",
+       Returns::kState, "replace the state of an id (both sides)",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::string> id = a.Id("state_id");
+         if (!id.ok()) return id.status();
+         absl::StatusOr<bool> force = a.Flag("force");
+         if (!force.ok()) return force.status();
+         absl::StatusOr<json> completed = a.Object("state");
+         if (!completed.ok()) return completed.status();
+         absl::StatusOr<json> partial = a.Object("partial");
+         if (!partial.ok()) return partial.status();
+         if (absl::Status st = CheckSingerState(a.verb(), *completed, *force, "state"); !st.ok()) return st;
+         absl::StatusOr<MeltanoState> state =
+             StateFromArguments(*id, json{{"completed", *std::move(completed)}, {"partial", *std::move(partial)}});
+         if (!state.ok()) return state.status();
+         return s.Set(*std::move(state));
+       }},
+      {"merge",
+       {Id("state_id", "the state id to merge into"),
+        {"partial", ArgType::kObject, false, "the partial state to merge", true},
+        Named("from", ArgType::kStateId, "merge the merged view of this id's state instead"),
+        Named("force", ArgType::kFlag, "accept input without a top-level singer_state key")},
+       LockRule::kId, "the id's (state_id)",
+       "exactly one of partial and from; an empty partial is refused (merging nothing would look like a success "
+       "and change nothing); input without a top-level \"singer_state\" key needs force",
+       Returns::kState,
+       "merge a partial state into an id as Meltano does for each STATE message: objects merge recursively, lists "
+       "and scalars from the input replace",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::string> id = a.Id("state_id");
+         if (!id.ok()) return id.status();
+         absl::StatusOr<bool> force = a.Flag("force");
+         if (!force.ok()) return force.status();
+         absl::StatusOr<std::optional<std::string>> from = a.OptionalId("from");
+         if (!from.ok()) return from.status();
+         if (from->has_value() == a.Has("partial")) {
+           return absl::InvalidArgumentError(
+               "merge takes the input either as partial (a state) or as from (the id whose state to merge), one of them");
+         }
+         if (from->has_value()) return s.MergeFrom(**from, *std::move(id), *force);
+         absl::StatusOr<json> partial = a.Object("partial");
+         if (!partial.ok()) return partial.status();
+         if (partial->empty()) {
+           return absl::InvalidArgumentError(absl::StrCat(
+               "merge: the partial state is empty, so there is nothing to merge into ", QuoteForMessage(*id),
+               "; nothing was written (use set to write a whole state)"));
+         }
+         if (absl::Status st = CheckSingerState(a.verb(), *partial, *force, "partial state"); !st.ok()) return st;
+         absl::StatusOr<MeltanoState> incoming =
+             StateFromArguments(*id, json{{"completed", json::object()}, {"partial", *std::move(partial)}});
+         if (!incoming.ok()) return incoming.status();
+         return s.Update(*std::move(incoming));
+       }},
+      {"delete", {Id("state_id", "the state id")}, LockRule::kId, "the id's", "", Returns::kNothing,
+       "remove the state of an id (an id with no state is fine)",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::string> id = a.Id("state_id");
+         if (!id.ok()) return id.status();
+         return s.Delete(*std::move(id));
+       }},
+      {"list", {{"pattern", ArgType::kPattern, false, "only ids matching this glob", true}}, LockRule::kNone, "", "",
+       Returns::kStateIds, "the state ids, sorted",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::optional<std::string>> glob = a.Pattern();
+         if (!glob.ok()) return glob.status();
+         return s.List(*std::move(glob));
+       }},
+      {"clear_all", {}, LockRule::kNone, "", "", Returns::kCount,
+       "remove every state (no locks, as Meltano's clear_all); returns how many",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         return s.ClearAll();
+       }},
+      {"copy", {Id("src", "the state id to copy"), Id("dst", "the state id to write")}, LockRule::kId, "dst's",
+       "src must have a state (NOT_FOUND)", Returns::kNothing, "copy the state of one id to another",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::string> src = a.Id("src");
+         if (!src.ok()) return src.status();
+         absl::StatusOr<std::string> dst = a.Id("dst");
+         if (!dst.ok()) return dst.status();
+         return s.Copy(*std::move(src), *std::move(dst));
+       }},
+      {"move", {Id("src", "the state id to move"), Id("dst", "the state id to write")}, LockRule::kId,
+       "dst's, then src's", "src and dst differ; src must have a state (NOT_FOUND)", Returns::kNothing,
+       "copy, then remove the source: a failure in between leaves both, never neither",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::string> src = a.Id("src");
+         if (!src.ok()) return src.status();
+         absl::StatusOr<std::string> dst = a.Id("dst");
+         if (!dst.ok()) return dst.status();
+         return s.Move(*std::move(src), *std::move(dst));
+       }},
+      {"export",
+       {{"pattern", ArgType::kPattern, false, "only ids matching this glob", true},
+        Named("after", ArgType::kStateId, "the last id of the previous page"),
+        Named("limit", ArgType::kCount, "states per page (default 10000)"),
+        Named("document", ArgType::kFlag,
+              "the page as text instead of states: its entries of Meltano's export document, ids in state_ids")},
+       LockRule::kNone, "", "", Returns::kPage,
+       "one page of every state (meltano state export), sorted by id; ask again after the page's last id while "
+       "more is true",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::optional<std::string>> glob = a.Pattern();
+         if (!glob.ok()) return glob.status();
+         absl::StatusOr<std::optional<std::string>> after = a.OptionalId("after");
+         if (!after.ok()) return after.status();
+         absl::StatusOr<int64_t> limit = a.Count("limit", kDefaultExportPageStates);
+         if (!limit.ok()) return limit.status();
+         absl::StatusOr<bool> document = a.Flag("document");
+         if (!document.ok()) return document.status();
+         return s.ExportPage(*std::move(glob), *std::move(after), *limit, *document);
+       }},
+      {"import", {{"states", ArgType::kStates, true, "the states to write, each with both sides", true}}, LockRule::kNone,
+       "", "every entry is checked before anything is written (one bad entry: nothing written); ids unique",
+       Returns::kCount, "write many states at once (meltano state import), in a few multi-row INSERTs",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::vector<MeltanoState>> states = ImportStates(a.Raw("states"));
+         if (!states.ok()) return states.status();
+         return s.Import(*std::move(states));
+       }},
+      {"import_document",
+       {{"document", ArgType::kText, true,
+         "the text of an export document, {\"<state id>\": {\"completed\": {...}, \"partial\": {...}}, ...}", true}},
+       LockRule::kNone, "",
+       "the whole document is checked before anything is written (one bad entry: nothing written, the entry named)",
+       Returns::kCount,
+       "import as chstate import does: the document read in one pass, without the tree of it import's states make",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<absl::string_view> text = a.TextView("document");
+         if (!text.ok()) return text.status();
+         absl::StatusOr<std::vector<StoredState>> rows = ParseExportDocumentRows(*text);
+         if (!rows.ok()) return rows.status();
+         return s.ImportRows(*std::move(rows));
+       }},
+      {"history",
+       {Id("state_id", "the state id"), Named("limit", ArgType::kCount, "versions to list (default 20)")},
+       LockRule::kNone, "", "", Returns::kVersions, "the versions of a state kept in its history, newest first",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::string> id = a.Id("state_id");
+         if (!id.ok()) return id.status();
+         absl::StatusOr<int64_t> limit = a.Count("limit", kDefaultHistoryLimit);
+         if (!limit.ok()) return limit.status();
+         return s.History(*std::move(id), *limit);
+       }},
+      {"rollback",
+       {Id("state_id", "the state id"), {"version", ArgType::kText, true, "a version as history names it", true}},
+       LockRule::kId, "the id's", "the version looks like <unix ms>-<8 hex digits>; NOT_FOUND when not kept",
+       Returns::kState, "restore a version of a state (itself written as a new version)",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::string> id = a.Id("state_id");
+         if (!id.ok()) return id.status();
+         absl::StatusOr<std::string> version = a.Text("version");
+         if (!version.ok()) return version.status();
+         return s.Rollback(*std::move(id), *std::move(version));
+       }},
+      {"locks", {{"pattern", ArgType::kPattern, false, "only locks of ids matching this glob", true}}, LockRule::kNone, "",
+       "", Returns::kLocks, "the locks held now: by whom, since when, until when",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::optional<std::string>> glob = a.Pattern();
+         if (!glob.ok()) return glob.status();
+         return s.Locks(*std::move(glob));
+       }},
+      {"unlock", {Id("state_id", "the state id")}, LockRule::kNone, "",
+       "NOT_FOUND when the id is not locked", Returns::kLocks,
+       "remove an id's lock whoever holds it (its holder loses it at its next renewal)",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::string> id = a.Id("state_id");
+         if (!id.ok()) return id.status();
+         return s.ForceUnlock(*std::move(id));
+       }},
+      {"init", {}, LockRule::kNone, "", "", Returns::kServer,
+       "create the database and tables when missing, then apply retention",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         return s.Init();
+       }},
+      {"compact", {}, LockRule::kNone, "", "", Returns::kServer,
+       "apply retention: drop history past its days and count, and old lock tombstones",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         return s.Init();
+       }},
+      {"ping", {}, LockRule::kNone, "", "", Returns::kServer, "the server's version and the SQL dialect chosen",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         return s.Ping();
+       }},
+      {"acquire", {Id("state_id", "the state id")}, LockRule::kScope, "the id's",
+       "ABORTED when another holder keeps it past lock_wait_seconds", Returns::kLock,
+       "start a lock scope: take the id's lock (held, and renewed, until release)",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::string> id = a.Id("state_id");
+         if (!id.ok()) return id.status();
+         return s.AcquireLock(*std::move(id));
+       }},
+      {"renew", {Id("state_id", "the state id")}, LockRule::kScope, "the id's",
+       "FAILED_PRECONDITION when this store does not hold it; ABORTED when it was lost", Returns::kLock,
+       "renew the lease of a lock this store holds now",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::string> id = a.Id("state_id");
+         if (!id.ok()) return id.status();
+         return s.RenewLock(*std::move(id));
+       }},
+      {"release",
+       {Id("state_id", "the state id"), {"lock_id", ArgType::kText, true, "what acquire returned", true}}, LockRule::kScope,
+       "the id's",
+       "FAILED_PRECONDITION when this store does not hold it; ABORTED when it was lost or its lease ran out while "
+       "held (what the scope did was not exclusive)",
+       Returns::kNothing, "end a lock scope",
+       [](Store& s, const VerbArgs& a) -> MadeTask {
+         absl::StatusOr<std::string> id = a.Id("state_id");
+         if (!id.ok()) return id.status();
+         absl::StatusOr<std::string> lock_id = a.Text("lock_id");
+         if (!lock_id.ok()) return lock_id.status();
+         return s.ReleaseLock(*std::move(id), *std::move(lock_id));
+       }},
+  };
+  return *kVerbs;
+}
+
+const VerbSpec* FindVerb(absl::string_view name) {
+  for (const VerbSpec& v : Verbs()) {
+    if (name == v.name) return &v;
+  }
+  return nullptr;
+}
+
+const char* ArgTypeName(ArgType type) {
+  switch (type) {
+    case ArgType::kStateId: return "state_id";
+    case ArgType::kPattern: return "pattern";
+    case ArgType::kObject: return "object";
+    case ArgType::kStates: return "states";
+    case ArgType::kText: return "text";
+    case ArgType::kCount: return "count";
+    case ArgType::kFlag: return "flag";
+  }
+  return "?";
+}
+
+const char* LockRuleName(LockRule rule) {
+  switch (rule) {
+    case LockRule::kNone: return "none";
+    case LockRule::kId: return "id";
+    case LockRule::kScope: return "scope";
+  }
+  return "?";
+}
+
+const char* ReturnsName(Returns returns) {
+  switch (returns) {
+    case Returns::kNothing: return "nothing";
+    case Returns::kServer: return "server";
+    case Returns::kState: return "state";
+    case Returns::kMaybeState: return "maybe_state";
+    case Returns::kStateIds: return "state_ids";
+    case Returns::kCount: return "count";
+    case Returns::kPage: return "page";
+    case Returns::kVersions: return "versions";
+    case Returns::kLocks: return "locks";
+    case Returns::kLock: return "lock";
+  }
+  return "?";
+}
+
+json VerbTableJson() {
+  json verbs = json::array();
+  for (const VerbSpec& v : Verbs()) {
+    json args = json::array();
+    for (const VerbArg& a : v.args) {
+      args.push_back({{"name", a.name},
+                      {"type", ArgTypeName(a.type)},
+                      {"required", a.required},
+                      {"positional", a.positional},
+                      {"meaning", a.meaning},
+                      {"field", Field(a)}});
+    }
+    verbs.push_back({{"name", v.name},
+                     {"args", std::move(args)},
+                     {"lock", LockRuleName(v.lock)},
+                     {"lock_note", v.lock_note},
+                     {"checks", v.checks},
+                     {"returns", ReturnsName(v.returns)},
+                     {"summary", v.summary}});
+  }
+  return json{{"verbs", std::move(verbs)}};
+}
 
 absl::StatusOr<std::unique_ptr<Task>> TaskForVerb(Store& store, const json& doc) {
   if (!doc.is_object()) return absl::InvalidArgumentError("a verb document must be a JSON object");
@@ -424,106 +571,9 @@ absl::StatusOr<std::unique_ptr<Task>> TaskForVerb(Store& store, const json& doc)
     return absl::InvalidArgumentError(absl::StrCat("unknown verb \"", name.substr(0, 100), "\"; the verbs are ",
                                                    absl::StrJoin(names, ", ")));
   }
-  const Args args(*verb, doc);
+  const VerbArgs args(*verb, doc);
   if (absl::Status st = args.Check(); !st.ok()) return st;
-
-  if (name == "ping") return store.Ping();
-  if (name == "init" || name == "compact") return store.Init();
-  if (name == "clear_all") return store.ClearAll();
-  if (name == "list" || name == "locks") {
-    absl::StatusOr<std::optional<std::string>> glob = args.Pattern();
-    if (!glob.ok()) return glob.status();
-    return name == "list" ? store.List(*std::move(glob)) : store.Locks(*std::move(glob));
-  }
-  if (name == "export") {
-    absl::StatusOr<std::optional<std::string>> glob = args.Pattern();
-    if (!glob.ok()) return glob.status();
-    absl::StatusOr<std::optional<std::string>> after = args.OptionalId("after");
-    if (!after.ok()) return after.status();
-    absl::StatusOr<int64_t> limit = args.Count("limit", kDefaultExportPageStates);
-    if (!limit.ok()) return limit.status();
-    absl::StatusOr<bool> document = args.Flag("document");
-    if (!document.ok()) return document.status();
-    return store.ExportPage(*std::move(glob), *std::move(after), *limit, *document);
-  }
-  if (name == "import") {
-    absl::StatusOr<std::vector<MeltanoState>> states = ImportStates(args.Raw("states"));
-    if (!states.ok()) return states.status();
-    return store.Import(*std::move(states));
-  }
-  if (name == "import_document") {
-    absl::StatusOr<absl::string_view> text = args.TextView("document");
-    if (!text.ok()) return text.status();
-    absl::StatusOr<std::vector<StoredState>> rows = ParseExportDocumentRows(*text);
-    if (!rows.ok()) return rows.status();
-    return store.ImportRows(*std::move(rows));
-  }
-  if (name == "copy" || name == "move") {
-    absl::StatusOr<std::string> src = args.Id("src");
-    if (!src.ok()) return src.status();
-    absl::StatusOr<std::string> dst = args.Id("dst");
-    if (!dst.ok()) return dst.status();
-    return name == "copy" ? store.Copy(*std::move(src), *std::move(dst)) : store.Move(*std::move(src), *std::move(dst));
-  }
-
-  // Every other verb names one state id.
-  absl::StatusOr<std::string> id = args.Id("state_id");
-  if (!id.ok()) return id.status();
-  if (name == "get") return store.Get(*std::move(id));
-  if (name == "delete") return store.Delete(*std::move(id));
-  if (name == "unlock") return store.ForceUnlock(*std::move(id));
-  if (name == "acquire") return store.AcquireLock(*std::move(id));
-  if (name == "renew") return store.RenewLock(*std::move(id));
-  if (name == "release") {
-    absl::StatusOr<std::string> lock_id = args.Text("lock_id");
-    if (!lock_id.ok()) return lock_id.status();
-    return store.ReleaseLock(*std::move(id), *std::move(lock_id));
-  }
-  if (name == "history") {
-    absl::StatusOr<int64_t> limit = args.Count("limit", kDefaultHistoryLimit);
-    if (!limit.ok()) return limit.status();
-    return store.History(*std::move(id), *limit);
-  }
-  if (name == "rollback") {
-    absl::StatusOr<std::string> version = args.Text("version");
-    if (!version.ok()) return version.status();
-    return store.Rollback(*std::move(id), *std::move(version));
-  }
-  absl::StatusOr<bool> force = args.Flag("force");
-  if (!force.ok()) return force.status();
-  if (name == "set") {
-    absl::StatusOr<json> completed = args.Object("state");
-    if (!completed.ok()) return completed.status();
-    absl::StatusOr<json> partial = args.Object("partial");
-    if (!partial.ok()) return partial.status();
-    if (absl::Status st = CheckSingerState(*verb, *completed, *force, "state"); !st.ok()) return st;
-    absl::StatusOr<MeltanoState> state =
-        StateFromArguments(*id, json{{"completed", *std::move(completed)}, {"partial", *std::move(partial)}});
-    if (!state.ok()) return state.status();
-    return store.Set(*std::move(state));
-  }
-  if (name == "merge") {
-    absl::StatusOr<std::optional<std::string>> from = args.OptionalId("from");
-    if (!from.ok()) return from.status();
-    if (from->has_value() == args.Has("partial")) {
-      return absl::InvalidArgumentError(
-          "merge takes the input either as partial (a state) or as from (the id whose state to merge), one of them");
-    }
-    if (from->has_value()) return store.MergeFrom(**from, *std::move(id), *force);
-    absl::StatusOr<json> partial = args.Object("partial");
-    if (!partial.ok()) return partial.status();
-    if (partial->empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "merge: the partial state is empty, so there is nothing to merge into ", QuoteForMessage(*id),
-          "; nothing was written (use set to write a whole state)"));
-    }
-    if (absl::Status st = CheckSingerState(*verb, *partial, *force, "partial state"); !st.ok()) return st;
-    absl::StatusOr<MeltanoState> incoming =
-        StateFromArguments(*id, json{{"completed", json::object()}, {"partial", *std::move(partial)}});
-    if (!incoming.ok()) return incoming.status();
-    return store.Update(*std::move(incoming));
-  }
-  return absl::InternalError(absl::StrCat("the verb \"", name, "\" has a row but no task"));
+  return verb->task(store, args);
 }
 
 }  // namespace chstate

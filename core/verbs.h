@@ -1,7 +1,7 @@
 // The verbs: everything a user can ask of a store, in one table that says
 // for each its arguments, whether it takes the state id's lock, how its input
-// is checked and what it returns; and the one function that turns a verb's
-// document into the store's task. Every host's API (the chstate command,
+// is checked, what it returns and what it does (its handler, the task it
+// makes); and the one function that turns a verb's document into that task. Every host's API (the chstate command,
 // the Meltano adapter, Lua, Node, wasmtime, Extism) is a binding of this
 // table in its language's conventions and decides nothing a row decides:
 // the same call with the same inputs means the same in every runtime
@@ -73,6 +73,11 @@ enum class Returns {
   kLock,       // lock_id (and waited_ms for acquire)
 };
 
+// A verb document's arguments, read by its row (core/verbs.cc).
+class VerbArgs;
+// What a verb does: its task, made from its checked arguments.
+using VerbTask = absl::StatusOr<std::unique_ptr<Task>> (*)(Store& store, const VerbArgs& args);
+
 struct VerbSpec {
   const char* name;
   std::vector<VerbArg> args;
@@ -81,6 +86,7 @@ struct VerbSpec {
   const char* checks;     // what is refused before anything is sent ("" = the arguments' types only)
   Returns returns;
   const char* summary;
+  VerbTask task;
 };
 
 // Every verb, in the order docs list them.
