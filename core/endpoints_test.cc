@@ -107,8 +107,9 @@ struct OneRequest {
     r.sql = "SELECT 1";
     r.idempotent = idempotent;
     r.send_before_ms = send_before_ms;
-    return std::make_unique<Task>(
-        [this, r](const Inputs*) { return Task::Root{nullptr, std::make_unique<OneRequestOp>(r, &seen)}; }, policy);
+    auto task = std::make_unique<Task>(policy);
+    task->Run(nullptr, std::make_unique<OneRequestOp>(r, &seen));
+    return task;
   }
 };
 

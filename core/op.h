@@ -28,13 +28,14 @@
 //   };
 //
 // Most operations do not branch: they are a fixed list of steps (connect,
-// renew if due, read, write), written once as a Sequence, each step with
-// its words for Where:
+// renew if due, read, write), written once as a Sequence:
 //
-//   return Sequence::Make(absl::StrCat("get \"", id, "\""), {
-//       {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
-//       {[&s, id, out](const Reply&) { return Next::Call(part::ReadState(s, id, out)); }, "reading"},
-//   });
+//   auto c = std::make_shared<GetContext>(...);   // what the steps share
+//   GetContext* p = c.get();
+//   return Sequence::Make([p](size_t) { return absl::StrCat("get \"", p->id, "\""); }, {
+//       [&s](const Reply&) { return Next::Call(part::Connect(s)); },
+//       [&s, p](const Reply&) { return Next::Call(part::ReadState(s, p->id, &p->state)); },
+//   }, c);
 #ifndef CHSTATE_CORE_OP_H_
 #define CHSTATE_CORE_OP_H_
 
@@ -109,22 +110,37 @@ class Op {
 // An op that is a fixed list of steps, run in order: each step says what
 // the op needs next, and the op is resumed with the step after it. A step
 // may end the op early (Next::Done, Next::Fail); after the last step's need
-// the op is done. What the steps share lives in what their lambdas capture.
+// the op is done. What the steps share lives in `keep`, which the op holds,
+// and which they capture by pointer. Where() asks `where` with the step
+// whose need is outstanding, only when someone asks.
+// What a Sequence's steps share, made in place: Shared<Context>(id, ...).
+template <typename T, typename... A>
+std::shared_ptr<T> Shared(A&&... args) {
+  return std::shared_ptr<T>(new T{std::forward<A>(args)...});
+}
+
 class Sequence final : public Op {
  public:
-  struct Step {
-    std::function<Next(const Reply&)> run;
-    // While this step's need is outstanding, Where says this ("" = the op's words).
-    std::string where;
-  };
-  static std::unique_ptr<Op> Make(std::string where, std::vector<Step> steps);
-  Sequence(std::string where, std::vector<Step> steps) : where_(std::move(where)), steps_(std::move(steps)) {}
-  Next Resume(const Reply& reply) override;
-  std::string Where() const override;
+  using Step = std::function<Next(const Reply&)>;
+  using Describe = std::function<std::string(size_t step)>;
+  static std::unique_ptr<Op> Make(Describe where, std::vector<Step> steps, std::shared_ptr<void> keep = nullptr) {
+    return std::make_unique<Sequence>(std::move(where), std::move(steps), std::move(keep));
+  }
+  static std::unique_ptr<Op> Make(const char* where, std::vector<Step> steps, std::shared_ptr<void> keep = nullptr) {
+    return Make([where](size_t) { return std::string(where); }, std::move(steps), std::move(keep));
+  }
+  Sequence(Describe where, std::vector<Step> steps, std::shared_ptr<void> keep)
+      : where_(std::move(where)), steps_(std::move(steps)), keep_(std::move(keep)) {}
+  Next Resume(const Reply& reply) override {
+    if (next_ == steps_.size()) return Next::Done();
+    return steps_[next_++](reply);
+  }
+  std::string Where() const override { return where_(next_ == 0 ? 0 : next_ - 1); }
 
  private:
-  std::string where_;
+  Describe where_;
   std::vector<Step> steps_;
+  std::shared_ptr<void> keep_;
   size_t next_ = 0;
 };
 

@@ -73,73 +73,90 @@ namespace {
 // alone (Locked). Which it is, is looked at when the part starts (tasks
 // queue).
 std::unique_ptr<Op> UnderIdLock(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
-  auto held = std::make_shared<std::unique_ptr<Op>>(std::move(body));
-  if (!s.HoldsLock(id)) {
-    return Sequence::Make("under the id's lock",
-                          {{[&s, id, held](const Reply&) { return Next::Call(part::Locked(s, id, std::move(*held))); }}});
+  struct Ctx {
+    std::string id;
+    std::unique_ptr<Op> body;
+  };
+  auto c = Shared<Ctx>(std::move(id), std::move(body));
+  Ctx* p = c.get();
+  if (!s.HoldsLock(p->id)) {
+    return Sequence::Make("under the id's lock", {
+      [&s, p](const Reply&) { return Next::Call(part::Locked(s, p->id, std::move(p->body))); },
+  }, c);
   }
-  return Sequence::Make("under the id's lock", {
-      {[&s, id](const Reply&) { return Next::Call(s.RenewIfDuePart(id)); },
-       absl::StrCat("renewing the held lock on \"", PrintableId(id), "\"")},
-      {[held](const Reply&) { return Next::Call(std::move(*held)); }},
-  });
+  return Sequence::Make([=](size_t step) -> std::string {
+    if (step == 0) return absl::StrCat("renewing the held lock on \"", PrintableId(p->id), "\"");
+    return "under the id's lock";
+  }, {
+      [&s, p](const Reply&) { return Next::Call(s.RenewIfDuePart(p->id)); },
+      [p](const Reply&) { return Next::Call(std::move(p->body)); },
+  }, c);
 }
 
 // Meltano's update() under a lock the caller holds: reads the id's state,
 // merges `incoming` into it (ApplyUpdate) and writes the result to
 // *written.
 std::unique_ptr<Op> ReadMergeWrite(StoreSteps& s, MeltanoState incoming, MeltanoState* written) {
-  auto current = std::make_shared<std::optional<MeltanoState>>();
-  auto in = std::make_shared<MeltanoState>(std::move(incoming));
-  return Sequence::Make("merging", {
-      {[&s, in, current](const Reply&) { return Next::Call(part::ReadState(s, in->state_id, current.get())); }},
-      {[&s, in, current, written](const Reply&) {
-         *written = ApplyUpdate(*current, *in);
+  struct Ctx {
+    MeltanoState incoming;
+    std::optional<MeltanoState> current;
+  };
+  auto c = Shared<Ctx>(std::move(incoming));
+  Ctx* p = c.get();
+  return Sequence::Make([=](size_t step) -> std::string {
+    if (step == 1) return "writing the merged state";
+    return "merging";
+  }, {
+      [&s, p](const Reply&) { return Next::Call(part::ReadState(s, p->incoming.state_id, &p->current)); },
+      [&s, p, written](const Reply&) {
+         *written = ApplyUpdate(p->current, p->incoming);
          return Next::Call(part::WriteState(s, *written));
-       }, "writing the merged state"},
-  });
-}
-
-// What an operation on one state ends with: the state it wrote or read.
-Result WithState(const StoreSteps& s, std::optional<MeltanoState> state) {
-  Result r = s.Base();
-  r.state = std::move(state);
-  return r;
+      },
+  }, c);
 }
 
 // get: the id's state, renewing this store's held lock on it first when due.
 std::unique_ptr<Op> GetOp(StoreSteps& s, std::string id) {
-  auto state = std::make_shared<std::optional<MeltanoState>>();
-  return Sequence::Make(absl::StrCat("get \"", PrintableId(id), "\""), {
-      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
-      {[&s, id](const Reply&) { return Next::Call(s.RenewIfDuePart(id)); }},
-      {[&s, id, state](const Reply&) { return Next::Call(part::ReadState(s, id, state.get())); }},
-      {[&s, state](const Reply&) { return Next::Done(WithState(s, std::move(*state))); }},
-  });
+  struct Ctx {
+    std::string id;
+    std::optional<MeltanoState> state;
+  };
+  auto c = Shared<Ctx>(std::move(id));
+  Ctx* p = c.get();
+  return Sequence::Make([=](size_t) { return absl::StrCat("get \"", PrintableId(p->id), "\""); }, {
+      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
+      [&s, p](const Reply&) { return Next::Call(s.RenewIfDuePart(p->id)); },
+      [&s, p](const Reply&) { return Next::Call(part::ReadState(s, p->id, &p->state)); },
+      [&s, p](const Reply&) { return Next::Done(s.Base(std::move(p->state))); },
+  }, c);
 }
 
 // set, update, merge and delete: one change to one id under its lock.
 enum class Change { kSet, kUpdate, kDelete };
 std::unique_ptr<Op> ChangeOp(StoreSteps& s, Change kind, MeltanoState state) {
+  struct Ctx {
+    MeltanoState in;
+    MeltanoState written;
+  };
+  auto c = Shared<Ctx>(std::move(state));
+  Ctx* p = c.get();
   const char* verb = kind == Change::kSet ? "set" : kind == Change::kUpdate ? "update" : "delete";
-  auto written = std::make_shared<MeltanoState>();
-  auto in = std::make_shared<MeltanoState>(std::move(state));
-  return Sequence::Make(absl::StrCat(verb, " \"", PrintableId(in->state_id), "\""), {
-      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
-      {[&s, kind, in, written](const Reply&) {
+  return Sequence::Make([=](size_t) { return absl::StrCat(verb, " \"", PrintableId(p->in.state_id), "\""); }, {
+      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
+      [&s, kind, p](const Reply&) {
          std::unique_ptr<Op> change;
          switch (kind) {
-           case Change::kSet: change = part::WriteState(s, *in); break;
-           case Change::kUpdate: change = ReadMergeWrite(s, *in, written.get()); break;
-           case Change::kDelete: change = part::DeleteState(s, in->state_id); break;
+           case Change::kSet: change = part::WriteState(s, p->in); break;
+           case Change::kUpdate: change = ReadMergeWrite(s, p->in, &p->written); break;
+           case Change::kDelete: change = part::DeleteState(s, p->in.state_id); break;
          }
-         return Next::Call(UnderIdLock(s, in->state_id, std::move(change)));
-       }},
-      {[&s, kind, in, written](const Reply&) {
+         return Next::Call(UnderIdLock(s, p->in.state_id, std::move(change)));
+      },
+      [&s, kind, p](const Reply&) {
          if (kind == Change::kDelete) return Next::Done(s.Base());
-         return Next::Done(WithState(s, kind == Change::kSet ? *in : *written));
-       }},
-  });
+         return Next::Done(s.Base(kind == Change::kSet ? p->in : p->written));
+      },
+  }, c);
 }
 
 // The source's merged view as dst's incoming partial state; nothing is
@@ -162,64 +179,72 @@ absl::StatusOr<MeltanoState> MergeInput(const std::optional<MeltanoState>& sourc
   return incoming;
 }
 
+// Two ids and what an operation on them read and wrote.
+struct TwoIds {
+  std::string src;
+  std::string dst;
+  std::optional<MeltanoState> source;
+  MeltanoState written;
+};
+
 // merge --from-state-id: the merged view of `src`'s state, read without its
 // lock, merged into `dst` as update() does.
 std::unique_ptr<Op> MergeFromOp(StoreSteps& s, std::string src, std::string dst, bool force) {
-  auto source = std::make_shared<std::optional<MeltanoState>>();
-  auto written = std::make_shared<MeltanoState>();
-  return Sequence::Make(absl::StrCat("merge \"", PrintableId(src), "\" into \"", PrintableId(dst), "\""), {
-      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
-      {[&s, src, source](const Reply&) { return Next::Call(part::ReadState(s, src, source.get())); }},
-      {[&s, src, dst, force, source, written](const Reply&) {
-         absl::StatusOr<MeltanoState> incoming = MergeInput(*source, src, dst, force);
+  auto c = Shared<TwoIds>(std::move(src), std::move(dst));
+  TwoIds* p = c.get();
+  return Sequence::Make([=](size_t) { return absl::StrCat("merge \"", PrintableId(p->src), "\" into \"", PrintableId(p->dst), "\""); }, {
+      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
+      [&s, p](const Reply&) { return Next::Call(part::ReadState(s, p->src, &p->source)); },
+      [&s, force, p](const Reply&) {
+         absl::StatusOr<MeltanoState> incoming = MergeInput(p->source, p->src, p->dst, force);
          if (!incoming.ok()) return Next::Fail(incoming.status());
-         return Next::Call(UnderIdLock(s, dst, ReadMergeWrite(s, *std::move(incoming), written.get())));
-       }},
-      {[&s, written](const Reply&) { return Next::Done(WithState(s, *written)); }},
-  });
+         return Next::Call(UnderIdLock(s, p->dst, ReadMergeWrite(s, *std::move(incoming), &p->written)));
+      },
+      [&s, p](const Reply&) { return Next::Done(s.Base(p->written)); },
+  }, c);
 }
 
 // copy and move: dst := src under dst's lock; a move then deletes src under
 // its own lock. The copy is written (and its lock released) before the
 // source is deleted: a failure in between leaves both states, never neither.
 std::unique_ptr<Op> CopyOp(StoreSteps& s, std::string src, std::string dst, bool move) {
-  auto state = std::make_shared<std::optional<MeltanoState>>();
-  return Sequence::Make(
-      absl::StrCat(move ? "move" : "copy", " \"", PrintableId(src), "\" to \"", PrintableId(dst), "\""), {
-          {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
-          {[&s, src, state](const Reply&) { return Next::Call(part::ReadState(s, src, state.get())); }},
-          {[&s, src, dst, move, state](const Reply&) {
-             if (!*state) {
+  auto c = Shared<TwoIds>(std::move(src), std::move(dst));
+  TwoIds* p = c.get();
+  return Sequence::Make([=](size_t) { return absl::StrCat(move ? "move" : "copy", " \"", PrintableId(p->src), "\" to \"", PrintableId(p->dst), "\""); }, {
+      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
+      [&s, p](const Reply&) { return Next::Call(part::ReadState(s, p->src, &p->source)); },
+      [&s, move, p](const Reply&) {
+             if (!p->source) {
                return Next::Fail(absl::NotFoundError(
-                   absl::StrCat("state id \"", PrintableId(src), "\" has no state to ", move ? "move" : "copy")));
+                   absl::StrCat("state id \"", PrintableId(p->src), "\" has no state to ", move ? "move" : "copy")));
              }
-             MeltanoState copy = **state;
-             copy.state_id = dst;
-             return Next::Call(part::Locked(s, dst, part::WriteState(s, std::move(copy))));
-           }},
-          {[&s, src, move](const Reply&) {
+             MeltanoState copy = *p->source;
+             copy.state_id = p->dst;
+             return Next::Call(part::Locked(s, p->dst, part::WriteState(s, std::move(copy))));
+           },
+      [&s, move, p](const Reply&) {
              if (!move) return Next::Done(s.Base());
-             return Next::Call(part::Locked(s, src, part::DeleteState(s, src)));
-           }},
-          {[&s](const Reply&) { return Next::Done(s.Base()); }},
-      });
+             return Next::Call(part::Locked(s, p->src, part::DeleteState(s, p->src)));
+           },
+      [&s](const Reply&) { return Next::Done(s.Base()); },
+  }, c);
 }
 
 }  // namespace
 
 std::unique_ptr<Task> Store::Get(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [state_id](StoreSteps& s) { return GetOp(s, state_id); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return GetOp(s, state_id); });
 }
 
 std::unique_ptr<Task> Store::Set(MeltanoState state) {
   if (absl::Status st = ValidateStateId(state.state_id); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [state](StoreSteps& s) { return ChangeOp(s, Change::kSet, state); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return ChangeOp(s, Change::kSet, state); });
 }
 
 std::unique_ptr<Task> Store::Update(MeltanoState incoming) {
   if (absl::Status st = ValidateStateId(incoming.state_id); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [incoming](StoreSteps& s) {
+  return MakeOpTask(this, [&](StoreSteps& s) {
     return ChangeOp(s, Change::kUpdate, incoming);
   });
 }
@@ -227,14 +252,14 @@ std::unique_ptr<Task> Store::Update(MeltanoState incoming) {
 std::unique_ptr<Task> Store::MergeFrom(std::string src, std::string dst, bool force) {
   if (absl::Status st = ValidateStateId(src); !st.ok()) return Invalid(st);
   if (absl::Status st = ValidateStateId(dst); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [src, dst, force](StoreSteps& s) { return MergeFromOp(s, src, dst, force); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return MergeFromOp(s, src, dst, force); });
 }
 
 std::unique_ptr<Task> Store::Delete(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
   MeltanoState id_only;
   id_only.state_id = std::move(state_id);
-  return MakeOpTask(this, [id_only](StoreSteps& s) {
+  return MakeOpTask(this, [&](StoreSteps& s) {
     return ChangeOp(s, Change::kDelete, id_only);
   });
 }
@@ -242,7 +267,7 @@ std::unique_ptr<Task> Store::Delete(std::string state_id) {
 std::unique_ptr<Task> Store::Copy(std::string src, std::string dst) {
   if (absl::Status st = ValidateStateId(src); !st.ok()) return Invalid(st);
   if (absl::Status st = ValidateStateId(dst); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [src, dst](StoreSteps& s) { return CopyOp(s, src, dst, false); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return CopyOp(s, src, dst, false); });
 }
 
 std::unique_ptr<Task> Store::Move(std::string src, std::string dst) {
@@ -251,7 +276,7 @@ std::unique_ptr<Task> Store::Move(std::string src, std::string dst) {
   if (src == dst) {
     return Invalid(absl::InvalidArgumentError("move needs two different state ids: source and destination are equal"));
   }
-  return MakeOpTask(this, [src, dst](StoreSteps& s) { return CopyOp(s, src, dst, true); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return CopyOp(s, src, dst, true); });
 }
 
 }  // namespace chstate

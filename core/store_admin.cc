@@ -33,8 +33,8 @@ HeldLockInfo LockInfo(const LockInspection& insp, std::string table, std::option
 // ping: the server's version, always asked.
 std::unique_ptr<Op> PingOp(StoreSteps& s) {
   return Sequence::Make("ping", {
-      {[&s](const Reply&) { return Next::Call(part::Connect(s, /*force=*/true)); }},
-      {[&s](const Reply&) { return Next::Done(s.Base()); }},
+      [&s](const Reply&) { return Next::Call(part::Connect(s, /*force=*/true)); },
+      [&s](const Reply&) { return Next::Done(s.Base()); },
   });
 }
 
@@ -52,35 +52,40 @@ Result Counted(const StoreSteps& s, int64_t count) {
 // be acting on what it saw.
 std::unique_ptr<Op> InitOp(StoreSteps& s) {
   const StoreOptions& o = s.options();
-  auto dropped = std::make_shared<int64_t>(0);
-  return Sequence::Make("init", {
-      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
-      {[&s](const Reply&) { return Next::Call(part::EnsureSchema(s)); }},
-      {[&s, &o](const Reply&) {
+  auto c = std::make_shared<std::vector<SqlRequest>>();  // the tombstones' drops
+  std::vector<SqlRequest>* drops = c.get();
+  return Sequence::Make([=](size_t step) -> std::string {
+    if (step == 4) return "listing old lock tombstones";
+    return "init";
+  }, {
+      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
+      [&s](const Reply&) { return Next::Call(part::EnsureSchema(s)); },
+      [&s, &o](const Reply&) {
          if (o.history_days <= 0) return Next::GoOn();
          return Next::Call(s.SqlPart(s.st().ExpireHistory(o.history_days), "removing old state history"));
-       }},
-      {[&s, &o](const Reply&) {
+      },
+      [&s, &o](const Reply&) {
          if (o.history_days <= 0 || o.history_versions <= 0) return Next::GoOn();
          return Next::Call(
              s.SqlPart(s.st().TrimHistory(o.history_versions), "removing state versions beyond the count kept"));
-       }},
-      {[&s, &o](const Reply&) {
+      },
+      [&s, &o](const Reply&) {
          return Next::Send(s.st().ListOldTombstones(2 * ((o.lock.stale_ms + 999) / 1000)));
-       }, "listing old lock tombstones"},
-      {[&s, dropped](const Reply& r) {
+      },
+      [&s, drops](const Reply& r) {
          absl::StatusOr<Rows> rows = s.AnswerRows(r, "listing old lock tombstones", 2);
          if (!rows.ok()) return Next::Fail(rows.status());
-         std::vector<Sequence::Step> drops;
+         std::vector<Sequence::Step> steps;
+         drops->reserve(rows->size());  // the steps point into it
          for (const Row& row : *rows) {
-           SqlRequest drop = s.st().DropTable(row[0].value_or(""));
-           drops.push_back({[&s, drop](const Reply&) { return Next::Call(s.SqlPart(drop, "removing an old lock tombstone")); }});
+           drops->push_back(s.st().DropTable(row[0].value_or("")));
+           const SqlRequest* drop = &drops->back();
+           steps.push_back({[&s, drop](const Reply&) { return Next::Call(s.SqlPart(*drop, "removing an old lock tombstone")); }});
          }
-         *dropped = static_cast<int64_t>(drops.size());
-         return Next::Call(Sequence::Make("removing old lock tombstones", std::move(drops)));
-       }},
-      {[&s, dropped](const Reply&) { return Next::Done(Counted(s, *dropped)); }},
-  });
+         return Next::Call(Sequence::Make("removing old lock tombstones", std::move(steps)));
+      },
+      [&s, drops](const Reply&) { return Next::Done(Counted(s, static_cast<int64_t>(drops->size()))); },
+  }, c);
 }
 
 // locks: every lock held now. Lock tables are named by a hash of their id,
@@ -302,47 +307,48 @@ class ForceUnlockOp final : public StorePart {
 
 // clear --all: every state removed (no lock), counted first.
 std::unique_ptr<Op> ClearAllOp(StoreSteps& s) {
-  auto count = std::make_shared<int64_t>(0);
+  auto c = std::make_shared<int64_t>(0);
+  int64_t* count = c.get();
   return Sequence::Make("clear all", {
-      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
-      {[&s](const Reply&) { return Next::Send(s.st().CountStates()); }},
-      {[&s, count](const Reply& r) {
+      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
+      [&s](const Reply&) { return Next::Send(s.st().CountStates()); },
+      [&s, count](const Reply& r) {
          absl::StatusOr<Rows> rows = s.AnswerRows(r, "counting states", 2);
          if (!rows.ok()) {
            if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s.Base());
            return Next::Fail(rows.status());
          }
-         if (rows->empty() || !(*rows)[0][0] || !absl::SimpleAtoi(*(*rows)[0][0], count.get())) {
+         if (rows->empty() || !(*rows)[0][0] || !absl::SimpleAtoi(*(*rows)[0][0], count)) {
            return Next::Fail(absl::DataLossError("unexpected answer counting states"));
          }
          return Next::Call(part::QuorumWrite(s, s.st().ClearStates(), "clearing all states",
                                              s.inputs().now_ms + s.st().cluster().quorum_busy_ms, 5));
-       }},
-      {[&s, count](const Reply&) { return Next::Done(Counted(s, *count)); }},
-  });
+      },
+      [&s, count](const Reply&) { return Next::Done(Counted(s, *count)); },
+  }, c);
 }
 
 }  // namespace
 
 std::unique_ptr<Task> Store::Ping() {
-  return MakeOpTask(this, [](StoreSteps& s) { return PingOp(s); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return PingOp(s); });
 }
 
 std::unique_ptr<Task> Store::Init() {
-  return MakeOpTask(this, [](StoreSteps& s) { return InitOp(s); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return InitOp(s); });
 }
 
 std::unique_ptr<Task> Store::Locks(std::optional<std::string> glob) {
-  return MakeOpTask(this, [glob](StoreSteps& s) { return std::make_unique<LocksOp>(s, glob); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return std::make_unique<LocksOp>(s, glob); });
 }
 
 std::unique_ptr<Task> Store::ForceUnlock(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [state_id](StoreSteps& s) { return std::make_unique<ForceUnlockOp>(s, state_id); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return std::make_unique<ForceUnlockOp>(s, state_id); });
 }
 
 std::unique_ptr<Task> Store::ClearAll() {
-  return MakeOpTask(this, [](StoreSteps& s) { return ClearAllOp(s); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return ClearAllOp(s); });
 }
 
 }  // namespace chstate

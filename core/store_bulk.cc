@@ -24,21 +24,23 @@ namespace {
 // done either way; a failure here is left to a later write.
 std::unique_ptr<Op> HistoryUpkeep(StoreSteps& s, std::string id) {
   struct Counts {
+    std::string id;
     int64_t count = 0;
     int64_t expired = 0;
   };
-  auto n = std::make_shared<Counts>();
+  auto c = Shared<Counts>(std::move(id));
+  Counts* n = c.get();
   const StoreOptions& o = s.options();
-  return Sequence::Make(absl::StrCat("keeping the history of \"", PrintableId(id), "\" in bounds"), {
-      {[&s, &o, id](const Reply&) {
+  return Sequence::Make([=](size_t) { return absl::StrCat("keeping the history of \"", PrintableId(n->id), "\" in bounds"); }, {
+      [&s, &o, n](const Reply&) {
          const Inputs& in = s.inputs();
          if (o.history_days <= 0 || in.random.size() < 16 ||
              static_cast<unsigned char>(in.random[15]) % kHistoryUpkeepEvery != 0) {
            return Next::Done();
          }
-         return Next::Send(s.st().HistoryOverLimits(id, o.history_versions, o.history_days));
-       }},
-      {[&s, &o, id, n](const Reply& r) {
+         return Next::Send(s.st().HistoryOverLimits(n->id, o.history_versions, o.history_days));
+      },
+      [&s, &o, n](const Reply& r) {
          absl::StatusOr<Rows> rows = s.AnswerRows(r, "counting the state's versions", 3);
          int64_t cutoff_ms = 0;
          if (!rows.ok() || rows->empty() || !absl::SimpleAtoi((*rows)[0][0].value_or(""), &n->count) ||
@@ -48,20 +50,20 @@ std::unique_ptr<Op> HistoryUpkeep(StoreSteps& s, std::string id) {
          }
          const bool over_count = o.history_versions > 0 && n->count > o.history_versions && cutoff_ms > 0;
          if (!over_count && n->expired == 0) return Next::Done();
-         return Next::Try(s.SqlPart(s.st().TrimHistoryOf(id, over_count ? cutoff_ms : 0, o.history_days),
+         return Next::Try(s.SqlPart(s.st().TrimHistoryOf(n->id, over_count ? cutoff_ms : 0, o.history_days),
                                     "removing the state's old versions"));
-       }},
-      {[&s, &o, id, n](const Reply& r) {
+      },
+      [&s, &o, n](const Reply& r) {
          if (r.status.ok()) {
-           s.Tell(DiagnosticKind::kHistoryPruned, DiagnosticLevel::kDebug, id,
-                  absl::StrCat("the history of \"", PrintableId(id), "\" was kept in bounds: it held ", n->count,
+           s.Tell(DiagnosticKind::kHistoryPruned, DiagnosticLevel::kDebug, n->id,
+                  absl::StrCat("the history of \"", PrintableId(n->id), "\" was kept in bounds: it held ", n->count,
                                " versions (", n->expired, " past ", o.history_days, " days; at most ",
                                o.history_versions, " are kept)"),
                   {{"versions", n->count}, {"expired", n->expired}, {"cap", o.history_versions}});
          }
          return Next::Done();
-       }},
-  });
+      },
+  }, c);
 }
 
 }  // namespace
@@ -111,29 +113,31 @@ Next FlushIfBuffered(StoreSteps& s) {
 // now is marked current. A missing history reads as no versions.
 std::unique_ptr<Op> HistoryOp(StoreSteps& s, std::string id, int64_t limit) {
   struct Read {
+    std::string id;
     std::vector<StateVersion> versions;
     std::optional<MeltanoState> now;
   };
-  auto read = std::make_shared<Read>();
-  return Sequence::Make(absl::StrCat("history \"", PrintableId(id), "\""), {
-      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
-      {[&s](const Reply&) { return FlushIfBuffered(s); }},
-      {[&s, id, limit](const Reply&) { return Next::Send(s.st().ListHistory(id, limit)); }},
-      {[&s, id, read](const Reply& r) {
+  auto c = Shared<Read>(std::move(id));
+  Read* p = c.get();
+  return Sequence::Make([=](size_t) { return absl::StrCat("history \"", PrintableId(p->id), "\""); }, {
+      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
+      [&s](const Reply&) { return FlushIfBuffered(s); },
+      [&s, p, limit](const Reply&) { return Next::Send(s.st().ListHistory(p->id, limit)); },
+      [&s, p](const Reply& r) {
          absl::StatusOr<Rows> rows = s.AnswerRows(r, "reading the state history", 5);
          if (!rows.ok() && rows.status().code() != absl::StatusCode::kNotFound) return Next::Fail(rows.status());
          if (rows.ok()) {
-           absl::StatusOr<std::vector<StateVersion>> versions = StoreSteps::Versions(id, *rows);
+           absl::StatusOr<std::vector<StateVersion>> versions = StoreSteps::Versions(p->id, *rows);
            if (!versions.ok()) return Next::Fail(versions.status());
-           read->versions = *std::move(versions);
+           p->versions = *std::move(versions);
          }
-         return Next::Call(part::ReadState(s, id, &read->now));
-       }},
-      {[&s, read](const Reply&) {
+         return Next::Call(part::ReadState(s, p->id, &p->now));
+      },
+      [&s, p](const Reply&) {
          // 18.x keeps whole seconds: among the newest second's versions, the
          // one the state table holds is the newest.
-         std::vector<StateVersion>& v = read->versions;
-         const std::optional<MeltanoState>& now = read->now;
+         std::vector<StateVersion>& v = p->versions;
+         const std::optional<MeltanoState>& now = p->now;
          for (size_t i = 0; now && i < v.size() && v[i].unix_ms == v[0].unix_ms; ++i) {
            if (v[i].state.partial == now->partial && v[i].state.completed == now->completed) {
              v[i].current = true;
@@ -144,50 +148,57 @@ std::unique_ptr<Op> HistoryOp(StoreSteps& s, std::string id, int64_t limit) {
          Result out = s.Base();
          out.versions = std::move(v);
          return Next::Done(std::move(out));
-       }},
-  });
+      },
+  }, c);
 }
 
 // rollback: a version restored under the id's lock: read from the history
 // and written as the state (a new version).
 std::unique_ptr<Op> RollbackOp(StoreSteps& s, std::string id, std::string version, int64_t unix_ms,
                                std::string hash8) {
-  auto restored = std::make_shared<MeltanoState>();
-  auto missing = [id, version] {
-    return absl::NotFoundError(absl::StrCat("state id \"", PrintableId(id), "\" has no version ", version,
-                                            " in its history; `chstate history ID` lists the versions kept"));
+  struct Ctx {
+    std::string id;
+    std::string version;
+    std::string hash8;
+    MeltanoState restored;
+    std::unique_ptr<Op> restore;
+    absl::Status Missing() const {
+      return absl::NotFoundError(absl::StrCat("state id \"", PrintableId(id), "\" has no version ", version,
+                                              " in its history; `chstate history ID` lists the versions kept"));
+    }
   };
-  std::unique_ptr<Op> restore = Sequence::Make(absl::StrCat("restoring version ", version), {
-      {[&s](const Reply&) { return FlushIfBuffered(s); }},
-      {[&s, id, unix_ms, hash8](const Reply&) { return Next::Send(s.st().GetHistoryVersion(id, unix_ms, hash8)); }},
-      {[&s, id, restored, missing](const Reply& r) {
+  auto c = Shared<Ctx>(std::move(id), std::move(version), std::move(hash8));
+  Ctx* p = c.get();
+  p->restore = Sequence::Make([=](size_t) { return absl::StrCat("restoring version ", p->version); }, {
+      [&s](const Reply&) { return FlushIfBuffered(s); },
+      [&s, p, unix_ms](const Reply&) { return Next::Send(s.st().GetHistoryVersion(p->id, unix_ms, p->hash8)); },
+      [&s, p](const Reply& r) {
          absl::StatusOr<Rows> rows = s.AnswerRows(r, "reading a version from the state history", 5);
-         if (!rows.ok()) return Next::Fail(rows.status().code() == absl::StatusCode::kNotFound ? missing() : rows.status());
-         absl::StatusOr<std::vector<StateVersion>> found = StoreSteps::Versions(id, *rows);
+         if (!rows.ok()) return Next::Fail(rows.status().code() == absl::StatusCode::kNotFound ? p->Missing() : rows.status());
+         absl::StatusOr<std::vector<StateVersion>> found = StoreSteps::Versions(p->id, *rows);
          if (!found.ok()) return Next::Fail(found.status());
-         if (found->empty()) return Next::Fail(missing());
-         *restored = std::move(found->front().state);
-         return Next::Call(part::WriteState(s, *restored));
-       }},
+         if (found->empty()) return Next::Fail(p->Missing());
+         p->restored = std::move(found->front().state);
+         return Next::Call(part::WriteState(s, p->restored));
+      },
   });
-  auto body = std::make_shared<std::unique_ptr<Op>>(std::move(restore));
-  return Sequence::Make(absl::StrCat("rollback \"", PrintableId(id), "\" to ", version), {
-      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
-      {[&s, id, body](const Reply&) { return Next::Call(part::Locked(s, id, std::move(*body))); }},
-      {[&s, restored](const Reply&) {
-         Result out = s.Base();
-         out.state = *restored;
-         return Next::Done(std::move(out));
-       }},
-  });
+  return Sequence::Make([=](size_t) { return absl::StrCat("rollback \"", PrintableId(p->id), "\" to ", p->version); }, {
+      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
+      [&s, p](const Reply&) { return Next::Call(part::Locked(s, p->id, std::move(p->restore))); },
+      [&s, p](const Reply&) {
+         return Next::Done(s.Base(p->restored));
+      },
+  }, c);
 }
 
 // list: the ids matching a glob, sorted; a missing table is no ids.
 std::unique_ptr<Op> ListOp(StoreSteps& s, std::optional<std::string> glob) {
+  auto c = std::make_shared<std::optional<std::string>>(std::move(glob));
+  const std::optional<std::string>* p = c.get();
   return Sequence::Make("list", {
-      {[&s](const Reply&) { return Next::Call(part::Connect(s)); }},
-      {[&s, glob](const Reply&) { return Next::Send(s.st().ListStateIds(glob)); }},
-      {[&s](const Reply& r) {
+      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
+      [&s, p](const Reply&) { return Next::Send(s.st().ListStateIds(*p)); },
+      [&s](const Reply& r) {
          absl::StatusOr<Rows> rows = s.AnswerRows(r, "listing state ids", 2);
          if (!rows.ok()) {
            if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s.Base());
@@ -196,8 +207,8 @@ std::unique_ptr<Op> ListOp(StoreSteps& s, std::optional<std::string> glob) {
          Result out = s.Base();
          for (const Row& row : *rows) out.state_ids.push_back(row[0].value_or(""));
          return Next::Done(std::move(out));
-       }},
-  });
+      },
+  }, c);
 }
 
 // export: one page (Store::ExportPage). Its ranges' upper ends come from a
@@ -450,7 +461,7 @@ class ImportOp final : public StorePart {
 std::unique_ptr<Task> Store::History(std::string state_id, int64_t limit) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
   if (limit < 1) return Invalid(absl::InvalidArgumentError("a history lists at least one version"));
-  return MakeOpTask(this, [state_id, limit](StoreSteps& s) { return HistoryOp(s, state_id, limit); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return HistoryOp(s, state_id, limit); });
 }
 
 std::unique_ptr<Task> Store::Rollback(std::string state_id, std::string version) {
@@ -464,13 +475,13 @@ std::unique_ptr<Task> Store::Rollback(std::string state_id, std::string version)
         "\"", PrintableId(version),
         "\" is not a version: versions look like 1796155032000-9f3a2b1c (`chstate history ID` lists them)")));
   }
-  return MakeOpTask(this, [state_id, version, unix_ms, hash8](StoreSteps& s) {
+  return MakeOpTask(this, [&](StoreSteps& s) {
     return RollbackOp(s, state_id, version, unix_ms, hash8);
   });
 }
 
 std::unique_ptr<Task> Store::List(std::optional<std::string> glob) {
-  return MakeOpTask(this, [glob](StoreSteps& s) { return ListOp(s, glob); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return ListOp(s, glob); });
 }
 
 std::unique_ptr<Task> Store::ExportPage(std::optional<std::string> glob, std::optional<std::string> after,
@@ -480,7 +491,7 @@ std::unique_ptr<Task> Store::ExportPage(std::optional<std::string> glob, std::op
     if (absl::Status st = ValidateStateId(*after); !st.ok()) return Invalid(st);
   }
   // What continues is looked at when the task starts (see RenewLock).
-  return MakeOpTask(this, [glob, after, limit, document](StoreSteps& s) {
+  return MakeOpTask(this, [&](StoreSteps& s) {
     return std::make_unique<ExportPageOp>(s, glob, after, limit, document);
   });
 }
@@ -507,7 +518,7 @@ std::unique_ptr<Task> Store::Import(std::vector<MeltanoState> states) {
     st = MeltanoState{};  // the sides' trees go as their text is made
   }
   auto all = std::make_shared<const std::vector<StoredState>>(std::move(rows));
-  return MakeOpTask(this, [all](StoreSteps& s) { return std::make_unique<ImportOp>(s, all); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return std::make_unique<ImportOp>(s, all); });
 }
 
 std::unique_ptr<Task> Store::ImportRows(std::vector<StoredState> rows) {
@@ -523,7 +534,7 @@ std::unique_ptr<Task> Store::ImportRows(std::vector<StoredState> rows) {
     }
   }
   auto all = std::make_shared<const std::vector<StoredState>>(std::move(rows));
-  return MakeOpTask(this, [all](StoreSteps& s) { return std::make_unique<ImportOp>(s, all); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return std::make_unique<ImportOp>(s, all); });
 }
 
 }  // namespace chstate

@@ -377,27 +377,38 @@ class AcquireOp final : public StorePart {
   absl::Status failure_;       // what failed while the lock was held (kAbandoning)
 };
 
+}  // namespace
+
 // Releases `m`: with python_locks, the marker first (while it stands,
 // Python processes wait; a failure leaves it to end with the Python
 // backend's window), then the lock itself.
-std::unique_ptr<Op> ReleaseOp(StoreSteps& s, StoreSteps::LockPtr m) {
-  auto outcome = std::make_shared<LockOutput>();
-  const std::string printable = PrintableId(m->state_id());
-  return Sequence::Make(absl::StrCat("releasing the lock on \"", printable, "\""), {
-      {[&s, m](const Reply&) {
-         if (!s.options().python_locks || m->state() != LockState::kHeld) return Next::GoOn();
-         return Next::Try(s.SqlPart(s.st().DeleteLockMarker(m->state_id(), m->lock_id()), "withdrawing the lock marker"));
-       }, absl::StrCat("withdrawing the lock marker of \"", printable, "\"")},
-      // Dropped anyway, whatever became of the marker.
-      {[&s, m, outcome](const Reply&) { return Next::Call(DriveLock(s, m, LockStart::kRelease, outcome.get())); }},
-      {[&s, outcome](const Reply&) {
-         if (outcome->outcome == LockOutput::Outcome::kReleased) return Next::Done();
-         return Next::Fail(s.ExplainCluster(outcome->status));
-       }},
+std::unique_ptr<Op> Release(StoreSteps& s, StoreSteps::LockPtr m) {
+  struct Ctx {
+    StoreSteps::LockPtr m;
+    LockOutput outcome;
+  };
+  auto c = Shared<Ctx>(std::move(m));
+  Ctx* p = c.get();
+  // The lock is dropped whatever became of the marker.
+  const bool marker = s.options().python_locks && p->m->state() == LockState::kHeld;
+  std::vector<Sequence::Step> steps;
+  if (marker) {
+    steps.push_back([&s, p](const Reply&) {
+      return Next::Try(
+          s.SqlPart(s.st().DeleteLockMarker(p->m->state_id(), p->m->lock_id()), "withdrawing the lock marker"));
+    });
+  }
+  steps.push_back([&s, p](const Reply&) { return Next::Call(DriveLock(s, p->m, LockStart::kRelease, &p->outcome)); });
+  steps.push_back([&s, p](const Reply&) {
+    if (p->outcome.outcome == LockOutput::Outcome::kReleased) return Next::Done();
+    return Next::Fail(s.ExplainCluster(p->outcome.status));
   });
+  auto where = [p, marker](size_t step) {
+    return absl::StrCat(marker && step == 0 ? "withdrawing the lock marker of \"" : "releasing the lock on \"",
+                        PrintableId(p->m->state_id()), "\"");
+  };
+  return Sequence::Make(where, std::move(steps), c);
 }
-
-}  // namespace
 
 std::unique_ptr<Op> ReadClaims(StoreSteps& s, SqlRequest req, SqlResponse* out) {
   return std::make_unique<ReadClaimsOp>(s, std::move(req), out);
@@ -411,8 +422,6 @@ std::unique_ptr<Op> Acquire(StoreSteps& s, std::string id, StoreSteps::LockPtr* 
                             int64_t* renew_in_ms) {
   return std::make_unique<AcquireOp>(s, std::move(id), out, waited, renew_in_ms);
 }
-
-std::unique_ptr<Op> Release(StoreSteps& s, StoreSteps::LockPtr m) { return ReleaseOp(s, std::move(m)); }
 
 }  // namespace part
 }  // namespace chstate

@@ -23,44 +23,46 @@ namespace {
 // the task's start forgot it otherwise) is taken back with no request.
 std::unique_ptr<Op> AcquireLockOp(StoreSteps& s, std::string id) {
   struct Taking {
+    std::string id;
     int64_t started_ms = 0;
     int64_t renew_in_ms = 0;
     StoreSteps::LockPtr m;
     bool waited = false;  // for another process
   };
-  auto t = std::make_shared<Taking>();
-  return Sequence::Make(absl::StrCat("acquire \"", PrintableId(id), "\""), {
-      {[&s, id, t](const Reply&) {
+  auto c = Shared<Taking>(std::move(id));
+  Taking* t = c.get();
+  return Sequence::Make([=](size_t) { return absl::StrCat("acquire \"", PrintableId(t->id), "\""); }, {
+      [&s, t](const Reply&) {
          t->started_ms = s.inputs().now_ms;
-         auto it = s.held().find(id);
+         auto it = s.held().find(t->id);
          if (it != s.held().end() && !it->second.lingering && it->second.Live()) {
            // Waiting for a lock this store holds would wait for itself.
            return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
-               "this store already holds the lock on state id \"", PrintableId(id),
+               "this store already holds the lock on state id \"", PrintableId(t->id),
                "\": lock scopes on one id do not nest (writes inside the scope already run under it)")));
          }
          if (it != s.held().end() && it->second.lingering) {
            it->second.lingering = false;
-           s.ClearTimer(TimerKind::kLinger, id);
+           s.ClearTimer(TimerKind::kLinger, t->id);
            Result r = s.Base();
            r.lock_id = it->second.machine->lock_id();
            r.waited_ms = 0;
            return Next::Done(std::move(r));
          }
          return Next::Call(part::Connect(s));
-       }},
-      {[&s, id, t](const Reply&) { return Next::Call(part::Acquire(s, id, &t->m, &t->waited, &t->renew_in_ms)); }},
-      {[&s, id, t](const Reply&) {
+      },
+      [&s, t](const Reply&) { return Next::Call(part::Acquire(s, t->id, &t->m, &t->waited, &t->renew_in_ms)); },
+      [&s, t](const Reply&) {
          const Inputs& in = s.inputs();
          // The machine's renewal timer, armed as it became the holder.
-         s.Hold(id, t->m, in.now_ms + t->renew_in_ms);
+         s.Hold(t->id, t->m, in.now_ms + t->renew_in_ms);
          Result r = s.Base();
          r.lock_id = t->m->lock_id();
          r.waited_ms = in.now_ms - t->started_ms;
          s.TellAcquired(*t->m, r.waited_ms, t->waited);
          return Next::Done(std::move(r));
-       }},
-  });
+      },
+  }, c);
 }
 
 // renew: the lease of a lock this store holds, now. What the store holds is
@@ -68,33 +70,38 @@ std::unique_ptr<Op> AcquireLockOp(StoreSteps& s, std::string id) {
 // tasks (core/connection.h) and the ones before this may take or release
 // locks.
 std::unique_ptr<Op> RenewLockOp(StoreSteps& s, std::string id) {
-  auto lock_id = std::make_shared<std::string>();
-  auto lost = std::make_shared<bool>(false);
-  return Sequence::Make(absl::StrCat("renew \"", PrintableId(id), "\""), {
-      {[&s, id, lock_id, lost](const Reply&) {
-         auto it = s.held().find(id);
+  struct Ctx {
+    std::string id;
+    std::string lock_id;
+    bool lost = false;
+  };
+  auto c = Shared<Ctx>(std::move(id));
+  Ctx* p = c.get();
+  return Sequence::Make([=](size_t) { return absl::StrCat("renew \"", PrintableId(p->id), "\""); }, {
+      [&s, p](const Reply&) {
+         auto it = s.held().find(p->id);
          if (it == s.held().end()) {
            return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
-               "cannot renew the lock on state id \"", PrintableId(id), "\": this store does not hold it")));
+               "cannot renew the lock on state id \"", PrintableId(p->id), "\": this store does not hold it")));
          }
-         *lock_id = it->second.machine->lock_id();
-         return Next::Call(part::Renew(s, id, lost.get()));
-       }},
-      {[&s, lock_id](const Reply&) {
+         p->lock_id = it->second.machine->lock_id();
+         return Next::Call(part::Renew(s, p->id, &p->lost));
+      },
+      [&s, p](const Reply&) {
          Result out = s.Base();
-         out.lock_id = *lock_id;
+         out.lock_id = p->lock_id;
          return Next::Done(std::move(out));
-       }},
-  });
+      },
+  }, c);
 }
 
 // The store's timers while no operation runs: renewals that are due, then
 // lingering locks that idled out or that another process waits for.
 std::unique_ptr<Op> TickOp(StoreSteps& s) {
   return Sequence::Make("tick", {
-      {[&s](const Reply&) { return Next::Call(part::RenewAllDue(s)); }},
-      {[&s](const Reply&) { return Next::Call(part::ReleaseIdleLingering(s)); }},
-      {[&s](const Reply&) { return Next::Done(s.Base()); }},
+      [&s](const Reply&) { return Next::Call(part::RenewAllDue(s)); },
+      [&s](const Reply&) { return Next::Call(part::ReleaseIdleLingering(s)); },
+      [&s](const Reply&) { return Next::Done(s.Base()); },
   });
 }
 
@@ -216,23 +223,23 @@ class ReleaseLockOp final : public StorePart {
 
 std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [state_id](StoreSteps& s) { return AcquireLockOp(s, state_id); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return AcquireLockOp(s, state_id); });
 }
 
 std::unique_ptr<Task> Store::RenewLock(std::string state_id) {
-  return MakeOpTask(this, [state_id](StoreSteps& s) { return RenewLockOp(s, state_id); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return RenewLockOp(s, state_id); });
 }
 
 std::unique_ptr<Task> Store::Tick() {
-  return MakeOpTask(this, [](StoreSteps& s) { return TickOp(s); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return TickOp(s); });
 }
 
 std::unique_ptr<Task> Store::ReleaseLingering() {
-  return MakeOpTask(this, [](StoreSteps& s) { return std::make_unique<ReleaseAllOp>(s, /*all=*/false); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return std::make_unique<ReleaseAllOp>(s, /*all=*/false); });
 }
 
 std::unique_ptr<Task> Store::Close() {
-  return MakeOpTask(this, [](StoreSteps& s) { return std::make_unique<ReleaseAllOp>(s, /*all=*/true); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return std::make_unique<ReleaseAllOp>(s, /*all=*/true); });
 }
 
 std::optional<int64_t> Store::NextTimeoutMs() const {
@@ -255,7 +262,7 @@ std::optional<int64_t> Store::NextTimeoutMs() const {
 std::unique_ptr<Task> Store::ReleaseLock(std::string state_id, std::string lock_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
   // Looked up when the task starts (see RenewLock).
-  return MakeOpTask(this, [state_id, lock_id](StoreSteps& s) {
+  return MakeOpTask(this, [&](StoreSteps& s) {
     return std::make_unique<ReleaseLockOp>(s, state_id, lock_id);
   });
 }

@@ -47,13 +47,18 @@ Next CheckReplicated(StoreSteps& s, const Reply& r) {
       "the states into a replicated table (docs/cluster.md)")));
 }
 
-std::unique_ptr<Op> ConnectOp(StoreSteps& s, bool force) {
-  return Sequence::Make("connecting", {
-      {[&s, force](const Reply&) {
+}  // namespace
+
+std::unique_ptr<Op> Connect(StoreSteps& s, bool force) {
+  return Sequence::Make([=](size_t step) -> std::string {
+    if (step == 1) return "checking the state table";
+    return "connecting";
+  }, {
+      [&s, force](const Reply&) {
          if (s.statements_slot() && !force) return Next::Done();
          return Next::Send(Statements::SelectVersion());
-       }},
-      {[&s](const Reply& r) {
+      },
+      [&s](const Reply& r) {
          absl::StatusOr<Rows> rows = s.AnswerRows(r, "connecting", 2);
          if (!rows.ok()) return Next::Fail(rows.status());
          if (rows->empty() || !(*rows)[0][0]) {
@@ -70,10 +75,12 @@ std::unique_ptr<Op> ConnectOp(StoreSteps& s, bool force) {
          s.set_server_version(v->text);
          if (!o.cluster.enabled()) return Next::Done();
          return Next::Send(s.st().StateTableEngine());
-       }, "checking the state table"},
-      {[&s](const Reply& r) { return CheckReplicated(s, r); }},
+      },
+      [&s](const Reply& r) { return CheckReplicated(s, r); },
   });
 }
+
+namespace {
 
 // The schema, each statement in turn: the database, the state, lock (and in
 // cluster mode claims) tables, and with history on the history table and
@@ -437,11 +444,14 @@ class DeleteStateOp final : public StorePart {
   std::string id_;
 };
 
+}  // namespace
+
 // Runs `body` under the lock for `id`, taken for it and released on every
 // exit path. Ends with the body's result; the body's error matters more
 // than a failed release.
-std::unique_ptr<Op> LockedOp(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
+std::unique_ptr<Op> Locked(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
   struct Held {
+    std::string id;
     std::unique_ptr<Op> body;
     int64_t started_ms = 0;
     StoreSteps::LockPtr lock;
@@ -449,32 +459,37 @@ std::unique_ptr<Op> LockedOp(StoreSteps& s, std::string id, std::unique_ptr<Op> 
     absl::Status outcome;
     std::shared_ptr<Result> result;
   };
-  auto h = std::make_shared<Held>();
-  h->body = std::move(body);
-  const std::string printable = PrintableId(id);
-  return Sequence::Make("", {
-      {[&s, id, h](const Reply&) {
+  auto c = Shared<Held>(std::move(id), std::move(body));
+  Held* h = c.get();
+  auto where = [h](size_t step) {
+    const char* doing = step == 0 ? "taking" : step == 1 ? "under" : "releasing";
+    return absl::StrCat(doing, " the lock on \"", PrintableId(h->id), "\"");
+  };
+  return Sequence::Make(where, {
+      [&s, h](const Reply&) {
          h->started_ms = s.inputs().now_ms;
-         return Next::Call(part::Acquire(s, id, &h->lock, &h->waited));
-       }, absl::StrCat("taking the lock on \"", printable, "\"")},
-      {[&s, h](const Reply&) {
+         return Next::Call(part::Acquire(s, h->id, &h->lock, &h->waited));
+      },
+      [&s, h](const Reply&) {
          s.TellAcquired(*h->lock, s.inputs().now_ms - h->started_ms, h->waited);
          s.set_current_lock(h->lock);
          return Next::Try(std::move(h->body));
-       }, absl::StrCat("under the lock on \"", printable, "\"")},
-      {[&s, h](const Reply& r) {
+      },
+      [&s, h](const Reply& r) {
          s.set_current_lock(nullptr);
          h->outcome = r.status;
          h->result = r.result;
          return Next::Try(part::Release(s, h->lock));
-       }, absl::StrCat("releasing the lock on \"", printable, "\"")},
-      {[h](const Reply& r) {
+      },
+      [h](const Reply& r) {
          if (!h->outcome.ok()) return Next::Fail(h->outcome);
          if (!r.status.ok()) return Next::Fail(r.status);
          return h->result ? Next::Done(*h->result) : Next::Done();
-       }},
-  });
+      },
+  }, c);
 }
+
+namespace {
 
 // Runs one statement for its success alone.
 class SqlOp final : public StorePart {
@@ -494,7 +509,6 @@ class SqlOp final : public StorePart {
 
 }  // namespace
 
-std::unique_ptr<Op> Connect(StoreSteps& s, bool force) { return ConnectOp(s, force); }
 std::unique_ptr<Op> EnsureSchema(StoreSteps& s) { return std::make_unique<EnsureSchemaOp>(s); }
 std::unique_ptr<Op> ReadState(StoreSteps& s, std::string id, std::optional<MeltanoState>* out) {
   return std::make_unique<ReadStateOp>(s, std::move(id), out);
@@ -506,9 +520,6 @@ std::unique_ptr<Op> QuorumWrite(StoreSteps& s, SqlRequest req, std::string what,
   return std::make_unique<QuorumWriteOp>(s, std::move(req), std::move(what), deadline_ms, wait_ms);
 }
 std::unique_ptr<Op> DeleteState(StoreSteps& s, std::string id) { return std::make_unique<DeleteStateOp>(s, std::move(id)); }
-std::unique_ptr<Op> Locked(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
-  return LockedOp(s, std::move(id), std::move(body));
-}
 }  // namespace part
 
 std::unique_ptr<Op> StoreSteps::SqlPart(SqlRequest req, std::string what) {

@@ -101,8 +101,9 @@ class StoreSteps {
   void TellAcquired(const LockMachine& m, int64_t waited_ms, bool waited_for_another);
 
   // A Result with the server version, the dialect and the store's next
-  // timeout filled in, for an operation to complete.
-  Result Base() const;
+  // timeout filled in, for an operation to complete; with the state it
+  // read or wrote, when given.
+  Result Base(std::optional<MeltanoState> state = std::nullopt) const;
 
   // ---- store_lock_registry.cc and store_lock_scope.cc: locks held
   // between operations (renewal, lingering, yielding) ----
@@ -278,8 +279,10 @@ int64_t MarkerAheadS(const StoreOptions& o);
 absl::Status PythonHolds(const StoreOptions& o, const std::string& id, const std::string& python_lock_id);
 }  // namespace part
 
-// A task that runs the operation `make` builds when the task starts.
-std::unique_ptr<Task> MakeOpTask(Store* store, std::function<std::unique_ptr<Op>(StoreSteps&)> make);
+// A task that runs the operation `make` builds (now, with the task's
+// StoreSteps; the op looks at the store only once the task starts: tasks
+// queue).
+std::unique_ptr<Task> MakeOpTask(Store* store, const std::function<std::unique_ptr<Op>(StoreSteps&)>& make);
 // A task that fails at once with `status` (bad arguments).
 std::unique_ptr<Task> Invalid(absl::Status status);
 

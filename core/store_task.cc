@@ -22,10 +22,10 @@ namespace {
 
 // The root of a store task: when the task starts, it settles what earlier
 // tasks left behind (abandoned renewals, stale lingering locks), then runs
-// the operation `make` builds, and ends as it ends. Invisible in Where.
+// the operation, and ends as it ends. Invisible in Where.
 class StoreTaskOp final : public Op {
  public:
-  StoreTaskOp(StoreSteps* s, std::function<std::unique_ptr<Op>(StoreSteps&)> make) : s_(s), make_(std::move(make)) {}
+  StoreTaskOp(StoreSteps* s, std::unique_ptr<Op> op) : s_(s), op_(std::move(op)) {}
   std::string Where() const override { return ""; }
 
   Next Resume(const Reply& r) override {
@@ -33,23 +33,22 @@ class StoreTaskOp final : public Op {
     if (r.kind != Reply::Kind::kStart) return r.result ? Next::Done(std::move(*r.result)) : Next::Done(Result{});
     s_->SettleAbandonedRenewals();
     s_->ForgetStaleLingering();
-    return Next::Call(make_(*s_));
+    return Next::Call(std::move(op_));
   }
 
  private:
   StoreSteps* s_;
-  std::function<std::unique_ptr<Op>(StoreSteps&)> make_;
+  std::unique_ptr<Op> op_;
 };
 
 }  // namespace
 
-std::unique_ptr<Task> MakeOpTask(Store* store, std::function<std::unique_ptr<Op>(StoreSteps&)> make) {
-  return std::make_unique<Task>(
-      [store, make = std::move(make)](const Inputs* in) {
-        auto steps = std::make_shared<StoreSteps>(store, in);
-        return Task::Root{steps, std::make_unique<StoreTaskOp>(steps.get(), make)};
-      },
-      store->options().transport);
+std::unique_ptr<Task> MakeOpTask(Store* store, const std::function<std::unique_ptr<Op>(StoreSteps&)>& make) {
+  auto task = std::make_unique<Task>(store->options().transport);
+  auto steps = std::make_shared<StoreSteps>(store, task->inputs());
+  StoreSteps* s = steps.get();
+  task->Run(std::move(steps), std::make_unique<StoreTaskOp>(s, make(*s)));
+  return task;
 }
 
 namespace {
@@ -68,8 +67,9 @@ class FailOp final : public Op {
 }  // namespace
 
 std::unique_ptr<Task> Invalid(absl::Status status) {
-  return std::make_unique<Task>(
-      [status](const Inputs*) { return Task::Root{nullptr, std::make_unique<FailOp>(status)}; });
+  auto task = std::make_unique<Task>();
+  task->Run(nullptr, std::make_unique<FailOp>(std::move(status)));
+  return task;
 }
 
 void StoreSteps::Tell(DiagnosticKind kind, DiagnosticLevel level, const std::string& state_id, std::string message,
@@ -212,8 +212,9 @@ void StoreSteps::TellAcquired(const LockMachine& m, int64_t waited_ms, bool wait
        {{"waited_ms", waited_ms}}, {{"lock_id", m.lock_id()}});
 }
 
-Result StoreSteps::Base() const {
+Result StoreSteps::Base(std::optional<MeltanoState> state) const {
   Result r;
+  r.state = std::move(state);
   r.server_version = s_->server_version_;
   if (s_->statements_) r.dialect = s_->statements_->dialect();
   r.next_timeout_ms = s_->NextTimeoutMs();

@@ -13,19 +13,6 @@
 
 namespace chstate {
 
-std::unique_ptr<Op> Sequence::Make(std::string where, std::vector<Step> steps) {
-  return std::make_unique<Sequence>(std::move(where), std::move(steps));
-}
-
-Next Sequence::Resume(const Reply& reply) {
-  if (next_ == steps_.size()) return Next::Done();
-  return steps_[next_++].run(reply);
-}
-
-std::string Sequence::Where() const {
-  return next_ > 0 && !steps_[next_ - 1].where.empty() ? steps_[next_ - 1].where : where_;
-}
-
 Next Next::GoOn() {
   Next n;
   n.kind = Kind::kGoOn;
@@ -110,11 +97,12 @@ bool ReplicaLevelError(const SqlRequest& request, const SqlResponse& response) {
   }
 }
 
-Task::Task(const std::function<Root(const Inputs*)>& make_root, TransportPolicy policy) : policy_(policy) {
-  timer_id_ = timers().NewId("task");
-  Root root = make_root(&inputs_);
-  context_ = std::move(root.context);
-  stack_.push_back(Frame{std::move(root.op), false});
+Task::Task(TransportPolicy policy) : policy_(policy) { timer_id_ = timers().NewId("task"); }
+
+void Task::Run(std::shared_ptr<void> context, std::unique_ptr<Op> root) {
+  context_ = std::move(context);
+  stack_.clear();
+  stack_.push_back(Frame{std::move(root), false});
 }
 
 Task::~Task() {
@@ -249,6 +237,7 @@ Action Task::Misuse(const char* what) {
 
 Action Task::Start(const Inputs& in) {
   if (phase_ != Phase::kNew) return Misuse("Start called twice");
+  if (stack_.empty()) return Misuse("Start called before Run");
   inputs_ = in;
   return Advance(stack_.back().op->Resume(Reply{}));
 }

@@ -153,15 +153,13 @@ struct Action {
 // policy for every request they send.
 class Task {
  public:
-  // What a task runs: its root op, and whatever the root's parts refer to
-  // (kept alive as long as the task).
-  struct Root {
-    std::shared_ptr<void> context;
-    std::unique_ptr<Op> op;
-  };
-  // `make_root` runs on construction; `inputs` points at the latest Inputs
-  // the host gave, for ops that need the time or randomness.
-  explicit Task(const std::function<Root(const Inputs*)>& make_root, TransportPolicy policy = {});
+  explicit Task(TransportPolicy policy = {});
+  // What the task runs, given once before Start: its root op, and whatever
+  // the root's parts refer to (kept alive as long as the task).
+  void Run(std::shared_ptr<void> context, std::unique_ptr<Op> root);
+  // The latest Inputs the host gave, for ops that need the time or
+  // randomness.
+  const Inputs* inputs() const { return &inputs_; }
   ~Task();
   Task(const Task&) = delete;
   Task& operator=(const Task&) = delete;

@@ -68,7 +68,6 @@ class VerbArgs {
  public:
   VerbArgs(const VerbSpec& verb, const json& doc) : verb_(verb), doc_(doc) {}
 
-  const VerbSpec& verb() const { return verb_; }
 
   // Every member is an argument of the verb (or "op"/"merged", which the
   // protocol reads), and every required one is there.
@@ -210,10 +209,10 @@ namespace {
 
 // Meltano's check of state input (meltano state set, merge): a top-level
 // "singer_state" key, unless forced.
-absl::Status CheckSingerState(const VerbSpec& verb, const json& state, bool force, const char* what) {
+absl::Status CheckSingerState(const char* verb, const json& state, bool force, const char* what) {
   if (force || state.contains("singer_state")) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      verb.name, ": the ", what, " has no top-level \"singer_state\" key, which Meltano's states have; nothing was "
+      verb, ": the ", what, " has no top-level \"singer_state\" key, which Meltano's states have; nothing was "
       "written. Wrap it as {\"singer_state\": ...}, or pass force to write it as it is"));
 }
 
@@ -284,7 +283,7 @@ const std::vector<VerbSpec>& Verbs() {
          if (!completed.ok()) return completed.status();
          absl::StatusOr<json> partial = a.Object("partial");
          if (!partial.ok()) return partial.status();
-         if (absl::Status st = CheckSingerState(a.verb(), *completed, *force, "state"); !st.ok()) return st;
+         if (absl::Status st = CheckSingerState("set", *completed, *force, "state"); !st.ok()) return st;
          absl::StatusOr<MeltanoState> state =
              StateFromArguments(*id, json{{"completed", *std::move(completed)}, {"partial", *std::move(partial)}});
          if (!state.ok()) return state.status();
@@ -320,7 +319,7 @@ const std::vector<VerbSpec>& Verbs() {
                "merge: the partial state is empty, so there is nothing to merge into ", QuoteForMessage(*id),
                "; nothing was written (use set to write a whole state)"));
          }
-         if (absl::Status st = CheckSingerState(a.verb(), *partial, *force, "partial state"); !st.ok()) return st;
+         if (absl::Status st = CheckSingerState("merge", *partial, *force, "partial state"); !st.ok()) return st;
          absl::StatusOr<MeltanoState> incoming =
              StateFromArguments(*id, json{{"completed", json::object()}, {"partial", *std::move(partial)}});
          if (!incoming.ok()) return incoming.status();
