@@ -30,7 +30,7 @@ void ClaimsLock::Claim(const SqlResponse*, const Inputs& in) {
   claim_confirmed_ = false;
   create_unresolved_ = false;
   create_sent_at_ms_ = in.now_ms;
-  SetDeadline(TimerKind::kQuorumBusyEnd, in.now_ms + st_.cluster().quorum_busy_ms);
+  busy_until_ms_ = in.now_ms + st_.cluster().quorum_busy_ms;
   Send(st_.ClaimLock(state_id_, lock_id_, StaleSeconds(), claim_over_));
 }
 
@@ -123,7 +123,7 @@ void ClaimsLock::CountThenWithdrawShortly(const SqlResponse* r, const Inputs& in
 }
 
 void ClaimsLock::EndClaim(const SqlResponse*, const Inputs& in) {
-  SetDeadline(TimerKind::kQuorumBusyEnd, in.now_ms + st_.cluster().quorum_busy_ms);
+  busy_until_ms_ = in.now_ms + st_.cluster().quorum_busy_ms;
   Send(st_.EndClaim(state_id_, lock_id_));
 }
 
@@ -161,7 +161,7 @@ void ClaimsLock::ShowHolder(const SqlResponse*, const Inputs& in) {
 
 void ClaimsLock::Renew(const SqlResponse*, const Inputs& in) {
   renew_sent_at_ms_ = in.now_ms;
-  SetDeadline(TimerKind::kQuorumBusyEnd, lease_deadline_ms());
+  busy_until_ms_ = lease_deadline_ms();
   SendRenewal(st_.RenewClaim(state_id_, lock_id_, StaleSeconds()));
 }
 
@@ -178,7 +178,7 @@ void ClaimsLock::LoseRanOutBusyRenewing(const SqlResponse*, const Inputs&) {
 
 void ClaimsLock::EndOwnClaim(const SqlResponse*, const Inputs&) {
   // The end row: only our own claim's, so it cannot touch another's lock.
-  SetDeadline(TimerKind::kQuorumBusyEnd, lease_deadline_ms());
+  busy_until_ms_ = lease_deadline_ms();
   SendRelease(st_.EndClaim(state_id_, lock_id_));
 }
 

@@ -9,9 +9,8 @@
 
 namespace chstate {
 
-Endpoints::Endpoints(std::vector<Endpoint> list, int64_t down_ms) : list_(std::move(list)), down_ms_(down_ms) {}
-
-std::string Endpoints::Key(size_t i) const { return absl::StrCat("#", i, " ", Describe(list_[i])); }
+Endpoints::Endpoints(std::vector<Endpoint> list, int64_t down_ms)
+    : list_(std::move(list)), down_ms_(down_ms), down_until_ms_(list_.size(), 0) {}
 
 std::optional<size_t> Endpoints::Pick(int64_t now_ms, const std::vector<size_t>& tried) const {
   auto untried = [&](size_t i) { return std::find(tried.begin(), tried.end(), i) == tried.end(); };
@@ -26,9 +25,9 @@ std::optional<size_t> Endpoints::Pick(int64_t now_ms, const std::vector<size_t>&
   return best;
 }
 
-void Endpoints::Failed(size_t i, int64_t now_ms) { table().Set(TimerKind::kHostDown, Key(i), now_ms + down_ms_); }
+void Endpoints::Failed(size_t i, int64_t now_ms) { down_until_ms_[i] = now_ms + down_ms_; }
 
-void Endpoints::Answered(size_t i) { table().Clear(TimerKind::kHostDown, Key(i)); }
+void Endpoints::Answered(size_t i) { down_until_ms_[i] = 0; }
 
 std::string Endpoints::Describe(const Endpoint& e) {
   const bool ipv6 = e.host.find(':') != std::string::npos;

@@ -26,7 +26,6 @@
 
 #include "core/defaults.h"
 #include "core/endpoint.h"
-#include "core/timers.h"
 
 namespace chstate {
 
@@ -48,24 +47,17 @@ class Endpoints {
   // Host i answered: it is down no more.
   void Answered(size_t i);
   bool Down(size_t i, int64_t now_ms) const { return DownUntil(i) > now_ms; }
-  // Keeps the down marks in `timers` (the store's table) instead of its own.
-  void UseTimers(TimerTable* timers) { external_ = timers; }
+  // When host i's down mark runs out (0: not marked).
+  int64_t DownUntil(size_t i) const { return down_until_ms_[i]; }
 
   // "h1:8123, h2:8123 and h3:8123" (IPv6 in brackets), for messages.
   std::string Describe() const;
   static std::string Describe(const Endpoint& e);
 
  private:
-  // Host i's key in the timer table (kHostDown).
-  std::string Key(size_t i) const;
-  int64_t DownUntil(size_t i) const { return table().At(TimerKind::kHostDown, Key(i)).value_or(0); }
-  const TimerTable& table() const { return external_ != nullptr ? *external_ : own_; }
-  TimerTable& table() { return external_ != nullptr ? *external_ : own_; }
-
   std::vector<Endpoint> list_;
   int64_t down_ms_;
-  TimerTable own_;
-  TimerTable* external_ = nullptr;
+  std::vector<int64_t> down_until_ms_;  // per host
 };
 
 }  // namespace chstate

@@ -51,19 +51,9 @@ LockMachine::LockMachine(const Statements& statements, std::string state_id, Loc
     : st_(statements),
       state_id_(std::move(state_id)),
       options_(options),
-      machine_options_(machine_options),
-      timers_(machine_options.timers != nullptr ? machine_options.timers : &own_timers_),
-      timer_id_(timers_->NewId("lock")) {}
+      machine_options_(machine_options) {}
 
-LockMachine::~LockMachine() { timers_->ClearId(timer_id_); }
-
-void LockMachine::SetDeadline(TimerKind kind, int64_t at_ms) {
-  if (at_ms == 0) {
-    timers_->Clear(kind, timer_id_);
-  } else {
-    timers_->Set(kind, timer_id_, at_ms);
-  }
-}
+LockMachine::~LockMachine() = default;
 
 bool LockMachine::Holding() const {
   const LockState s = state();
@@ -107,7 +97,7 @@ void LockMachine::EmitFailed(absl::Status s) {
 }
 
 void LockMachine::EmitLost(absl::Status s) {
-  SetDeadline(TimerKind::kLease, 0);
+  lease_deadline_ms_ = 0;
   out_.outcome = LockOutput::Outcome::kLost;
   out_.status = std::move(s);
 }
@@ -162,7 +152,7 @@ bool LockMachine::ShowsHolder() const {
 void LockMachine::StartAcquiring(const SqlResponse*, const Inputs& in) {
   lock_id_ = MakeLockId(in.random);
   start_ms_ = in.now_ms;
-  SetDeadline(TimerKind::kLockDeadline, in.now_ms + options_.timeout_ms);
+  deadline_ms_ = in.now_ms + options_.timeout_ms;
 }
 
 void LockMachine::NoteRelease(const SqlResponse*, const Inputs&) { release_requested_ = true; }
@@ -205,7 +195,7 @@ void LockMachine::BecomeHolderFromRead(const SqlResponse*, const Inputs& in) {
 void LockMachine::HoldFrom(int64_t sent_at_ms, const Inputs& in) {
   create_unresolved_ = false;
   acquired_at_ms_ = in.now_ms;
-  SetDeadline(TimerKind::kLease, sent_at_ms + options_.stale_ms - MarginMs());
+  lease_deadline_ms_ = sent_at_ms + options_.stale_ms - MarginMs();
   out_.outcome = LockOutput::Outcome::kAcquired;
   out_.wait_ms = options_.stale_ms / 3;  // the first renewal, if it settles as the holder (ArmRenewal)
 }
@@ -213,7 +203,7 @@ void LockMachine::HoldFrom(int64_t sent_at_ms, const Inputs& in) {
 void LockMachine::ExtendLease(const SqlResponse*, const Inputs&) {
   // Only a renewal row known to have landed extends the lease: one whose
   // answer was lost might never have arrived (KeepLease).
-  SetDeadline(TimerKind::kLease, std::max(lease_deadline_ms(), renew_sent_at_ms_ + options_.stale_ms - MarginMs()));
+  lease_deadline_ms_ = std::max(lease_deadline_ms_, renew_sent_at_ms_ + options_.stale_ms - MarginMs());
   out_.wait_ms = options_.stale_ms / 3;  // the next renewal (ArmRenewal)
 }
 
@@ -227,7 +217,7 @@ void LockMachine::KeepLease(const SqlResponse*, const Inputs&) {
 void LockMachine::ArmRenewal(const SqlResponse*, const Inputs&) { ArmTimer(LockTimer::kRenewal, out_.wait_ms); }
 
 void LockMachine::Released(const SqlResponse*, const Inputs&) {
-  SetDeadline(TimerKind::kLease, 0);
+  lease_deadline_ms_ = 0;
   out_.outcome = LockOutput::Outcome::kReleased;
 }
 

@@ -140,13 +140,6 @@ struct LockMachineOptions {
   // (linger_locks). The store turns it on; the simulation's bare machines
   // keep it off.
   bool write_waiter_rows = false;
-  // The table the machine keeps its deadlines in (its acquisition's lock
-  // timeout, kLockDeadline; its lease's end, kLease; the end of a cluster
-  // quorum's busy wait, kQuorumBusyEnd), under an id of its own
-  // (timer_id()): the store gives its own, so that every deadline a store
-  // keeps is one list. Null: a table of the machine's own (the simulation's
-  // and the fuzzers' bare machines). It must outlive the machine.
-  TimerTable* timers = nullptr;
 };
 
 class LockMachine {
@@ -174,11 +167,9 @@ class LockMachine {
   // True while held and `now_ms` is before the lease deadline: only then may
   // the holder act under the lock.
   bool LeaseValid(int64_t now_ms) const;
-  int64_t lease_deadline_ms() const { return DeadlineOf(TimerKind::kLease); }
+  int64_t lease_deadline_ms() const { return lease_deadline_ms_; }
   // Acquiring: when the lock timeout ends.
   int64_t acquire_deadline_ms() const { return deadline_ms(); }
-  // The id of the machine's entries in its timer table.
-  const std::string& timer_id() const { return timer_id_; }
   int64_t acquired_at_ms() const { return acquired_at_ms_; }
   // What the answer given last showed, parsed once as it arrived: for a read
   // of the lock, the inspection, and another process holding it live (the
@@ -268,21 +259,17 @@ class LockMachine {
   const std::string state_id_;
   const LockOptions options_;
   const LockMachineOptions machine_options_;
-  TimerTable own_timers_;       // the table when machine_options_.timers is null
-  TimerTable* const timers_;    // where the deadlines below are kept
-  const std::string timer_id_;  // their id there ("lock N")
   LockDefectsForTesting defects_;
   LockOutput out_;  // the output of the input being handled
   bool two_steps_ = false;  // an effect chose a next step after another had (a bug: see TableDrivenLock::Run)
   std::string lock_id_;
 
-  // ---- deadlines (on the host's clock): entries of the timer table, all
-  // of them; 0 when not set (setting 0 clears the entry) ----
-  int64_t DeadlineOf(TimerKind kind) const { return timers_->At(kind, timer_id_).value_or(0); }
-  void SetDeadline(TimerKind kind, int64_t at_ms);
-  int64_t deadline_ms() const { return DeadlineOf(TimerKind::kLockDeadline); }  // acquiring: the lock timeout ends
-  // held: the lease ends (lease_deadline_ms(), 0 when not held)
-  int64_t busy_until_ms() const { return DeadlineOf(TimerKind::kQuorumBusyEnd); }  // cluster: 286 is resent until
+  // ---- deadlines (on the host's clock; 0 when not set) ----
+  int64_t deadline_ms_ = 0;        // acquiring: the lock timeout ends
+  int64_t lease_deadline_ms_ = 0;  // held: the lease ends
+  int64_t busy_until_ms_ = 0;      // cluster: 286 is resent until
+  int64_t deadline_ms() const { return deadline_ms_; }
+  int64_t busy_until_ms() const { return busy_until_ms_; }
   // A delay, not a deadline: the back-off decided when a live holder was
   // seen, waited once the waiter row naming it is answered (from then).
   int64_t back_off_ms_ = 0;

@@ -266,7 +266,6 @@ class Store {
   explicit Store(StoreOptions options) : options_(std::move(options)) {
     options_.transport.diagnostics = &diagnostics_;
     options_.transport.timers = &timers_;
-    if (options_.transport.endpoints) options_.transport.endpoints->UseTimers(&timers_);
     diagnostics_.set_level(options_.diagnostics);
     diagnostics_.set_redact_states(!options_.diagnostics_show_states);
   }
@@ -306,6 +305,9 @@ class Store {
   // Cluster mode: when this store last removed each id's old claims (on the
   // host's clock; see kClaimsPruneAt).
   std::map<std::string, int64_t> claims_pruned_ms_;
+  // Ids this store stays away from until then (it yielded their lingering
+  // lock to a waiting process), on the host's clock.
+  std::map<std::string, int64_t> away_until_ms_;
   bool Lingers() const { return options_.linger_locks && !options_.python_locks; }
   // How often a lingering holder looks for waiting processes.
   int64_t WaiterCheckEveryMs() const { return std::min(kDefaultLockWaiterCheckMs, options_.lock.retry_ms / 2); }

@@ -205,7 +205,6 @@ class AcquireOp final : public StorePart {
         id_(std::move(id)),
         out_(out),
         waited_(waited),
-        deadline_(s, TimerKind::kLockDeadline),
         renew_in_ms_(renew_in_ms) {}
   std::string Where() const override {
     const std::string id = PrintableId(id_);
@@ -231,7 +230,7 @@ class AcquireOp final : public StorePart {
     switch (stage_) {
       case Stage::kStart:
         *waited_ = false;
-        deadline_.Set(in.now_ms + o.lock.timeout_ms);
+        deadline_ms_ = in.now_ms + o.lock.timeout_ms;
         return Attempt();
       case Stage::kStayingAway:
       case Stage::kWaitingForPython:
@@ -287,14 +286,14 @@ class AcquireOp final : public StorePart {
   // One attempt at the lock (the first, or after a wait).
   Next Attempt() {
     const Inputs& in = s_.inputs();
-    if (std::optional<int64_t> away = s_.TimerIfSet(TimerKind::kYield, id_)) {
+    if (auto away = s_.away_until_ms().find(id_); away != s_.away_until_ms().end()) {
       // This store just gave the id's lingering lock up to a waiting
       // process: stay away until that process has had its next attempt.
-      if (in.now_ms < *away && *away < deadline_.at()) {
+      if (in.now_ms < away->second && away->second < deadline_ms_) {
         stage_ = Stage::kStayingAway;
-        return Next::Wait(TimerKind::kLockRetry, *away - in.now_ms);
+        return Next::Wait(TimerKind::kLockRetry, away->second - in.now_ms);
       }
-      s_.ClearTimer(TimerKind::kYield, id_);
+      s_.away_until_ms().erase(away);
     }
     // A mixed fleet is safe by default: a live row of the Python backend in
     // <table>_lock is waited for whatever python_locks says (that setting
@@ -311,12 +310,11 @@ class AcquireOp final : public StorePart {
 
   Next Take() {
     LockOptions options = s_.options().lock;
-    options.timeout_ms = std::max<int64_t>(deadline_.at() - s_.inputs().now_ms, 0);
+    options.timeout_ms = std::max<int64_t>(deadline_ms_ - s_.inputs().now_ms, 0);
     // Waiting for a live holder, the machine shows itself to it (a waiter
     // row, once per holder) so that a lingering holder elsewhere yields.
     LockMachineOptions machine_options;
     machine_options.write_waiter_rows = true;
-    machine_options.timers = &s_.timers();
     m_ = MakeLockMachine(s_.st(), id_, options, machine_options);
     stage_ = Stage::kTaking;
     return Next::Call(DriveLock(s_, m_, LockStart::kAcquire, &outcome_, waited_));
@@ -327,7 +325,7 @@ class AcquireOp final : public StorePart {
   Next WaitForPython(const std::string& python_lock_id) {
     const StoreOptions& o = s_.options();
     *waited_ = true;
-    if (s_.inputs().now_ms + o.lock.retry_ms >= deadline_.at()) return Next::Fail(PythonHolds(o, id_, python_lock_id));
+    if (s_.inputs().now_ms + o.lock.retry_ms >= deadline_ms_) return Next::Fail(PythonHolds(o, id_, python_lock_id));
     stage_ = Stage::kWaitingForPython;
     return Next::Wait(TimerKind::kLockRetry, o.lock.retry_ms);
   }
@@ -368,7 +366,7 @@ class AcquireOp final : public StorePart {
   std::string id_;
   StoreSteps::LockPtr* out_;
   bool* waited_;
-  OpDeadline deadline_;  // the lock timeout, from the first attempt
+  int64_t deadline_ms_ = 0;  // the lock timeout, from the first attempt
   StoreSteps::LockPtr m_;
   LockOutput outcome_;
   int64_t* renew_in_ms_;

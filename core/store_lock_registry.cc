@@ -249,7 +249,7 @@ class LookForWaitersOp final : public StorePart {
     absl::StatusOr<Rows> rows = s_.AnswerRows(r, "looking for processes waiting for the lock", 2);
     if (rows.ok() && rows->empty()) return Next::Done();
     const int64_t away_ms = s_.options().lock.retry_ms + kDefaultLockYieldMarginMs;
-    s_.SetTimer(TimerKind::kYield, id_, s_.inputs().now_ms + away_ms);
+    s_.away_until_ms()[id_] = s_.inputs().now_ms + away_ms;
     s_.Tell(DiagnosticKind::kLockYielded, DiagnosticLevel::kInfo, id_,
             absl::StrCat("the lingering lock on \"", PrintableId(id_),
                          "\" is released for a process waiting for it; this process stays away for ", away_ms, " ms"),

@@ -178,10 +178,7 @@ class ReadStateOp final : public StorePart {
 class QuorumWriteOp final : public StorePart {
  public:
   QuorumWriteOp(StoreSteps& s, SqlRequest req, std::string what, int64_t deadline_ms, int64_t wait_ms)
-      : StorePart(s), req_(std::move(req)), what_(std::move(what)), deadline_(s, TimerKind::kQuorumBusyEnd),
-        wait_ms_(wait_ms) {
-    deadline_.Set(deadline_ms);
-  }
+      : StorePart(s), req_(std::move(req)), what_(std::move(what)), deadline_ms_(deadline_ms), wait_ms_(wait_ms) {}
   std::string Where() const override {
     switch (stage_) {
       case Stage::kRenewing: return absl::StrCat(what_, " (renewing the lock to wait out ", cause_, ")");
@@ -229,10 +226,10 @@ class QuorumWriteOp final : public StorePart {
     const bool unknown_outcome = *code == ch::kUnknownStatusOfInsert && req_.idempotent && !unknown_;
     if (unknown_outcome) {
       unknown_ = st;
-      deadline_.Set(std::max(deadline_.at(), in.now_ms + s_.options().cluster.quorum_busy_ms));
+      deadline_ms_ = std::max(deadline_ms_, in.now_ms + s_.options().cluster.quorum_busy_ms);
     }
     if ((*code == ch::kUnsatisfiedQuorumForPreviousWrite || *code == ch::kTooManyParts || unknown_outcome) &&
-        in.now_ms < deadline_.at()) {
+        in.now_ms < deadline_ms_) {
       // A little jitter from the fresh random bytes keeps two writers
       // from retrying in lockstep.
       const int64_t jitter = in.random.empty() ? 0 : static_cast<unsigned char>(in.random[0]) % 8;
@@ -242,8 +239,8 @@ class QuorumWriteOp final : public StorePart {
       wait_ms_ += jitter;
       s_.Tell(DiagnosticKind::kQuorumBusy, DiagnosticLevel::kInfo, s_.lease_id(),
               absl::StrCat(what_, " waits ", wait_ms_, " ms for ", cause_, "; it is sent again until ",
-                           deadline_.at() - in.now_ms, " ms from now"),
-              {{"wait_ms", wait_ms_}, {"left_ms", deadline_.at() - in.now_ms}}, {{"code", std::to_string(*code)}});
+                           deadline_ms_ - in.now_ms, " ms from now"),
+              {{"wait_ms", wait_ms_}, {"left_ms", deadline_ms_ - in.now_ms}}, {{"code", std::to_string(*code)}});
       // Under a lock, sent again only within its lease.
       if (PastSendBefore(req_, in.now_ms + wait_ms_)) {
         stage_ = Stage::kRenewing;
@@ -269,7 +266,7 @@ class QuorumWriteOp final : public StorePart {
   Stage stage_ = Stage::kSend;
   SqlRequest req_;
   std::string what_;
-  OpDeadline deadline_;
+  int64_t deadline_ms_;
   int64_t wait_ms_;
   std::string cause_;
   std::optional<absl::Status> unknown_;  // the 319 a resend followed
@@ -361,9 +358,7 @@ class WriteStateOp final : public StorePart {
 // waiting 5 ms, then twice as long each time up to 200 ms.
 class AwaitMutationsOp final : public StorePart {
  public:
-  AwaitMutationsOp(StoreSteps& s, int64_t deadline_ms) : StorePart(s), deadline_(s, TimerKind::kMutationEnd) {
-    deadline_.Set(deadline_ms);
-  }
+  AwaitMutationsOp(StoreSteps& s, int64_t deadline_ms) : StorePart(s), deadline_ms_(deadline_ms) {}
   std::string Where() const override { return "waiting for the delete to finish"; }
 
   Next Resume(const Reply& r) override {
@@ -383,7 +378,7 @@ class AwaitMutationsOp final : public StorePart {
       return Next::Fail(absl::DataLossError("unexpected answer counting pending mutations"));
     }
     if (pending == 0) return Next::Done();
-    if (s_.inputs().now_ms >= deadline_.at()) {
+    if (s_.inputs().now_ms >= deadline_ms_) {
       return Next::Fail(absl::DeadlineExceededError(
           absl::StrCat("the delete was accepted but its mutation is still running after ",
                        s_.options().mutation_timeout_ms / 1000,
@@ -393,7 +388,7 @@ class AwaitMutationsOp final : public StorePart {
   }
 
  private:
-  OpDeadline deadline_;
+  int64_t deadline_ms_;
   int64_t wait_ms_ = 5;
 };
 

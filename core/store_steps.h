@@ -135,13 +135,8 @@ class StoreSteps {
   // The store's deadlines for the held lock on `id` (and its yield mark),
   // in its timer table.
   int64_t TimerAt(TimerKind kind, const std::string& id) const { return s_->TimerAt(kind, id); }
-  std::optional<int64_t> TimerIfSet(TimerKind kind, const std::string& id) const { return s_->timers_.At(kind, id); }
   void SetTimer(TimerKind kind, const std::string& id, int64_t at_ms) { s_->timers_.Set(kind, id, at_ms); }
   void ClearTimer(TimerKind kind, const std::string& id) { s_->timers_.Clear(kind, id); }
-  // A fresh id in the store's timer table, for an operation's own entries.
-  std::string NewTimerId(const char* owner) { return s_->timers_.NewId(owner); }
-  // The store's table itself, for the lock machines it makes (their deadlines).
-  TimerTable& timers() { return s_->timers_; }
   std::map<std::string, Store::HeldLock>::iterator ForgetHeld(std::map<std::string, Store::HeldLock>::iterator it) {
     return s_->ForgetHeld(it);
   }
@@ -157,6 +152,8 @@ class StoreSteps {
   bool Lingers() const { return s_->Lingers(); }
   // Cluster mode: when this store last pruned each id's dead claims.
   std::map<std::string, int64_t>& claims_pruned_ms() { return s_->claims_pruned_ms_; }
+  // Ids this store stays away from until then (it yielded their lock).
+  std::map<std::string, int64_t>& away_until_ms() { return s_->away_until_ms_; }
   int64_t WaiterCheckEveryMs() const { return s_->WaiterCheckEveryMs(); }
 
   // ---- store_bulk.cc: history and bulk ----
@@ -179,28 +176,6 @@ class StorePart : public Op {
  protected:
   explicit StorePart(StoreSteps& s) : s_(s) {}
   StoreSteps& s_;
-};
-
-// An operation's deadline (an acquisition's lock timeout, a quorum write's
-// quorum_busy_ms, a delete's mutation wait): an entry (kind, a fresh id) of
-// the store's timer table for as long as the operation lives, so that no
-// operation keeps a deadline of its own. Nothing is woken for these kinds:
-// the operation compares the time with at() when its waits end.
-class OpDeadline {
- public:
-  OpDeadline(StoreSteps& s, TimerKind kind) : s_(s), kind_(kind), id_(s.NewTimerId(TimerKindName(kind))) {}
-  ~OpDeadline() { s_.ClearTimer(kind_, id_); }
-  OpDeadline(const OpDeadline&) = delete;
-  OpDeadline& operator=(const OpDeadline&) = delete;
-
-  void Set(int64_t at_ms) { s_.SetTimer(kind_, id_, at_ms); }
-  // When it is (0 before Set).
-  int64_t at() const { return s_.TimerAt(kind_, id_); }
-
- private:
-  StoreSteps& s_;
-  TimerKind kind_;
-  std::string id_;
 };
 
 // The parts every operation is built from (store_steps.cc).

@@ -14,15 +14,9 @@ const char* TimerKindName(TimerKind kind) {
     case TimerKind::kQuorumBusy: return "quorum-busy";
     case TimerKind::kMutationPoll: return "mutation-poll";
     case TimerKind::kOpWait: return "op-wait";
-    case TimerKind::kLockDeadline: return "lock-deadline";
-    case TimerKind::kQuorumBusyEnd: return "quorum-busy-end";
-    case TimerKind::kMutationEnd: return "mutation-end";
-    case TimerKind::kLease: return "lease";
     case TimerKind::kRenewal: return "renewal";
     case TimerKind::kLinger: return "linger";
     case TimerKind::kWaiterLook: return "waiter-look";
-    case TimerKind::kYield: return "yield";
-    case TimerKind::kHostDown: return "host-down";
   }
   return "?";
 }

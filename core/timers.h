@@ -1,13 +1,10 @@
-// The deadlines a store keeps, in one table keyed by (kind, id), in the
-// shape of quinn-proto's TimerTable: a store's task waits, its operations'
-// deadlines (OpDeadline: the lock timeout, quorum_busy_ms, the mutation
-// wait), its held locks' renewal, linger and waiter-look times, its yield
-// marks and its hosts' down marks are set and read here, so that what a store waits for is one list,
-// the connection's PollTimeout is its earliest entry, and HandleTimeout
-// walks it. A lock machine's deadlines (its attempt's lock timeout, its
-// lease's end, a cluster quorum's busy wait) are entries too, under the
-// machine's id ("lock N", LockMachineOptions::timers); a machine the
-// simulation or a fuzzer drives by itself keeps them in a table of its own.
+// What a store wakes for, in one table keyed by (kind, id), in the shape of
+// quinn-proto's TimerTable: its task's waits and its held locks' renewal,
+// linger and waiter-look times, so that the connection's PollTimeout is its
+// earliest entry and HandleTimeout walks it. Only kinds something is woken
+// for are entries; a deadline an operation merely compares the time with
+// (a lock timeout, a lease's end, quorum_busy_ms) and a mark (a host down,
+// an id yielded) is a plain field of its owner.
 //
 //   TimerTable t;
 //   t.Set(TimerKind::kRenewal, "dev:a", now_ms + 3000);
@@ -34,18 +31,10 @@ enum class TimerKind {
   kQuorumBusy,    // a quorum write (or a claim) sent again after code 286 or 252
   kMutationPoll,  // 18.x: a delete's mutation looked at again
   kOpWait,        // any other wait of an operation
-  // Deadlines an operation compares the time with (nothing is woken).
-  kLockDeadline,  // an acquisition gives up (the lock timeout)
-  kQuorumBusyEnd, // code 286 is waited out until then (quorum_busy_ms)
-  kMutationEnd,   // 18.x: a delete's mutation is waited for until then (mutation_timeout_ms)
-  kLease,         // a held lock's lease ends: nothing is sent under it from then on
   // The store's idle timers (the connection wakes for them while no task runs).
   kRenewal,       // a held lock's next renewal
   kLinger,        // a lingering lock is released for real when idle until then
   kWaiterLook,    // a lingering lock's next look for processes waiting for it
-  // Marks the store reads (nothing is woken).
-  kYield,         // this store stays away from the id until then (it yielded its lock)
-  kHostDown,      // the host is skipped until then
 };
 
 const char* TimerKindName(TimerKind kind);

@@ -3,6 +3,7 @@
 // it (and nowhere else: the connection reads its wake-up from it).
 #include "core/timers.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -32,7 +33,7 @@ TEST(TimerTable, SetMovesClearRemovesAndEarliestIsTheMinimumOfTheKindsAsked) {
   EXPECT_FALSE(t.Earliest(kIdleTimers).has_value());
   t.Set(TimerKind::kRenewal, "a", 300);
   t.Set(TimerKind::kLinger, "b", 200);
-  t.Set(TimerKind::kHostDown, "#0 h:1", 100);  // a mark: never wakes anyone
+  t.Set(TimerKind::kMutationPoll, "task 2", 100);  // a task kind: never an idle timeout
   t.Set(TimerKind::kResend, "task 1", 50);
   EXPECT_EQ(t.Earliest(kIdleTimers), 200);
   EXPECT_EQ(t.Earliest(kTaskTimers), 50);
@@ -41,8 +42,8 @@ TEST(TimerTable, SetMovesClearRemovesAndEarliestIsTheMinimumOfTheKindsAsked) {
   t.Clear(TimerKind::kRenewal, "a");
   EXPECT_EQ(t.Earliest(kIdleTimers), 400);
   EXPECT_EQ(t.At(TimerKind::kRenewal, "a"), std::nullopt);
-  EXPECT_EQ(t.Due(100, TimerKinds{TimerKind::kHostDown}).size(), 1u);
-  EXPECT_TRUE(t.Due(99, TimerKinds{TimerKind::kHostDown}).empty());
+  EXPECT_EQ(t.Due(100, TimerKinds{TimerKind::kMutationPoll}).size(), 1u);
+  EXPECT_TRUE(t.Due(99, TimerKinds{TimerKind::kMutationPoll}).empty());
   EXPECT_TRUE(t.Due(1000, TimerKinds{TimerKind::kRenewal}).empty());  // not set: never due
 }
 
@@ -108,11 +109,9 @@ TEST(StoreTimers, AnAbandonedTaskLeavesNoTimer) {
   EXPECT_TRUE(store->timers().empty()) << store->timers().Describe();
 }
 
-// An operation's deadline (here an acquisition's lock timeout, while it
-// waits for another holder) is an entry of the store's table, not the
-// operation's own field; nothing is woken for it, and it goes with the
-// operation.
-TEST(StoreTimers, AnAcquisitionsDeadlineIsInTheTableWhileItWaitsAndGoesWithIt) {
+// An acquisition waiting for another holder: the table holds only what
+// wakes the task (its retry); its deadline is the operation's own field.
+TEST(StoreTimers, AnAcquisitionWaitingForAnotherHolderIsWokenForItsRetryAlone) {
   std::unique_ptr<Store> store = MakeStore();  // lock timeout 10 s
   Connection conn(store.get());
   int64_t now = 1000;
@@ -132,15 +131,11 @@ TEST(StoreTimers, AnAcquisitionsDeadlineIsInTheTableWhileItWaitsAndGoesWithIt) {
   std::optional<OpEvent> ended = conn.PollEvent();
   ASSERT_FALSE(ended.has_value()) << "the acquisition waits for the other holder: " << ended->status
                                     << ::testing::PrintToString(sent);
-  EXPECT_THAT(store->timers().Describe(), HasSubstr("lock-deadline lock-deadline"));
-  // 10 s from its start (connected, at 1010).
-  EXPECT_THAT(store->timers().Describe(), HasSubstr("lock-deadline lock-deadline 2 @11010"));
-  // The lock machine's own deadline for this attempt (the time left of the
-  // operation's) is an entry of the same table, under the machine's id.
-  EXPECT_EQ(store->timers().At(TimerKind::kLockDeadline, "lock 3"), std::optional<int64_t>(11010))
-      << store->timers().Describe();
-  // The task is woken for its retry, never for the deadline itself.
-  EXPECT_THAT(store->timers().Describe(), HasSubstr("lock-retry task 1 @"));
+  // The task is woken for its retry, never for the deadline (11010: 10 s
+  // from its start, connected at 1010).
+  const std::string described = store->timers().Describe();
+  EXPECT_THAT(described, ::testing::StartsWith("lock-retry task 1 @")) << described;
+  EXPECT_EQ(std::count(described.begin(), described.end(), '\n'), 1) << described;
   EXPECT_NE(store->timers().Earliest(kTaskTimers), std::optional<int64_t>(11010));
   conn.Abandon(op, {now, kRandom});
   EXPECT_TRUE(store->timers().empty()) << store->timers().Describe();
@@ -164,13 +159,12 @@ TEST(StoreTimers, AHeldLocksRenewalIsInTheTableAndIsTheIdleTimeout) {
   ASSERT_TRUE(e->ok) << e->status;
   std::optional<int64_t> renewal = store->timers().At(TimerKind::kRenewal, "dev:a");
   ASSERT_TRUE(renewal.has_value()) << store->timers().Describe();
-  // Its lease's end is the machine's entry in the store's table, no field of
-  // its own: what the store reads as the lease is that entry.
-  const std::string described = store->timers().Describe();
-  const size_t lease = described.find("lease lock ");
-  ASSERT_NE(lease, std::string::npos) << described;
-  EXPECT_THAT(described.substr(lease), HasSubstr(absl::StrCat("@", store->LeaseDeadlineMs("dev:a"))));
-  EXPECT_GT(store->LeaseDeadlineMs("dev:a"), now);
+  // Its lease's end wakes nothing: the machine keeps it, and the table
+  // holds only the renewal and the look for waiters.
+  EXPECT_EQ(store->timers().Describe(),
+            absl::StrCat("renewal dev:a @", *renewal, "\nwaiter-look dev:a @",
+                         *store->timers().At(TimerKind::kWaiterLook, "dev:a"), "\n"));
+  EXPECT_GT(store->LeaseDeadlineMs("dev:a"), *renewal);
   EXPECT_EQ(conn.PollTimeout(), renewal);
   EXPECT_EQ(store->NextTimeoutMs(), renewal);
   // Released: nothing of it is left in the table, and the idle store has
@@ -190,7 +184,7 @@ TEST(StoreTimers, AHeldLocksRenewalIsInTheTableAndIsTheIdleTimeout) {
   EXPECT_EQ(conn.PollTimeout(), std::nullopt);
 }
 
-TEST(StoreTimers, AHostMarkedDownIsInTheStoresTable) {
+TEST(StoreTimers, AHostMarkedDownIsMarkedForHostDownMs) {
   StoreOptions o;
   o.hosts = {{"h1", 8123}, {"h2", 8123}};
   o.cluster.name = "c";
@@ -201,8 +195,8 @@ TEST(StoreTimers, AHostMarkedDownIsInTheStoresTable) {
   ASSERT_TRUE(tx.has_value());
   ASSERT_EQ(tx->request.endpoint.host, "h1");
   ASSERT_THAT(conn.HandleResponse(tx->op, Refused(), {1010, kRandom}), IsOk());
-  EXPECT_EQ(store->timers().At(TimerKind::kHostDown, "#0 h1:8123"), 1010 + o.host_down_ms)
-      << store->timers().Describe();
+  EXPECT_EQ(store->options().transport.endpoints->DownUntil(0), 1010 + o.host_down_ms);
+  EXPECT_TRUE(store->timers().empty()) << store->timers().Describe();  // a mark wakes nothing
 }
 
 }  // namespace
