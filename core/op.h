@@ -28,19 +28,22 @@
 //   };
 //
 // Most operations do not branch: they are a fixed list of steps (connect,
-// renew if due, read, write), written once as a Sequence:
+// renew if due, read, write), written once as a Sequence whose steps are
+// the member functions of its context:
 //
-//   auto c = std::make_shared<GetContext>(...);   // what the steps share
-//   GetContext* p = c.get();
-//   return Sequence::Make([p](size_t) { return absl::StrCat("get \"", p->id, "\""); }, {
-//       [&s](const Reply&) { return Next::Call(part::Connect(s)); },
-//       [&s, p](const Reply&) { return Next::Call(part::ReadState(s, p->id, &p->state)); },
-//   }, c);
+//   struct Get {
+//     StoreSteps& s;
+//     std::string id;
+//     std::optional<MeltanoState> state;
+//     Next Connect(const Reply&) { return Next::Call(part::Connect(s)); }
+//     Next Read(const Reply&) { return Next::Call(part::ReadState(s, id, &state)); }
+//     std::string Where(size_t) const { return absl::StrCat("get \"", id, "\""); }
+//   };
+//   return Steps<Get>({&Get::Connect, &Get::Read}, s, id);
 #ifndef CHSTATE_CORE_OP_H_
 #define CHSTATE_CORE_OP_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -113,36 +116,36 @@ class Op {
 // the op is done. What the steps share lives in `keep`, which the op holds,
 // and which they capture by pointer. Where() asks `where` with the step
 // whose need is outstanding, only when someone asks.
-// What a Sequence's steps share, made in place: Shared<Context>(id, ...).
-template <typename T, typename... A>
-std::shared_ptr<T> Shared(A&&... args) {
-  return std::shared_ptr<T>(new T{std::forward<A>(args)...});
-}
-
+// An op that is a fixed list of steps run in order: each step is a member
+// function of the op's context `Ctx` (what the steps share, kept in the
+// op) and says what the op needs next; the op is resumed with the step
+// after it. A step may end the op early (Next::Done, Next::Fail); after the
+// last step's need the op is done. Where() asks Ctx::Where with the step
+// whose need is outstanding, only when someone asks.
+template <typename Ctx>
 class Sequence final : public Op {
  public:
-  using Step = std::function<Next(const Reply&)>;
-  using Describe = std::function<std::string(size_t step)>;
-  static std::unique_ptr<Op> Make(Describe where, std::vector<Step> steps, std::shared_ptr<void> keep = nullptr) {
-    return std::make_unique<Sequence>(std::move(where), std::move(steps), std::move(keep));
-  }
-  static std::unique_ptr<Op> Make(const char* where, std::vector<Step> steps, std::shared_ptr<void> keep = nullptr) {
-    return Make([where](size_t) { return std::string(where); }, std::move(steps), std::move(keep));
-  }
-  Sequence(Describe where, std::vector<Step> steps, std::shared_ptr<void> keep)
-      : where_(std::move(where)), steps_(std::move(steps)), keep_(std::move(keep)) {}
+  using Step = Next (Ctx::*)(const Reply&);
+  template <typename... A>
+  explicit Sequence(std::vector<Step> steps, A&&... ctx) : ctx_{std::forward<A>(ctx)...}, steps_(std::move(steps)) {}
   Next Resume(const Reply& reply) override {
     if (next_ == steps_.size()) return Next::Done();
-    return steps_[next_++](reply);
+    return (ctx_.*steps_[next_++])(reply);
   }
-  std::string Where() const override { return where_(next_ == 0 ? 0 : next_ - 1); }
+  std::string Where() const override { return ctx_.Where(next_ == 0 ? 0 : next_ - 1); }
 
  private:
-  Describe where_;
+  Ctx ctx_;
   std::vector<Step> steps_;
-  std::shared_ptr<void> keep_;
   size_t next_ = 0;
 };
+
+// The Sequence of `steps` over a Ctx made in place from `ctx` (its members
+// in order; the rest start empty).
+template <typename Ctx, typename... A>
+std::unique_ptr<Op> Steps(std::vector<Next (Ctx::*)(const Reply&)> steps, A&&... ctx) {
+  return std::make_unique<Sequence<Ctx>>(std::move(steps), std::forward<A>(ctx)...);
+}
 
 }  // namespace chstate
 

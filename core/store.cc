@@ -72,91 +72,86 @@ namespace {
 // renewed when due and lease-checked at the write, or one taken for `body`
 // alone (Locked). Which it is, is looked at when the part starts (tasks
 // queue).
-std::unique_ptr<Op> UnderIdLock(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
-  struct Ctx {
-    std::string id;
-    std::unique_ptr<Op> body;
-  };
-  auto c = Shared<Ctx>(std::move(id), std::move(body));
-  Ctx* p = c.get();
-  if (!s.HoldsLock(p->id)) {
-    return Sequence::Make("under the id's lock", {
-      [&s, p](const Reply&) { return Next::Call(part::Locked(s, p->id, std::move(p->body))); },
-  }, c);
+struct UnderIdLockSteps {
+  StoreSteps& s;
+  std::string id;
+  std::unique_ptr<Op> body;
+  bool held;  // by this store: renewed when due, then the body
+  Next Lock(const Reply&) { return Next::Call(part::Locked(s, id, std::move(body))); }
+  Next Renew(const Reply&) { return Next::Call(s.RenewIfDuePart(id)); }
+  Next Body(const Reply&) { return Next::Call(std::move(body)); }
+  std::string Where(size_t step) const {
+    if (!held || step != 0) return "under the id's lock";
+    return absl::StrCat("renewing the held lock on \"", PrintableId(id), "\"");
   }
-  return Sequence::Make([=](size_t step) -> std::string {
-    if (step == 0) return absl::StrCat("renewing the held lock on \"", PrintableId(p->id), "\"");
-    return "under the id's lock";
-  }, {
-      [&s, p](const Reply&) { return Next::Call(s.RenewIfDuePart(p->id)); },
-      [p](const Reply&) { return Next::Call(std::move(p->body)); },
-  }, c);
+};
+std::unique_ptr<Op> UnderIdLock(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
+  using U = UnderIdLockSteps;
+  if (!s.HoldsLock(id)) return Steps<U>({&U::Lock}, s, std::move(id), std::move(body), false);
+  return Steps<U>({&U::Renew, &U::Body}, s, std::move(id), std::move(body), true);
 }
 
 // Meltano's update() under a lock the caller holds: reads the id's state,
 // merges `incoming` into it (ApplyUpdate) and writes the result to
 // *written.
+struct ReadMergeWriteSteps {
+  StoreSteps& s;
+  MeltanoState incoming;
+  MeltanoState* written;
+  std::optional<MeltanoState> current;
+  Next Read(const Reply&) { return Next::Call(part::ReadState(s, incoming.state_id, &current)); }
+  Next Write(const Reply&) {
+    *written = ApplyUpdate(current, incoming);
+    return Next::Call(part::WriteState(s, *written));
+  }
+  std::string Where(size_t step) const { return step == 1 ? "writing the merged state" : "merging"; }
+};
 std::unique_ptr<Op> ReadMergeWrite(StoreSteps& s, MeltanoState incoming, MeltanoState* written) {
-  struct Ctx {
-    MeltanoState incoming;
-    std::optional<MeltanoState> current;
-  };
-  auto c = Shared<Ctx>(std::move(incoming));
-  Ctx* p = c.get();
-  return Sequence::Make([=](size_t step) -> std::string {
-    if (step == 1) return "writing the merged state";
-    return "merging";
-  }, {
-      [&s, p](const Reply&) { return Next::Call(part::ReadState(s, p->incoming.state_id, &p->current)); },
-      [&s, p, written](const Reply&) {
-         *written = ApplyUpdate(p->current, p->incoming);
-         return Next::Call(part::WriteState(s, *written));
-      },
-  }, c);
+  using R = ReadMergeWriteSteps;
+  return Steps<R>({&R::Read, &R::Write}, s, std::move(incoming), written);
 }
 
 // get: the id's state, renewing this store's held lock on it first when due.
-std::unique_ptr<Op> GetOp(StoreSteps& s, std::string id) {
-  struct Ctx {
-    std::string id;
-    std::optional<MeltanoState> state;
-  };
-  auto c = Shared<Ctx>(std::move(id));
-  Ctx* p = c.get();
-  return Sequence::Make([=](size_t) { return absl::StrCat("get \"", PrintableId(p->id), "\""); }, {
-      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
-      [&s, p](const Reply&) { return Next::Call(s.RenewIfDuePart(p->id)); },
-      [&s, p](const Reply&) { return Next::Call(part::ReadState(s, p->id, &p->state)); },
-      [&s, p](const Reply&) { return Next::Done(s.Base(std::move(p->state))); },
-  }, c);
-}
+struct GetSteps {
+  StoreSteps& s;
+  std::string id;
+  std::optional<MeltanoState> state;
+  Next Connect(const Reply&) { return Next::Call(part::Connect(s)); }
+  Next Renew(const Reply&) { return Next::Call(s.RenewIfDuePart(id)); }
+  Next Read(const Reply&) { return Next::Call(part::ReadState(s, id, &state)); }
+  Next Done(const Reply&) { return Next::Done(s.Base(std::move(state))); }
+  std::string Where(size_t) const { return absl::StrCat("get \"", PrintableId(id), "\""); }
+};
 
 // set, update, merge and delete: one change to one id under its lock.
 enum class Change { kSet, kUpdate, kDelete };
+struct ChangeSteps {
+  StoreSteps& s;
+  Change kind;
+  MeltanoState in;
+  MeltanoState written;
+  Next Connect(const Reply&) { return Next::Call(part::Connect(s)); }
+  Next Write(const Reply&) {
+    std::unique_ptr<Op> change;
+    switch (kind) {
+      case Change::kSet: change = part::WriteState(s, in); break;
+      case Change::kUpdate: change = ReadMergeWrite(s, in, &written); break;
+      case Change::kDelete: change = part::DeleteState(s, in.state_id); break;
+    }
+    return Next::Call(UnderIdLock(s, in.state_id, std::move(change)));
+  }
+  Next Done(const Reply&) {
+    if (kind == Change::kDelete) return Next::Done(s.Base());
+    return Next::Done(s.Base(kind == Change::kSet ? in : written));
+  }
+  std::string Where(size_t) const {
+    const char* verb = kind == Change::kSet ? "set" : kind == Change::kUpdate ? "update" : "delete";
+    return absl::StrCat(verb, " \"", PrintableId(in.state_id), "\"");
+  }
+};
 std::unique_ptr<Op> ChangeOp(StoreSteps& s, Change kind, MeltanoState state) {
-  struct Ctx {
-    MeltanoState in;
-    MeltanoState written;
-  };
-  auto c = Shared<Ctx>(std::move(state));
-  Ctx* p = c.get();
-  const char* verb = kind == Change::kSet ? "set" : kind == Change::kUpdate ? "update" : "delete";
-  return Sequence::Make([=](size_t) { return absl::StrCat(verb, " \"", PrintableId(p->in.state_id), "\""); }, {
-      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
-      [&s, kind, p](const Reply&) {
-         std::unique_ptr<Op> change;
-         switch (kind) {
-           case Change::kSet: change = part::WriteState(s, p->in); break;
-           case Change::kUpdate: change = ReadMergeWrite(s, p->in, &p->written); break;
-           case Change::kDelete: change = part::DeleteState(s, p->in.state_id); break;
-         }
-         return Next::Call(UnderIdLock(s, p->in.state_id, std::move(change)));
-      },
-      [&s, kind, p](const Reply&) {
-         if (kind == Change::kDelete) return Next::Done(s.Base());
-         return Next::Done(s.Base(kind == Change::kSet ? p->in : p->written));
-      },
-  }, c);
+  using C = ChangeSteps;
+  return Steps<C>({&C::Connect, &C::Write, &C::Done}, s, kind, std::move(state));
 }
 
 // The source's merged view as dst's incoming partial state; nothing is
@@ -179,62 +174,70 @@ absl::StatusOr<MeltanoState> MergeInput(const std::optional<MeltanoState>& sourc
   return incoming;
 }
 
-// Two ids and what an operation on them read and wrote.
-struct TwoIds {
-  std::string src;
-  std::string dst;
-  std::optional<MeltanoState> source;
-  MeltanoState written;
-};
-
 // merge --from-state-id: the merged view of `src`'s state, read without its
 // lock, merged into `dst` as update() does.
-std::unique_ptr<Op> MergeFromOp(StoreSteps& s, std::string src, std::string dst, bool force) {
-  auto c = Shared<TwoIds>(std::move(src), std::move(dst));
-  TwoIds* p = c.get();
-  return Sequence::Make([=](size_t) { return absl::StrCat("merge \"", PrintableId(p->src), "\" into \"", PrintableId(p->dst), "\""); }, {
-      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
-      [&s, p](const Reply&) { return Next::Call(part::ReadState(s, p->src, &p->source)); },
-      [&s, force, p](const Reply&) {
-         absl::StatusOr<MeltanoState> incoming = MergeInput(p->source, p->src, p->dst, force);
-         if (!incoming.ok()) return Next::Fail(incoming.status());
-         return Next::Call(UnderIdLock(s, p->dst, ReadMergeWrite(s, *std::move(incoming), &p->written)));
-      },
-      [&s, p](const Reply&) { return Next::Done(s.Base(p->written)); },
-  }, c);
-}
+struct MergeFromSteps {
+  StoreSteps& s;
+  std::string src;
+  std::string dst;
+  bool force;
+  std::optional<MeltanoState> source;
+  MeltanoState written;
+  Next Connect(const Reply&) { return Next::Call(part::Connect(s)); }
+  Next Read(const Reply&) { return Next::Call(part::ReadState(s, src, &source)); }
+  Next Merge(const Reply&) {
+    absl::StatusOr<MeltanoState> incoming = MergeInput(source, src, dst, force);
+    if (!incoming.ok()) return Next::Fail(incoming.status());
+    return Next::Call(UnderIdLock(s, dst, ReadMergeWrite(s, *std::move(incoming), &written)));
+  }
+  Next Done(const Reply&) { return Next::Done(s.Base(written)); }
+  std::string Where(size_t) const {
+    return absl::StrCat("merge \"", PrintableId(src), "\" into \"", PrintableId(dst), "\"");
+  }
+};
 
 // copy and move: dst := src under dst's lock; a move then deletes src under
 // its own lock. The copy is written (and its lock released) before the
 // source is deleted: a failure in between leaves both states, never neither.
+struct CopySteps {
+  StoreSteps& s;
+  std::string src;
+  std::string dst;
+  bool move;
+  std::optional<MeltanoState> source;
+  Next Connect(const Reply&) { return Next::Call(part::Connect(s)); }
+  Next Read(const Reply&) { return Next::Call(part::ReadState(s, src, &source)); }
+  Next Copy(const Reply&) {
+    if (!source) {
+      return Next::Fail(absl::NotFoundError(
+          absl::StrCat("state id \"", PrintableId(src), "\" has no state to ", move ? "move" : "copy")));
+    }
+    MeltanoState copy = *source;
+    copy.state_id = dst;
+    return Next::Call(part::Locked(s, dst, part::WriteState(s, std::move(copy))));
+  }
+  Next DeleteSource(const Reply&) {
+    if (!move) return Next::Done(s.Base());
+    return Next::Call(part::Locked(s, src, part::DeleteState(s, src)));
+  }
+  Next Done(const Reply&) { return Next::Done(s.Base()); }
+  std::string Where(size_t) const {
+    return absl::StrCat(move ? "move" : "copy", " \"", PrintableId(src), "\" to \"", PrintableId(dst), "\"");
+  }
+};
 std::unique_ptr<Op> CopyOp(StoreSteps& s, std::string src, std::string dst, bool move) {
-  auto c = Shared<TwoIds>(std::move(src), std::move(dst));
-  TwoIds* p = c.get();
-  return Sequence::Make([=](size_t) { return absl::StrCat(move ? "move" : "copy", " \"", PrintableId(p->src), "\" to \"", PrintableId(p->dst), "\""); }, {
-      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
-      [&s, p](const Reply&) { return Next::Call(part::ReadState(s, p->src, &p->source)); },
-      [&s, move, p](const Reply&) {
-             if (!p->source) {
-               return Next::Fail(absl::NotFoundError(
-                   absl::StrCat("state id \"", PrintableId(p->src), "\" has no state to ", move ? "move" : "copy")));
-             }
-             MeltanoState copy = *p->source;
-             copy.state_id = p->dst;
-             return Next::Call(part::Locked(s, p->dst, part::WriteState(s, std::move(copy))));
-           },
-      [&s, move, p](const Reply&) {
-             if (!move) return Next::Done(s.Base());
-             return Next::Call(part::Locked(s, p->src, part::DeleteState(s, p->src)));
-           },
-      [&s](const Reply&) { return Next::Done(s.Base()); },
-  }, c);
+  using C = CopySteps;
+  return Steps<C>({&C::Connect, &C::Read, &C::Copy, &C::DeleteSource, &C::Done}, s, std::move(src), std::move(dst), move);
 }
 
 }  // namespace
 
 std::unique_ptr<Task> Store::Get(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [&](StoreSteps& s) { return GetOp(s, state_id); });
+  return MakeOpTask(this, [&](StoreSteps& s) {
+    using G = GetSteps;
+    return Steps<G>({&G::Connect, &G::Renew, &G::Read, &G::Done}, s, state_id);
+  });
 }
 
 std::unique_ptr<Task> Store::Set(MeltanoState state) {
@@ -252,7 +255,10 @@ std::unique_ptr<Task> Store::Update(MeltanoState incoming) {
 std::unique_ptr<Task> Store::MergeFrom(std::string src, std::string dst, bool force) {
   if (absl::Status st = ValidateStateId(src); !st.ok()) return Invalid(st);
   if (absl::Status st = ValidateStateId(dst); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [&](StoreSteps& s) { return MergeFromOp(s, src, dst, force); });
+  return MakeOpTask(this, [&](StoreSteps& s) {
+    using M = MergeFromSteps;
+    return Steps<M>({&M::Connect, &M::Read, &M::Merge, &M::Done}, s, src, dst, force);
+  });
 }
 
 std::unique_ptr<Task> Store::Delete(std::string state_id) {

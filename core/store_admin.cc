@@ -31,12 +31,12 @@ HeldLockInfo LockInfo(const LockInspection& insp, std::string table, std::option
 }
 
 // ping: the server's version, always asked.
-std::unique_ptr<Op> PingOp(StoreSteps& s) {
-  return Sequence::Make("ping", {
-      [&s](const Reply&) { return Next::Call(part::Connect(s, /*force=*/true)); },
-      [&s](const Reply&) { return Next::Done(s.Base()); },
-  });
-}
+struct PingSteps {
+  StoreSteps& s;
+  Next Connect(const Reply&) { return Next::Call(part::Connect(s, /*force=*/true)); }
+  Next Done(const Reply&) { return Next::Done(s.Base()); }
+  std::string Where(size_t) const { return "ping"; }
+};
 
 // A count as an operation's result.
 Result Counted(const StoreSteps& s, int64_t count) {
@@ -45,48 +45,49 @@ Result Counted(const StoreSteps& s, int64_t count) {
   return out;
 }
 
+// Old lock tombstones, dropped one after another (a step each).
+struct DropSteps {
+  StoreSteps& s;
+  std::vector<SqlRequest> drops;
+  size_t next = 0;
+  Next Drop(const Reply&) { return Next::Call(s.SqlPart(drops[next++], "removing an old lock tombstone")); }
+  std::string Where(size_t) const { return "removing old lock tombstones"; }
+};
+
 // init (and compact): the schema; with history, versions past their days
 // and beyond the count kept removed (18.x has no TTL: retention is applied
 // here; modern tables also have one); then tombstones of taken-over locks
 // dropped once older than twice the stale window, when no taker can still
 // be acting on what it saw.
-std::unique_ptr<Op> InitOp(StoreSteps& s) {
-  const StoreOptions& o = s.options();
-  auto c = std::make_shared<std::vector<SqlRequest>>();  // the tombstones' drops
-  std::vector<SqlRequest>* drops = c.get();
-  return Sequence::Make([=](size_t step) -> std::string {
-    if (step == 4) return "listing old lock tombstones";
-    return "init";
-  }, {
-      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
-      [&s](const Reply&) { return Next::Call(part::EnsureSchema(s)); },
-      [&s, &o](const Reply&) {
-         if (o.history_days <= 0) return Next::GoOn();
-         return Next::Call(s.SqlPart(s.st().ExpireHistory(o.history_days), "removing old state history"));
-      },
-      [&s, &o](const Reply&) {
-         if (o.history_days <= 0 || o.history_versions <= 0) return Next::GoOn();
-         return Next::Call(
-             s.SqlPart(s.st().TrimHistory(o.history_versions), "removing state versions beyond the count kept"));
-      },
-      [&s, &o](const Reply&) {
-         return Next::Send(s.st().ListOldTombstones(2 * ((o.lock.stale_ms + 999) / 1000)));
-      },
-      [&s, drops](const Reply& r) {
-         absl::StatusOr<Rows> rows = s.AnswerRows(r, "listing old lock tombstones", 2);
-         if (!rows.ok()) return Next::Fail(rows.status());
-         std::vector<Sequence::Step> steps;
-         drops->reserve(rows->size());  // the steps point into it
-         for (const Row& row : *rows) {
-           drops->push_back(s.st().DropTable(row[0].value_or("")));
-           const SqlRequest* drop = &drops->back();
-           steps.push_back({[&s, drop](const Reply&) { return Next::Call(s.SqlPart(*drop, "removing an old lock tombstone")); }});
-         }
-         return Next::Call(Sequence::Make("removing old lock tombstones", std::move(steps)));
-      },
-      [&s, drops](const Reply&) { return Next::Done(Counted(s, static_cast<int64_t>(drops->size()))); },
-  }, c);
-}
+struct InitSteps {
+  StoreSteps& s;
+  const StoreOptions& o;
+  int64_t dropped = 0;
+  Next Connect(const Reply&) { return Next::Call(part::Connect(s)); }
+  Next Schema(const Reply&) { return Next::Call(part::EnsureSchema(s)); }
+  Next Expire(const Reply&) {
+    if (o.history_days <= 0) return Next::GoOn();
+    return Next::Call(s.SqlPart(s.st().ExpireHistory(o.history_days), "removing old state history"));
+  }
+  Next Trim(const Reply&) {
+    if (o.history_days <= 0 || o.history_versions <= 0) return Next::GoOn();
+    return Next::Call(s.SqlPart(s.st().TrimHistory(o.history_versions), "removing state versions beyond the count kept"));
+  }
+  Next ListTombstones(const Reply&) {
+    return Next::Send(s.st().ListOldTombstones(2 * ((o.lock.stale_ms + 999) / 1000)));
+  }
+  Next DropTombstones(const Reply& r) {
+    absl::StatusOr<Rows> rows = s.AnswerRows(r, "listing old lock tombstones", 2);
+    if (!rows.ok()) return Next::Fail(rows.status());
+    std::vector<SqlRequest> drops;
+    for (const Row& row : *rows) drops.push_back(s.st().DropTable(row[0].value_or("")));
+    dropped = static_cast<int64_t>(drops.size());
+    return Next::Call(Steps<DropSteps>(std::vector<Next (DropSteps::*)(const Reply&)>(drops.size(), &DropSteps::Drop), s,
+                                       std::move(drops)));
+  }
+  Next Done(const Reply&) { return Next::Done(Counted(s, dropped)); }
+  std::string Where(size_t step) const { return step == 4 ? "listing old lock tombstones" : "init"; }
+};
 
 // locks: every lock held now. Lock tables are named by a hash of their id,
 // so ids come from the state table; a lock can exist before any state or
@@ -306,36 +307,38 @@ class ForceUnlockOp final : public StorePart {
 };
 
 // clear --all: every state removed (no lock), counted first.
-std::unique_ptr<Op> ClearAllOp(StoreSteps& s) {
-  auto c = std::make_shared<int64_t>(0);
-  int64_t* count = c.get();
-  return Sequence::Make("clear all", {
-      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
-      [&s](const Reply&) { return Next::Send(s.st().CountStates()); },
-      [&s, count](const Reply& r) {
-         absl::StatusOr<Rows> rows = s.AnswerRows(r, "counting states", 2);
-         if (!rows.ok()) {
-           if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s.Base());
-           return Next::Fail(rows.status());
-         }
-         if (rows->empty() || !(*rows)[0][0] || !absl::SimpleAtoi(*(*rows)[0][0], count)) {
-           return Next::Fail(absl::DataLossError("unexpected answer counting states"));
-         }
-         return Next::Call(part::QuorumWrite(s, s.st().ClearStates(), "clearing all states",
-                                             s.inputs().now_ms + s.st().cluster().quorum_busy_ms, 5));
-      },
-      [&s, count](const Reply&) { return Next::Done(Counted(s, *count)); },
-  }, c);
-}
+struct ClearAllSteps {
+  StoreSteps& s;
+  int64_t count = 0;
+  Next Connect(const Reply&) { return Next::Call(part::Connect(s)); }
+  Next Count(const Reply&) { return Next::Send(s.st().CountStates()); }
+  Next Clear(const Reply& r) {
+    absl::StatusOr<Rows> rows = s.AnswerRows(r, "counting states", 2);
+    if (!rows.ok()) {
+      if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s.Base());
+      return Next::Fail(rows.status());
+    }
+    if (rows->empty() || !(*rows)[0][0] || !absl::SimpleAtoi(*(*rows)[0][0], &count)) {
+      return Next::Fail(absl::DataLossError("unexpected answer counting states"));
+    }
+    return Next::Call(part::QuorumWrite(s, s.st().ClearStates(), "clearing all states",
+                                        s.inputs().now_ms + s.st().cluster().quorum_busy_ms, 5));
+  }
+  Next Done(const Reply&) { return Next::Done(Counted(s, count)); }
+  std::string Where(size_t) const { return "clear all"; }
+};
 
 }  // namespace
 
 std::unique_ptr<Task> Store::Ping() {
-  return MakeOpTask(this, [&](StoreSteps& s) { return PingOp(s); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return Steps<PingSteps>({&PingSteps::Connect, &PingSteps::Done}, s); });
 }
 
 std::unique_ptr<Task> Store::Init() {
-  return MakeOpTask(this, [&](StoreSteps& s) { return InitOp(s); });
+  return MakeOpTask(this, [&](StoreSteps& s) {
+    using I = InitSteps;
+    return Steps<I>({&I::Connect, &I::Schema, &I::Expire, &I::Trim, &I::ListTombstones, &I::DropTombstones, &I::Done}, s, s.options());
+  });
 }
 
 std::unique_ptr<Task> Store::Locks(std::optional<std::string> glob) {
@@ -348,7 +351,10 @@ std::unique_ptr<Task> Store::ForceUnlock(std::string state_id) {
 }
 
 std::unique_ptr<Task> Store::ClearAll() {
-  return MakeOpTask(this, [&](StoreSteps& s) { return ClearAllOp(s); });
+  return MakeOpTask(this, [&](StoreSteps& s) {
+    using C = ClearAllSteps;
+    return Steps<C>({&C::Connect, &C::Count, &C::Clear, &C::Done}, s);
+  });
 }
 
 }  // namespace chstate

@@ -22,55 +22,52 @@ namespace {
 // random bytes of the write's answer): the id's versions beyond
 // history_versions or older than history_days are removed. The write is
 // done either way; a failure here is left to a later write.
-std::unique_ptr<Op> HistoryUpkeep(StoreSteps& s, std::string id) {
-  struct Counts {
-    std::string id;
-    int64_t count = 0;
-    int64_t expired = 0;
-  };
-  auto c = Shared<Counts>(std::move(id));
-  Counts* n = c.get();
-  const StoreOptions& o = s.options();
-  return Sequence::Make([=](size_t) { return absl::StrCat("keeping the history of \"", PrintableId(n->id), "\" in bounds"); }, {
-      [&s, &o, n](const Reply&) {
-         const Inputs& in = s.inputs();
-         if (o.history_days <= 0 || in.random.size() < 16 ||
-             static_cast<unsigned char>(in.random[15]) % kHistoryUpkeepEvery != 0) {
-           return Next::Done();
-         }
-         return Next::Send(s.st().HistoryOverLimits(n->id, o.history_versions, o.history_days));
-      },
-      [&s, &o, n](const Reply& r) {
-         absl::StatusOr<Rows> rows = s.AnswerRows(r, "counting the state's versions", 3);
-         int64_t cutoff_ms = 0;
-         if (!rows.ok() || rows->empty() || !absl::SimpleAtoi((*rows)[0][0].value_or(""), &n->count) ||
-             !absl::SimpleAtoi((*rows)[0][1].value_or(""), &n->expired) ||
-             !absl::SimpleAtoi((*rows)[0][2].value_or(""), &cutoff_ms)) {
-           return Next::Done();
-         }
-         const bool over_count = o.history_versions > 0 && n->count > o.history_versions && cutoff_ms > 0;
-         if (!over_count && n->expired == 0) return Next::Done();
-         return Next::Try(s.SqlPart(s.st().TrimHistoryOf(n->id, over_count ? cutoff_ms : 0, o.history_days),
-                                    "removing the state's old versions"));
-      },
-      [&s, &o, n](const Reply& r) {
-         if (r.status.ok()) {
-           s.Tell(DiagnosticKind::kHistoryPruned, DiagnosticLevel::kDebug, n->id,
-                  absl::StrCat("the history of \"", PrintableId(n->id), "\" was kept in bounds: it held ", n->count,
-                               " versions (", n->expired, " past ", o.history_days, " days; at most ",
-                               o.history_versions, " are kept)"),
-                  {{"versions", n->count}, {"expired", n->expired}, {"cap", o.history_versions}});
-         }
-         return Next::Done();
-      },
-  }, c);
-}
+struct UpkeepSteps {
+  StoreSteps& s;
+  const StoreOptions& o;
+  std::string id;
+  int64_t count = 0;
+  int64_t expired = 0;
+  Next Count(const Reply&) {
+    const Inputs& in = s.inputs();
+    if (o.history_days <= 0 || in.random.size() < 16 ||
+        static_cast<unsigned char>(in.random[15]) % kHistoryUpkeepEvery != 0) {
+      return Next::Done();
+    }
+    return Next::Send(s.st().HistoryOverLimits(id, o.history_versions, o.history_days));
+  }
+  Next Trim(const Reply& r) {
+    absl::StatusOr<Rows> rows = s.AnswerRows(r, "counting the state's versions", 3);
+    int64_t cutoff_ms = 0;
+    if (!rows.ok() || rows->empty() || !absl::SimpleAtoi((*rows)[0][0].value_or(""), &count) ||
+        !absl::SimpleAtoi((*rows)[0][1].value_or(""), &expired) ||
+        !absl::SimpleAtoi((*rows)[0][2].value_or(""), &cutoff_ms)) {
+      return Next::Done();
+    }
+    const bool over_count = o.history_versions > 0 && count > o.history_versions && cutoff_ms > 0;
+    if (!over_count && expired == 0) return Next::Done();
+    return Next::Try(s.SqlPart(s.st().TrimHistoryOf(id, over_count ? cutoff_ms : 0, o.history_days),
+                               "removing the state's old versions"));
+  }
+  Next Tell(const Reply& r) {
+    if (r.status.ok()) {
+      s.Tell(DiagnosticKind::kHistoryPruned, DiagnosticLevel::kDebug, id,
+             absl::StrCat("the history of \"", PrintableId(id), "\" was kept in bounds: it held ", count,
+                          " versions (", expired, " past ", o.history_days, " days; at most ", o.history_versions,
+                          " are kept)"),
+             {{"versions", count}, {"expired", expired}, {"cap", o.history_versions}});
+    }
+    return Next::Done();
+  }
+  std::string Where(size_t) const { return absl::StrCat("keeping the history of \"", PrintableId(id), "\" in bounds"); }
+};
 
 }  // namespace
 }  // namespace part
 
 std::unique_ptr<Op> StoreSteps::HistoryUpkeepPart(const std::string& id) {
-  return part::HistoryUpkeep(*this, id);
+  using U = part::UpkeepSteps;
+  return Steps<U>({&U::Count, &U::Trim, &U::Tell}, *this, options(), id);
 }
 
 // Before a read of the history on one server: the buffer's rows into the
@@ -111,105 +108,99 @@ Next FlushIfBuffered(StoreSteps& s) {
 
 // history: the id's versions, newest first; the one the state table holds
 // now is marked current. A missing history reads as no versions.
-std::unique_ptr<Op> HistoryOp(StoreSteps& s, std::string id, int64_t limit) {
-  struct Read {
-    std::string id;
-    std::vector<StateVersion> versions;
-    std::optional<MeltanoState> now;
-  };
-  auto c = Shared<Read>(std::move(id));
-  Read* p = c.get();
-  return Sequence::Make([=](size_t) { return absl::StrCat("history \"", PrintableId(p->id), "\""); }, {
-      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
-      [&s](const Reply&) { return FlushIfBuffered(s); },
-      [&s, p, limit](const Reply&) { return Next::Send(s.st().ListHistory(p->id, limit)); },
-      [&s, p](const Reply& r) {
-         absl::StatusOr<Rows> rows = s.AnswerRows(r, "reading the state history", 5);
-         if (!rows.ok() && rows.status().code() != absl::StatusCode::kNotFound) return Next::Fail(rows.status());
-         if (rows.ok()) {
-           absl::StatusOr<std::vector<StateVersion>> versions = StoreSteps::Versions(p->id, *rows);
-           if (!versions.ok()) return Next::Fail(versions.status());
-           p->versions = *std::move(versions);
-         }
-         return Next::Call(part::ReadState(s, p->id, &p->now));
-      },
-      [&s, p](const Reply&) {
-         // 18.x keeps whole seconds: among the newest second's versions, the
-         // one the state table holds is the newest.
-         std::vector<StateVersion>& v = p->versions;
-         const std::optional<MeltanoState>& now = p->now;
-         for (size_t i = 0; now && i < v.size() && v[i].unix_ms == v[0].unix_ms; ++i) {
-           if (v[i].state.partial == now->partial && v[i].state.completed == now->completed) {
-             v[i].current = true;
-             std::rotate(v.begin(), v.begin() + i, v.begin() + i + 1);
-             break;
-           }
-         }
-         Result out = s.Base();
-         out.versions = std::move(v);
-         return Next::Done(std::move(out));
-      },
-  }, c);
-}
+struct HistorySteps {
+  StoreSteps& s;
+  std::string id;
+  int64_t limit;
+  std::vector<StateVersion> versions;
+  std::optional<MeltanoState> now;
+  Next Connect(const Reply&) { return Next::Call(part::Connect(s)); }
+  Next Flush(const Reply&) { return FlushIfBuffered(s); }
+  Next List(const Reply&) { return Next::Send(s.st().ListHistory(id, limit)); }
+  Next ReadCurrent(const Reply& r) {
+    absl::StatusOr<Rows> rows = s.AnswerRows(r, "reading the state history", 5);
+    if (!rows.ok() && rows.status().code() != absl::StatusCode::kNotFound) return Next::Fail(rows.status());
+    if (rows.ok()) {
+      absl::StatusOr<std::vector<StateVersion>> read = StoreSteps::Versions(id, *rows);
+      if (!read.ok()) return Next::Fail(read.status());
+      versions = *std::move(read);
+    }
+    return Next::Call(part::ReadState(s, id, &now));
+  }
+  Next Done(const Reply&) {
+    // 18.x keeps whole seconds: among the newest second's versions, the one
+    // the state table holds is the newest.
+    std::vector<StateVersion>& v = versions;
+    for (size_t i = 0; now && i < v.size() && v[i].unix_ms == v[0].unix_ms; ++i) {
+      if (v[i].state.partial == now->partial && v[i].state.completed == now->completed) {
+        v[i].current = true;
+        std::rotate(v.begin(), v.begin() + i, v.begin() + i + 1);
+        break;
+      }
+    }
+    Result out = s.Base();
+    out.versions = std::move(v);
+    return Next::Done(std::move(out));
+  }
+  std::string Where(size_t) const { return absl::StrCat("history \"", PrintableId(id), "\""); }
+};
 
 // rollback: a version restored under the id's lock: read from the history
 // and written as the state (a new version).
-std::unique_ptr<Op> RollbackOp(StoreSteps& s, std::string id, std::string version, int64_t unix_ms,
-                               std::string hash8) {
-  struct Ctx {
-    std::string id;
-    std::string version;
-    std::string hash8;
-    MeltanoState restored;
-    std::unique_ptr<Op> restore;
-    absl::Status Missing() const {
-      return absl::NotFoundError(absl::StrCat("state id \"", PrintableId(id), "\" has no version ", version,
-                                              " in its history; `chstate history ID` lists the versions kept"));
+struct RollbackSteps {
+  StoreSteps& s;
+  std::string id;
+  std::string version;
+  int64_t unix_ms;
+  std::string hash8;
+  MeltanoState restored;
+  // Under the lock: the version read and written.
+  struct Restoring {
+    RollbackSteps* r;
+    Next Flush(const Reply&) { return FlushIfBuffered(r->s); }
+    Next Read(const Reply&) { return Next::Send(r->s.st().GetHistoryVersion(r->id, r->unix_ms, r->hash8)); }
+    Next Write(const Reply& a) {
+      absl::StatusOr<Rows> rows = r->s.AnswerRows(a, "reading a version from the state history", 5);
+      if (!rows.ok()) return Next::Fail(rows.status().code() == absl::StatusCode::kNotFound ? r->Missing() : rows.status());
+      absl::StatusOr<std::vector<StateVersion>> found = StoreSteps::Versions(r->id, *rows);
+      if (!found.ok()) return Next::Fail(found.status());
+      if (found->empty()) return Next::Fail(r->Missing());
+      r->restored = std::move(found->front().state);
+      return Next::Call(part::WriteState(r->s, r->restored));
     }
+    std::string Where(size_t) const { return absl::StrCat("restoring version ", r->version); }
   };
-  auto c = Shared<Ctx>(std::move(id), std::move(version), std::move(hash8));
-  Ctx* p = c.get();
-  p->restore = Sequence::Make([=](size_t) { return absl::StrCat("restoring version ", p->version); }, {
-      [&s](const Reply&) { return FlushIfBuffered(s); },
-      [&s, p, unix_ms](const Reply&) { return Next::Send(s.st().GetHistoryVersion(p->id, unix_ms, p->hash8)); },
-      [&s, p](const Reply& r) {
-         absl::StatusOr<Rows> rows = s.AnswerRows(r, "reading a version from the state history", 5);
-         if (!rows.ok()) return Next::Fail(rows.status().code() == absl::StatusCode::kNotFound ? p->Missing() : rows.status());
-         absl::StatusOr<std::vector<StateVersion>> found = StoreSteps::Versions(p->id, *rows);
-         if (!found.ok()) return Next::Fail(found.status());
-         if (found->empty()) return Next::Fail(p->Missing());
-         p->restored = std::move(found->front().state);
-         return Next::Call(part::WriteState(s, p->restored));
-      },
-  });
-  return Sequence::Make([=](size_t) { return absl::StrCat("rollback \"", PrintableId(p->id), "\" to ", p->version); }, {
-      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
-      [&s, p](const Reply&) { return Next::Call(part::Locked(s, p->id, std::move(p->restore))); },
-      [&s, p](const Reply&) {
-         return Next::Done(s.Base(p->restored));
-      },
-  }, c);
-}
+  absl::Status Missing() const {
+    return absl::NotFoundError(absl::StrCat("state id \"", PrintableId(id), "\" has no version ", version,
+                                            " in its history; `chstate history ID` lists the versions kept"));
+  }
+  Next Connect(const Reply&) { return Next::Call(part::Connect(s)); }
+  Next Restore(const Reply&) {
+    return Next::Call(
+        part::Locked(s, id, Steps<Restoring>({&Restoring::Flush, &Restoring::Read, &Restoring::Write}, this)));
+  }
+  Next Done(const Reply&) { return Next::Done(s.Base(restored)); }
+  std::string Where(size_t) const { return absl::StrCat("rollback \"", PrintableId(id), "\" to ", version); }
+};
 
 // list: the ids matching a glob, sorted; a missing table is no ids.
-std::unique_ptr<Op> ListOp(StoreSteps& s, std::optional<std::string> glob) {
-  auto c = std::make_shared<std::optional<std::string>>(std::move(glob));
-  const std::optional<std::string>* p = c.get();
-  return Sequence::Make("list", {
-      [&s](const Reply&) { return Next::Call(part::Connect(s)); },
-      [&s, p](const Reply&) { return Next::Send(s.st().ListStateIds(*p)); },
-      [&s](const Reply& r) {
-         absl::StatusOr<Rows> rows = s.AnswerRows(r, "listing state ids", 2);
-         if (!rows.ok()) {
-           if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s.Base());
-           return Next::Fail(rows.status());
-         }
-         Result out = s.Base();
-         for (const Row& row : *rows) out.state_ids.push_back(row[0].value_or(""));
-         return Next::Done(std::move(out));
-      },
-  }, c);
-}
+struct ListSteps {
+  StoreSteps& s;
+  std::optional<std::string> glob;
+  Next Connect(const Reply&) { return Next::Call(part::Connect(s)); }
+  Next List(const Reply&) { return Next::Send(s.st().ListStateIds(glob)); }
+  Next Done(const Reply& r) {
+    absl::StatusOr<Rows> rows = s.AnswerRows(r, "listing state ids", 2);
+    if (!rows.ok()) {
+      if (rows.status().code() == absl::StatusCode::kNotFound) return Next::Done(s.Base());
+      return Next::Fail(rows.status());
+    }
+    Result out = s.Base();
+    for (const Row& row : *rows) out.state_ids.push_back(row[0].value_or(""));
+    return Next::Done(std::move(out));
+  }
+  std::string Where(size_t) const { return "list"; }
+};
 
 // export: one page (Store::ExportPage). Its ranges' upper ends come from a
 // sample of the ids kept in the store's export cursor between pages; a
@@ -461,7 +452,10 @@ class ImportOp final : public StorePart {
 std::unique_ptr<Task> Store::History(std::string state_id, int64_t limit) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
   if (limit < 1) return Invalid(absl::InvalidArgumentError("a history lists at least one version"));
-  return MakeOpTask(this, [&](StoreSteps& s) { return HistoryOp(s, state_id, limit); });
+  return MakeOpTask(this, [&](StoreSteps& s) {
+    using H = HistorySteps;
+    return Steps<H>({&H::Connect, &H::Flush, &H::List, &H::ReadCurrent, &H::Done}, s, state_id, limit);
+  });
 }
 
 std::unique_ptr<Task> Store::Rollback(std::string state_id, std::string version) {
@@ -476,12 +470,13 @@ std::unique_ptr<Task> Store::Rollback(std::string state_id, std::string version)
         "\" is not a version: versions look like 1796155032000-9f3a2b1c (`chstate history ID` lists them)")));
   }
   return MakeOpTask(this, [&](StoreSteps& s) {
-    return RollbackOp(s, state_id, version, unix_ms, hash8);
+    using R = RollbackSteps;
+    return Steps<R>({&R::Connect, &R::Restore, &R::Done}, s, state_id, version, unix_ms, hash8);
   });
 }
 
 std::unique_ptr<Task> Store::List(std::optional<std::string> glob) {
-  return MakeOpTask(this, [&](StoreSteps& s) { return ListOp(s, glob); });
+  return MakeOpTask(this, [&](StoreSteps& s) { return Steps<ListSteps>({&ListSteps::Connect, &ListSteps::List, &ListSteps::Done}, s, glob); });
 }
 
 std::unique_ptr<Task> Store::ExportPage(std::optional<std::string> glob, std::optional<std::string> after,

@@ -380,32 +380,33 @@ class AcquireOp final : public StorePart {
 // Releases `m`: with python_locks, the marker first (while it stands,
 // Python processes wait; a failure leaves it to end with the Python
 // backend's window), then the lock itself.
-std::unique_ptr<Op> Release(StoreSteps& s, StoreSteps::LockPtr m) {
-  struct Ctx {
-    StoreSteps::LockPtr m;
-    LockOutput outcome;
-  };
-  auto c = Shared<Ctx>(std::move(m));
-  Ctx* p = c.get();
-  // The lock is dropped whatever became of the marker.
-  const bool marker = s.options().python_locks && p->m->state() == LockState::kHeld;
-  std::vector<Sequence::Step> steps;
-  if (marker) {
-    steps.push_back([&s, p](const Reply&) {
-      return Next::Try(
-          s.SqlPart(s.st().DeleteLockMarker(p->m->state_id(), p->m->lock_id()), "withdrawing the lock marker"));
-    });
+namespace {
+struct ReleaseSteps {
+  StoreSteps& s;
+  StoreSteps::LockPtr m;
+  bool marker;  // python_locks, while held: the marker is withdrawn first
+  LockOutput outcome;
+  Next Withdraw(const Reply&) {
+    return Next::Try(s.SqlPart(s.st().DeleteLockMarker(m->state_id(), m->lock_id()), "withdrawing the lock marker"));
   }
-  steps.push_back([&s, p](const Reply&) { return Next::Call(DriveLock(s, p->m, LockStart::kRelease, &p->outcome)); });
-  steps.push_back([&s, p](const Reply&) {
-    if (p->outcome.outcome == LockOutput::Outcome::kReleased) return Next::Done();
-    return Next::Fail(s.ExplainCluster(p->outcome.status));
-  });
-  auto where = [p, marker](size_t step) {
+  // The lock is dropped whatever became of the marker.
+  Next Drop(const Reply&) { return Next::Call(DriveLock(s, m, LockStart::kRelease, &outcome)); }
+  Next Done(const Reply&) {
+    if (outcome.outcome == LockOutput::Outcome::kReleased) return Next::Done();
+    return Next::Fail(s.ExplainCluster(outcome.status));
+  }
+  std::string Where(size_t step) const {
     return absl::StrCat(marker && step == 0 ? "withdrawing the lock marker of \"" : "releasing the lock on \"",
-                        PrintableId(p->m->state_id()), "\"");
-  };
-  return Sequence::Make(where, std::move(steps), c);
+                        PrintableId(m->state_id()), "\"");
+  }
+};
+}  // namespace
+
+std::unique_ptr<Op> Release(StoreSteps& s, StoreSteps::LockPtr m) {
+  using R = ReleaseSteps;
+  const bool marker = s.options().python_locks && m->state() == LockState::kHeld;
+  if (marker) return Steps<R>({&R::Withdraw, &R::Drop, &R::Done}, s, std::move(m), true);
+  return Steps<R>({&R::Drop, &R::Done}, s, std::move(m), false);
 }
 
 std::unique_ptr<Op> ReadClaims(StoreSteps& s, SqlRequest req, SqlResponse* out) {

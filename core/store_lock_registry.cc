@@ -63,69 +63,64 @@ namespace {
 // after it was confirmed: so no lease outlasts the marker that keeps the
 // Python backend out (docs/lock.md). A marker that failed leaves the lease
 // as it was and tries again after the retry wait.
-std::unique_ptr<Op> RenewOp(StoreSteps& s, std::string id, bool* lost) {
-  struct Renewal {
-    std::string id;
-    bool* lost;
-    StoreSteps::LockPtr m;
-    LockOutput outcome;
-    Next FailLost(absl::Status why) {
-      *lost = true;
-      return Next::Fail(std::move(why));
+struct RenewSteps {
+  StoreSteps& s;
+  std::string id;
+  bool* lost;
+  bool marker;  // python_locks: the marker is renewed first
+  StoreSteps::LockPtr m;
+  LockOutput outcome;
+  Next FailLost(absl::Status why) {
+    *lost = true;
+    return Next::Fail(std::move(why));
+  }
+  Next Check(const Reply&) {
+    *lost = false;
+    auto it = s.held().find(id);
+    if (it == s.held().end() || it->second.machine->state() != LockState::kHeld) return FailLost(StoreSteps::LostLock(id));
+    m = it->second.machine;
+    if (!marker) return Next::GoOn();
+    return Next::Try(s.SqlPart(s.st().InsertLockMarker(id, m->lock_id(), MarkerAheadS(s.options())),
+                               "renewing the lock marker"));
+  }
+  Next Renew(const Reply& r) {
+    if (!r.status.ok()) {
+      auto it = s.held().find(id);
+      if (it != s.held().end() && it->second.machine == m) {
+        s.SetTimer(TimerKind::kRenewal, id, s.inputs().now_ms + s.options().lock.retry_ms);
+      }
+      return Next::Done();  // the lease stays as the last marker allows
     }
-  };
-  auto c = Shared<Renewal>(std::move(id), lost);
-  Renewal* n = c.get();
-  return Sequence::Make([=](size_t step) -> std::string {
-    if (step == 0) return "renewing the lock marker";
-    return absl::StrCat("renewing the lock on \"", PrintableId(n->id), "\"");
-  }, {
-      [&s, n](const Reply&) {
-         *n->lost = false;
-         auto it = s.held().find(n->id);
-         if (it == s.held().end() || it->second.machine->state() != LockState::kHeld) {
-           return n->FailLost(StoreSteps::LostLock(n->id));
-         }
-         n->m = it->second.machine;
-         if (!s.options().python_locks) return Next::GoOn();
-         return Next::Try(s.SqlPart(s.st().InsertLockMarker(n->id, n->m->lock_id(), MarkerAheadS(s.options())),
-                                    "renewing the lock marker"));
-      },
-      [&s, n](const Reply& r) {
-         if (!r.status.ok()) {
-           auto it = s.held().find(n->id);
-           if (it != s.held().end() && it->second.machine == n->m) {
-             s.SetTimer(TimerKind::kRenewal, n->id, s.inputs().now_ms + s.options().lock.retry_ms);
-           }
-           return Next::Done();  // the lease stays as the last marker allows
-         }
-         return Next::Call(part::DriveLock(s, n->m, part::LockStart::kTimer, &n->outcome));
-      },
-      [&s, n](const Reply&) {
-         const Inputs& in = s.inputs();
-         const LockOutput& outcome = n->outcome;
-         const StoreSteps::LockPtr& m = n->m;
-         if (outcome.renewed()) {
-           // Confirmed (or inconclusive, to be tried again soon): the machine
-           // names when the next renewal is due.
-           auto it = s.held().find(n->id);
-           if (it != s.held().end() && it->second.machine == m) {
-             s.SetTimer(TimerKind::kRenewal, n->id, in.now_ms + outcome.wait_ms);
-           }
-           s.Tell(DiagnosticKind::kLeaseRenewed, DiagnosticLevel::kDebug, n->id,
-                  absl::StrCat("the lock on \"", PrintableId(n->id), "\" was renewed; its lease runs ",
-                               m->lease_deadline_ms() - in.now_ms, " ms more, next renewal in ", outcome.wait_ms, " ms"),
-                  {{"lease_left_ms", m->lease_deadline_ms() - in.now_ms}, {"next_renewal_ms", outcome.wait_ms}});
-           return Next::Done();
-         }
-         if (m->state() == LockState::kLost) {
-           absl::Status why = outcome.status.ok() ? StoreSteps::LostLock(n->id) : outcome.status;
-           s.Tell(DiagnosticKind::kLeaseLost, DiagnosticLevel::kWarning, n->id, std::string(why.message()));
-           return n->FailLost(std::move(why));
-         }
-         return Next::Fail(outcome.status);
-      },
-  }, c);
+    return Next::Call(part::DriveLock(s, m, part::LockStart::kTimer, &outcome));
+  }
+  Next Renewed(const Reply&) {
+    const Inputs& in = s.inputs();
+    if (outcome.renewed()) {
+      // Confirmed (or inconclusive, to be tried again soon): the machine
+      // names when the next renewal is due.
+      auto it = s.held().find(id);
+      if (it != s.held().end() && it->second.machine == m) s.SetTimer(TimerKind::kRenewal, id, in.now_ms + outcome.wait_ms);
+      s.Tell(DiagnosticKind::kLeaseRenewed, DiagnosticLevel::kDebug, id,
+             absl::StrCat("the lock on \"", PrintableId(id), "\" was renewed; its lease runs ",
+                          m->lease_deadline_ms() - in.now_ms, " ms more, next renewal in ", outcome.wait_ms, " ms"),
+             {{"lease_left_ms", m->lease_deadline_ms() - in.now_ms}, {"next_renewal_ms", outcome.wait_ms}});
+      return Next::Done();
+    }
+    if (m->state() == LockState::kLost) {
+      absl::Status why = outcome.status.ok() ? StoreSteps::LostLock(id) : outcome.status;
+      s.Tell(DiagnosticKind::kLeaseLost, DiagnosticLevel::kWarning, id, std::string(why.message()));
+      return FailLost(std::move(why));
+    }
+    return Next::Fail(outcome.status);
+  }
+  std::string Where(size_t step) const {
+    if (marker && step == 0) return "renewing the lock marker";
+    return absl::StrCat("renewing the lock on \"", PrintableId(id), "\"");
+  }
+};
+std::unique_ptr<Op> RenewOp(StoreSteps& s, std::string id, bool* lost) {
+  using R = RenewSteps;
+  return Steps<R>({&R::Check, &R::Renew, &R::Renewed}, s, std::move(id), lost, s.options().python_locks);
 }
 
 // Renews the lock this store holds on `id` when its renewal is due. A lock
@@ -158,31 +153,29 @@ class RenewIfDueOp final : public StorePart {
 // (QuorumWrite). Done once the renewal is confirmed or inconclusive (the
 // caller checks the lease again); fails when the lock is not held or was
 // found lost.
+struct RenewForWaitSteps {
+  StoreSteps& s;
+  std::string id;
+  bool held = false;  // the store's held lock, renewed by RenewOp
+  bool lost = false;
+  StoreSteps::LockPtr m;
+  LockOutput outcome;
+  Next Renew(const Reply&) {
+    held = s.held().count(id) != 0;
+    if (held) return Next::Call(RenewOp(s, id, &lost));
+    m = s.current_lock();
+    if (!m || m->state_id() != id || m->state() != LockState::kHeld) return Next::Fail(StoreSteps::LostLock(id));
+    return Next::Call(part::DriveLock(s, m, part::LockStart::kTimer, &outcome));
+  }
+  Next Done(const Reply&) {
+    if (held || (outcome.renewed() && m->state() == LockState::kHeld)) return Next::Done();
+    return Next::Fail(outcome.status.ok() ? StoreSteps::LostLock(id) : outcome.status);
+  }
+  std::string Where(size_t) const { return absl::StrCat("renewing the lock on \"", PrintableId(id), "\" to wait"); }
+};
 std::unique_ptr<Op> RenewForWaitOp(StoreSteps& s, std::string id) {
-  struct Renewal {
-    std::string id;
-    bool held = false;  // the store's held lock, renewed by RenewOp
-    bool lost = false;
-    StoreSteps::LockPtr m;
-    LockOutput outcome;
-  };
-  auto c = Shared<Renewal>(std::move(id));
-  Renewal* n = c.get();
-  return Sequence::Make([=](size_t) { return absl::StrCat("renewing the lock on \"", PrintableId(n->id), "\" to wait"); }, {
-      [&s, n](const Reply&) {
-         n->held = s.held().count(n->id) != 0;
-         if (n->held) return Next::Call(RenewOp(s, n->id, &n->lost));
-         n->m = s.current_lock();
-         if (!n->m || n->m->state_id() != n->id || n->m->state() != LockState::kHeld) {
-           return Next::Fail(StoreSteps::LostLock(n->id));
-         }
-         return Next::Call(part::DriveLock(s, n->m, part::LockStart::kTimer, &n->outcome));
-      },
-      [n](const Reply&) {
-         if (n->held || (n->outcome.renewed() && n->m->state() == LockState::kHeld)) return Next::Done();
-         return Next::Fail(n->outcome.status.ok() ? StoreSteps::LostLock(n->id) : n->outcome.status);
-      },
-  }, c);
+  using R = RenewForWaitSteps;
+  return Steps<R>({&R::Renew, &R::Done}, s, std::move(id));
 }
 
 // Releases the held lock `m` on `id` (inspection and DROP) and then forgets

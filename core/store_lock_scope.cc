@@ -21,89 +21,81 @@ namespace {
 // acquire: the id's lock, kept by the store until ReleaseLock (a lock
 // scope). A lock lingering since its last release (and within its lease:
 // the task's start forgot it otherwise) is taken back with no request.
-std::unique_ptr<Op> AcquireLockOp(StoreSteps& s, std::string id) {
-  struct Taking {
-    std::string id;
-    int64_t started_ms = 0;
-    int64_t renew_in_ms = 0;
-    StoreSteps::LockPtr m;
-    bool waited = false;  // for another process
-  };
-  auto c = Shared<Taking>(std::move(id));
-  Taking* t = c.get();
-  return Sequence::Make([=](size_t) { return absl::StrCat("acquire \"", PrintableId(t->id), "\""); }, {
-      [&s, t](const Reply&) {
-         t->started_ms = s.inputs().now_ms;
-         auto it = s.held().find(t->id);
-         if (it != s.held().end() && !it->second.lingering && it->second.Live()) {
-           // Waiting for a lock this store holds would wait for itself.
-           return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
-               "this store already holds the lock on state id \"", PrintableId(t->id),
-               "\": lock scopes on one id do not nest (writes inside the scope already run under it)")));
-         }
-         if (it != s.held().end() && it->second.lingering) {
-           it->second.lingering = false;
-           s.ClearTimer(TimerKind::kLinger, t->id);
-           Result r = s.Base();
-           r.lock_id = it->second.machine->lock_id();
-           r.waited_ms = 0;
-           return Next::Done(std::move(r));
-         }
-         return Next::Call(part::Connect(s));
-      },
-      [&s, t](const Reply&) { return Next::Call(part::Acquire(s, t->id, &t->m, &t->waited, &t->renew_in_ms)); },
-      [&s, t](const Reply&) {
-         const Inputs& in = s.inputs();
-         // The machine's renewal timer, armed as it became the holder.
-         s.Hold(t->id, t->m, in.now_ms + t->renew_in_ms);
-         Result r = s.Base();
-         r.lock_id = t->m->lock_id();
-         r.waited_ms = in.now_ms - t->started_ms;
-         s.TellAcquired(*t->m, r.waited_ms, t->waited);
-         return Next::Done(std::move(r));
-      },
-  }, c);
-}
+struct AcquireLockSteps {
+  StoreSteps& s;
+  std::string id;
+  int64_t started_ms = 0;
+  int64_t renew_in_ms = 0;
+  StoreSteps::LockPtr m;
+  bool waited = false;  // for another process
+  Next Start(const Reply&) {
+    started_ms = s.inputs().now_ms;
+    auto it = s.held().find(id);
+    if (it != s.held().end() && !it->second.lingering && it->second.Live()) {
+      // Waiting for a lock this store holds would wait for itself.
+      return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
+          "this store already holds the lock on state id \"", PrintableId(id),
+          "\": lock scopes on one id do not nest (writes inside the scope already run under it)")));
+    }
+    if (it != s.held().end() && it->second.lingering) {
+      it->second.lingering = false;
+      s.ClearTimer(TimerKind::kLinger, id);
+      Result r = s.Base();
+      r.lock_id = it->second.machine->lock_id();
+      r.waited_ms = 0;
+      return Next::Done(std::move(r));
+    }
+    return Next::Call(part::Connect(s));
+  }
+  Next Acquire(const Reply&) { return Next::Call(part::Acquire(s, id, &m, &waited, &renew_in_ms)); }
+  Next Hold(const Reply&) {
+    const Inputs& in = s.inputs();
+    // The machine's renewal timer, armed as it became the holder.
+    s.Hold(id, m, in.now_ms + renew_in_ms);
+    Result r = s.Base();
+    r.lock_id = m->lock_id();
+    r.waited_ms = in.now_ms - started_ms;
+    s.TellAcquired(*m, r.waited_ms, waited);
+    return Next::Done(std::move(r));
+  }
+  std::string Where(size_t) const { return absl::StrCat("acquire \"", PrintableId(id), "\""); }
+};
 
 // renew: the lease of a lock this store holds, now. What the store holds is
 // looked at when the task starts, not when it is built: a host may queue
 // tasks (core/connection.h) and the ones before this may take or release
 // locks.
-std::unique_ptr<Op> RenewLockOp(StoreSteps& s, std::string id) {
-  struct Ctx {
-    std::string id;
-    std::string lock_id;
-    bool lost = false;
-  };
-  auto c = Shared<Ctx>(std::move(id));
-  Ctx* p = c.get();
-  return Sequence::Make([=](size_t) { return absl::StrCat("renew \"", PrintableId(p->id), "\""); }, {
-      [&s, p](const Reply&) {
-         auto it = s.held().find(p->id);
-         if (it == s.held().end()) {
-           return Next::Fail(absl::FailedPreconditionError(absl::StrCat(
-               "cannot renew the lock on state id \"", PrintableId(p->id), "\": this store does not hold it")));
-         }
-         p->lock_id = it->second.machine->lock_id();
-         return Next::Call(part::Renew(s, p->id, &p->lost));
-      },
-      [&s, p](const Reply&) {
-         Result out = s.Base();
-         out.lock_id = p->lock_id;
-         return Next::Done(std::move(out));
-      },
-  }, c);
-}
+struct RenewLockSteps {
+  StoreSteps& s;
+  std::string id;
+  std::string lock_id;
+  bool lost = false;
+  Next Renew(const Reply&) {
+    auto it = s.held().find(id);
+    if (it == s.held().end()) {
+      return Next::Fail(absl::FailedPreconditionError(
+          absl::StrCat("cannot renew the lock on state id \"", PrintableId(id), "\": this store does not hold it")));
+    }
+    lock_id = it->second.machine->lock_id();
+    return Next::Call(part::Renew(s, id, &lost));
+  }
+  Next Done(const Reply&) {
+    Result out = s.Base();
+    out.lock_id = lock_id;
+    return Next::Done(std::move(out));
+  }
+  std::string Where(size_t) const { return absl::StrCat("renew \"", PrintableId(id), "\""); }
+};
 
 // The store's timers while no operation runs: renewals that are due, then
 // lingering locks that idled out or that another process waits for.
-std::unique_ptr<Op> TickOp(StoreSteps& s) {
-  return Sequence::Make("tick", {
-      [&s](const Reply&) { return Next::Call(part::RenewAllDue(s)); },
-      [&s](const Reply&) { return Next::Call(part::ReleaseIdleLingering(s)); },
-      [&s](const Reply&) { return Next::Done(s.Base()); },
-  });
-}
+struct TickSteps {
+  StoreSteps& s;
+  Next Renew(const Reply&) { return Next::Call(part::RenewAllDue(s)); }
+  Next Release(const Reply&) { return Next::Call(part::ReleaseIdleLingering(s)); }
+  Next Done(const Reply&) { return Next::Done(s.Base()); }
+  std::string Where(size_t) const { return "tick"; }
+};
 
 // Releases for real every lingering lock (ReleaseLingering), or every lock
 // this store holds or keeps lingering (Close: best effort, a failed release
@@ -223,15 +215,22 @@ class ReleaseLockOp final : public StorePart {
 
 std::unique_ptr<Task> Store::AcquireLock(std::string state_id) {
   if (absl::Status st = ValidateStateId(state_id); !st.ok()) return Invalid(st);
-  return MakeOpTask(this, [&](StoreSteps& s) { return AcquireLockOp(s, state_id); });
+  return MakeOpTask(this, [&](StoreSteps& s) {
+    using A = AcquireLockSteps;
+    return Steps<A>({&A::Start, &A::Acquire, &A::Hold}, s, state_id);
+  });
 }
 
 std::unique_ptr<Task> Store::RenewLock(std::string state_id) {
-  return MakeOpTask(this, [&](StoreSteps& s) { return RenewLockOp(s, state_id); });
+  return MakeOpTask(this, [&](StoreSteps& s) {
+    return Steps<RenewLockSteps>({&RenewLockSteps::Renew, &RenewLockSteps::Done}, s, state_id);
+  });
 }
 
 std::unique_ptr<Task> Store::Tick() {
-  return MakeOpTask(this, [&](StoreSteps& s) { return TickOp(s); });
+  return MakeOpTask(this, [&](StoreSteps& s) {
+    return Steps<TickSteps>({&TickSteps::Renew, &TickSteps::Release, &TickSteps::Done}, s);
+  });
 }
 
 std::unique_ptr<Task> Store::ReleaseLingering() {

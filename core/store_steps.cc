@@ -49,35 +49,39 @@ Next CheckReplicated(StoreSteps& s, const Reply& r) {
 
 }  // namespace
 
+namespace {
+struct ConnectSteps {
+  StoreSteps& s;
+  bool force;
+  Next Ask(const Reply&) {
+    if (s.statements_slot() && !force) return Next::Done();
+    return Next::Send(Statements::SelectVersion());
+  }
+  Next Choose(const Reply& r) {
+    absl::StatusOr<Rows> rows = s.AnswerRows(r, "connecting", 2);
+    if (!rows.ok()) return Next::Fail(rows.status());
+    if (rows->empty() || !(*rows)[0][0]) {
+      return Next::Fail(absl::DataLossError("ClickHouse sent no version for SELECT version()"));
+    }
+    absl::StatusOr<ServerVersion> v = ParseServerVersion(*(*rows)[0][0]);
+    if (!v.ok()) return Next::Fail(v.status());
+    absl::StatusOr<Dialect> d = DialectFor(*v);
+    if (!d.ok()) return Next::Fail(d.status());
+    const StoreOptions& o = s.options();
+    absl::StatusOr<Statements> st = Statements::Create(*d, o.schema, o.table, o.cluster);
+    if (!st.ok()) return Next::Fail(st.status());
+    s.statements_slot() = std::move(*st);
+    s.set_server_version(v->text);
+    if (!o.cluster.enabled()) return Next::Done();
+    return Next::Send(s.st().StateTableEngine());
+  }
+  Next Check(const Reply& r) { return CheckReplicated(s, r); }
+  std::string Where(size_t step) const { return step == 1 ? "checking the state table" : "connecting"; }
+};
+}  // namespace
+
 std::unique_ptr<Op> Connect(StoreSteps& s, bool force) {
-  return Sequence::Make([=](size_t step) -> std::string {
-    if (step == 1) return "checking the state table";
-    return "connecting";
-  }, {
-      [&s, force](const Reply&) {
-         if (s.statements_slot() && !force) return Next::Done();
-         return Next::Send(Statements::SelectVersion());
-      },
-      [&s](const Reply& r) {
-         absl::StatusOr<Rows> rows = s.AnswerRows(r, "connecting", 2);
-         if (!rows.ok()) return Next::Fail(rows.status());
-         if (rows->empty() || !(*rows)[0][0]) {
-           return Next::Fail(absl::DataLossError("ClickHouse sent no version for SELECT version()"));
-         }
-         absl::StatusOr<ServerVersion> v = ParseServerVersion(*(*rows)[0][0]);
-         if (!v.ok()) return Next::Fail(v.status());
-         absl::StatusOr<Dialect> d = DialectFor(*v);
-         if (!d.ok()) return Next::Fail(d.status());
-         const StoreOptions& o = s.options();
-         absl::StatusOr<Statements> st = Statements::Create(*d, o.schema, o.table, o.cluster);
-         if (!st.ok()) return Next::Fail(st.status());
-         s.statements_slot() = std::move(*st);
-         s.set_server_version(v->text);
-         if (!o.cluster.enabled()) return Next::Done();
-         return Next::Send(s.st().StateTableEngine());
-      },
-      [&s](const Reply& r) { return CheckReplicated(s, r); },
-  });
+  return Steps<ConnectSteps>({&ConnectSteps::Ask, &ConnectSteps::Choose, &ConnectSteps::Check}, s, force);
 }
 
 namespace {
@@ -444,44 +448,46 @@ class DeleteStateOp final : public StorePart {
 // Runs `body` under the lock for `id`, taken for it and released on every
 // exit path. Ends with the body's result; the body's error matters more
 // than a failed release.
-std::unique_ptr<Op> Locked(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
-  struct Held {
-    std::string id;
-    std::unique_ptr<Op> body;
-    int64_t started_ms = 0;
-    StoreSteps::LockPtr lock;
-    bool waited = false;  // for another process
-    absl::Status outcome;
-    std::shared_ptr<Result> result;
-  };
-  auto c = Shared<Held>(std::move(id), std::move(body));
-  Held* h = c.get();
-  auto where = [h](size_t step) {
+namespace {
+struct LockedSteps {
+  StoreSteps& s;
+  std::string id;
+  std::unique_ptr<Op> body;
+  int64_t started_ms = 0;
+  StoreSteps::LockPtr lock;
+  bool waited = false;  // for another process
+  absl::Status outcome;
+  std::shared_ptr<Result> result;
+  Next Acquire(const Reply&) {
+    started_ms = s.inputs().now_ms;
+    return Next::Call(part::Acquire(s, id, &lock, &waited));
+  }
+  Next Body(const Reply&) {
+    s.TellAcquired(*lock, s.inputs().now_ms - started_ms, waited);
+    s.set_current_lock(lock);
+    return Next::Try(std::move(body));
+  }
+  Next Release(const Reply& r) {
+    s.set_current_lock(nullptr);
+    outcome = r.status;
+    result = r.result;
+    return Next::Try(part::Release(s, lock));
+  }
+  Next Done(const Reply& r) {
+    if (!outcome.ok()) return Next::Fail(outcome);
+    if (!r.status.ok()) return Next::Fail(r.status);
+    return result ? Next::Done(*result) : Next::Done();
+  }
+  std::string Where(size_t step) const {
     const char* doing = step == 0 ? "taking" : step == 1 ? "under" : "releasing";
-    return absl::StrCat(doing, " the lock on \"", PrintableId(h->id), "\"");
-  };
-  return Sequence::Make(where, {
-      [&s, h](const Reply&) {
-         h->started_ms = s.inputs().now_ms;
-         return Next::Call(part::Acquire(s, h->id, &h->lock, &h->waited));
-      },
-      [&s, h](const Reply&) {
-         s.TellAcquired(*h->lock, s.inputs().now_ms - h->started_ms, h->waited);
-         s.set_current_lock(h->lock);
-         return Next::Try(std::move(h->body));
-      },
-      [&s, h](const Reply& r) {
-         s.set_current_lock(nullptr);
-         h->outcome = r.status;
-         h->result = r.result;
-         return Next::Try(part::Release(s, h->lock));
-      },
-      [h](const Reply& r) {
-         if (!h->outcome.ok()) return Next::Fail(h->outcome);
-         if (!r.status.ok()) return Next::Fail(r.status);
-         return h->result ? Next::Done(*h->result) : Next::Done();
-      },
-  }, c);
+    return absl::StrCat(doing, " the lock on \"", PrintableId(id), "\"");
+  }
+};
+}  // namespace
+
+std::unique_ptr<Op> Locked(StoreSteps& s, std::string id, std::unique_ptr<Op> body) {
+  using L = LockedSteps;
+  return Steps<L>({&L::Acquire, &L::Body, &L::Release, &L::Done}, s, std::move(id), std::move(body));
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/lock_machine.h"
@@ -257,7 +258,7 @@ absl::Status PythonHolds(const StoreOptions& o, const std::string& id, const std
 // A task that runs the operation `make` builds (now, with the task's
 // StoreSteps; the op looks at the store only once the task starts: tasks
 // queue).
-std::unique_ptr<Task> MakeOpTask(Store* store, const std::function<std::unique_ptr<Op>(StoreSteps&)>& make);
+std::unique_ptr<Task> MakeOpTask(Store* store, absl::FunctionRef<std::unique_ptr<Op>(StoreSteps&)> make);
 // A task that fails at once with `status` (bad arguments).
 std::unique_ptr<Task> Invalid(absl::Status status);
 

@@ -43,7 +43,7 @@ class StoreTaskOp final : public Op {
 
 }  // namespace
 
-std::unique_ptr<Task> MakeOpTask(Store* store, const std::function<std::unique_ptr<Op>(StoreSteps&)>& make) {
+std::unique_ptr<Task> MakeOpTask(Store* store, absl::FunctionRef<std::unique_ptr<Op>(StoreSteps&)> make) {
   auto task = std::make_unique<Task>(store->options().transport);
   auto steps = std::make_shared<StoreSteps>(store, task->inputs());
   StoreSteps* s = steps.get();

@@ -17,7 +17,6 @@
 #ifndef CHSTATE_CORE_VERBS_H_
 #define CHSTATE_CORE_VERBS_H_
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,7 +76,7 @@ enum class Returns {
 // A verb document's arguments, read by its row (core/verbs.cc).
 class VerbArgs;
 // What a verb does: its task, made from its checked arguments.
-using VerbTask = std::function<absl::StatusOr<std::unique_ptr<Task>>(Store& store, const VerbArgs& args)>;
+using VerbTask = absl::StatusOr<std::unique_ptr<Task>> (*)(Store& store, const VerbArgs& args);
 
 struct VerbSpec {
   const char* name;
