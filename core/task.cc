@@ -106,7 +106,7 @@ void Task::Run(std::shared_ptr<void> context, std::unique_ptr<Op> root) {
 }
 
 Task::~Task() {
-  stack_.clear();  // the operations first: they may use the context (their deadlines' entries)
+  stack_.clear();  // the operations first: they may use the context
   EndWait();
 }
 
