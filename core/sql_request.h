@@ -53,11 +53,11 @@ struct SqlRequest {
   // Hosts it goes to only when no other host is left: those that already
   // answered a read that must reach several replicas (each_replica).
   std::vector<Endpoint> not_to;
-  // A cluster-mode claims read (Statements::InspectClaims): its answer ends
-  // with a row naming the replica that gave it, and the store asks other
-  // replicas too until the answers must hold every confirmed claim
-  // (part::ReadClaims in core/store_lock.cc). The core's business, like
-  // send_before_ms.
+  // A cluster-mode claims or state read (Statements::InspectClaims,
+  // GetState): its answer ends with a row naming the replica that gave it,
+  // and the store asks other replicas too until the answers must hold every
+  // confirmed write (part::ReadEachReplica in core/store_lock.cc). The
+  // core's business, like send_before_ms.
   bool each_replica = false;
 };
 

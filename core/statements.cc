@@ -317,8 +317,24 @@ SqlRequest Statements::GetState(absl::string_view state_id) const {
   ReadSettings(&r);
   std::string where = StateIdEquals(&r, state_id);
   if (cluster_.enabled()) {
-    r.sql = absl::StrCat("SELECT partial_state, completed_state FROM ",
-                         LiveStates("partial_state", absl::StrCat(" WHERE ", where)), " LIMIT 1 FORMAT TabSeparated");
+    // Asked of enough replicas that one has the newest confirmed write
+    // (part::ReadEachReplica): on 18.16 a sequentially consistent read only
+    // makes sure of the table's last quorum insert. Each answers with its
+    // newest row, a tombstone too, with its version and the last block
+    // number of its part, and a row naming the replica (ClaimsReadReplica);
+    // the newest by (version, block) is the state (NewestStateRow). Parts
+    // nest or follow each other (every replica runs the same log), so the
+    // later block holds the later row, as FINAL on a replica with every
+    // part would pick.
+    r.each_replica = true;
+    const char* version = dialect_ == Dialect::kModern ? "toUnixTimestamp64Milli(updated_at)"
+                                                       : "toUInt64(toUnixTimestamp(updated_at)) * 1000";
+    r.sql = absl::StrCat("SELECT partial_state, completed_state, toString(", version,
+                         "), toString(toUInt64(splitByChar('_', _part)[3])), '', '', '' FROM ", StateTable(),
+                         " FINAL WHERE ", where, " LIMIT 1 UNION ALL SELECT toNullable(",
+                         QuoteStringLiteral(kClaimsReplicaRow), "), toNullable(toString(total_replicas)), '', '', '', "
+                         "replica_name, '' FROM system.replicas WHERE database = ", QuoteStringLiteral(schema_),
+                         " AND table = ", QuoteStringLiteral(table_), " FORMAT TabSeparated");
     return r;
   }
   r.sql = absl::StrCat("SELECT partial_state, completed_state FROM ", StateTable(), " FINAL WHERE ", where,

@@ -260,11 +260,20 @@ TEST(Statements, ClusterModeSql) {
        "locked_at DateTime DEFAULT now()) ENGINE = ReplicatedReplacingMergeTree("
        "'/clickhouse/tables/{shard}/meltano/state_lock', '{replica}', locked_at) ORDER BY state_id",
        kDdl, true},
-      {"get skips tombstones after FINAL", Dialect::kClickHouse18, [](const Statements& s) { return s.GetState("a"); },
-       "SELECT partial_state, completed_state FROM (SELECT partial_state, completed_state FROM `meltano`.`state` "
-       "FINAL WHERE state_id = 'a') WHERE ifNull(completed_state, '') != 'chstate:deleted' LIMIT 1 FORMAT "
-       "TabSeparated",
+      {"get 18: each replica's newest row (a tombstone too), its version and part, and the replica",
+       Dialect::kClickHouse18, [](const Statements& s) { return s.GetState("a"); },
+       "SELECT partial_state, completed_state, toString(toUInt64(toUnixTimestamp(updated_at)) * 1000), "
+       "toString(toUInt64(splitByChar('_', _part)[3])), '', '', '' FROM `meltano`.`state` FINAL WHERE state_id = 'a' "
+       "LIMIT 1 UNION ALL SELECT toNullable('#replica'), toNullable(toString(total_replicas)), '', '', '', "
+       "replica_name, '' FROM system.replicas WHERE database = 'meltano' AND table = 'state' FORMAT TabSeparated",
        kSequential, true},
+      {"get modern: milliseconds", Dialect::kModern, [](const Statements& s) { return s.GetState("a"); },
+       "SELECT partial_state, completed_state, toString(toUnixTimestamp64Milli(updated_at)), "
+       "toString(toUInt64(splitByChar('_', _part)[3])), '', '', '' FROM `meltano`.`state` FINAL WHERE "
+       "state_id = {state_id:String} LIMIT 1 UNION ALL SELECT toNullable('#replica'), "
+       "toNullable(toString(total_replicas)), '', '', '', replica_name, '' FROM system.replicas WHERE "
+       "database = 'meltano' AND table = 'state' FORMAT TabSeparated",
+       {{"wait_end_of_query", "1"}, {"select_sequential_consistency", "1"}, {"param_state_id", "a"}}, true},
       {"insert 18: quorum, no deduplication", Dialect::kClickHouse18,
        [](const Statements& s) { return s.InsertState("a", std::nullopt, std::string("{}"), "tok"); },
        "INSERT INTO `meltano`.`state` (state_id, partial_state, completed_state) VALUES ('a', NULL, '{}')",

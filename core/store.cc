@@ -99,7 +99,7 @@ struct ReadMergeWriteSteps {
   MeltanoState incoming;
   MeltanoState* written;
   std::optional<MeltanoState> current;
-  Next Read(const Reply&) { return Next::Call(part::ReadState(s, incoming.state_id, &current)); }
+  Next Read(const Reply&) { return Next::Call(part::ReadState(s, incoming.state_id, &current, true)); }
   Next Write(const Reply&) {
     *written = ApplyUpdate(current, incoming);
     return Next::Call(part::WriteState(s, *written));

@@ -24,25 +24,37 @@ namespace chstate {
 namespace part {
 namespace {
 
-// A claims read (SqlRequest::each_replica) asked of enough replicas that one
-// of them has every confirmed claim. On 18.16, select_sequential_consistency
-// only makes sure that the replica read has the last quorum insert of the
-// table: one that missed an earlier claim (its fetch failed, or is still
-// queued) answers without it, and the claimant would hold the lock while
-// that claim's holder does (tests/cluster/test_claims_gap.py). A claim is
-// confirmed on `quorum` replicas, so any replicas - quorum + 1 replicas
-// include one of them (ClaimsReplicasToRead). Each answer names its replica
+// A read (SqlRequest::each_replica: the lock's claims, a state) asked of
+// enough replicas that one of them has every confirmed write. On 18.16,
+// select_sequential_consistency only makes sure that the replica read has
+// the last quorum insert of the table: one that missed an earlier insert
+// (its fetch failed, or is still queued, as after a restart) answers
+// without it, and the claimant would hold the lock while that claim's
+// holder does (tests/cluster/test_claims_gap.py), or an update would merge
+// into a state older than one already acknowledged and lose it
+// (tests/cluster/test_state_gap.py). A write is confirmed on `quorum`
+// replicas, so any replicas - quorum + 1 replicas include one of them
+// (ClaimsReplicasToRead). Each answer names its replica
 // (ClaimsReadReplica); the read goes to the hosts that have not answered
 // first (SqlRequest::not_to), and asks again, up to once per host and once
-// more per replica it needs, before it gives up. The answers, joined, go to
-// the lock machine as one (ParseClaimInspection joins the replicas' rows).
-// A failed answer goes to the machine as it came: it judges it as any
-// failed read.
-class ReadClaimsOp final : public StorePart {
+// more per replica it needs, before it gives up: with `fewer_ok` it then
+// ends with the answers it has, otherwise it fails, saying how few replicas
+// answered. The answers, joined, go to the caller as one (the lock machine:
+// ParseClaimInspection joins the replicas' rows; a state read picks the
+// newest row, NewestStateRow). A failed answer goes to the caller as it
+// came: it judges it as any failed read.
+class ReadEachReplicaOp final : public StorePart {
  public:
-  ReadClaimsOp(StoreSteps& s, SqlRequest req, SqlResponse* out) : StorePart(s), req_(std::move(req)), out_(out) {}
+  ReadEachReplicaOp(StoreSteps& s, SqlRequest req, std::string what, std::string item, bool fewer_ok,
+                    SqlResponse* out)
+      : StorePart(s),
+        req_(std::move(req)),
+        what_(std::move(what)),
+        item_(std::move(item)),
+        fewer_ok_(fewer_ok),
+        out_(out) {}
   std::string Where() const override {
-    return absl::StrCat("the claims read (", replicas_.size(), " replica", replicas_.size() == 1 ? "" : "s", ")");
+    return absl::StrCat("reading ", what_, " (", replicas_.size(), " replica", replicas_.size() == 1 ? "" : "s", ")");
   }
 
   Next Resume(const Reply& r) override {
@@ -52,8 +64,13 @@ class ReadClaimsOp final : public StorePart {
     const std::optional<ClaimsReplica> replica =
         a.transport_ok && a.http_status == 200 && !ResponseCode(a) ? ClaimsReadReplica(a.body) : std::nullopt;
     if (!replica) {
+      // With `fewer_ok`, the other hosts failing after some replica answered
+      // leaves what that replica showed.
+      if (fewer_ok_ && !replicas_.empty() && !(a.transport_ok && a.http_status == 200 && !ResponseCode(a))) {
+        return Joined();
+      }
       // A server that does not say which replica it is, or a failure: the
-      // machine judges it, and a failure of the other hosts after some
+      // caller judges it, and a failure of the other hosts after some
       // replica answered says how few replicas that was.
       *out_ = a;
       if (!a.transport_ok && !replicas_.empty()) {
@@ -63,6 +80,7 @@ class ReadClaimsOp final : public StorePart {
     }
     if (r.sent != nullptr && r.sent->endpoint.port != 0) req_.not_to.push_back(r.sent->endpoint);
     if (std::find(replicas_.begin(), replicas_.end(), replica->name) == replicas_.end()) {
+      answered_ = a;
       replicas_.push_back(replica->name);
       absl::StrAppend(&joined_, a.body, absl::EndsWith(a.body, "\n") ? "" : "\n");
       through_.push_back(r.sent != nullptr && r.sent->endpoint.port != 0
@@ -71,13 +89,10 @@ class ReadClaimsOp final : public StorePart {
     }
     need_ = std::max(need_, ClaimsReplicasToRead(replica->replicas, s_.st().cluster().quorum));
     replicas_total_ = std::max(replicas_total_, replica->replicas);
-    if (static_cast<int64_t>(replicas_.size()) >= need_) {
-      *out_ = a;
-      out_->body = std::move(joined_);
-      return Next::Done();
-    }
+    if (static_cast<int64_t>(replicas_.size()) >= need_) return Joined();
     const int64_t hosts = std::max<int64_t>(1, static_cast<int64_t>(s_.options().hosts.size()));
     if (asked_ < hosts + need_) return Ask();
+    if (fewer_ok_) return Joined();
     *out_ = SqlResponse{};
     out_->transport_ok = false;
     out_->transport_error = absl::StrCat(TooFew(), "; name the replicas in the URI (clickhouse://USER@HOST1,HOST2,HOST3/...) "
@@ -87,10 +102,10 @@ class ReadClaimsOp final : public StorePart {
 
  private:
   std::string TooFew() const {
-    return absl::StrCat("the lock's claims were read from ", replicas_.size(), " of the ", need_,
-                        " replicas a read must reach (", absl::StrJoin(through_, ", "),
-                        "): a claim is confirmed on a quorum of ", s_.st().cluster().quorum, " of the ",
-                        replicas_total_, " replicas, and the others may lack it");
+    return absl::StrCat(what_, absl::EndsWith(what_, "s") ? " were" : " was", " read from ", replicas_.size(), " of the ", need_,
+                        " replicas a read must reach (", absl::StrJoin(through_, ", "), "): ", item_,
+                        " is confirmed on a quorum of ", s_.st().cluster().quorum, " of the ", replicas_total_,
+                        " replicas, and the others may lack it");
   }
 
   Next Ask() {
@@ -98,11 +113,22 @@ class ReadClaimsOp final : public StorePart {
     return Next::Send(req_);
   }
 
+  // Ends with the answers of the replicas that answered, joined.
+  Next Joined() {
+    *out_ = answered_;
+    out_->body = std::move(joined_);
+    return Next::Done();
+  }
+
   SqlRequest req_;
+  const std::string what_;  // what is read ("the lock's claims")
+  const std::string item_;  // what a quorum confirms ("a claim")
+  const bool fewer_ok_;
   SqlResponse* out_;
   std::vector<std::string> replicas_;  // those that answered, in order
   std::vector<std::string> through_;   // the same, with the host each answered through
   std::string joined_;
+  SqlResponse answered_;  // the last answer of a replica not heard before
   int64_t need_ = 1;
   int64_t replicas_total_ = 0;
   int64_t asked_ = 0;
@@ -131,7 +157,7 @@ class DriveLockOp final : public StorePart {
           : start_ == LockStart::kRelease ? m_->Release(in)
                                           : m_->OnTimer(in);
     } else if (r.kind == Reply::Kind::kAnswer || r.kind == Reply::Kind::kPart) {
-      // kPart: a claims read asked of several replicas (ReadClaimsOp), joined.
+      // kPart: a claims read asked of several replicas (ReadEachReplicaOp), joined.
       const bool waiter_row = m_->state() == LockState::kAnnouncing;
       o = m_->OnResponse(r.kind == Reply::Kind::kPart ? claims_ : *r.answer, in);
       // A waiter row's answer is no read: the holder seen before stands.
@@ -193,7 +219,7 @@ class DriveLockOp final : public StorePart {
   std::string holder_;
   int64_t holder_age_s_ = 0;
   int64_t holder_stale_s_ = 0;
-  SqlResponse claims_;  // the last claims read, joined over the replicas (ReadClaimsOp)
+  SqlResponse claims_;  // the last claims read, joined over the replicas (ReadEachReplicaOp)
 };
 
 // Takes the lock on `id` until the lock timeout (from the first attempt),
@@ -410,7 +436,12 @@ std::unique_ptr<Op> Release(StoreSteps& s, StoreSteps::LockPtr m) {
 }
 
 std::unique_ptr<Op> ReadClaims(StoreSteps& s, SqlRequest req, SqlResponse* out) {
-  return std::make_unique<ReadClaimsOp>(s, std::move(req), out);
+  return ReadEachReplica(s, std::move(req), "the lock's claims", "a claim", false, out);
+}
+
+std::unique_ptr<Op> ReadEachReplica(StoreSteps& s, SqlRequest req, std::string what, std::string item,
+                                    bool fewer_ok, SqlResponse* out) {
+  return std::make_unique<ReadEachReplicaOp>(s, std::move(req), std::move(what), std::move(item), fewer_ok, out);
 }
 
 std::unique_ptr<Op> DriveLock(StoreSteps& s, StoreSteps::LockPtr m, LockStart start, LockOutput* out, bool* waited) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -129,29 +130,67 @@ class EnsureSchemaOp final : public StorePart {
   size_t next_ = 0;
 };
 
+// Cluster mode: the newest state row of the replicas' joined answers to
+// Statements::GetState (the replica rows left out), by version, then by the
+// last block number of its part; nullopt when none has a row. A row that
+// does not parse fails the read.
+absl::StatusOr<std::optional<Row>> NewestStateRow(const Rows& rows) {
+  std::optional<Row> best;
+  int64_t best_version = 0, best_block = 0;
+  for (const Row& row : rows) {
+    if (row[0] && *row[0] == kClaimsReplicaRow) continue;
+    int64_t version = 0, block = 0;
+    if (!row[2] || !row[3] || !absl::SimpleAtoi(*row[2], &version) || !absl::SimpleAtoi(*row[3], &block)) {
+      return absl::DataLossError("a replica answered a state read with a row that has no version or block number");
+    }
+    if (!best || std::tie(version, block) > std::tie(best_version, best_block)) {
+      best = row;
+      best_version = version;
+      best_block = block;
+    }
+  }
+  return best;
+}
+
 // Reads one state into *out; a missing table or database reads as
-// "absent" (nullopt).
+// "absent" (nullopt). Cluster mode: from enough replicas that one has the
+// newest confirmed write (part::ReadEachReplica); `for_write` (the read of
+// a read-modify-write under the id's lock) fails when it cannot reach them,
+// others take what the replicas reached show.
 class ReadStateOp final : public StorePart {
  public:
-  ReadStateOp(StoreSteps& s, std::string id, std::optional<MeltanoState>* out)
-      : StorePart(s), id_(std::move(id)), out_(out) {}
+  ReadStateOp(StoreSteps& s, std::string id, bool for_write, std::optional<MeltanoState>* out)
+      : StorePart(s), id_(std::move(id)), for_write_(for_write), out_(out) {}
   std::string Where() const override { return absl::StrCat("reading state \"", PrintableId(id_), "\""); }
 
   Next Resume(const Reply& r) override {
-    if (r.kind == Reply::Kind::kStart) return Next::Send(s_.st().GetState(id_));
-    absl::StatusOr<Rows> rows = s_.AnswerRows(r, "reading state", 2);
+    if (r.kind == Reply::Kind::kStart) {
+      req_ = s_.st().GetState(id_);
+      if (!req_.each_replica) return Next::Send(req_);
+      return Next::Call(ReadEachReplica(s_, req_, "the state", "a write", !for_write_, &joined_));
+    }
+    absl::StatusOr<Rows> rows =
+        r.kind == Reply::Kind::kPart ? s_.AnswerRows(Reply{Reply::Kind::kAnswer, &joined_, &req_}, "reading state", 7)
+                                     : s_.AnswerRows(r, "reading state", 2);
     if (!rows.ok()) {
       if (rows.status().code() != absl::StatusCode::kNotFound) return Next::Fail(rows.status());
       *out_ = std::nullopt;
       return Next::Done();
     }
-    if (rows->empty()) {
+    std::optional<Row> row = rows->empty() ? std::nullopt : std::optional<Row>((*rows)[0]);
+    if (req_.each_replica) {
+      absl::StatusOr<std::optional<Row>> newest = NewestStateRow(*rows);
+      if (!newest.ok()) return Next::Fail(newest.status());
+      row = *std::move(newest);
+      if (row && (*row)[1] && *(*row)[1] == kTombstone) row.reset();
+    }
+    if (!row) {
       *out_ = std::nullopt;
       return Next::Done();
     }
-    absl::StatusOr<nlohmann::json> partial = FromColumn((*rows)[0][0], id_, "partial_state");
+    absl::StatusOr<nlohmann::json> partial = FromColumn((*row)[0], id_, "partial_state");
     if (!partial.ok()) return Next::Fail(partial.status());
-    absl::StatusOr<nlohmann::json> completed = FromColumn((*rows)[0][1], id_, "completed_state");
+    absl::StatusOr<nlohmann::json> completed = FromColumn((*row)[1], id_, "completed_state");
     if (!completed.ok()) return Next::Fail(completed.status());
     MeltanoState state;
     state.state_id = id_;
@@ -163,7 +202,10 @@ class ReadStateOp final : public StorePart {
 
  private:
   std::string id_;
+  const bool for_write_;
   std::optional<MeltanoState>* out_;
+  SqlRequest req_;
+  SqlResponse joined_;  // cluster mode: the replicas' answers, joined
 };
 
 // Cluster mode: a write that must reach the quorum. Code 286 (another
@@ -511,8 +553,8 @@ class SqlOp final : public StorePart {
 }  // namespace
 
 std::unique_ptr<Op> EnsureSchema(StoreSteps& s) { return std::make_unique<EnsureSchemaOp>(s); }
-std::unique_ptr<Op> ReadState(StoreSteps& s, std::string id, std::optional<MeltanoState>* out) {
-  return std::make_unique<ReadStateOp>(s, std::move(id), out);
+std::unique_ptr<Op> ReadState(StoreSteps& s, std::string id, std::optional<MeltanoState>* out, bool for_write) {
+  return std::make_unique<ReadStateOp>(s, std::move(id), for_write, out);
 }
 std::unique_ptr<Op> WriteState(StoreSteps& s, MeltanoState state) {
   return std::make_unique<WriteStateOp>(s, std::move(state));

@@ -188,7 +188,10 @@ std::unique_ptr<Op> Connect(StoreSteps& s, bool force = false);
 // counts as done).
 std::unique_ptr<Op> EnsureSchema(StoreSteps& s);
 // Reads one state into *out (nullopt when absent or the table is missing).
-std::unique_ptr<Op> ReadState(StoreSteps& s, std::string id, std::optional<MeltanoState>* out);
+// Cluster mode: read from enough replicas that one has the newest confirmed
+// write; `for_write` (a read-modify-write's read) fails when they cannot be
+// reached, other reads take what the replicas reached show.
+std::unique_ptr<Op> ReadState(StoreSteps& s, std::string id, std::optional<MeltanoState>* out, bool for_write = false);
 // Writes a whole state row under the id's lock if held, making the schema
 // once if missing, then keeps its history in bounds.
 std::unique_ptr<Op> WriteState(StoreSteps& s, MeltanoState state);
@@ -209,6 +212,13 @@ std::unique_ptr<Op> Locked(StoreSteps& s, std::string id, std::unique_ptr<Op> bo
 // answers, joined, into *out (a failure as it came, or one that says how few
 // replicas answered).
 std::unique_ptr<Op> ReadClaims(StoreSteps& s, SqlRequest req, SqlResponse* out);
+// The same for any read whose answer ends with the replica row
+// (Statements::GetState in cluster mode): `what` is read ("the state"),
+// `item` is what a quorum confirms ("a write"); with `fewer_ok`, a read that
+// could not reach enough replicas ends with the answers it has instead of
+// failing.
+std::unique_ptr<Op> ReadEachReplica(StoreSteps& s, SqlRequest req, std::string what, std::string item,
+                                    bool fewer_ok, SqlResponse* out);
 
 // The input a DriveLock gives the lock machine first.
 enum class LockStart { kAcquire, kRelease, kTimer };

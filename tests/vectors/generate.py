@@ -245,6 +245,12 @@ STATE = {"singer_state": {"bookmarks": {"users": {"updated_at": "2024-01-02T03:0
 ROW = "{}\t{\\\"singer_state\\\":{\\\"bookmarks\\\":{}}}\n"  # partial, completed (TSV-escaped JSON)
 
 
+def cluster_row(replica: str) -> str:
+    """A cluster-mode state read's answer from `replica`: the row (partial, completed, version
+    in ms, the last block of its part) and the row naming the replica (Statements::GetState)."""
+    return f"{ROW[:-1]}\t1000000000\t3\t\t\t\n#replica\t3\t\t\t\t{replica}\t\n"
+
+
 def sql_file(lib) -> dict:
     cases = []
     for dialect, ver in (("clickhouse18", "18.16.1"), ("modern", "24.3.2.23")):
@@ -298,7 +304,8 @@ def sql_file(lib) -> dict:
     cluster = {"uri": "clickhouse://default@127.0.0.1:8123/default?cluster=ops",
                "zookeeper_path": "/clickhouse/tables/{shard}", "replica": "{replica}"}
     for name, op, answers in (
-            ("get", {"op": "get", "state_id_hex": hexid("dev:tap-users")}, [ok(ROW)]),
+            # Read from two replicas of three (a write is confirmed on two).
+            ("get", {"op": "get", "state_id_hex": hexid("dev:tap-users")}, [ok(cluster_row("r1")), ok(cluster_row("r2"))]),
             # The lock as claims: read, claim, read again (ours alone).
             ("acquire_lock", {"op": "acquire", "state_id_hex": hexid("dev:tap-users")},
              # (an acquisition's claims: its random prefix and a number)
@@ -317,7 +324,8 @@ def sql_file(lib) -> dict:
     several = dict(cluster, uri="clickhouse://default@h1:8123,h2:8124/default?cluster=ops")
     cases.append(script(lib, "cluster_several_hosts_fail_over", [{"op": "get", "state_id_hex": hexid("dev:a")},
                                                                  {"op": "get", "state_id_hex": hexid("dev:a")}],
-                        [REFUSED, version("18.16.1"), ok("ReplicatedReplacingMergeTree\t1\n"), ok(ROW), ok(ROW)],
+                        [REFUSED, version("18.16.1"), ok("ReplicatedReplacingMergeTree\t1\n"), ok(cluster_row("r2")),
+                         ok(cluster_row("r1")), ok(cluster_row("r2")), ok(cluster_row("r1"))],
                         store=several))
     cases.append(script(lib, "cluster_refuses_an_unreplicated_state_table", {"op": "get", "state_id_hex": hexid("a")},
                         [version("18.16.1"), ok("ReplacingMergeTree\t1\n")], store=cluster))
