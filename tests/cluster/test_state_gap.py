@@ -2,7 +2,8 @@
 
 On 18.16 `select_sequential_consistency=1` only makes sure the replica read has
 the *last* quorum insert of the table: a replica that missed an earlier one (a
-fetch still queued after a restart, or one that failed) answers without it. Reproduced here with
+fetch still queued after a restart, as tests/cluster/test_histories_ha.py
+found, or one that failed) answers without it. Reproduced here with
 `SYSTEM STOP FETCHES` on r1's state table:
 
 1. dev:a gets key k2 through r2 (host list r2, r3, r1): the write is confirmed

@@ -2,9 +2,9 @@
 // chstate_wasi.mjs: open() and the verb methods, over its httpTransport), for
 // tests/faults/test_histories.py:
 //
-//   node history_node.mjs WASM URI SCHEMA PLAN_JSON
+//   node history_node.mjs WASM URI SCHEMA SETTINGS_JSON PLAN_JSON
 //
-// PLAN_JSON: [["merge", id, key] | ["read", id], ...]. The password comes from
+// SETTINGS_JSON: the store's timeouts ({"request_timeout_seconds": 1, ...}). PLAN_JSON: [["merge", id, key] | ["read", id], ...]. The password comes from
 // CHSTATE_HISTORY_PASSWORD. Prints one JSON line per operation: {"t0", "t1"
 // (wall clock, s), "code" ("OK" or the error code), "value" (a read's state)}.
 import path from "node:path";
@@ -12,10 +12,9 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const { open } = await import(pathToFileURL(path.join(here, "..", "..", "hosts", "wasi", "chstate_wasi.mjs")).href);
-const [wasm, uri, schema, planJson] = process.argv.slice(2);
-const settings = { wasm, env: {}, password: process.env.CHSTATE_HISTORY_PASSWORD ?? "", schema,
-                   connect_timeout_seconds: 1, request_timeout_seconds: 1, lock_timeout_seconds: 3,
-                   lock_wait_seconds: 30 };
+const [wasm, uri, schema, settingsJson, planJson] = process.argv.slice(2);
+const settings = { ...JSON.parse(settingsJson), wasm, env: {}, password: process.env.CHSTATE_HISTORY_PASSWORD ?? "",
+                   schema };
 const store = await open(uri, settings);
 const now = () => (performance.timeOrigin + performance.now()) / 1000;
 for (const [op, id, key] of JSON.parse(planJson)) {

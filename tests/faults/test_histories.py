@@ -33,8 +33,8 @@ releases' `DROP TABLE IF EXISTS <lock table>` (which removes whoever holds
 that lock when it runs) and state INSERTs. It is in the default faults now
 (docs/lock.md, "Fenced writes").
 
-Not here: a replica killed under this load (tests/cluster/test_ha.py kills
-one under a writer and the lock torture, checked by their own counts).
+A replica killed under this load: tests/cluster/test_histories_ha.py runs the
+same runtimes, plans and checker against three replicas and kills one.
 """
 
 from __future__ import annotations
@@ -79,10 +79,11 @@ LOCK = {"lock_timeout_seconds": 3, "lock_wait_seconds": 30, "connect_timeout_sec
 LUA_SCRIPT = r"""
 local chstate = require "chstate"
 local socket = require "socket"
-local host, port, user, schema, plan_json = table.unpack(arg)
-local store = chstate.open({host = host, port = port, user = user, database = "default", schema = schema,
-  password = os.getenv("CHSTATE_HISTORY_PASSWORD") or "", env = false, request_timeout_seconds = 1,
-  connect_timeout_seconds = 1, lock_timeout_seconds = 3, lock_wait_seconds = 30})
+local uri, schema, settings_json, plan_json = table.unpack(arg)
+local opts = chstate.from_json(settings_json)
+opts.uri, opts.schema, opts.env = uri, schema, false
+opts.password = os.getenv("CHSTATE_HISTORY_PASSWORD") or ""
+local store = chstate.open(opts)
 for _, step in ipairs(chstate.from_json(plan_json)) do
   local op, id, key = step[1], step[2], step[3]
   local t0 = socket.gettime()
@@ -103,8 +104,9 @@ store:close()
 """
 
 # OpenResty's runtime: nginx (one worker, master_process off) with this location; the
-# store's URI (the fault proxy's port) and password come from nginx's environment. The
-# plan is the request body, the schema an argument; one store runs the steps in order,
+# store's URI (the fault proxy's port, or a cluster's host list) and password come from
+# nginx's environment. The plan is the request body, the schema and the timeouts (JSON)
+# arguments; one store runs the steps in order,
 # each error recorded (pcall) and the plan going on, and the answer is one JSON line per
 # step. ngx.now() (after ngx.update_time()) is the wall clock in whole milliseconds,
 # rounded down: t1 gets 1 ms more, so the recorded interval holds the real one.
@@ -116,8 +118,9 @@ HISTORY_LOCATION = r"""
         local chstate = require "chstate"
         ngx.req.read_body()
         local steps = chstate.from_json(ngx.req.get_body_data() or "null")
-        local store = chstate.open{schema = ngx.var.arg_schema, request_timeout_seconds = 1,
-                                   connect_timeout_seconds = 1, lock_timeout_seconds = 3, lock_wait_seconds = 30}
+        local opts = chstate.from_json(ngx.unescape_uri(ngx.var.arg_settings))
+        opts.schema = ngx.var.arg_schema
+        local store = chstate.open(opts)
         for _, step in ipairs(steps) do
           local op, id, key = step[1], step[2], step[3]
           ngx.update_time()
@@ -167,33 +170,42 @@ def record(runtime: str, step: list, t0: float, t1: float, ok: bool, value=None,
 
 
 class Runtimes:
-    def __init__(self, server, cli, artifacts, wasm_compiled, port: int, tmp: Path, nginx: Nginx | None = None):
-        self.server, self.cli, self.artifacts, self.compiled, self.port, self.tmp, self.nginx = (
-            server, cli, artifacts, wasm_compiled, port, tmp, nginx)
+    """The six runtimes, each running its plan against `uris[name]` (a URI with no password:
+    one host, the fault proxy's, or a cluster's host list) in one schema, with the store
+    settings `timeouts`. `cli(*args)` runs one `chstate` command (its URI, password and
+    timeouts its own); `done(op)`, if given, is called as each operation of the CLI and the
+    in-process runtimes (python, wasmtime) completes."""
 
-    def settings(self) -> dict:
-        s = self.server
-        return {"uri": f"clickhouse://{s.user}@{s.host}:{self.port}/default", "password": s.password,
-                "schema": self.cli.schema, **LOCK}
+    def __init__(self, uris: dict[str, str], password: str, schema: str, cli, artifacts, wasm_compiled, tmp: Path,
+                 nginx: Nginx | None = None, timeouts: dict | None = None, done=None):
+        self.uris, self.password, self.schema, self.cli = uris, password, schema, cli
+        self.artifacts, self.compiled, self.tmp, self.nginx = artifacts, wasm_compiled, tmp, nginx
+        self.timeouts = dict(timeouts or LOCK)
+        self.done = done or (lambda op: None)
+
+    def settings(self, runtime: str) -> dict:
+        return {"uri": self.uris[runtime], "password": self.password, "schema": self.schema, **self.timeouts}
 
     def child_env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CLICKHOUSE_", "MELTANO_", "CHSTATE_"))}
-        env["CHSTATE_HISTORY_PASSWORD"] = self.server.password
+        env["CHSTATE_HISTORY_PASSWORD"] = self.password
         return env
+
+    def _recorded(self, op: Op) -> Op:
+        self.done(op)
+        return op
 
     def run_cli(self, steps: list) -> list[Op]:
         out = []
-        extra = {"MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS": "3",
-                 "MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS": "30"}
         for step in steps:
             args = (["merge", step[1], json.dumps({"singer_state": {step[2]: 1}})] if step[0] == "merge"
                     else ["get", step[1]])
             t0 = time.time()
-            r = self.cli.run(self.port, *args, timeout=1.0, extra_env=extra, wait=120)
+            r = self.cli(*args)
             t1 = time.time()
             value = json.loads(r.stdout) if r.returncode == 0 and step[0] == "read" else None
-            out.append(record("cli", step, t0, t1, r.returncode == 0, value,
-                              f"exit {r.returncode} {r.stderr.decode(errors='replace')[-200:]}"))
+            out.append(self._recorded(record("cli", step, t0, t1, r.returncode == 0, value,
+                                             f"exit {r.returncode} {r.stderr.decode(errors='replace')[-200:]}")))
         return out
 
     def _run_store(self, runtime: str, store, error_type, steps: list) -> list[Op]:
@@ -204,22 +216,22 @@ class Runtimes:
                 try:
                     value = (store.merge(step[1], {"singer_state": {step[2]: 1}}) if step[0] == "merge"
                              else store.get(step[1]))
-                    out.append(record(runtime, step, t0, time.time(), True, value))
+                    out.append(self._recorded(record(runtime, step, t0, time.time(), True, value)))
                 except error_type as e:
-                    out.append(record(runtime, step, t0, time.time(), False, detail=str(e)[:200]))
+                    out.append(self._recorded(record(runtime, step, t0, time.time(), False, detail=str(e)[:200])))
         finally:
             store.close()
         return out
 
     def run_python(self, steps: list) -> list[Op]:
-        return self._run_store("python", binding.Store(_native.NativeCore(), self.settings(), env={}),
+        return self._run_store("python", binding.Store(_native.NativeCore(), self.settings("python"), env={}),
                                binding.ChstateError, steps)
 
     def run_wasmtime(self, steps: list) -> list[Op]:
         from chstate_wasmtime import ChstateError, ChstateModule, Store, WasmtimeCore
         engine, module = self.compiled
         return self._run_store("wasmtime", Store(WasmtimeCore(ChstateModule(engine=engine, module=module)),
-                                                 self.settings(), env={}), ChstateError, steps)
+                                                 self.settings("wasmtime"), env={}), ChstateError, steps)
 
     def _lines(self, runtime: str, argv: list[str], env: dict, steps: list) -> list[Op]:
         p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
@@ -232,9 +244,8 @@ class Runtimes:
                 for step, d in zip(steps, lines)]
 
     def run_node(self, steps: list) -> list[Op]:
-        s = self.server
         argv = ["node", "--no-warnings", str(HERE / "history_node.mjs"), str(self.artifacts["CHSTATE_WASM"]),
-                f"clickhouse://{s.user}@{s.host}:{self.port}/default", self.cli.schema, json.dumps(steps)]
+                self.uris["node"], self.schema, json.dumps(self.timeouts), json.dumps(steps)]
         return self._lines("node", argv, self.child_env(), steps)
 
     def run_lua(self, steps: list) -> list[Op]:
@@ -242,14 +253,14 @@ class Runtimes:
         script.write_text(LUA_SCRIPT)
         env = self.child_env()
         env["LUA_CPATH_5_4"] = f"{self.artifacts['CHSTATE_LUA_SO'].parent}/?.so;;"
-        s = self.server
-        argv = ["lua5.4", str(script), s.host, str(self.port), s.user, self.cli.schema, json.dumps(steps)]
+        argv = ["lua5.4", str(script), self.uris["lua"], self.schema, json.dumps(self.timeouts), json.dumps(steps)]
         return self._lines("lua", argv, env, steps)
 
     def run_openresty(self, steps: list) -> list[Op]:
         # The whole plan is one request: nginx's one worker runs it while serving nothing else.
-        status, text, _ = self.nginx.post("/history", json.dumps(steps).encode(), timeout=300,
-                                          schema=self.cli.schema)
+        # Its URI is nginx's own (running_nginx); uris["openresty"] is what it was given.
+        status, text, _ = self.nginx.post("/history", json.dumps(steps).encode(), timeout=600,
+                                          schema=self.schema, settings=json.dumps(self.timeouts))
         return self._records("openresty", text, steps,
                              f"(HTTP {status}):\n{text[-1000:]}\nerror log:\n{self.nginx.error_log()[-2000:]}")
 
@@ -341,7 +352,13 @@ def test_histories_through_every_runtime_under_faults_are_linearizable(
     cli = cli_factory()
     assert cli.direct("init").returncode == 0
     seed_ids(cli)
-    rt = Runtimes(clickhouse, cli, artifacts, wasmtime_module, proxy.port, tmp_path, openresty)
+    s = clickhouse
+    uri = f"clickhouse://{s.user}@{s.host}:{proxy.port}/default"
+    extra = {"MELTANO_STATE_BACKEND_LOCK_TIMEOUT_SECONDS": str(LOCK["lock_timeout_seconds"]),
+             "MELTANO_STATE_BACKEND_CLICKHOUSE_LOCK_WAIT_SECONDS": str(LOCK["lock_wait_seconds"])}
+    rt = Runtimes({name: uri for name in RUNTIMES}, s.password, cli.schema,
+                  lambda *args: cli.run(proxy.port, *args, timeout=1.0, extra_env=extra, wait=120),
+                  artifacts, wasmtime_module, tmp_path, openresty)
     rng = random.Random(SEED)
     plans = {name: plan(name, rng, OPS) for name in RUNTIMES}
     proxy.random_faults(FAULT_SHARE, FAULTS, SEED, delay=1.3)
