@@ -212,9 +212,10 @@ class ReadStateOp final : public StorePart {
 // quorum write to the table is in flight, or the previous one has not
 // reached its quorum yet) and 252 wrote nothing, so the write is sent again
 // until the deadline, after a short wait that doubles up to 100 ms with a
-// little jitter; a wait that would outlast the lease of the lock it writes
-// under renews the lock first. Code 319 (the quorum not confirmed in time:
-// the row is on the replica that answered and may still land) is an
+// little jitter; while it waits, the lock it writes under is renewed
+// whenever its lease ends within a third of the stale window. Code 319
+// (the quorum not confirmed in time: the row is on the replica that
+// answered and may still land) is an
 // unknown outcome, like a lost answer: a write that replaces itself
 // (idempotent) is sent again, to another replica (the task marks that one
 // down), and the 286 it meets there while the first row's quorum is pending
@@ -245,7 +246,12 @@ class QuorumWriteOp final : public StorePart {
         // renewed now and the wait goes on within the lease that gives. A
         // renewal that fails, finds the lock lost, or gives no lease long
         // enough ends the write as a lease that ran out.
-        if (!r.status.ok()) return Next::Fail(s_.LeaseRanOut(what_, cause_, false));
+        if (!r.status.ok()) {
+          const absl::Status ran_out = s_.LeaseRanOut(what_, cause_, false);
+          return Next::Fail(StoreSteps::Reworded(
+              ran_out, ran_out.code(),
+              absl::StrCat(ran_out.message(), ". Renewing the lock to wait longer failed: ", r.status.message())));
+        }
         if (const LockMachine* lock = s_.LockOf(s_.lease_id())) req_.send_before_ms = lock->lease_deadline_ms();
         if (PastSendBefore(req_, s_.inputs().now_ms + wait_ms_)) {
           return Next::Fail(s_.LeaseRanOut(what_, cause_, false));
@@ -287,8 +293,12 @@ class QuorumWriteOp final : public StorePart {
               absl::StrCat(what_, " waits ", wait_ms_, " ms for ", cause_, "; it is sent again until ",
                            deadline_ms_ - in.now_ms, " ms from now"),
               {{"wait_ms", wait_ms_}, {"left_ms", deadline_ms_ - in.now_ms}}, {{"code", std::to_string(*code)}});
-      // Under a lock, sent again only within its lease.
-      if (PastSendBefore(req_, in.now_ms + wait_ms_)) {
+      // Under a lock, sent again only within its lease, which is renewed
+      // on the lock's own cadence (a third of the stale window) while the
+      // write waits: this task holds the store, so its periodic renewal
+      // waits too, and a lease left until its last moment is past by the
+      // time a refusal that took a while comes back.
+      if (PastSendBefore(req_, in.now_ms + wait_ms_ + s_.options().lock.stale_ms / 3)) {
         stage_ = Stage::kRenewing;
         return Next::Try(s_.RenewForWaitPart(s_.lease_id()));
       }

@@ -1955,7 +1955,8 @@ TEST(ClusterStore, AWriteRefusedAsBusyIsNotSentAgainPastTheLease) {
         a = t->OnTimer({clock, kRandom});
         continue;
       }
-      ASSERT_EQ(a.request.purpose, c.purpose);
+      // The write, or the renewal it asks for to wait longer (refused as busy too).
+      ASSERT_TRUE(a.request.purpose == c.purpose || a.request.purpose == "renew_claim") << a.request.purpose;
       EXPECT_LT(clock, lease_end) << "sent past the lease, send " << sends + 1;
       EXPECT_EQ(a.request.send_before_ms, lease_end);
       ASSERT_LT(++sends, 1000);
@@ -1967,6 +1968,78 @@ TEST(ClusterStore, AWriteRefusedAsBusyIsNotSentAgainPastTheLease) {
     EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted,
                                    AllOf(HasSubstr("\"id\" ran out while"), HasSubstr("waited out code 286"))));
   }
+}
+
+// Code 286 for three stale windows (a replica killed in the middle of a
+// quorum write, restarted slowly): the write renews its lock a third of the
+// window ahead while it waits, as the lock's own cadence would, and lands.
+TEST(ClusterStore, AWriteWaitingOutBusyLongerThanTheLeaseRenewsItsLockAndLands) {
+  auto store = ShortLeaseClusterStore();
+  int64_t clock = 0;
+  HoldClusterLock(*store, "id", &clock);
+  const int64_t busy_until = clock + 30000;
+  auto t = store->Set(MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")});
+  const SqlResponse busy = Err(500, 286, "Quorum for previous write has not been satisfied yet");
+  Action a = t->Start({clock, kRandom});
+  int renewals = 0, writes = 0;
+  for (int i = 0; i < 5000 && (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait); ++i) {
+    if (a.kind == Action::Kind::kWait) {
+      clock += a.wait_ms;
+      a = t->OnTimer({clock, kRandom});
+      continue;
+    }
+    if (a.request.send_before_ms > 0) EXPECT_LT(clock, a.request.send_before_ms) << a.request.purpose << " past the lease";
+    SqlResponse response = Ok();
+    if (a.request.purpose == "insert_state") {
+      ++writes;
+      clock += 250;  // each refusal takes a while
+      response = clock < busy_until ? busy : Ok();
+    } else if (a.request.purpose == "renew_claim") {
+      ++renewals;
+      clock += 2;
+    } else if (a.request.purpose == "inspect_claims") {
+      clock += 2;
+      const int64_t now_s = 100 + clock / 1000;
+      response = Ok(ClaimRow(kClaimId, 0, now_s, now_s));
+    } else {
+      clock += 2;
+    }
+    a = t->OnResponse(response, {clock, kRandom});
+  }
+  ASSERT_EQ(a.kind, Action::Kind::kDone) << a.status;
+  EXPECT_GE(renewals, 3);
+  EXPECT_GT(writes, 30);
+  EXPECT_TRUE(store->LeaseValid("id", clock));
+}
+
+// The renewal that would let a write wait out 286 past the lease fails: the
+// write ends as a lease that ran out, and says why the renewal failed.
+TEST(ClusterStore, AWriteWhoseRenewalToWaitFailsSaysWhy) {
+  auto store = ShortLeaseClusterStore();
+  int64_t clock = 0;
+  HoldClusterLock(*store, "id", &clock);
+  auto t = store->Set(MeltanoState{"id", nlohmann::json::object(), nlohmann::json::parse(R"({"a":1})")});
+  const SqlResponse busy = Err(500, 286, "Quorum for previous write has not been satisfied yet");
+  const SqlResponse memory = Err(500, 241, "Memory limit (total) exceeded");
+  Action a = t->Start({clock, kRandom});
+  std::vector<std::string> purposes;
+  for (int i = 0; i < 2000 && (a.kind == Action::Kind::kRunSql || a.kind == Action::Kind::kWait); ++i) {
+    if (a.kind == Action::Kind::kWait) {
+      clock += a.wait_ms;
+      a = t->OnTimer({clock, kRandom});
+      continue;
+    }
+    purposes.push_back(a.request.purpose);
+    clock += 250;
+    a = t->OnResponse(a.request.purpose == "insert_state" ? busy : memory, {clock, kRandom});
+  }
+  ASSERT_EQ(a.kind, Action::Kind::kFailed);
+  EXPECT_NE(std::find(purposes.begin(), purposes.end(), "renew_claim"), purposes.end())
+      << ::testing::PrintToString(purposes);
+  EXPECT_THAT(a.status, StatusIs(absl::StatusCode::kAborted,
+                                 AllOf(HasSubstr("ran out while writing state waited out code 286"),
+                                       HasSubstr("Renewing the lock to wait longer failed"),
+                                       HasSubstr("Memory limit"))));
 }
 
 // A write with no lock held carries no deadline: it waits out 286 until
