@@ -61,14 +61,12 @@ class ReadEachReplicaOp final : public StorePart {
     if (r.kind == Reply::Kind::kStart) return Ask();
     if (r.kind != Reply::Kind::kAnswer) return Next::Fail(absl::InternalError("the claims read got no answer"));
     const SqlResponse& a = *r.answer;
-    const std::optional<ClaimsReplica> replica =
-        a.transport_ok && a.http_status == 200 && !ResponseCode(a) ? ClaimsReadReplica(a.body) : std::nullopt;
+    const bool answered = a.transport_ok && a.http_status == 200 && !ResponseCode(a);
+    const std::optional<ClaimsReplica> replica = answered ? ClaimsReadReplica(a.body) : std::nullopt;
     if (!replica) {
       // With `fewer_ok`, the other hosts failing after some replica answered
       // leaves what that replica showed.
-      if (fewer_ok_ && !replicas_.empty() && !(a.transport_ok && a.http_status == 200 && !ResponseCode(a))) {
-        return Joined();
-      }
+      if (fewer_ok_ && !replicas_.empty() && !answered) return Joined();
       // A server that does not say which replica it is, or a failure: the
       // caller judges it, and a failure of the other hosts after some
       // replica answered says how few replicas that was.
@@ -102,8 +100,8 @@ class ReadEachReplicaOp final : public StorePart {
 
  private:
   std::string TooFew() const {
-    return absl::StrCat(what_, absl::EndsWith(what_, "s") ? " were" : " was", " read from ", replicas_.size(), " of the ", need_,
-                        " replicas a read must reach (", absl::StrJoin(through_, ", "), "): ", item_,
+    return absl::StrCat(what_, absl::EndsWith(what_, "s") ? " were" : " was", " read from ", replicas_.size(),
+                        " of the ", need_, " replicas a read must reach (", absl::StrJoin(through_, ", "), "): ", item_,
                         " is confirmed on a quorum of ", s_.st().cluster().quorum, " of the ", replicas_total_,
                         " replicas, and the others may lack it");
   }

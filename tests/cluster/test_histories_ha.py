@@ -73,7 +73,7 @@ class Cli:
         return proc
 
     def keys(self, state_id: str, alone: str | None = None) -> frozenset | None:
-        r = self(*["get", state_id], alone=alone)
+        r = self("get", state_id, alone=alone)
         return keys_of(json.loads(r.stdout)) if r.returncode == 0 else None
 
 
