@@ -246,46 +246,64 @@ export class Store {
   readonly settings: ResolvedSettings;
   /** The URI without the password. */
   readonly redactedUri: string;
-  /** The state of an id, or null when it has none. */
-  get(id: string): Promise<StateView | null>;
-  /** Replaces the state of an id; `state` is the completed side and needs a top-level singer_state
-   *  unless force. Takes the id's lock unless this store holds it (inside withLock). */
-  set(id: string, state: JsonObject, options?: { partial?: JsonObject; force?: boolean }): Promise<StateView>;
-  /** Merges a partial state into an id as Meltano does (or, with from, another id's merged view). */
-  merge(id: string, partial: JsonObject | null, options?: { from?: string; force?: boolean }): Promise<StateView>;
-  delete(id: string): Promise<void>;
-  /** The ids matching a glob ("dev:*", "?"), or all ids, sorted. */
+// BEGIN GENERATED store-methods: tools/gendocs writes this block from the code; do not edit it
+  /** The state of an id: both sides and the merged view a tap gets; null when the id has none. */
+  get(stateId: string): Promise<StateView | null>;
+  /** Replace the state of an id (both sides). Takes the id's lock unless this store holds it (inside
+   * withLock). A state without a top-level "singer_state" key needs force (meltano state set refuses it too;
+   * its bypass is --no-validate). */
+  set(stateId: string, state: JsonObject, options?: { partial?: JsonObject; force?: boolean }): Promise<StateView>;
+  /** Merge a partial state into an id as Meltano does for each STATE message: objects merge recursively,
+   * lists and scalars from the input replace. Takes the id's (state_id) lock unless this store holds it
+   * (inside withLock). Exactly one of partial and from; an empty partial is refused (merging nothing would
+   * look like a success and change nothing); input without a top-level "singer_state" key needs force. */
+  merge(stateId: string, partial?: JsonObject | null, options?: { from?: string; force?: boolean }): Promise<StateView>;
+  /** Remove the state of an id (an id with no state is fine). Takes the id's lock unless this store holds it
+   * (inside withLock). */
+  delete(stateId: string): Promise<void>;
+  /** The state ids, sorted. */
   list(pattern?: string | null): Promise<string[]>;
-  /** Removes every state; resolves to how many there were. */
+  /** Remove every state (no locks, as Meltano's clear_all); returns how many. */
   clearAll(): Promise<number>;
+  /** Copy the state of one id to another. Takes dst's lock unless this store holds it (inside withLock). Src
+   * must have a state (NOT_FOUND). */
   copy(src: string, dst: string): Promise<void>;
+  /** Copy, then remove the source: a failure in between leaves both, never neither. Takes dst's, then src's
+   * lock unless this store holds it (inside withLock). Src and dst differ; src must have a state (NOT_FOUND). */
   move(src: string, dst: string): Promise<void>;
-  /** One page of states, sorted by id; ask again after the last id while more is true. */
+  /** One page of every state (meltano state export), sorted by id; ask again after the page's last id while
+   * more is true. */
   export(pattern?: string | null, options?: { after?: string; limit?: number; document?: false }):
     Promise<{ states: ExportedState[]; more: boolean }>;
-  /** The same page as the text of its entries in Meltano's export document
-   * (`"<id>": {"completed": ..., "partial": ...}`, ",\n  " between them) and its ids. */
   export(pattern: string | null | undefined, options: { after?: string; limit?: number; document: true }):
     Promise<{ document: string; stateIds: string[]; more: boolean }>;
-  /** Writes many states at once; resolves to how many. */
+  /** Write many states at once (meltano state import), in a few multi-row INSERTs. Every entry is checked
+   * before anything is written (one bad entry: nothing written); ids unique. */
   import(states: ImportedState[]): Promise<number>;
-  /** Writes every state of an export document's text (what `chstate export` and
-   * `meltano state export` write), read by the core in one pass; resolves to how many. */
+  /** Import as chstate import does: the document read in one pass, without the tree of it import's states
+   * make. The whole document is checked before anything is written (one bad entry: nothing written, the entry
+   * named). */
   importDocument(document: string): Promise<number>;
-  /** The versions kept in the id's history, newest first. */
-  history(id: string, options?: { limit?: number }): Promise<StateVersion[]>;
-  /** Restores a version (as history() names it); resolves to the restored state. */
-  rollback(id: string, version: string): Promise<StateView>;
-  /** The locks held now. */
+  /** The versions of a state kept in its history, newest first. */
+  history(stateId: string, options?: { limit?: number }): Promise<StateVersion[]>;
+  /** Restore a version of a state (itself written as a new version). Takes the id's lock unless this store
+   * holds it (inside withLock). The version looks like <unix ms>-<8 hex digits>; NOT_FOUND when not kept. */
+  rollback(stateId: string, version: string): Promise<StateView>;
+  /** The locks held now: by whom, since when, until when. */
   locks(pattern?: string | null): Promise<LockInfo[]>;
-  /** Removes an id's lock whoever holds it; resolves to the locks removed. */
-  unlock(id: string): Promise<LockInfo[]>;
-  /** Creates the database and tables when missing. */
+  /** Remove an id's lock whoever holds it (its holder loses it at its next renewal). NOT_FOUND when the id is
+   * not locked. */
+  unlock(stateId: string): Promise<LockInfo[]>;
+  /** Create the database and tables when missing, then apply retention. */
   init(): Promise<ServerInfo>;
+  /** Apply retention: drop history past its days and count, and old lock tombstones. */
   compact(): Promise<ServerInfo>;
+  /** The server's version and the SQL dialect chosen. */
   ping(): Promise<ServerInfo>;
-  /** Renews the lease of a lock this store holds; resolves to its lock id. */
-  renew(id: string): Promise<string>;
+  /** Renew the lease of a lock this store holds now. FAILED_PRECONDITION when this store does not hold it;
+   * ABORTED when it was lost. */
+  renew(stateId: string): Promise<string>;
+// END GENERATED store-methods
   /** Runs fn holding the id's lock, renewed on the event loop however long fn runs; released
    *  afterwards, also when fn throws (fn's error wins). A lock lost meanwhile rejects with ABORTED. */
   withLock<T>(id: string, fn: (scope: LockScope) => T | Promise<T>): Promise<T>;
