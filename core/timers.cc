@@ -21,12 +21,6 @@ const char* TimerKindName(TimerKind kind) {
   return "?";
 }
 
-void TimerTable::ClearId(const std::string& id) {
-  for (auto it = timers_.begin(); it != timers_.end();) {
-    it = it->first.second == id ? timers_.erase(it) : std::next(it);
-  }
-}
-
 std::optional<int64_t> TimerTable::At(TimerKind kind, const std::string& id) const {
   auto it = timers_.find(Key(kind, id));
   if (it == timers_.end()) return std::nullopt;

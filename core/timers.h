@@ -64,8 +64,6 @@ class TimerTable {
   // Sets (or moves) the deadline of (kind, id).
   void Set(TimerKind kind, const std::string& id, int64_t at_ms) { timers_[Key(kind, id)] = at_ms; }
   void Clear(TimerKind kind, const std::string& id) { timers_.erase(Key(kind, id)); }
-  // Clears every timer of `id` (a lock forgotten, a task ended).
-  void ClearId(const std::string& id);
   std::optional<int64_t> At(TimerKind kind, const std::string& id) const;
   // The earliest deadline among `kinds`.
   std::optional<int64_t> Earliest(TimerKinds kinds) const;
