@@ -203,8 +203,6 @@ export class ChstateError extends Error {
 export function hex(s: string): string;
 export function unhex(h: string): string;
 
-/** A store: its methods are the core's verbs (camelCase); calls queue and run one at a time; each
- *  rejects with ChstateError. */
 /** How much of what the store tells to ask the core for (docs/diagnostics.md); "none" makes nothing. */
 export type DiagnosticsLevel = "none" | "warning" | "info" | "debug";
 
@@ -239,6 +237,8 @@ export interface EventOptions {
   showStates?: boolean;
 }
 
+/** A store: its methods are the core's verbs (camelCase); calls queue and run one at a time; each
+ *  rejects with ChstateError. */
 export class Store {
   constructor(core: Core, handle: number, settings: ResolvedSettings, transport: Transport,
               onEvent?: ((event: ChstateEvent) => void) | null);
